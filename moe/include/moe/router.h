@@ -1,0 +1,128 @@
+// Gating: softmax, top-k with noise, capacity, slot order (position or
+// Batch Prioritized Routing), combine weights, aux and z losses, load
+// statistics and the dynamic-capacity controller. Plain arrays in, a plan out;
+// the router knows nothing of models or ranks. Semantics: README "Router".
+#ifndef MOE_ROUTER_H
+#define MOE_ROUTER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define MOE_MAX_TASKS 64
+
+typedef enum { MOE_SLOT_POSITION = 0, MOE_SLOT_PRIORITY } moe_slot_order;
+typedef enum { MOE_NOISE_NONE = 0, MOE_NOISE_JITTER, MOE_NOISE_GUMBEL } moe_noise;
+typedef enum { MOE_CAPACITY_STATIC = 0, MOE_CAPACITY_DYNAMIC } moe_capacity_mode;
+
+typedef struct {
+    int top_k;                 // router.top_k
+    double capacity_factor;    // router.capacity_factor, <= 0: dropless
+    int min_capacity;          // router.min_capacity
+    moe_slot_order slot_order; // router.slot_order
+    bool normalize_topk;       // router.normalize_topk
+    moe_noise noise;           // router.noise (applied only when training)
+    double noise_eps;          // router.noise_eps (jitter half-width)
+    double aux_loss_coef;      // router.aux_loss_coef
+    double z_loss_coef;        // router.z_loss_coef
+    bool aux_counts_all_k;     // router.aux_counts_all_k
+    int n_task_priority;       // length of router.task_priority (0: none)
+    double task_priority[MOE_MAX_TASKS];
+    uint64_t seed; // router.seed
+
+    moe_capacity_mode capacity_mode; // capacity.mode
+    double ema;                      // capacity.ema
+    double headroom;                 // capacity.headroom
+    int update_every;                // capacity.update_every
+    double capacity_factor_max;      // capacity.capacity_factor_max
+} moe_router_config;
+
+// Fills every key with its documented default.
+void moe_router_config_default(moe_router_config *cfg);
+// Sets one key from text, e.g. ("router.top_k", "2") or ("capacity.mode",
+// "dynamic"); the "router."/"capacity." prefix is required. task_priority takes
+// a comma list "3,1,2". Unknown key or bad value: MOE_EINVAL with a message.
+int moe_router_config_set(moe_router_config *cfg, const char *key, const char *value);
+// Checks the config against E experts (top_k in 1..E, eps ranges, ...).
+int moe_router_config_check(const moe_router_config *cfg, int E);
+
+// The dispatch plan of one routing call. Arrays are sized once for
+// (T_max, E, k) by moe_plan_alloc and reused every step.
+typedef struct {
+    int T, E, k;    // this call's sizes (T <= T_max)
+    int T_max;
+    int *expert;    // [T, k] expert of choice j, -1 if dropped
+    int *choice;    // [T, k] expert of choice j before dropping (kept for stats)
+    int *slot;      // [T, k] row within the expert's segment, -1 if dropped
+    float *weight;  // [T, k] combine weight, 0 if dropped
+    float *probs;   // [T, E] softmax of the logits (saved for backward)
+    float *lse;     // [T] logsumexp of the logits (z-loss backward)
+    int *counts;    // [E] assignments before dropping (all k choices)
+    int *kept;      // [E] assignments kept
+    int *capacity;  // [E] capacity used for this call
+    int *offsets;   // [E + 1] start row of each expert in the permuted buffer
+    float *aux_f;   // [E] f_e of the aux loss (treated as constant in backward)
+    float aux_loss; // E * sum_e f_e * P_e
+    float z_loss;   // mean_t lse_t^2
+    int *order;     // [T] scratch: token order used for slot assignment
+    void *block;    // one allocation backing every array
+} moe_plan;
+
+int moe_plan_alloc(moe_plan *plan, int T_max, int E, int k);
+void moe_plan_free(moe_plan *plan);
+
+// Static capacity C = max(min_capacity, ceil(k*T/E * capacity_factor)).
+// Dropless configs (capacity_factor <= 0) return -1: capacity is the max count.
+int moe_capacity_static(const moe_router_config *cfg, int T, int E);
+
+// Routes T tokens. logits [T, E] row-major. task_id [T] or NULL (needed only
+// for priority with task_priority). capacity [E] or NULL: per-expert C_e from
+// the dynamic controller; NULL uses the static/dropless formula. training
+// enables noise; step seeds it (with cfg->seed) so any run can replay it.
+// Fails with MOE_ENUMERIC on a non-finite logit, MOE_EINVAL on bad sizes.
+int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id,
+                       const int *capacity, int T, int E, const moe_router_config *cfg,
+                       bool training, uint64_t step);
+
+// Gradient of the routing outputs w.r.t. the logits, ADDED into dlogits [T, E]:
+// from the combine weights (dweight [T, k], may be NULL), from the aux loss
+// scaled by aux_scale (dL/d aux, e.g. aux_loss_coef) and from the z-loss
+// scaled by z_scale. Top-k selection and f_e are treated as constants.
+void moe_router_backward(float *dlogits, const float *dweight, const moe_plan *plan,
+                         const moe_router_config *cfg, float aux_scale, float z_scale);
+
+// Multiplies x[i] by U(1-eps, 1+eps) (Switch jitter on the router input),
+// drawn from a counter-based generator keyed by (seed, step, i).
+void moe_router_jitter(float *x, size_t n, double eps, uint64_t seed, uint64_t step);
+
+// Per-call load statistics of a plan.
+typedef struct {
+    long assigned;   // sum of counts
+    long kept;       // sum of kept
+    long dropped;    // assigned - kept
+    long capacity;   // sum of capacities
+    double drop_rate; // dropped / assigned
+    double padding;   // (capacity - kept) / capacity: slots allocated but empty
+    int max_count, min_count;
+} moe_load_stats;
+
+void moe_plan_stats(const moe_plan *plan, moe_load_stats *st);
+
+// Dynamic capacity (README "Dynamic capacity"): EMA of per-expert load, and
+// C_e = clamp(ceil(m_e * (1 + headroom)), min_capacity, ceil(k*T/E * cf_max)).
+typedef struct {
+    int E;
+    long steps;      // updates seen
+    bool seeded;     // m_e initialised from the first measurement
+    double *ema;     // [E] m_e
+    int *capacity;   // [E] C_e in force
+} moe_capacity_ctl;
+
+int moe_capacity_ctl_init(moe_capacity_ctl *ctl, const moe_router_config *cfg, int T, int E);
+void moe_capacity_ctl_free(moe_capacity_ctl *ctl);
+// counts [E]: pre-drop load of this step, already summed over the EP group.
+// T: tokens routed this step (over the group). Updates C_e every update_every.
+void moe_capacity_ctl_update(moe_capacity_ctl *ctl, const moe_router_config *cfg,
+                             const int *counts, int T);
+
+#endif

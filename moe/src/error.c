@@ -1,0 +1,63 @@
+// Thread-local last-error message and the logger (MOE_LOG levels).
+#include "moe/error.h"
+#include "moe/log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static _Thread_local char last_error[512];
+
+int moe_fail(int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+const char *moe_last_error(void) { return last_error; }
+
+const char *moe_strerror(int code) {
+    switch (code) {
+    case MOE_OK: return "ok";
+    case MOE_EINVAL: return "invalid argument";
+    case MOE_EIO: return "i/o error";
+    case MOE_EFORMAT: return "malformed input";
+    case MOE_ENOMEM: return "out of memory";
+    case MOE_ENUMERIC: return "non-finite value";
+    case MOE_ENOTFOUND: return "not found";
+    default: return "unknown error";
+    }
+}
+
+int moe_trace(int code, const char *file, int line) {
+    moe_log(MOE_LOG_DEBUG, "error %d passed %s:%d (%s)", code, file, line, last_error);
+    return code;
+}
+
+static int log_level(void) {
+    static int level = -1;
+    if (level < 0) {
+        const char *s = getenv("MOE_LOG");
+        level = MOE_LOG_INFO;
+        if (s && strcmp(s, "error") == 0) level = MOE_LOG_ERROR;
+        if (s && strcmp(s, "warn") == 0) level = MOE_LOG_WARN;
+        if (s && strcmp(s, "debug") == 0) level = MOE_LOG_DEBUG;
+    }
+    return level;
+}
+
+int moe_log_enabled(moe_log_level level) { return (int)level <= log_level(); }
+
+void moe_log(moe_log_level level, const char *fmt, ...) {
+    if (!moe_log_enabled(level)) return;
+    static const char *names[] = {"error", "warn", "info", "debug"};
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "moe %s: ", names[level]);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}

@@ -1,0 +1,67 @@
+// Test helpers (see testutil.h).
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TU_GUARD 64
+static const uint32_t tu_sentinel = 0x7fbadbadu; // a NaN pattern no op writes
+
+void tu_seed(tu_rng *r, uint64_t seed) { r->s = seed * 0x9E3779B97F4A7C15ull + 1; }
+
+static uint64_t tu_next(tu_rng *r) {
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return r->s;
+}
+
+float tu_uniform(tu_rng *r) { return (float)((tu_next(r) >> 40) * (1.0 / 16777216.0)); }
+
+float tu_normal(tu_rng *r) {
+    double u1 = ((tu_next(r) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
+    double u2 = (tu_next(r) >> 11) * (1.0 / 9007199254740992.0);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+void tu_fill_normal(tu_rng *r, float *x, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++) x[i] = scale * tu_normal(r);
+}
+
+float *tu_guarded_alloc(size_t n) {
+    uint32_t *b = malloc((n + 2 * TU_GUARD) * sizeof(float));
+    if (!b) return NULL;
+    for (size_t i = 0; i < TU_GUARD; i++) b[i] = b[TU_GUARD + n + i] = tu_sentinel;
+    memset(b + TU_GUARD, 0, n * sizeof(float));
+    return (float *)(b + TU_GUARD);
+}
+
+int tu_guards_intact(const float *p, size_t n) {
+    const uint32_t *b = (const uint32_t *)p - TU_GUARD;
+    for (size_t i = 0; i < TU_GUARD; i++)
+        if (b[i] != tu_sentinel || b[TU_GUARD + n + i] != tu_sentinel) return 0;
+    return 1;
+}
+
+void tu_guarded_free(float *p, size_t n) {
+    (void)n;
+    if (p) free((uint32_t *)p - TU_GUARD);
+}
+
+const char *tu_tmpdir(void) {
+    static char path[512];
+    const char *base = getenv("TMPDIR");
+    snprintf(path, sizeof path, "%s/moe-test-XXXXXX", base && *base ? base : "/tmp");
+    if (!mkdtemp(path)) return NULL;
+    return path;
+}
+
+int tu_run(Suite *s) {
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? 0 : 1;
+}

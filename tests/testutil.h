@@ -1,0 +1,28 @@
+// Shared helpers for the Check suites: seeded random fills, guarded buffers
+// (catch out-of-bounds writes), temp directories, and a suite runner.
+#ifndef MOE_TESTUTIL_H
+#define MOE_TESTUTIL_H
+
+#include <check.h>
+#include <stddef.h>
+#include <stdint.h>
+
+// Deterministic xorshift generator for test data.
+typedef struct { uint64_t s; } tu_rng;
+void tu_seed(tu_rng *r, uint64_t seed);
+float tu_uniform(tu_rng *r);              // [0, 1)
+float tu_normal(tu_rng *r);               // N(0, 1)
+void tu_fill_normal(tu_rng *r, float *x, size_t n, float scale);
+
+// n floats between two guard regions filled with a sentinel pattern.
+float *tu_guarded_alloc(size_t n);
+int tu_guards_intact(const float *p, size_t n); // 1 if neither guard changed
+void tu_guarded_free(float *p, size_t n);
+
+// mkdtemp under $TMPDIR (or /tmp); returns a static path buffer.
+const char *tu_tmpdir(void);
+
+// Runs one suite with CK_NORMAL output, returns the process exit status.
+int tu_run(Suite *s);
+
+#endif

@@ -17,18 +17,28 @@ int moe_fail(int code, const char *fmt, ...) {
     return code;
 }
 
-const char *moe_last_error(void) { return last_error; }
+const char *moe_last_error(void) {
+    return last_error;
+}
 
 const char *moe_strerror(int code) {
     switch (code) {
-    case MOE_OK: return "ok";
-    case MOE_EINVAL: return "invalid argument";
-    case MOE_EIO: return "i/o error";
-    case MOE_EFORMAT: return "malformed input";
-    case MOE_ENOMEM: return "out of memory";
-    case MOE_ENUMERIC: return "non-finite value";
-    case MOE_ENOTFOUND: return "not found";
-    default: return "unknown error";
+    case MOE_OK:
+        return "ok";
+    case MOE_EINVAL:
+        return "invalid argument";
+    case MOE_EIO:
+        return "i/o error";
+    case MOE_EFORMAT:
+        return "malformed input";
+    case MOE_ENOMEM:
+        return "out of memory";
+    case MOE_ENUMERIC:
+        return "non-finite value";
+    case MOE_ENOTFOUND:
+        return "not found";
+    default:
+        return "unknown error";
     }
 }
 
@@ -49,7 +59,9 @@ static int log_level(void) {
     return level;
 }
 
-int moe_log_enabled(moe_log_level level) { return (int)level <= log_level(); }
+int moe_log_enabled(moe_log_level level) {
+    return (int)level <= log_level();
+}
 
 void moe_log(moe_log_level level, const char *fmt, ...) {
     if (!moe_log_enabled(level)) return;

@@ -49,7 +49,7 @@ int moe_router_config_check(const moe_router_config *cfg, int E);
 // The dispatch plan of one routing call. Arrays are sized once for
 // (T_max, E, k) by moe_plan_alloc and reused every step.
 typedef struct {
-    int T, E, k;    // this call's sizes (T <= T_max)
+    int T, E, k; // this call's sizes (T <= T_max)
     int T_max;
     int *expert;    // [T, k] expert of choice j, -1 if dropped
     int *choice;    // [T, k] expert of choice j before dropping (kept for stats)
@@ -64,8 +64,9 @@ typedef struct {
     float *aux_f;   // [E] f_e of the aux loss (treated as constant in backward)
     float aux_loss; // E * sum_e f_e * P_e
     float z_loss;   // mean_t lse_t^2
-    int *order;     // [T] scratch: token order used for slot assignment
-    void *block;    // one allocation backing every array
+    int *order;     // [T] token order used for slot assignment
+    void *scratch;  // [T] sort keys for the priority order
+    void *block;    // one allocation backing every array above
 } moe_plan;
 
 int moe_plan_alloc(moe_plan *plan, int T_max, int E, int k);
@@ -80,9 +81,8 @@ int moe_capacity_static(const moe_router_config *cfg, int T, int E);
 // the dynamic controller; NULL uses the static/dropless formula. training
 // enables noise; step seeds it (with cfg->seed) so any run can replay it.
 // Fails with MOE_ENUMERIC on a non-finite logit, MOE_EINVAL on bad sizes.
-int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id,
-                       const int *capacity, int T, int E, const moe_router_config *cfg,
-                       bool training, uint64_t step);
+int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, const int *capacity,
+                       int T, int E, const moe_router_config *cfg, bool training, uint64_t step);
 
 // Gradient of the routing outputs w.r.t. the logits, ADDED into dlogits [T, E]:
 // from the combine weights (dweight [T, k], may be NULL), from the aux loss
@@ -97,10 +97,10 @@ void moe_router_jitter(float *x, size_t n, double eps, uint64_t seed, uint64_t s
 
 // Per-call load statistics of a plan.
 typedef struct {
-    long assigned;   // sum of counts
-    long kept;       // sum of kept
-    long dropped;    // assigned - kept
-    long capacity;   // sum of capacities
+    long assigned;    // sum of counts
+    long kept;        // sum of kept
+    long dropped;     // assigned - kept
+    long capacity;    // sum of capacities
     double drop_rate; // dropped / assigned
     double padding;   // (capacity - kept) / capacity: slots allocated but empty
     int max_count, min_count;
@@ -112,17 +112,17 @@ void moe_plan_stats(const moe_plan *plan, moe_load_stats *st);
 // C_e = clamp(ceil(m_e * (1 + headroom)), min_capacity, ceil(k*T/E * cf_max)).
 typedef struct {
     int E;
-    long steps;      // updates seen
-    bool seeded;     // m_e initialised from the first measurement
-    double *ema;     // [E] m_e
-    int *capacity;   // [E] C_e in force
+    long steps;    // updates seen
+    bool seeded;   // m_e initialised from the first measurement
+    double *ema;   // [E] m_e
+    int *capacity; // [E] C_e in force
 } moe_capacity_ctl;
 
 int moe_capacity_ctl_init(moe_capacity_ctl *ctl, const moe_router_config *cfg, int T, int E);
 void moe_capacity_ctl_free(moe_capacity_ctl *ctl);
 // counts [E]: pre-drop load of this step, already summed over the EP group.
 // T: tokens routed this step (over the group). Updates C_e every update_every.
-void moe_capacity_ctl_update(moe_capacity_ctl *ctl, const moe_router_config *cfg,
-                             const int *counts, int T);
+void moe_capacity_ctl_update(moe_capacity_ctl *ctl, const moe_router_config *cfg, const int *counts,
+                             int T);
 
 #endif

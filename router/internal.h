@@ -1,0 +1,27 @@
+// Helpers shared by the router's files; not part of the public API.
+#ifndef MOE_ROUTER_INTERNAL_H
+#define MOE_ROUTER_INTERNAL_H
+
+#include "moe/router.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+// Counter-based uniform in [0, 1): a pure function of (seed, step, stream, i),
+// so noise replays exactly across resume, ranks and thread counts.
+double moe_noise_uniform(uint64_t seed, uint64_t step, uint64_t stream, uint64_t i);
+// Standard Gumbel sample -log(-log(U)) from the same counter.
+double moe_noise_gumbel(uint64_t seed, uint64_t step, uint64_t i);
+
+// ceil(x) that ignores representation error below 1e-9 relative, so that
+// k*T/E * 1.1 = 11.000000000000002 gives 11, not 12.
+int moe_ceil_tol(double x);
+
+// Fills order[T] with the slot-assignment order of the tokens (README
+// "Router semantics": position = token order, priority = BPR). scratch holds
+// T sort keys (moe_slot_order_scratch_bytes).
+size_t moe_slot_order_scratch_bytes(int T);
+int moe_slot_order_fill(int *order, void *scratch, const float *probs, const int *task_id, int T,
+                        int E, const moe_router_config *cfg);
+
+#endif

@@ -1,0 +1,65 @@
+// Dispatch-plan storage (one allocation, sized once) and load statistics.
+#include "moe/error.h"
+#include "moe/router.h"
+#include "router/internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int moe_plan_alloc(moe_plan *plan, int T_max, int E, int k) {
+    memset(plan, 0, sizeof *plan);
+    if (T_max < 0 || E < 1 || k < 1 || k > E)
+        return moe_fail(MOE_EINVAL, "plan sizes T=%d E=%d k=%d invalid", T_max, E, k);
+    size_t tk = (size_t)T_max * k, te = (size_t)T_max * E;
+    // ints first, then floats: both 4 bytes, so no alignment gaps.
+    size_t n_int = 3 * tk + 3 * (size_t)E + (E + 1) + T_max;
+    size_t n_float = tk + te + T_max + E;
+    char *b = calloc(n_int + n_float + 1, 4);
+    plan->scratch = malloc(moe_slot_order_scratch_bytes(T_max) + 1);
+    if (!b || !plan->scratch) {
+        free(b);
+        free(plan->scratch);
+        plan->scratch = NULL;
+        return moe_fail(MOE_ENOMEM, "plan for T=%d E=%d k=%d: out of memory", T_max, E, k);
+    }
+    int *ip = (int *)b;
+    plan->expert = ip, ip += tk;
+    plan->choice = ip, ip += tk;
+    plan->slot = ip, ip += tk;
+    plan->counts = ip, ip += E;
+    plan->kept = ip, ip += E;
+    plan->capacity = ip, ip += E;
+    plan->offsets = ip, ip += E + 1;
+    plan->order = ip, ip += T_max;
+    float *fp = (float *)ip;
+    plan->weight = fp, fp += tk;
+    plan->probs = fp, fp += te;
+    plan->lse = fp, fp += T_max;
+    plan->aux_f = fp;
+    plan->block = b;
+    plan->T_max = T_max;
+    plan->E = E;
+    plan->k = k;
+    return 0;
+}
+
+void moe_plan_free(moe_plan *plan) {
+    free(plan->block);
+    free(plan->scratch);
+    memset(plan, 0, sizeof *plan);
+}
+
+void moe_plan_stats(const moe_plan *plan, moe_load_stats *st) {
+    memset(st, 0, sizeof *st);
+    st->min_count = plan->E > 0 ? plan->counts[0] : 0;
+    for (int e = 0; e < plan->E; e++) {
+        st->assigned += plan->counts[e];
+        st->kept += plan->kept[e];
+        st->capacity += plan->capacity[e];
+        if (plan->counts[e] > st->max_count) st->max_count = plan->counts[e];
+        if (plan->counts[e] < st->min_count) st->min_count = plan->counts[e];
+    }
+    st->dropped = st->assigned - st->kept;
+    st->drop_rate = st->assigned ? (double)st->dropped / st->assigned : 0.0;
+    st->padding = st->capacity ? (double)(st->capacity - st->kept) / st->capacity : 0.0;
+}

@@ -1,0 +1,186 @@
+// Token-choice top-k routing: softmax gate, top-k choices (ties to the lower
+// expert), capacity with position or priority slot order, combine weights,
+// Switch/GShard aux loss (arXiv 2101.03961 eq. 4) and ST-MoE z-loss (arXiv
+// 2202.08906 eq. 5), and the backward pass of all three to the logits.
+#include "moe/router.h"
+#include "moe/error.h"
+#include "router/internal.h"
+
+#include <math.h>
+#include <string.h>
+
+// Softmax of one row, max-subtracted, in double for the sum; returns lse.
+static float softmax_row(float *p, const float *x, int E) {
+    float m = x[0];
+    for (int e = 1; e < E; e++)
+        if (x[e] > m) m = x[e];
+    double s = 0.0;
+    for (int e = 0; e < E; e++)
+        s += exp((double)x[e] - m);
+    for (int e = 0; e < E; e++)
+        p[e] = (float)(exp((double)x[e] - m) / s);
+    return (float)(m + log(s));
+}
+
+// Picks the k choices of one token into ch[0..k). Choice 0 is argmax p;
+// later choices maximise p, or logits + Gumbel noise when gumbel != 0
+// (DeepSpeed top-2 samples the second expert this way). Ties go to the lower
+// expert index because only a strictly larger score replaces the best.
+static void topk_row(int *ch, const float *p, const float *x, int E, int k, int gumbel,
+                     const moe_router_config *cfg, uint64_t step, size_t row) {
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        double best_s = 0.0;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++)
+                taken |= ch[i] == e;
+            if (taken) continue;
+            double s = p[e];
+            if (j > 0 && gumbel) s = x[e] + moe_noise_gumbel(cfg->seed, step, row * E + e);
+            if (best < 0 || s > best_s) best = e, best_s = s;
+        }
+        ch[j] = best;
+    }
+}
+
+int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, const int *capacity,
+                       int T, int E, const moe_router_config *cfg, bool training, uint64_t step) {
+    int k = cfg->top_k;
+    if (T < 0 || T > plan->T_max || E != plan->E || k != plan->k)
+        return moe_fail(
+            MOE_EINVAL,
+            "router: call sizes T=%d E=%d k=%d do not fit the plan (T_max=%d E=%d k=%d)", T, E, k,
+            plan->T_max, plan->E, plan->k);
+    MOE_TRY(moe_router_config_check(cfg, E));
+    plan->T = T;
+    int gumbel = training && cfg->noise == MOE_NOISE_GUMBEL;
+
+    // 1. probabilities, lse, choices and pre-drop counts
+    memset(plan->counts, 0, E * sizeof *plan->counts);
+    double z = 0.0;
+    for (int t = 0; t < T; t++) {
+        const float *x = logits + (size_t)t * E;
+        for (int e = 0; e < E; e++)
+            if (!isfinite(x[e]))
+                return moe_fail(MOE_ENUMERIC, "logit of token %d, expert %d is %g", t, e, x[e]);
+        float *p = plan->probs + (size_t)t * E;
+        plan->lse[t] = softmax_row(p, x, E);
+        z += (double)plan->lse[t] * plan->lse[t];
+        int *ch = plan->choice + (size_t)t * k;
+        topk_row(ch, p, x, E, k, gumbel, cfg, step, t);
+        for (int j = 0; j < k; j++)
+            plan->counts[ch[j]]++;
+    }
+
+    // 2. capacity per expert
+    int c_static = moe_capacity_static(cfg, T, E);
+    int c_max = 0;
+    for (int e = 0; e < E; e++)
+        if (plan->counts[e] > c_max) c_max = plan->counts[e];
+    for (int e = 0; e < E; e++)
+        plan->capacity[e] = c_static < 0 ? c_max : capacity ? capacity[e] : c_static;
+
+    // 3. slots: choice rank by choice rank, tokens in slot order. An expert's
+    // kept slots are 0..kept_e-1, so permuted rows are dense.
+    MOE_TRY(moe_slot_order_fill(plan->order, plan->scratch, plan->probs, task_id, T, E, cfg));
+    memset(plan->kept, 0, E * sizeof *plan->kept);
+    for (int j = 0; j < k; j++) {
+        for (int i = 0; i < T; i++) {
+            size_t a = (size_t)plan->order[i] * k + j;
+            int e = plan->choice[a];
+            if (plan->kept[e] < plan->capacity[e]) {
+                plan->expert[a] = e;
+                plan->slot[a] = plan->kept[e]++;
+            } else {
+                plan->expert[a] = -1;
+                plan->slot[a] = -1;
+            }
+        }
+    }
+    plan->offsets[0] = 0;
+    for (int e = 0; e < E; e++)
+        plan->offsets[e + 1] = plan->offsets[e] + plan->kept[e];
+
+    // 4. combine weights, renormalised over the kept choices (after dropping)
+    for (int t = 0; t < T; t++) {
+        const float *p = plan->probs + (size_t)t * E;
+        const int *ex = plan->expert + (size_t)t * k;
+        float *w = plan->weight + (size_t)t * k;
+        double s = 0.0;
+        for (int j = 0; j < k; j++)
+            s += ex[j] >= 0 ? p[ex[j]] : 0.0;
+        for (int j = 0; j < k; j++) {
+            w[j] = ex[j] < 0 ? 0.0f : p[ex[j]];
+            if (cfg->normalize_topk) w[j] = s > 0 ? (float)(w[j] / s) : 0.0f;
+        }
+    }
+
+    // 5. aux loss E * sum_e f_e P_e with f_e from pre-drop choices, z-loss
+    memset(plan->aux_f, 0, E * sizeof *plan->aux_f);
+    int kf = cfg->aux_counts_all_k ? k : 1;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < kf; j++)
+            plan->aux_f[plan->choice[(size_t)t * k + j]] += 1.0f;
+    double aux = 0.0;
+    for (int e = 0; e < E; e++) {
+        double P = 0.0;
+        for (int t = 0; t < T; t++)
+            P += plan->probs[(size_t)t * E + e];
+        plan->aux_f[e] = T ? plan->aux_f[e] / T : 0.0f;
+        aux += plan->aux_f[e] * (T ? P / T : 0.0);
+    }
+    plan->aux_loss = (float)(E * aux);
+    plan->z_loss = T ? (float)(z / T) : 0.0f;
+    return 0;
+}
+
+// Per token, with p the softmax, w the combine weights over kept choices,
+// S = sum_kept p:
+//   normalised:   dp_i = (dw_i - sum_j dw_j w_j) / S      for kept i
+//   raw:          dp_i = dw_i
+//   aux:          dp_e += aux_scale * E * f_e / T          (P_e = mean_t p)
+//   softmax:      dlogit_e = p_e (dp_e - sum_e' p_e' dp_e')
+//   z-loss:       dlogit_e += z_scale * 2 lse p_e / T
+void moe_router_backward(float *dlogits, const float *dweight, const moe_plan *plan,
+                         const moe_router_config *cfg, float aux_scale, float z_scale) {
+    int T = plan->T, E = plan->E, k = plan->k;
+    if (T == 0) return;
+    double aux_c = (double)aux_scale * E / T;
+    for (int t = 0; t < T; t++) {
+        const float *p = plan->probs + (size_t)t * E;
+        const int *ex = plan->expert + (size_t)t * k;
+        const float *w = plan->weight + (size_t)t * k;
+        const float *dw = dweight ? dweight + (size_t)t * k : NULL;
+        float *dl = dlogits + (size_t)t * E;
+
+        // dp of each kept choice, in dpk[j] (k is small: at most E)
+        double dpk[k];
+        double s = 0.0, dot_w = 0.0;
+        for (int j = 0; j < k; j++) {
+            dpk[j] = 0.0;
+            if (ex[j] < 0) continue;
+            s += p[ex[j]];
+            if (dw) dot_w += (double)dw[j] * w[j];
+        }
+        for (int j = 0; j < k; j++) {
+            if (ex[j] < 0 || !dw) continue;
+            if (cfg->normalize_topk)
+                dpk[j] = s > 0 ? (dw[j] - dot_w) / s : 0.0;
+            else
+                dpk[j] = dw[j];
+        }
+        double dot = 0.0; // sum_e p_e dp_e
+        for (int e = 0; e < E; e++)
+            dot += p[e] * aux_c * plan->aux_f[e];
+        for (int j = 0; j < k; j++)
+            if (ex[j] >= 0) dot += p[ex[j]] * dpk[j];
+        double zc = 2.0 * z_scale * plan->lse[t] / T;
+        for (int e = 0; e < E; e++) {
+            double dp = aux_c * plan->aux_f[e];
+            for (int j = 0; j < k; j++)
+                if (ex[j] == e) dp += dpk[j];
+            dl[e] += (float)(p[e] * (dp - dot) + zc * p[e]);
+        }
+    }
+}

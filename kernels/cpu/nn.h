@@ -1,0 +1,47 @@
+// CPU reference ops of the decoder (RMSNorm, RoPE, causal GQA attention,
+// embedding, cross-entropy), forward and backward side by side. Conventions as
+// kernels/ops.h: outputs first, backward ADDS into d* buffers, no allocation
+// (scratch comes from the caller), 0 or a negative MOE_E* code.
+#ifndef MOE_KERNELS_CPU_NN_H
+#define MOE_KERNELS_CPU_NN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// out [N, C] = x * rstd * w, rstd [N] = 1 / sqrt(mean(x^2) + eps), fp32.
+int moe_cpu_rmsnorm_forward(float *out, float *rstd, const float *x, const float *w, int N, int C,
+                            float eps);
+int moe_cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const float *x,
+                             const float *w, const float *rstd, int N, int C);
+
+// Rotary embedding, Hugging Face rotate-half convention: dimension i pairs
+// with i + hd/2, angle = pos * theta^(-2i/hd). x [B*T, H, hd], pos = row % T.
+// In place is allowed (out == x).
+int moe_cpu_rope_forward(float *out, const float *x, int B, int T, int H, int hd, float theta);
+int moe_cpu_rope_backward(float *dx, const float *dout, int B, int T, int H, int hd, float theta);
+
+// Causal self-attention with grouped-query heads: q [B, T, Hq, hd],
+// k, v [B, T, Hkv, hd] (Hq % Hkv == 0; query head h reads kv head h / (Hq/Hkv)).
+// out [B, T, Hq, hd]; att [B, Hq, T, T] saves the probabilities for backward
+// (upper triangle left 0).
+int moe_cpu_attention_forward(float *out, float *att, const float *q, const float *k,
+                              const float *v, int B, int T, int Hq, int Hkv, int hd);
+// datt [T, T] is scratch for one (b, h) at a time.
+int moe_cpu_attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
+                               const float *att, const float *q, const float *k, const float *v,
+                               int B, int T, int Hq, int Hkv, int hd);
+
+// out [N, C] = table[tok[n]]; tokens are checked against V.
+int moe_cpu_embedding_forward(float *out, const int32_t *tok, const float *table, int N, int C,
+                              int V);
+int moe_cpu_embedding_backward(float *dtable, const float *dout, const int32_t *tok, int N, int C);
+
+// Mean cross-entropy over targets >= 0 (target -1 is ignored). losses [N] gets
+// the per-token loss (0 where ignored). logits [N, V].
+int moe_cpu_crossentropy_forward(float *losses, double *mean, const float *logits,
+                                 const int32_t *target, int N, int V);
+// dlogits [N, V] += dloss * (softmax - onehot) / n_valid.
+int moe_cpu_crossentropy_backward(float *dlogits, const float *logits, const int32_t *target, int N,
+                                  int V, float dloss);
+
+#endif

@@ -1,0 +1,41 @@
+// Rotary position embedding (RoFormer, arXiv 2104.09864), Hugging Face
+// rotate-half layout: (x_i, x_{i+hd/2}) is rotated by pos * theta^(-2i/hd).
+// The backward is the rotation by the opposite angle.
+#include "kernels/cpu/nn.h"
+#include "moe/error.h"
+
+#include <math.h>
+
+static int rope(float *out, const float *x, int B, int T, int H, int hd, float theta, float sign,
+                int accumulate) {
+    if (hd % 2) return moe_fail(MOE_EINVAL, "rope: head_dim %d is odd", hd);
+    int half = hd / 2;
+    for (int bt = 0; bt < B * T; bt++) {
+        int pos = bt % T;
+        for (int i = 0; i < half; i++) {
+            double ang = pos * pow(theta, -2.0 * i / hd);
+            float c = (float)cos(ang), s = sign * (float)sin(ang);
+            for (int h = 0; h < H; h++) {
+                size_t o = ((size_t)bt * H + h) * hd;
+                float a = x[o + i], b = x[o + i + half];
+                float ra = a * c - b * s, rb = b * c + a * s;
+                if (accumulate) {
+                    out[o + i] += ra;
+                    out[o + i + half] += rb;
+                } else {
+                    out[o + i] = ra;
+                    out[o + i + half] = rb;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+int moe_cpu_rope_forward(float *out, const float *x, int B, int T, int H, int hd, float theta) {
+    return rope(out, x, B, T, H, hd, theta, 1.0f, 0);
+}
+
+int moe_cpu_rope_backward(float *dx, const float *dout, int B, int T, int H, int hd, float theta) {
+    return rope(dx, dout, B, T, H, hd, theta, -1.0f, 1);
+}

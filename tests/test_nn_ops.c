@@ -1,0 +1,265 @@
+// Decoder ops on the CPU: hand-computed values and central-difference
+// gradient checks of RMSNorm, RoPE, causal GQA attention, embedding and
+// cross-entropy. Each loss is L = sum(out * r) for a fixed random r.
+#include "kernels/cpu/nn.h"
+#include "moe/error.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef double (*loss_fn)(void *ctx);
+
+// Compares analytic[i] with (L(x+h) - L(x-h)) / 2h for every i < n.
+static void fd_check(const char *what, float *x, int n, const float *analytic, loss_fn f, void *ctx,
+                     float h) {
+    for (int i = 0; i < n; i++) {
+        float x0 = x[i];
+        x[i] = x0 + h;
+        double lp = f(ctx);
+        x[i] = x0 - h;
+        double lm = f(ctx);
+        x[i] = x0;
+        double fd = (lp - lm) / (2.0 * h);
+        ck_assert_msg(fabs(fd - analytic[i]) <= 1e-3 * fmax(fabs(fd), fabs(analytic[i])) + 1e-4,
+                      "%s[%d]: analytic %g vs numeric %g", what, i, analytic[i], fd);
+    }
+}
+
+static double dot(const float *a, const float *b, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)a[i] * b[i];
+    return s;
+}
+
+static float *randn(tu_rng *r, size_t n, float scale) {
+    float *p = malloc(sizeof(float) * (n ? n : 1));
+    tu_fill_normal(r, p, n, scale);
+    return p;
+}
+
+START_TEST(test_rmsnorm_values) {
+    const float x[] = {3, 4}, w[] = {1, 2};
+    float out[2], rstd[1];
+    ck_assert_int_eq(moe_cpu_rmsnorm_forward(out, rstd, x, w, 1, 2, 0.0f), 0);
+    float r = 1.0f / sqrtf(12.5f);
+    ck_assert_float_eq_tol(out[0], 3 * r, 1e-6);
+    ck_assert_float_eq_tol(out[1], 8 * r, 1e-6);
+}
+END_TEST
+
+typedef struct {
+    float *out, *rstd, *x, *w, *r;
+    int N, C;
+} rms_ctx;
+
+static double rms_loss(void *p) {
+    rms_ctx *c = p;
+    moe_cpu_rmsnorm_forward(c->out, c->rstd, c->x, c->w, c->N, c->C, 1e-5f);
+    return dot(c->out, c->r, (size_t)c->N * c->C);
+}
+
+START_TEST(test_rmsnorm_gradients) {
+    tu_rng g;
+    tu_seed(&g, 1);
+    enum { N = 5, C = 8 };
+    rms_ctx c = {calloc(N * C, 4),
+                 calloc(N, 4),
+                 randn(&g, N * C, 1),
+                 randn(&g, C, 1),
+                 randn(&g, N * C, 1),
+                 N,
+                 C};
+    float *dx = calloc(N * C, 4), *dw = calloc(C, 4);
+    rms_loss(&c);
+    moe_cpu_rmsnorm_backward(dx, dw, c.r, c.x, c.w, c.rstd, N, C);
+    fd_check("rmsnorm dx", c.x, N * C, dx, rms_loss, &c, 1e-3f);
+    fd_check("rmsnorm dw", c.w, C, dw, rms_loss, &c, 1e-3f);
+    free(c.out), free(c.rstd), free(c.x), free(c.w), free(c.r), free(dx), free(dw);
+}
+END_TEST
+
+// HF rotate-half: dimension i pairs with i + hd/2; angle pos * theta^(-2i/hd).
+START_TEST(test_rope_values) {
+    // B=1, T=2, H=1, hd=4; the token at position 1 rotates pair (0,2) by 1 rad
+    // and pair (1,3) by 1e-2 rad (theta=1e4: 1e4^(-2/4) = 1e-2).
+    float x[8] = {9, 9, 9, 9, 1, 1, 0, 2}, out[8];
+    ck_assert_int_eq(moe_cpu_rope_forward(out, x, 1, 2, 1, 4, 10000.0f), 0);
+    for (int i = 0; i < 4; i++)
+        ck_assert_float_eq(out[i], 9.0f); // position 0: identity
+    ck_assert_float_eq_tol(out[4], cosf(1.0f), 1e-6);
+    ck_assert_float_eq_tol(out[6], sinf(1.0f), 1e-6);
+    ck_assert_float_eq_tol(out[5], cosf(0.01f) - 2 * sinf(0.01f), 1e-6);
+    ck_assert_float_eq_tol(out[7], 2 * cosf(0.01f) + sinf(0.01f), 1e-6);
+    ck_assert_int_eq(moe_cpu_rope_forward(out, x, 1, 2, 1, 3, 10000.0f), MOE_EINVAL);
+}
+END_TEST
+
+typedef struct {
+    float *out, *x, *r;
+    int B, T, H, hd;
+} rope_ctx;
+
+static double rope_loss(void *p) {
+    rope_ctx *c = p;
+    moe_cpu_rope_forward(c->out, c->x, c->B, c->T, c->H, c->hd, 100.0f);
+    return dot(c->out, c->r, (size_t)c->B * c->T * c->H * c->hd);
+}
+
+START_TEST(test_rope_gradients) {
+    tu_rng g;
+    tu_seed(&g, 2);
+    enum { B = 2, T = 3, H = 2, HD = 6, N = B * T * H * HD };
+    rope_ctx c = {calloc(N, 4), randn(&g, N, 1), randn(&g, N, 1), B, T, H, HD};
+    float *dx = calloc(N, 4);
+    moe_cpu_rope_backward(dx, c.r, B, T, H, HD, 100.0f);
+    fd_check("rope dx", c.x, N, dx, rope_loss, &c, 1e-3f);
+    free(c.out), free(c.x), free(c.r), free(dx);
+}
+END_TEST
+
+// The first token attends only to itself: its output is v[0] of its kv head.
+START_TEST(test_attention_causal_first_token) {
+    tu_rng g;
+    tu_seed(&g, 3);
+    enum { B = 1, T = 4, HQ = 4, HKV = 2, HD = 3 };
+    float *q = randn(&g, B * T * HQ * HD, 1), *k = randn(&g, B * T * HKV * HD, 1);
+    float *v = randn(&g, B * T * HKV * HD, 1);
+    float *out = calloc(B * T * HQ * HD, 4), *att = calloc(B * HQ * T * T, 4);
+    ck_assert_int_eq(moe_cpu_attention_forward(out, att, q, k, v, B, T, HQ, HKV, HD), 0);
+    for (int h = 0; h < HQ; h++)
+        for (int d = 0; d < HD; d++)
+            ck_assert_float_eq_tol(out[h * HD + d], v[(h / 2) * HD + d], 1e-6);
+    // rows of att sum to 1 over s <= t and are 0 above the diagonal
+    for (int h = 0; h < HQ; h++)
+        for (int t = 0; t < T; t++) {
+            double s = 0;
+            for (int u = 0; u < T; u++) {
+                float p = att[(h * T + t) * T + u];
+                if (u > t) ck_assert_float_eq(p, 0.0f);
+                s += p;
+            }
+            ck_assert_double_eq_tol(s, 1.0, 1e-6);
+        }
+    ck_assert_int_eq(moe_cpu_attention_forward(out, att, q, k, v, B, T, 3, 2, HD), MOE_EINVAL);
+    free(q), free(k), free(v), free(out), free(att);
+}
+END_TEST
+
+typedef struct {
+    float *out, *att, *q, *k, *v, *r;
+    int B, T, Hq, Hkv, hd;
+} att_ctx;
+
+static double att_loss(void *p) {
+    att_ctx *c = p;
+    moe_cpu_attention_forward(c->out, c->att, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv, c->hd);
+    return dot(c->out, c->r, (size_t)c->B * c->T * c->Hq * c->hd);
+}
+
+START_TEST(test_attention_gradients) {
+    tu_rng g;
+    tu_seed(&g, 4);
+    enum { B = 2, T = 5, HQ = 4, HKV = 2, HD = 4, NQ = B * T * HQ * HD, NK = B * T * HKV * HD };
+    att_ctx c = {calloc(NQ, 4),
+                 calloc(B * HQ * T * T, 4),
+                 randn(&g, NQ, 1),
+                 randn(&g, NK, 1),
+                 randn(&g, NK, 1),
+                 randn(&g, NQ, 1),
+                 B,
+                 T,
+                 HQ,
+                 HKV,
+                 HD};
+    float *dq = calloc(NQ, 4), *dk = calloc(NK, 4), *dv = calloc(NK, 4), *datt = calloc(T * T, 4);
+    att_loss(&c);
+    ck_assert_int_eq(
+        moe_cpu_attention_backward(dq, dk, dv, datt, c.r, c.att, c.q, c.k, c.v, B, T, HQ, HKV, HD),
+        0);
+    fd_check("attention dq", c.q, NQ, dq, att_loss, &c, 1e-2f);
+    fd_check("attention dk", c.k, NK, dk, att_loss, &c, 1e-2f);
+    fd_check("attention dv", c.v, NK, dv, att_loss, &c, 1e-2f);
+    free(c.out), free(c.att), free(c.q), free(c.k), free(c.v), free(c.r);
+    free(dq), free(dk), free(dv), free(datt);
+}
+END_TEST
+
+START_TEST(test_embedding_forward_backward) {
+    const float table[] = {1, 2, 3, 4, 5, 6}; // V=3, C=2
+    const int32_t tok[] = {2, 0, 2};
+    float out[6], dtable[6] = {0};
+    ck_assert_int_eq(moe_cpu_embedding_forward(out, tok, table, 3, 2, 3), 0);
+    const float want[] = {5, 6, 1, 2, 5, 6};
+    for (int i = 0; i < 6; i++)
+        ck_assert_float_eq(out[i], want[i]);
+    const float dout[] = {1, 1, 2, 2, 3, 3};
+    moe_cpu_embedding_backward(dtable, dout, tok, 3, 2);
+    const float wantd[] = {2, 2, 0, 0, 4, 4}; // token 2 used twice: gradients add
+    for (int i = 0; i < 6; i++)
+        ck_assert_float_eq(dtable[i], wantd[i]);
+    const int32_t bad[] = {0, 3};
+    ck_assert_int_eq(moe_cpu_embedding_forward(out, bad, table, 2, 2, 3), MOE_EINVAL);
+}
+END_TEST
+
+typedef struct {
+    float *losses, *logits;
+    int32_t *target;
+    int N, V;
+} ce_ctx;
+
+static double ce_loss(void *p) {
+    ce_ctx *c = p;
+    double m;
+    moe_cpu_crossentropy_forward(c->losses, &m, c->logits, c->target, c->N, c->V);
+    return m;
+}
+
+START_TEST(test_crossentropy) {
+    // uniform logits: loss = ln V
+    float logits0[8] = {0};
+    int32_t t0[2] = {3, -1};
+    float losses[4];
+    double m;
+    ck_assert_int_eq(moe_cpu_crossentropy_forward(losses, &m, logits0, t0, 2, 4), 0);
+    ck_assert_double_eq_tol(m, log(4.0), 1e-6);
+    ck_assert_float_eq(losses[1], 0.0f); // ignored target
+
+    tu_rng g;
+    tu_seed(&g, 5);
+    enum { N = 4, V = 7 };
+    int32_t target[N] = {1, -1, 6, 0};
+    ce_ctx c = {losses, randn(&g, N * V, 2), target, N, V};
+    float *d = calloc(N * V, 4);
+    ck_assert_int_eq(moe_cpu_crossentropy_backward(d, c.logits, target, N, V, 1.0f), 0);
+    fd_check("crossentropy dlogits", c.logits, N * V, d, ce_loss, &c, 1e-3f);
+    for (int v = 0; v < V; v++)
+        ck_assert_float_eq(d[1 * V + v], 0.0f); // ignored row
+    int32_t bad[N] = {1, 7, 0, 0};
+    ck_assert_int_eq(moe_cpu_crossentropy_forward(losses, &m, c.logits, bad, N, V), MOE_EINVAL);
+    free(c.logits), free(d);
+}
+END_TEST
+
+static Suite *nn_suite(void) {
+    Suite *s = suite_create("nn_ops");
+    TCase *tc = tcase_create("cpu");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_rmsnorm_values);
+    tcase_add_test(tc, test_rmsnorm_gradients);
+    tcase_add_test(tc, test_rope_values);
+    tcase_add_test(tc, test_rope_gradients);
+    tcase_add_test(tc, test_attention_causal_first_token);
+    tcase_add_test(tc, test_attention_gradients);
+    tcase_add_test(tc, test_embedding_forward_backward);
+    tcase_add_test(tc, test_crossentropy);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run(nn_suite());
+}

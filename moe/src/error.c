@@ -10,10 +10,14 @@
 static _Thread_local char last_error[512];
 
 int moe_fail(int code, const char *fmt, ...) {
+    // Format into a copy: callers may pass moe_last_error() as an argument to
+    // add context to the message already recorded.
+    char buf[sizeof last_error];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(last_error, sizeof last_error, fmt, ap);
+    vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    memcpy(last_error, buf, sizeof buf);
     return code;
 }
 

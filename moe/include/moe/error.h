@@ -15,6 +15,7 @@ enum {
 };
 
 // Records a printf-style message for the calling thread and returns code.
+// moe_last_error() may be one of the arguments (to prefix context).
 int moe_fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 // The last message recorded on this thread ("" if none).
 const char *moe_last_error(void);

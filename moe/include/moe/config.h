@@ -1,0 +1,86 @@
+// Run configuration: every key with a documented default (moe train
+// --help-config), loaded from JSON with file:line:col errors, overridden with
+// --set key=value (typed by the key), checked for impossible combinations, and
+// written back as the resolved config of a run.
+#ifndef MOE_CONFIG_H
+#define MOE_CONFIG_H
+
+#include "moe/router.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#define MOE_MAX_LAYERS 64
+#define MOE_NAME_MAX 32
+#define MOE_PATH_MAX 512
+
+typedef struct {
+    struct {
+        int vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, seq_len;
+        double rope_theta, norm_eps;
+        bool tie_embeddings;
+    } model;
+    struct {
+        int n_num_experts;               // 1: one value for every MoE layer
+        int num_experts[MOE_MAX_LAYERS]; // per MoE layer (pyramid / PR-MoE)
+        int d_expert;                    // expert FFN hidden size (0: model.d_ff)
+        int every;                       // MoE in every n-th layer (0: none)
+        int shared_experts;              // 0 or 1 shared (residual) expert
+        int n_task_layers;
+        int task_layers[MOE_MAX_LAYERS]; // layer indices routed by task
+    } moe;
+    moe_router_config router; // router.* and capacity.*
+    struct {
+        int steps, batch_size, warmup_steps, grad_accum, eval_every, ckpt_every, log_every;
+        double lr, min_lr_ratio, weight_decay, grad_clip, beta1, beta2;
+        uint64_t seed;
+    } train;
+    struct {
+        char kind[MOE_NAME_MAX]; // synthetic | bin | text
+        char path[MOE_PATH_MAX];
+        int n_tasks;
+        char tasks[MOE_MAX_TASKS][MOE_NAME_MAX];
+        double val_fraction;
+    } data;
+    struct {
+        int ep;
+    } parallel;
+    struct {
+        char all_to_all[MOE_NAME_MAX]; // flat | hierarchical
+        int ranks_per_node;            // 0: from MPI_COMM_TYPE_SHARED
+    } comm;
+    struct {
+        char impl[MOE_NAME_MAX]; // plain | cce
+    } loss;
+    struct {
+        int mini_seq;
+        char recompute[MOE_NAME_MAX]; // none | moe | all
+    } memory;
+} moe_config;
+
+// Where each key's value came from, for error messages.
+typedef struct moe_config_src moe_config_src;
+
+void moe_config_default(moe_config *cfg);
+// Creates/destroys the source table (key -> file:line:col or --set).
+moe_config_src *moe_config_src_new(void);
+void moe_config_src_free(moe_config_src *src);
+
+// Loads a JSON file over cfg. Errors: "path:line:col: message".
+int moe_config_load(moe_config *cfg, moe_config_src *src, const char *path);
+// Applies "key=value" (value typed by the key; lists as "1,2,3" or "[1,2,3]").
+int moe_config_set(moe_config *cfg, moe_config_src *src, const char *assignment);
+// Checks combinations; the message names the key at fault and where it was set.
+int moe_config_check(const moe_config *cfg, const moe_config_src *src);
+// Writes the whole resolved config as JSON (sections, every key).
+int moe_config_write(const moe_config *cfg, FILE *f);
+// Prints every key, its type, default and meaning.
+void moe_config_help(FILE *f);
+
+// Number of experts of MoE layer `layer` (0 for a dense layer).
+int moe_config_experts(const moe_config *cfg, int layer);
+// True if layer `layer` is an MoE layer.
+bool moe_config_is_moe(const moe_config *cfg, int layer);
+
+#endif

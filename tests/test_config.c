@@ -1,0 +1,155 @@
+// Run configuration: defaults, JSON loading with file:line:col errors, typed
+// --set overrides, combination checks, and the resolved-config round trip.
+#include "moe/config.h"
+#include "moe/error.h"
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char path[600];
+
+static const char *write_cfg(const char *text) {
+    const char *dir = tu_tmpdir();
+    ck_assert_ptr_nonnull(dir);
+    snprintf(path, sizeof path, "%s/cfg.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs(text, f);
+    fclose(f);
+    return path;
+}
+
+// Loads text over the defaults; returns the status, message in moe_last_error().
+static int load(moe_config *c, const char *text) {
+    moe_config_default(c);
+    moe_config_src *src = moe_config_src_new();
+    int rc = moe_config_load(c, src, write_cfg(text));
+    if (rc == 0) rc = moe_config_check(c, src);
+    moe_config_src_free(src);
+    return rc;
+}
+
+static void assert_error(const char *text, const char *where, const char *what) {
+    moe_config c;
+    ck_assert_msg(load(&c, text) == MOE_EINVAL, "accepted: %s", text);
+    char want[700];
+    snprintf(want, sizeof want, "%s%s", path, where);
+    ck_assert_msg(strstr(moe_last_error(), want) && strstr(moe_last_error(), what),
+                  "message '%s' lacks '%s' or '%s'", moe_last_error(), want, what);
+}
+
+START_TEST(test_defaults_are_valid) {
+    moe_config c;
+    moe_config_default(&c);
+    ck_assert_int_eq(moe_config_check(&c, NULL), 0);
+    ck_assert_int_eq(c.router.top_k, 2);
+    ck_assert(c.router.capacity_factor == 1.25);
+    ck_assert_int_eq(c.moe.num_experts[0], 8);
+    ck_assert_int_eq(c.data.n_tasks, 5);
+    ck_assert_str_eq(c.data.tasks[4], "caesar");
+    ck_assert_str_eq(c.comm.all_to_all, "flat");
+    ck_assert_int_eq(c.router.capacity_mode, MOE_CAPACITY_STATIC);
+}
+END_TEST
+
+START_TEST(test_load_sets_values) {
+    moe_config c;
+    ck_assert_int_eq(load(&c, "{\"model\": {\"n_layers\": 2, \"tie_embeddings\": false},\n"
+                              " \"moe\": {\"num_experts\": [4, 8], \"task_layers\": [1]},\n"
+                              " \"router\": {\"slot_order\": \"priority\", \"top_k\": 1,\n"
+                              "   \"task_priority\": [1, 2, 3, 4, 5]},\n"
+                              " \"capacity\": {\"mode\": \"dynamic\"}, \"train\": {\"seed\": 7}}"),
+                     0);
+    ck_assert_int_eq(c.model.n_layers, 2);
+    ck_assert(!c.model.tie_embeddings);
+    ck_assert_int_eq(c.moe.n_num_experts, 2);
+    ck_assert_int_eq(moe_config_experts(&c, 1), 8);
+    ck_assert_int_eq(c.moe.task_layers[0], 1);
+    ck_assert_int_eq(c.router.slot_order, MOE_SLOT_PRIORITY);
+    ck_assert_int_eq(c.router.n_task_priority, 5);
+    ck_assert(c.router.task_priority[4] == 5.0);
+    ck_assert_int_eq(c.router.capacity_mode, MOE_CAPACITY_DYNAMIC);
+    ck_assert_int_eq((int)c.train.seed, 7);
+}
+END_TEST
+
+START_TEST(test_errors_name_file_line_col) {
+    assert_error("{\"router\": {\n    \"top_kk\": 2}}", ":2:5:", "unknown key 'router.top_kk'");
+    assert_error("{\"routerz\": {}}", ":1:2:", "unknown section");
+    assert_error("{\"router\": {\"top_k\": \"two\"}}", ":1:13:", "router.top_k must be an integer");
+    assert_error("{\"model\": {\"tie_embeddings\": 1}}", ":1:12:", "true or false");
+    assert_error("{\"router\": {\"slot_order\": \"random\"}}", ":1:13:", "position | priority");
+    assert_error("{\"model\": {\"n_heads\": 4,\n \"n_kv_heads\": 3}}",
+                 ":2:2:", "n_heads = 4 is not a multiple of model.n_kv_heads = 3");
+    assert_error("{\"moe\": {\"num_experts\": 8},\n\"router\": {\"top_k\": 9}}",
+                 ":2:12:", "router.top_k = 9 exceeds moe.num_experts = 8");
+    assert_error("{\"moe\": {\"num_experts\": [8, 8, 8]}}",
+                 ":1:10:", "3 entries but the model has 4 MoE layers");
+    assert_error("{\"parallel\": {\"ep\": 3}}", ":1:15:", "not divisible by parallel.ep = 3");
+    assert_error("{\"moe\": {\"every\": 2, \"task_layers\": [0]}}", ":1:22:", "not an MoE layer");
+    assert_error("{\"model\": {\"d_model\": 64,}}", ":1:", ""); // syntax error, jansson position
+    assert_error("[1, 2]", ":1:1:", "must be a JSON object");
+    assert_error("{\"model\": 3}", ":1:2:", "must be an object");
+}
+END_TEST
+
+START_TEST(test_set_is_typed_by_key) {
+    moe_config c;
+    moe_config_default(&c);
+    moe_config_src *src = moe_config_src_new();
+    ck_assert_int_eq(moe_config_set(&c, src, "router.top_k=1"), 0);
+    ck_assert_int_eq(c.router.top_k, 1);
+    ck_assert_int_eq(moe_config_set(&c, src, "moe.num_experts=[4,8,8,16]"), 0);
+    ck_assert_int_eq(c.moe.n_num_experts, 4);
+    ck_assert_int_eq(moe_config_experts(&c, 3), 16);
+    ck_assert_int_eq(moe_config_set(&c, src, "data.tasks=copy,sort"), 0);
+    ck_assert_int_eq(c.data.n_tasks, 2);
+    ck_assert_str_eq(c.data.tasks[1], "sort");
+    ck_assert_int_eq(moe_config_set(&c, src, "router.capacity_factor=0.5"), 0);
+    ck_assert(c.router.capacity_factor == 0.5);
+    ck_assert_int_eq(moe_config_set(&c, src, "router.top_k=x"), MOE_EINVAL);
+    ck_assert_int_eq(moe_config_set(&c, src, "train.lr=fast"), MOE_EINVAL);
+    ck_assert_int_eq(moe_config_set(&c, src, "nokey=1"), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "unknown key 'nokey'"));
+    ck_assert_int_eq(moe_config_set(&c, src, "router.top_k"), MOE_EINVAL);
+    ck_assert_int_eq(moe_config_set(&c, src, "loss.impl=fancy"), MOE_EINVAL);
+    ck_assert_int_eq(moe_config_set(&c, src, "router.top_k=5"), 0);
+    ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL); // 5 > 4 experts
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "--set router.top_k"));
+    moe_config_src_free(src);
+}
+END_TEST
+
+START_TEST(test_resolved_config_round_trip) {
+    moe_config a, b;
+    moe_config_default(&a);
+    ck_assert_int_eq(moe_config_set(&a, NULL, "router.slot_order=priority"), 0);
+    ck_assert_int_eq(moe_config_set(&a, NULL, "router.task_priority=1,2.5,3,4,5"), 0);
+    ck_assert_int_eq(moe_config_set(&a, NULL, "train.lr=0.00123"), 0);
+    ck_assert_int_eq(moe_config_set(&a, NULL, "moe.task_layers=[0,2]"), 0);
+    const char *p = write_cfg("");
+    FILE *f = fopen(p, "w");
+    ck_assert_int_eq(moe_config_write(&a, f), 0);
+    fclose(f);
+    moe_config_default(&b);
+    ck_assert_int_eq(moe_config_load(&b, NULL, p), 0);
+    ck_assert_mem_eq(&a, &b, sizeof a);
+}
+END_TEST
+
+static Suite *config_suite(void) {
+    Suite *s = suite_create("config");
+    TCase *tc = tcase_create("config");
+    tcase_add_test(tc, test_defaults_are_valid);
+    tcase_add_test(tc, test_load_sets_values);
+    tcase_add_test(tc, test_errors_name_file_line_col);
+    tcase_add_test(tc, test_set_is_typed_by_key);
+    tcase_add_test(tc, test_resolved_config_round_trip);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run(config_suite());
+}

@@ -1,0 +1,110 @@
+// `moe` subcommand dispatch, help and version, and the small argv helpers the
+// subcommands share. Exit codes: 0 ok, 1 runtime failure, 2 bad usage/input.
+#include "moe/cli/cli.h"
+#include "moe/error.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static const command commands[] = {
+    {"route", moe_cli_route, "route logits from a safetensors file into a dispatch plan"},
+};
+enum { N_COMMANDS = sizeof commands / sizeof *commands };
+
+static void usage(FILE *fp) {
+    fprintf(fp, "usage: moe COMMAND [OPTIONS]\n"
+                "\n"
+                "commands:\n");
+    for (int i = 0; i < N_COMMANDS; i++)
+        fprintf(fp, "  %-10s %s\n", commands[i].name, commands[i].summary);
+    fprintf(fp, "\n"
+                "  moe COMMAND --help   options of one command\n"
+                "  moe --version        print the version\n"
+                "\n"
+                "exit status: 0 ok, 1 runtime failure, 2 bad usage or input\n");
+}
+
+int moe_cli_fail(const char *cmd, int exit_code, const char *fmt, ...) {
+    // Format first: fmt's arguments may point into the last-error buffer.
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    moe_fail(MOE_EINVAL, "%s", msg); // so in-process callers (tests) can read it
+    fprintf(stderr, "moe %s: %s\n", cmd, msg);
+    return exit_code;
+}
+
+int moe_cli_opt_value(int argc, char **argv, int *i, const char *name, const char **value) {
+    const char *a = argv[*i];
+    size_t n = strlen(name);
+    if (strncmp(a, name, n) != 0) return 0;
+    if (a[n] == '=') {
+        *value = a + n + 1;
+        return 1;
+    }
+    if (a[n] != '\0') return 0;
+    if (*i + 1 >= argc) return moe_fail(MOE_EINVAL, "%s needs a value", name), -1;
+    *value = argv[++*i];
+    return 1;
+}
+
+bool moe_cli_parse_long(const char *s, long long lo, long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (end == s || *end || errno || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+static const command *find_command(const char *name) {
+    for (int i = 0; i < N_COMMANDS; i++)
+        if (!strcmp(commands[i].name, name)) return &commands[i];
+    return NULL;
+}
+
+int moe_cli_main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return MOE_EXIT_USAGE;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
+        if (argc > 2 && strcmp(cmd, "help") == 0) { // `moe help route` = `moe route --help`
+            const command *c = find_command(argv[2]);
+            if (!c) {
+                fprintf(stderr, "moe: unknown command '%s'\n", argv[2]);
+                usage(stderr);
+                return MOE_EXIT_USAGE;
+            }
+            char *help_argv[] = {argv[2], "--help", NULL};
+            return c->run(2, help_argv);
+        }
+        usage(stdout);
+        return MOE_EXIT_OK;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("moe %s\n", MOE_VERSION);
+        return MOE_EXIT_OK;
+    }
+    const command *c = find_command(cmd);
+    if (!c) {
+        fprintf(stderr, "moe: unknown command '%s'\n", cmd);
+        usage(stderr);
+        return MOE_EXIT_USAGE;
+    }
+    int rc = c->run(argc - 1, argv + 1);
+    fflush(stdout);
+    return rc;
+}

@@ -1,0 +1,35 @@
+// The `moe` command line: subcommand dispatch and the helpers subcommands
+// share (option matching, one-line errors). Only the CLI parses argv; the
+// library below it never prints or exits.
+#ifndef MOE_CLI_H
+#define MOE_CLI_H
+
+#include <stdbool.h>
+
+#define MOE_VERSION "0.1.0"
+
+// Exit codes (DESIGN "CLI").
+enum { MOE_EXIT_OK = 0, MOE_EXIT_RUNTIME = 1, MOE_EXIT_USAGE = 2 };
+
+// Runs `moe argv[1] ...` and returns the process exit status. Reentrant
+// enough for tests: no global option state survives a call.
+int moe_cli_main(int argc, char **argv);
+
+// Subcommands: argv[0] is the subcommand name.
+int moe_cli_route(int argc, char **argv);
+
+// Prints "moe CMD: message" (one line) to stderr, records the message as the
+// last error (moe_last_error) and returns exit_code.
+int moe_cli_fail(const char *cmd, int exit_code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+// Matches argv[*i] against an option that takes a value, as "--name VALUE" or
+// "--name=VALUE". Returns 1 and sets *value (advancing *i past a separate
+// value), 0 if argv[*i] is another option, -1 if the value is missing (a
+// message is recorded with moe_fail).
+int moe_cli_opt_value(int argc, char **argv, int *i, const char *name, const char **value);
+
+// Parses a base-10 integer in [lo, hi]; false on junk or out of range.
+bool moe_cli_parse_long(const char *s, long long lo, long long hi, long long *out);
+
+#endif

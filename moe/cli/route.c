@@ -1,0 +1,453 @@
+// `moe route`: routes the logits [T, E] of a safetensors file with the router
+// (README "Router semantics") and writes the dispatch plan as safetensors, with
+// a summary on stdout. `--example` routes a built-in batch under position and
+// priority slot order (V-MoE Batch Prioritized Routing) and dropless capacity.
+#include "moe/cli/cli.h"
+#include "moe/error.h"
+#include "moe/router.h"
+#include "moe/safetensors.h"
+
+#include <assert.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+_Static_assert(sizeof(int) == 4, "plan int arrays are written as I32");
+_Static_assert(sizeof(float) == 4, "plan float arrays are written as F32");
+
+static const char *const CMD = "route";
+
+static void help(FILE *fp) {
+    fprintf(fp,
+            "usage: moe route --logits IN.safetensors [--task-ids IN.safetensors]\n"
+            "                 [--set KEY=VALUE]... [--train [--step N]] --out PLAN.safetensors\n"
+            "       moe route --example [--set KEY=VALUE]... [--out PLAN.safetensors]\n"
+            "\n"
+            "Routes logits [T, E] with the top-k router and writes the dispatch plan.\n"
+            "\n"
+            "  --logits FILE    safetensors with 'logits' F32 [T, E] and optionally\n"
+            "                   'task_ids' I32 [T] (task of each token, >= 0)\n"
+            "  --task-ids FILE  take 'task_ids' I32 [T] from FILE instead\n"
+            "  --set KEY=VALUE  router config, e.g. --set router.top_k=1\n"
+            "                   --set router.slot_order=priority --set router.task_priority=1,2\n"
+            "                   keys: router.{top_k, capacity_factor (<= 0: dropless),\n"
+            "                   min_capacity, slot_order, normalize_topk, noise, noise_eps,\n"
+            "                   aux_loss_coef, z_loss_coef, aux_counts_all_k, task_priority,\n"
+            "                   seed}; capacity.mode must stay static (one call has no load\n"
+            "                   history for dynamic capacity)\n"
+            "  --train          apply router.noise, seeded by (router.seed, --step). Here the\n"
+            "                   logits are the router input: jitter multiplies the logits\n"
+            "                   by U(1-eps, 1+eps); gumbel perturbs choices 2..k\n"
+            "  --step N         training step that keys the noise (default 0)\n"
+            "  --out FILE       plan: expert, slot I32 [T, k] (-1 = dropped), weight F32\n"
+            "                   [T, k], counts, kept, capacity I32 [E], aux_loss, z_loss F32\n"
+            "                   [1]; metadata holds the resolved config. Written atomically;\n"
+            "                   on any error no file is created\n"
+            "  --example        route a built-in batch (T=16, E=4, k=2, two tasks) with\n"
+            "                   capacity_factor 1 under position and priority slot order and\n"
+            "                   dropless, and show which tokens each drops; --out writes the\n"
+            "                   position plan\n"
+            "\n"
+            "exit status: 0 ok, 1 runtime failure (e.g. cannot write), 2 bad usage or input\n");
+}
+
+typedef struct {
+    const char *logits_path, *task_path, *out_path;
+    bool train, example, help, step_given;
+    uint64_t step;
+    moe_router_config cfg;
+} route_args;
+
+// Library failures while reading input are bad input (2), except running out of memory.
+static int input_exit(int rc) {
+    return rc == MOE_ENOMEM ? MOE_EXIT_RUNTIME : MOE_EXIT_USAGE;
+}
+
+static int fail_last(int exit_code) {
+    return moe_cli_fail(CMD, exit_code, "%s", moe_last_error());
+}
+
+static int parse_args(int argc, char **argv, route_args *a) {
+    memset(a, 0, sizeof *a);
+    moe_router_config_default(&a->cfg);
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *v = NULL;
+        int m;
+        if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
+            a->help = true;
+        } else if (!strcmp(arg, "--train")) {
+            a->train = true;
+        } else if (!strcmp(arg, "--example")) {
+            a->example = true;
+        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--logits", &v)) != 0) {
+            if (m < 0) return fail_last(MOE_EXIT_USAGE);
+            a->logits_path = v;
+        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--task-ids", &v)) != 0) {
+            if (m < 0) return fail_last(MOE_EXIT_USAGE);
+            a->task_path = v;
+        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--out", &v)) != 0) {
+            if (m < 0) return fail_last(MOE_EXIT_USAGE);
+            a->out_path = v;
+        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--step", &v)) != 0) {
+            if (m < 0) return fail_last(MOE_EXIT_USAGE);
+            long long s;
+            if (!moe_cli_parse_long(v, 0, INT64_MAX, &s))
+                return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--step '%s': expected an integer >= 0",
+                                    v);
+            a->step = (uint64_t)s;
+            a->step_given = true;
+        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--set", &v)) != 0) {
+            if (m < 0) return fail_last(MOE_EXIT_USAGE);
+            const char *eq = strchr(v, '=');
+            if (!eq || eq == v)
+                return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--set '%s': expected KEY=VALUE", v);
+            char key[128];
+            if ((size_t)(eq - v) >= sizeof key)
+                return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--set '%s': key too long", v);
+            memcpy(key, v, (size_t)(eq - v));
+            key[eq - v] = '\0';
+            if (moe_router_config_set(&a->cfg, key, eq + 1) < 0)
+                return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--set %s: %s", v, moe_last_error());
+        } else {
+            return moe_cli_fail(CMD, MOE_EXIT_USAGE, "unknown argument '%s' (see moe route --help)",
+                                arg);
+        }
+    }
+    if (a->help) return 0;
+    if (a->step_given && !a->train)
+        return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--step only makes sense with --train");
+    if (a->cfg.capacity_mode == MOE_CAPACITY_DYNAMIC)
+        return moe_cli_fail(CMD, MOE_EXIT_USAGE,
+                            "capacity.mode = dynamic adapts capacity over many steps from "
+                            "measured load; moe route routes one batch: use static "
+                            "(router.capacity_factor, or <= 0 for dropless)");
+    if (a->example) {
+        if (a->logits_path || a->task_path)
+            return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--example takes no --logits/--task-ids");
+        return 0;
+    }
+    if (!a->logits_path)
+        return moe_cli_fail(CMD, MOE_EXIT_USAGE,
+                            "--logits FILE is required (see moe route --help)");
+    if (!a->out_path)
+        return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--out FILE is required (see moe route --help)");
+    return 0;
+}
+
+// --- plan file ------------------------------------------------------------------------
+
+// Shortest "%.*g" that reads back as the same double, so metadata stays legible.
+static void fmt_double(char *buf, size_t n, double x) {
+    for (int prec = 6; prec <= 17; prec++) {
+        snprintf(buf, n, "%.*g", prec, x);
+        if (strtod(buf, NULL) == x) return;
+    }
+}
+
+enum { META_KEYS = 20, META_LEN = 64 };
+
+// The resolved config as metadata strings, keyed as in config files.
+static void config_metadata(const moe_router_config *c, bool training, uint64_t step,
+                            char vals[][META_LEN], const char **kv) {
+    static const char *const orders[] = {"position", "priority"};
+    static const char *const noises[] = {"none", "jitter", "gumbel"};
+    int n = 0, m = 0;
+#define KV(key) (kv[m++] = (key), kv[m++] = vals[n], vals[n++])
+    snprintf(KV("format"), META_LEN, "moe-plan");
+    snprintf(KV("moe.version"), META_LEN, "%s", MOE_VERSION);
+    snprintf(KV("router.top_k"), META_LEN, "%d", c->top_k);
+    fmt_double(KV("router.capacity_factor"), META_LEN, c->capacity_factor);
+    snprintf(KV("router.min_capacity"), META_LEN, "%d", c->min_capacity);
+    snprintf(KV("router.slot_order"), META_LEN, "%s", orders[c->slot_order]);
+    snprintf(KV("router.normalize_topk"), META_LEN, "%s", c->normalize_topk ? "true" : "false");
+    snprintf(KV("router.noise"), META_LEN, "%s", noises[c->noise]);
+    fmt_double(KV("router.noise_eps"), META_LEN, c->noise_eps);
+    fmt_double(KV("router.aux_loss_coef"), META_LEN, c->aux_loss_coef);
+    fmt_double(KV("router.z_loss_coef"), META_LEN, c->z_loss_coef);
+    snprintf(KV("router.aux_counts_all_k"), META_LEN, "%s", c->aux_counts_all_k ? "true" : "false");
+    char *tp = KV("router.task_priority");
+    tp[0] = '\0';
+    for (int i = 0; i < c->n_task_priority; i++) {
+        char one[32];
+        fmt_double(one, sizeof one, c->task_priority[i]);
+        size_t len = strlen(tp);
+        snprintf(tp + len, META_LEN - len, "%s%s", i ? "," : "", one);
+    }
+    snprintf(KV("router.seed"), META_LEN, "%llu", (unsigned long long)c->seed);
+    snprintf(KV("capacity.mode"), META_LEN, "static");
+    snprintf(KV("route.training"), META_LEN, "%s", training ? "true" : "false");
+    snprintf(KV("route.step"), META_LEN, "%llu", (unsigned long long)step);
+#undef KV
+    assert(n <= META_KEYS);
+    kv[m] = NULL;
+}
+
+static int write_plan(const char *path, const moe_plan *p, const moe_router_config *cfg,
+                      bool training, uint64_t step) {
+    int64_t T = p->T, E = p->E, k = p->k;
+    const moe_st_entry e[] = {
+        {"expert", MOE_ST_I32, 2, {T, k}, p->expert},
+        {"slot", MOE_ST_I32, 2, {T, k}, p->slot},
+        {"weight", MOE_ST_F32, 2, {T, k}, p->weight},
+        {"counts", MOE_ST_I32, 1, {E}, p->counts},
+        {"kept", MOE_ST_I32, 1, {E}, p->kept},
+        {"capacity", MOE_ST_I32, 1, {E}, p->capacity},
+        {"aux_loss", MOE_ST_F32, 1, {1}, &p->aux_loss},
+        {"z_loss", MOE_ST_F32, 1, {1}, &p->z_loss},
+    };
+    char vals[META_KEYS][META_LEN];
+    const char *kv[2 * META_KEYS + 1];
+    config_metadata(cfg, training, step, vals, kv);
+    return moe_st_write(path, e, (int)(sizeof e / sizeof *e), kv);
+}
+
+// --- summary --------------------------------------------------------------------------
+
+static void print_summary(const moe_plan *p, const moe_router_config *cfg) {
+    moe_load_stats st;
+    moe_plan_stats(p, &st);
+    printf("plan: T=%d tokens, E=%d experts, k=%d, slot order %s, ", p->T, p->E, p->k,
+           cfg->slot_order == MOE_SLOT_PRIORITY ? "priority" : "position");
+    if (cfg->capacity_factor <= 0)
+        printf("capacity dropless (C = max count = %d)\n", st.max_count);
+    else
+        printf("capacity static (factor %g, min %d: C = %d)\n", cfg->capacity_factor,
+               cfg->min_capacity, moe_capacity_static(cfg, p->T, p->E));
+    printf("  expert  counts    kept  capacity\n");
+    for (int e = 0; e < p->E; e++)
+        printf("  %6d  %6d  %6d  %8d\n", e, p->counts[e], p->kept[e], p->capacity[e]);
+    printf("  dropped %ld of %ld assignments (drop rate %.2f%%), padding %.2f%% of %ld slots\n",
+           st.dropped, st.assigned, 100.0 * st.drop_rate, 100.0 * st.padding, st.capacity);
+    printf("  aux_loss %.6f  z_loss %.6f\n", p->aux_loss, p->z_loss);
+}
+
+// --- moe route --logits ---------------------------------------------------------------
+
+// Loads task_ids I32 [T] from f and checks every id is >= 0.
+static int load_task_ids(moe_st_file *f, int64_t T, int **out) {
+    int64_t shape[1];
+    MOE_TRY(moe_st_load(f, "task_ids", MOE_ST_I32, 1, shape, (void **)out));
+    if (shape[0] != T) {
+        free(*out);
+        *out = NULL;
+        return moe_fail(MOE_EFORMAT,
+                        "%s: tensor 'task_ids' has %lld entries, logits have %lld tokens", f->path,
+                        (long long)shape[0], (long long)T);
+    }
+    for (int64_t t = 0; t < T; t++)
+        if ((*out)[t] < 0) {
+            int bad = (*out)[t];
+            free(*out);
+            *out = NULL;
+            return moe_fail(MOE_EFORMAT, "%s: task_ids[%lld] = %d, expected a task id >= 0",
+                            f->path, (long long)t, bad);
+        }
+    return 0;
+}
+
+static int route_file(const route_args *a) {
+    int ex = MOE_EXIT_USAGE, rc;
+    moe_st_file *lf = NULL, *tf = NULL;
+    float *logits = NULL;
+    int *task = NULL;
+    moe_plan plan = {0};
+    moe_router_config cfg = a->cfg;
+    int64_t shape[2];
+
+    if ((rc = moe_st_open(a->logits_path, &lf)) < 0) goto fail;
+    if ((rc = moe_st_load(lf, "logits", MOE_ST_F32, 2, shape, (void **)&logits)) < 0) goto fail;
+    if (shape[0] < 1 || shape[1] < 1 || shape[0] > INT32_MAX || shape[1] > INT32_MAX) {
+        rc = moe_fail(MOE_EFORMAT,
+                      "%s: logits are [%lld, %lld], expected T >= 1 tokens and E >= 1 experts",
+                      a->logits_path, (long long)shape[0], (long long)shape[1]);
+        goto fail;
+    }
+    int T = (int)shape[0], E = (int)shape[1];
+    if ((rc = moe_router_config_check(&cfg, E)) < 0) {
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", moe_last_error());
+        rc = moe_fail(rc, "%s (logits in %s are [%d, %d])", msg, a->logits_path, T, E);
+        goto fail;
+    }
+    if (a->task_path) {
+        if ((rc = moe_st_open(a->task_path, &tf)) < 0) goto fail;
+        if ((rc = load_task_ids(tf, T, &task)) < 0) goto fail;
+    } else if (moe_st_find(lf, "task_ids")) {
+        if ((rc = load_task_ids(lf, T, &task)) < 0) goto fail;
+    }
+    // Task priorities take effect only under priority order; there every
+    // token needs a task id with an entry.
+    if (cfg.slot_order == MOE_SLOT_PRIORITY && cfg.n_task_priority > 0) {
+        const char *src = a->task_path ? a->task_path : a->logits_path;
+        if (!task) {
+            rc = moe_fail(MOE_EFORMAT,
+                          "router.task_priority is set but %s has no 'task_ids' I32 [T] "
+                          "(add it, or pass --task-ids FILE)",
+                          a->logits_path);
+            goto fail;
+        }
+        for (int t = 0; t < T; t++)
+            if (task[t] >= cfg.n_task_priority) {
+                rc = moe_fail(MOE_EFORMAT,
+                              "%s: task_ids[%d] = %d but router.task_priority lists %d tasks", src,
+                              t, task[t], cfg.n_task_priority);
+                goto fail;
+            }
+    }
+    for (int t = 0; t < T; t++)
+        for (int e = 0; e < E; e++)
+            if (!isfinite(logits[(size_t)t * E + e])) {
+                rc = moe_fail(MOE_ENUMERIC,
+                              "%s: logits[%d, %d] (token %d, expert %d) is %g: the router needs "
+                              "finite logits",
+                              a->logits_path, t, e, t, e, logits[(size_t)t * E + e]);
+                goto fail;
+            }
+    // Here the logits are the router input, so jitter (Switch: x * U(1-eps, 1+eps)
+    // on the router input) applies to them; the loaded buffer is our own copy.
+    if (a->train && cfg.noise == MOE_NOISE_JITTER)
+        moe_router_jitter(logits, (size_t)T * E, cfg.noise_eps, cfg.seed, a->step);
+
+    if ((rc = moe_plan_alloc(&plan, T, E, cfg.top_k)) < 0) goto fail;
+    if ((rc = moe_router_forward(&plan, logits, task, NULL, T, E, &cfg, a->train, a->step)) < 0)
+        goto fail;
+    ex = MOE_EXIT_RUNTIME; // from here on, failures are not the input's fault
+    if ((rc = write_plan(a->out_path, &plan, &cfg, a->train, a->step)) < 0) goto fail;
+    print_summary(&plan, &cfg);
+    printf("wrote %s\n", a->out_path);
+    ex = MOE_EXIT_OK;
+fail:
+    if (ex != MOE_EXIT_OK) {
+        if (ex == MOE_EXIT_USAGE) ex = input_exit(rc);
+        fail_last(ex);
+    }
+    moe_plan_free(&plan);
+    free(task);
+    free(logits);
+    moe_st_close(tf);
+    moe_st_close(lf);
+    return ex;
+}
+
+// --- moe route --example ---------------------------------------------------------------
+
+enum { EX_T = 16, EX_E = 4, EX_K = 2 };
+
+// Deterministic example logits: a per-expert bias that overloads expert 0,
+// plus hashed integer noise in [-1, 1) (no libm, so every machine prints the
+// same plan). Tokens 0..7 belong to task 0, tokens 8..15 to task 1.
+static void example_batch(float *logits, int *task) {
+    static const float bias[EX_E] = {1.0f, 0.2f, 0.0f, -0.2f};
+    uint32_t h = 2024;
+    for (int t = 0; t < EX_T; t++) {
+        task[t] = t < EX_T / 2 ? 0 : 1;
+        for (int e = 0; e < EX_E; e++) {
+            h = h * 1664525u + 1013904223u; // Numerical Recipes LCG
+            float u = (float)(h >> 8) / 16777216.0f;
+            logits[t * EX_E + e] = bias[e] + 2.0f * u - 1.0f;
+        }
+    }
+}
+
+// Per token whose assignments differ in any run: its choices and, per order,
+// which of them were kept.
+static void print_drop_table(const int *choice, const int *const *expert, const int *task) {
+    printf("\nassignments dropped under position vs priority order (capacity_factor 1):\n");
+    printf("  token  task  choices    position      priority\n");
+    for (int t = 0; t < EX_T; t++) {
+        const int *c = choice + t * EX_K;
+        bool any = false;
+        for (int r = 0; r < 2; r++)
+            for (int j = 0; j < EX_K; j++)
+                any |= expert[r][t * EX_K + j] < 0;
+        if (!any) continue;
+        printf("  %5d  %4d  e%d e%d  ", t, task[t], c[0], c[1]);
+        for (int r = 0; r < 2; r++)
+            for (int j = 0; j < EX_K; j++)
+                printf("%s%s", j ? "  " : "    ", expert[r][t * EX_K + j] < 0 ? "DROP" : "kept");
+        printf("\n");
+    }
+}
+
+static int route_example(const route_args *a) {
+    float logits[EX_T * EX_E];
+    int task[EX_T], choice[EX_T * EX_K], kept[2][EX_T * EX_K];
+    example_batch(logits, task);
+    moe_plan plan = {0};
+    int ex = MOE_EXIT_OK;
+
+    printf("example: T=%d tokens, E=%d experts, k=%d; tokens 0-%d are task 0, %d-%d task 1;\n"
+           "router.task_priority = 1,2 (priority order serves task 1 first)\n",
+           EX_T, EX_E, EX_K, EX_T / 2 - 1, EX_T / 2, EX_T - 1);
+    printf("  token  task  logits of experts 0..%d\n", EX_E - 1);
+    for (int t = 0; t < EX_T; t++) {
+        printf("  %5d  %4d ", t, task[t]);
+        for (int e = 0; e < EX_E; e++)
+            printf(" %6.3f", logits[t * EX_E + e]);
+        printf("\n");
+    }
+
+    // One batch, three runs: position and priority with capacity factor 1
+    // (tight: some assignments drop), then dropless. The user's --set keys
+    // apply first; each run then fixes k, task priorities, order and factor.
+    static const struct {
+        const char *title, *order, *factor;
+    } runs[] = {
+        {"position order, capacity_factor 1", "position", "1"},
+        {"priority order (Batch Prioritized Routing), capacity_factor 1", "priority", "1"},
+        {"dropless (capacity_factor 0), position order", "position", "0"},
+    };
+    for (int r = 0; r < 3; r++) {
+        moe_router_config cfg = a->cfg;
+        char k[16];
+        snprintf(k, sizeof k, "%d", EX_K);
+        if (moe_router_config_set(&cfg, "router.top_k", k) < 0 ||
+            moe_router_config_set(&cfg, "router.task_priority", "1,2") < 0 ||
+            moe_router_config_set(&cfg, "router.slot_order", runs[r].order) < 0 ||
+            moe_router_config_set(&cfg, "router.capacity_factor", runs[r].factor) < 0) {
+            ex = fail_last(MOE_EXIT_RUNTIME);
+            goto done;
+        }
+        int rc = moe_router_config_check(&cfg, EX_E);
+        if (rc == 0) rc = moe_plan_alloc(&plan, EX_T, EX_E, EX_K);
+        if (rc == 0)
+            rc = moe_router_forward(&plan, logits, task, NULL, EX_T, EX_E, &cfg, a->train, a->step);
+        if (rc < 0) {
+            ex = fail_last(input_exit(rc));
+            goto done;
+        }
+        printf("\n== %s\n", runs[r].title);
+        print_summary(&plan, &cfg);
+        if (r < 2) memcpy(kept[r], plan.expert, sizeof kept[r]);
+        if (r == 0) memcpy(choice, plan.choice, sizeof choice);
+        if (r == 0 && a->out_path) {
+            if (write_plan(a->out_path, &plan, &cfg, a->train, a->step) < 0) {
+                ex = fail_last(MOE_EXIT_RUNTIME);
+                goto done;
+            }
+            printf("  wrote %s\n", a->out_path);
+        }
+        moe_plan_free(&plan);
+    }
+    const int *experts[2] = {kept[0], kept[1]};
+    print_drop_table(choice, experts, task);
+    printf("\nPosition order hands out slots in token order, so the last tokens (task 1)\n"
+           "lose even their first choice. Priority order serves task 1 first, then the\n"
+           "most confident tokens, so task 0 loses first choices instead. Dropless sizes\n"
+           "every expert to its load: nothing drops, at the cost of padding.\n");
+done:
+    moe_plan_free(&plan);
+    return ex;
+}
+
+int moe_cli_route(int argc, char **argv) {
+    route_args a;
+    int rc = parse_args(argc, argv, &a);
+    if (rc != 0) return rc;
+    if (a.help) {
+        help(stdout);
+        return MOE_EXIT_OK;
+    }
+    return a.example ? route_example(&a) : route_file(&a);
+}

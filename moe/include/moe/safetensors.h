@@ -1,0 +1,105 @@
+// safetensors files (https://github.com/huggingface/safetensors): an 8-byte
+// little-endian header length N, N bytes of JSON naming each tensor's dtype,
+// shape and byte range, then the data section. Opening reads and validates
+// the header only; tensors are read one at a time with pread, so a caller can
+// load just the tensors it needs. Writing is atomic (temp file, fsync, rename).
+#ifndef MOE_SAFETENSORS_H
+#define MOE_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define MOE_ST_MAX_DIMS 8
+// Largest header accepted on read (the reference implementation's limit).
+#define MOE_ST_MAX_HEADER (100u * 1024u * 1024u)
+
+typedef enum {
+    MOE_ST_F64 = 0,
+    MOE_ST_F32,
+    MOE_ST_F16,
+    MOE_ST_BF16,
+    MOE_ST_I64,
+    MOE_ST_I32,
+    MOE_ST_I16,
+    MOE_ST_I8,
+    MOE_ST_U64,
+    MOE_ST_U32,
+    MOE_ST_U16,
+    MOE_ST_U8,
+    MOE_ST_BOOL,
+    MOE_ST_NDTYPES
+} moe_st_dtype;
+
+// "F32", "BF16", ...; "?" for a value outside the enum.
+const char *moe_st_dtype_name(moe_st_dtype dt);
+// Bytes per element (0 for a value outside the enum).
+size_t moe_st_dtype_size(moe_st_dtype dt);
+// Parses a header dtype string; 0 on success, MOE_EINVAL if unknown.
+int moe_st_dtype_parse(const char *name, moe_st_dtype *out);
+
+// One tensor of an open file. Offsets are absolute file positions.
+typedef struct {
+    char *name;
+    moe_st_dtype dtype;
+    int ndim; // 0 for a scalar (one element)
+    int64_t shape[MOE_ST_MAX_DIMS];
+    uint64_t numel;
+    uint64_t offset; // first byte in the file (8 + N + data_offsets[0])
+    uint64_t nbytes; // data_offsets[1] - data_offsets[0] == numel * dtype size
+} moe_st_tensor;
+
+typedef struct {
+    char *path;
+    int fd;
+    uint64_t file_size;
+    uint64_t data_start; // 8 + header length
+    uint64_t data_size;  // file_size - data_start
+    int n_tensors;
+    moe_st_tensor *tensors; // in header order
+    int n_meta;
+    char **meta_keys; // "__metadata__" entries, in header order
+    char **meta_values;
+    uint64_t bytes_read; // tensor bytes read so far by moe_st_read/moe_st_load
+} moe_st_file;
+
+// Opens path and validates its header (sizes against the file length, dtypes,
+// shapes, ranges, overlaps). Errors: MOE_EIO (cannot open/read), MOE_EFORMAT
+// (malformed or lying header), MOE_ENOMEM. On error *out is NULL.
+int moe_st_open(const char *path, moe_st_file **out);
+// Closes the fd and frees everything; NULL is allowed.
+void moe_st_close(moe_st_file *f);
+
+// The tensor called name, or NULL.
+const moe_st_tensor *moe_st_find(const moe_st_file *f, const char *name);
+// The metadata value for key, or NULL.
+const char *moe_st_meta(const moe_st_file *f, const char *key);
+
+// Reads tensor t's bytes (exactly t->nbytes) into dst; dst_bytes must be at
+// least t->nbytes (MOE_EINVAL otherwise). Adds t->nbytes to f->bytes_read.
+int moe_st_read(moe_st_file *f, const moe_st_tensor *t, void *dst, size_t dst_bytes);
+
+// Reads tensor name into a fresh malloc'd buffer (*data, free() it) after
+// checking its dtype and rank: MOE_ENOTFOUND if absent, MOE_EFORMAT on a dtype
+// or rank mismatch. ndim < 0 accepts any rank. shape_out (may be NULL) gets
+// the tensor's ndim dims.
+int moe_st_load(moe_st_file *f, const char *name, moe_st_dtype dtype, int ndim, int64_t *shape_out,
+                void **data);
+
+// One tensor to write; data holds numel * dtype size bytes, row-major.
+typedef struct {
+    const char *name;
+    moe_st_dtype dtype;
+    int ndim;
+    int64_t shape[MOE_ST_MAX_DIMS];
+    const void *data; // may be NULL only when the tensor has no elements
+} moe_st_entry;
+
+// Writes n tensors, in the order given, and optional string metadata
+// (NULL, or a NULL-terminated list "key1", "value1", "key2", "value2", ..., NULL)
+// to path, atomically: a temp file beside it (path.tmp.XXXXXX) is written,
+// fsynced and renamed over path; on any failure the temp file is removed and
+// path is untouched. The header is padded with spaces to a multiple of 8 bytes.
+// The file gets mode 0644. Errors: MOE_EINVAL (bad entry), MOE_EIO, MOE_ENOMEM.
+int moe_st_write(const char *path, const moe_st_entry *entries, int n, const char *const *metadata);
+
+#endif

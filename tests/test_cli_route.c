@@ -1,0 +1,435 @@
+// `moe route` in-process: the plan file must equal what moe_router_forward
+// returns for the same input and config, tensor by tensor; every bad input
+// must exit 2 and leave no --out file; a failed write exits 1.
+#include "moe/cli/cli.h"
+#include "moe/error.h"
+#include "moe/router.h"
+#include "moe/safetensors.h"
+#include "testutil.h"
+
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static char dir[512];
+
+static void setup(void) {
+    const char *d = tu_tmpdir();
+    ck_assert_ptr_nonnull(d);
+    snprintf(dir, sizeof dir, "%s", d);
+}
+
+static void teardown(void) {
+    DIR *dp = opendir(dir);
+    if (!dp) return;
+    struct dirent *de;
+    char p[1024];
+    while ((de = readdir(dp)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+            unlink(p);
+        }
+    closedir(dp);
+    rmdir(dir);
+}
+
+static const char *in_dir(const char *name) {
+    static char buf[8][640];
+    static int i;
+    i = (i + 1) % 8;
+    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
+    return buf[i];
+}
+
+static int count_entries(void) {
+    DIR *dp = opendir(dir);
+    ck_assert_ptr_nonnull(dp);
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(dp)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) n++;
+    closedir(dp);
+    return n;
+}
+
+static int run_cli(const char **args) {
+    int n = 0;
+    while (args[n])
+        n++;
+    return moe_cli_main(n, (char **)args);
+}
+#define MOE(...) run_cli((const char *[]){"moe", __VA_ARGS__, NULL})
+
+enum { T = 24, E = 4 };
+static float logits[T * E];
+static int32_t task[T];
+
+// Skewed logits (expert 0 favoured) so capacity_factor 1 drops some tokens.
+static void make_batch(uint64_t seed) {
+    tu_rng r;
+    tu_seed(&r, seed);
+    tu_fill_normal(&r, logits, T * E, 1.0f);
+    for (int t = 0; t < T; t++) {
+        logits[t * E] += 1.5f;
+        task[t] = (t * 5) % 3;
+    }
+}
+
+static void write_logits(const char *path, bool with_task) {
+    moe_st_entry e[2] = {{"logits", MOE_ST_F32, 2, {T, E}, logits},
+                         {"task_ids", MOE_ST_I32, 1, {T}, task}};
+    ck_assert_int_eq(moe_st_write(path, e, with_task ? 2 : 1, NULL), 0);
+}
+
+// Routes directly with the defaults plus sets ("key", "value", ..., NULL).
+static void route_direct(moe_plan *p, const float *x, const int *tid, const char *const *sets,
+                         bool train, uint64_t step) {
+    moe_router_config cfg;
+    moe_router_config_default(&cfg);
+    for (int i = 0; sets && sets[i]; i += 2)
+        ck_assert_int_eq(moe_router_config_set(&cfg, sets[i], sets[i + 1]), 0);
+    float *in = malloc(sizeof logits);
+    memcpy(in, x, sizeof logits);
+    if (train && cfg.noise == MOE_NOISE_JITTER)
+        moe_router_jitter(in, (size_t)T * E, cfg.noise_eps, cfg.seed, step);
+    ck_assert_int_eq(moe_plan_alloc(p, T, E, cfg.top_k), 0);
+    ck_assert_msg(moe_router_forward(p, in, tid, NULL, T, E, &cfg, train, step) == 0, "%s",
+                  moe_last_error());
+    free(in);
+}
+
+static void expect_tensor(moe_st_file *f, const char *name, moe_st_dtype dt, int64_t d0, int64_t d1,
+                          const void *want) {
+    const moe_st_tensor *t = moe_st_find(f, name);
+    ck_assert_msg(t != NULL, "plan lacks '%s'", name);
+    ck_assert_int_eq(t->dtype, dt);
+    ck_assert_int_eq(t->ndim, d1 ? 2 : 1);
+    ck_assert_int_eq(t->shape[0], d0);
+    if (d1) ck_assert_int_eq(t->shape[1], d1);
+    void *got = malloc(t->nbytes);
+    ck_assert_int_eq(moe_st_read(f, t, got, t->nbytes), 0);
+    ck_assert_msg(memcmp(got, want, t->nbytes) == 0, "tensor '%s' differs from the router's", name);
+    free(got);
+}
+
+// The plan file holds exactly the router's plan: every tensor, bit for bit.
+static void expect_plan_file(const char *path, const moe_plan *p) {
+    moe_st_file *f;
+    ck_assert_msg(moe_st_open(path, &f) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(f->n_tensors, 8);
+    int k = p->k;
+    expect_tensor(f, "expert", MOE_ST_I32, T, k, p->expert);
+    expect_tensor(f, "slot", MOE_ST_I32, T, k, p->slot);
+    expect_tensor(f, "weight", MOE_ST_F32, T, k, p->weight);
+    expect_tensor(f, "counts", MOE_ST_I32, E, 0, p->counts);
+    expect_tensor(f, "kept", MOE_ST_I32, E, 0, p->kept);
+    expect_tensor(f, "capacity", MOE_ST_I32, E, 0, p->capacity);
+    expect_tensor(f, "aux_loss", MOE_ST_F32, 1, 0, &p->aux_loss);
+    expect_tensor(f, "z_loss", MOE_ST_F32, 1, 0, &p->z_loss);
+    moe_st_close(f);
+}
+
+static int n_dropped(const moe_plan *p) {
+    int n = 0;
+    for (int i = 0; i < p->T * p->k; i++)
+        n += p->expert[i] < 0;
+    return n;
+}
+
+START_TEST(test_plan_equals_router_forward) {
+    make_batch(1);
+    const char *in = in_dir("in.safetensors"), *out = in_dir("plan.safetensors");
+    write_logits(in, true);
+    ck_assert_int_eq(MOE("route", "--logits", in, "--set", "router.capacity_factor=1",
+                         "--set=router.slot_order=priority", "--set", "router.task_priority=1,3,2",
+                         "--out", out),
+                     0);
+    const char *sets[] = {"router.capacity_factor",
+                          "1",
+                          "router.slot_order",
+                          "priority",
+                          "router.task_priority",
+                          "1,3,2",
+                          NULL};
+    moe_plan p;
+    route_direct(&p, logits, task, sets, false, 0);
+    ck_assert_int_gt(n_dropped(&p), 0); // the case exercises dropping
+    expect_plan_file(out, &p);
+    moe_plan_free(&p);
+
+    // The resolved config travels in the metadata.
+    moe_st_file *f;
+    ck_assert_int_eq(moe_st_open(out, &f), 0);
+    ck_assert_str_eq(moe_st_meta(f, "router.slot_order"), "priority");
+    ck_assert_str_eq(moe_st_meta(f, "router.capacity_factor"), "1");
+    ck_assert_str_eq(moe_st_meta(f, "router.task_priority"), "1,3,2");
+    ck_assert_str_eq(moe_st_meta(f, "router.noise_eps"), "0.01");
+    ck_assert_str_eq(moe_st_meta(f, "capacity.mode"), "static");
+    moe_st_close(f);
+    ck_assert_int_eq(count_entries(), 2); // input and plan, no temp file
+}
+END_TEST
+
+START_TEST(test_defaults_top1_and_dropless) {
+    make_batch(2);
+    const char *in = in_dir("in.safetensors"), *out = in_dir("plan.safetensors");
+    write_logits(in, false);
+    // Defaults (k=2, factor 1.25, position).
+    ck_assert_int_eq(MOE("route", "--logits", in, "--out", out), 0);
+    moe_plan p;
+    route_direct(&p, logits, NULL, NULL, false, 0);
+    expect_plan_file(out, &p);
+    moe_plan_free(&p);
+    // Switch top-1 without renormalisation, dropless.
+    ck_assert_int_eq(MOE("route", "--logits", in, "--set", "router.top_k=1", "--set",
+                         "router.normalize_topk=false", "--set", "router.capacity_factor=0",
+                         "--out", out),
+                     0);
+    const char *sets[] = {
+        "router.top_k", "1", "router.normalize_topk", "false", "router.capacity_factor", "0", NULL};
+    route_direct(&p, logits, NULL, sets, false, 0);
+    ck_assert_int_eq(n_dropped(&p), 0);
+    expect_plan_file(out, &p);
+    moe_plan_free(&p);
+}
+END_TEST
+
+START_TEST(test_task_ids_from_separate_file) {
+    make_batch(3);
+    const char *in = in_dir("in.safetensors"), *tf = in_dir("tasks.safetensors"),
+               *out = in_dir("plan.safetensors");
+    write_logits(in, false);
+    moe_st_entry e = {"task_ids", MOE_ST_I32, 1, {T}, task};
+    ck_assert_int_eq(moe_st_write(tf, &e, 1, NULL), 0);
+    // Without ids, task priorities cannot be applied: bad input.
+    ck_assert_int_eq(MOE("route", "--logits", in, "--set", "router.slot_order=priority", "--set",
+                         "router.task_priority=0,5,1", "--set", "router.capacity_factor=1", "--out",
+                         out),
+                     2);
+    ck_assert_int_eq(access(out, F_OK), -1);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "--task-ids"));
+    ck_assert_int_eq(MOE("route", "--logits", in, "--task-ids", tf, "--set",
+                         "router.slot_order=priority", "--set", "router.task_priority=0,5,1",
+                         "--set", "router.capacity_factor=1", "--out", out),
+                     0);
+    const char *sets[] = {"router.slot_order",
+                          "priority",
+                          "router.task_priority",
+                          "0,5,1",
+                          "router.capacity_factor",
+                          "1",
+                          NULL};
+    moe_plan p;
+    route_direct(&p, logits, task, sets, false, 0);
+    expect_plan_file(out, &p);
+    // Task 1 has top priority: none of its first choices may drop while another task's do.
+    for (int t = 0; t < T; t++)
+        if (task[t] == 1) ck_assert_int_ge(p.expert[t * p.k], 0);
+    moe_plan_free(&p);
+}
+END_TEST
+
+START_TEST(test_train_applies_seeded_jitter) {
+    make_batch(4);
+    const char *in = in_dir("in.safetensors"), *out = in_dir("plan.safetensors");
+    write_logits(in, false);
+    const char *sets[] = {
+        "router.noise", "jitter", "router.noise_eps", "0.9", "router.seed", "7", NULL};
+    ck_assert_int_eq(MOE("route", "--logits", in, "--set", "router.noise=jitter", "--set",
+                         "router.noise_eps=0.9", "--set", "router.seed=7", "--train", "--step", "3",
+                         "--out", out),
+                     0);
+    moe_plan p, q;
+    route_direct(&p, logits, NULL, sets, true, 3);
+    expect_plan_file(out, &p);
+    // The noise changed the routing (else this test would prove nothing).
+    route_direct(&q, logits, NULL, sets, false, 0);
+    ck_assert_int_ne(memcmp(p.weight, q.weight, (size_t)T * p.k * sizeof(float)), 0);
+    // Without --train the same config routes the clean logits.
+    ck_assert_int_eq(MOE("route", "--logits", in, "--set", "router.noise=jitter", "--set",
+                         "router.noise_eps=0.9", "--set", "router.seed=7", "--out", out),
+                     0);
+    expect_plan_file(out, &q);
+    moe_plan_free(&p);
+    moe_plan_free(&q);
+}
+END_TEST
+
+// Runs a failing command: it must exit `code`, leave no file at out and no
+// temp file, and record a message containing word.
+static void expect_fails(int rc, int code, const char *out, int files_before, const char *word) {
+    ck_assert_msg(rc == code, "exit %d, want %d (%s)", rc, code, moe_last_error());
+    ck_assert_int_eq(access(out, F_OK), -1);
+    ck_assert_int_eq(count_entries(), files_before);
+    ck_assert_msg(strstr(moe_last_error(), word), "message '%s' lacks '%s'", moe_last_error(),
+                  word);
+}
+
+START_TEST(test_bad_inputs_exit_2_and_write_nothing) {
+    make_batch(5);
+    const char *in = in_dir("in.safetensors"), *out = in_dir("plan.safetensors");
+    write_logits(in, true);
+    int n = 1;
+
+    expect_fails(MOE("route", "--logits", in_dir("missing.safetensors"), "--out", out), 2, out, n,
+                 "missing.safetensors: cannot open");
+
+    const char *bad = in_dir("bad.safetensors");
+    static int32_t ints_data[T * E];
+    moe_st_entry ints = {"logits", MOE_ST_I32, 2, {T, E}, ints_data};
+    ck_assert_int_eq(moe_st_write(bad, &ints, 1, NULL), 0);
+    n++;
+    expect_fails(MOE("route", "--logits", bad, "--out", out), 2, out, n,
+                 "tensor 'logits' has dtype I32, expected F32");
+
+    moe_st_entry flat = {"logits", MOE_ST_F32, 1, {T * E}, logits};
+    ck_assert_int_eq(moe_st_write(bad, &flat, 1, NULL), 0);
+    expect_fails(MOE("route", "--logits", bad, "--out", out), 2, out, n,
+                 "tensor 'logits' has rank 1, expected 2");
+    moe_st_entry cube = {"logits", MOE_ST_F32, 3, {2, T / 2, E}, logits};
+    ck_assert_int_eq(moe_st_write(bad, &cube, 1, NULL), 0);
+    expect_fails(MOE("route", "--logits", bad, "--out", out), 2, out, n, "rank 3");
+
+    moe_st_entry other = {"scores", MOE_ST_F32, 2, {T, E}, logits};
+    ck_assert_int_eq(moe_st_write(bad, &other, 1, NULL), 0);
+    expect_fails(MOE("route", "--logits", bad, "--out", out), 2, out, n, "no tensor 'logits'");
+
+    // Header lying about sizes: a valid file cut short.
+    {
+        FILE *fp = fopen(in, "rb");
+        char buf[4096];
+        size_t len = fread(buf, 1, sizeof buf, fp);
+        fclose(fp);
+        fp = fopen(bad, "wb");
+        fwrite(buf, 1, len - 10, fp);
+        fclose(fp);
+    }
+    expect_fails(MOE("route", "--logits", bad, "--out", out), 2, out, n, "beyond the data section");
+
+    expect_fails(MOE("route", "--logits", in, "--set", "router.top_k=9", "--out", out), 2, out, n,
+                 "router.top_k = 9 exceeds the number of experts 4");
+    expect_fails(MOE("route", "--logits", in, "--set", "router.bogus=1", "--out", out), 2, out, n,
+                 "router.bogus");
+    expect_fails(MOE("route", "--logits", in, "--set", "router.top_k=two", "--out", out), 2, out, n,
+                 "router.top_k");
+    expect_fails(MOE("route", "--logits", in, "--set", "router.top_k", "--out", out), 2, out, n,
+                 "KEY=VALUE");
+    expect_fails(MOE("route", "--logits", in, "--set", "capacity.mode=dynamic", "--out", out), 2,
+                 out, n, "dynamic");
+
+    float nan_logits[T * E];
+    memcpy(nan_logits, logits, sizeof nan_logits);
+    nan_logits[5 * E + 2] = NAN;
+    nan_logits[7 * E + 1] = INFINITY;
+    moe_st_entry nan_e = {"logits", MOE_ST_F32, 2, {T, E}, nan_logits};
+    ck_assert_int_eq(moe_st_write(bad, &nan_e, 1, NULL), 0);
+    expect_fails(MOE("route", "--logits", bad, "--out", out), 2, out, n, "token 5, expert 2");
+
+    // task_ids: wrong length (in the logits file or a separate one), negative, wrong dtype.
+    moe_st_entry mis[2] = {{"logits", MOE_ST_F32, 2, {T, E}, logits},
+                           {"task_ids", MOE_ST_I32, 1, {T - 1}, task}};
+    ck_assert_int_eq(moe_st_write(bad, mis, 2, NULL), 0);
+    expect_fails(MOE("route", "--logits", bad, "--out", out), 2, out, n,
+                 "'task_ids' has 23 entries, logits have 24 tokens");
+    const char *tf = in_dir("tasks.safetensors");
+    ck_assert_int_eq(moe_st_write(tf, &mis[1], 1, NULL), 0);
+    n++;
+    expect_fails(MOE("route", "--logits", in, "--task-ids", tf, "--out", out), 2, out, n,
+                 "tasks.safetensors: tensor 'task_ids' has 23 entries");
+    int32_t neg[T];
+    memcpy(neg, task, sizeof neg);
+    neg[3] = -1;
+    moe_st_entry neg_e = {"task_ids", MOE_ST_I32, 1, {T}, neg};
+    ck_assert_int_eq(moe_st_write(tf, &neg_e, 1, NULL), 0);
+    expect_fails(MOE("route", "--logits", in, "--task-ids", tf, "--out", out), 2, out, n,
+                 "task_ids[3] = -1");
+    moe_st_entry f_e = {"task_ids", MOE_ST_F32, 1, {T}, logits};
+    ck_assert_int_eq(moe_st_write(tf, &f_e, 1, NULL), 0);
+    expect_fails(MOE("route", "--logits", in, "--task-ids", tf, "--out", out), 2, out, n,
+                 "has dtype F32, expected I32");
+    // A task id with no priority entry.
+    expect_fails(MOE("route", "--logits", in, "--set", "router.slot_order=priority", "--set",
+                     "router.task_priority=1,2", "--out", out),
+                 2, out, n, "in.safetensors: task_ids[1] = 2 but router.task_priority lists 2");
+
+    // Usage errors.
+    expect_fails(MOE("route", "--logits", in), 2, out, n, "--out");
+    expect_fails(MOE("route", "--out", out), 2, out, n, "--logits");
+    expect_fails(MOE("route", "--logits", in, "--out"), 2, out, n, "--out needs a value");
+    expect_fails(MOE("route", "--logits", in, "--step", "3", "--out", out), 2, out, n, "--train");
+    expect_fails(MOE("route", "--logits", in, "--train", "--step", "-1", "--out", out), 2, out, n,
+                 "--step");
+    expect_fails(MOE("route", "--logits", in, "--frobnicate", "--out", out), 2, out, n,
+                 "--frobnicate");
+    expect_fails(MOE("route", "--example", "--logits", in, "--out", out), 2, out, n, "--example");
+}
+END_TEST
+
+START_TEST(test_write_failure_exits_1) {
+    make_batch(6);
+    const char *in = in_dir("in.safetensors"), *out = in_dir("no/such/dir/plan.safetensors");
+    write_logits(in, false);
+    int rc = MOE("route", "--logits", in, "--out", out);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "no/such/dir/plan.safetensors"));
+    ck_assert_int_eq(count_entries(), 1);
+}
+END_TEST
+
+START_TEST(test_example_writes_position_plan) {
+    const char *out = in_dir("example.safetensors");
+    ck_assert_int_eq(MOE("route", "--example", "--out", out), 0);
+    moe_st_file *f;
+    ck_assert_msg(moe_st_open(out, &f) == 0, "%s", moe_last_error());
+    ck_assert_str_eq(moe_st_meta(f, "router.slot_order"), "position");
+    ck_assert_str_eq(moe_st_meta(f, "router.capacity_factor"), "1");
+    int64_t shape[2];
+    int32_t *ex;
+    ck_assert_int_eq(moe_st_load(f, "expert", MOE_ST_I32, 2, shape, (void **)&ex), 0);
+    ck_assert_int_eq(shape[0], 16);
+    ck_assert_int_eq(shape[1], 2);
+    int dropped = 0;
+    for (int i = 0; i < 32; i++)
+        dropped += ex[i] < 0;
+    ck_assert_int_gt(dropped, 0); // the example is meant to show drops
+    free(ex);
+    moe_st_close(f);
+    ck_assert_int_eq(MOE("route", "--example"), 0); // --out is optional
+}
+END_TEST
+
+START_TEST(test_dispatch_help_and_version) {
+    ck_assert_int_eq(run_cli((const char *[]){"moe", NULL}), 2);
+    ck_assert_int_eq(MOE("frobnicate"), 2);
+    ck_assert_int_eq(MOE("--help"), 0);
+    ck_assert_int_eq(MOE("help"), 0);
+    ck_assert_int_eq(MOE("help", "route"), 0);
+    ck_assert_int_eq(MOE("help", "nope"), 2);
+    ck_assert_int_eq(MOE("--version"), 0);
+    ck_assert_int_eq(MOE("route", "--help"), 0);
+    ck_assert_int_eq(MOE("route", "-h"), 0);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("cli_route");
+    TCase *tc = tcase_create("core");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_plan_equals_router_forward);
+    tcase_add_test(tc, test_defaults_top1_and_dropless);
+    tcase_add_test(tc, test_task_ids_from_separate_file);
+    tcase_add_test(tc, test_train_applies_seeded_jitter);
+    tcase_add_test(tc, test_bad_inputs_exit_2_and_write_nothing);
+    tcase_add_test(tc, test_write_failure_exits_1);
+    tcase_add_test(tc, test_example_writes_position_plan);
+    tcase_add_test(tc, test_dispatch_help_and_version);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run(suite());
+}

@@ -1,0 +1,488 @@
+// safetensors reader/writer: byte-exact round trips, partial reads, and one
+// test per malformed-file class (each must fail at open with its own message).
+#include "moe/error.h"
+#include "moe/safetensors.h"
+#include "testutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char dir[512];
+
+static void setup(void) {
+    const char *d = tu_tmpdir();
+    ck_assert_ptr_nonnull(d);
+    snprintf(dir, sizeof dir, "%s", d);
+}
+
+// The tests create plain files only, one level deep.
+static void teardown(void) {
+    DIR *dp = opendir(dir);
+    if (!dp) return;
+    struct dirent *de;
+    char p[1024];
+    while ((de = readdir(dp)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+            unlink(p);
+        }
+    closedir(dp);
+    rmdir(dir);
+}
+
+static const char *in_dir(const char *name) {
+    static char buf[4][640];
+    static int i;
+    i = (i + 1) % 4;
+    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
+    return buf[i];
+}
+
+static int count_entries(const char *d) {
+    DIR *dp = opendir(d);
+    if (!dp) return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(dp)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) n++;
+    closedir(dp);
+    return n;
+}
+
+static unsigned char *slurp(const char *path, size_t *len) {
+    FILE *fp = fopen(path, "rb");
+    ck_assert_ptr_nonnull(fp);
+    fseek(fp, 0, SEEK_END);
+    long n = ftell(fp);
+    fseek(fp, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)n + 1);
+    ck_assert_uint_eq(fread(b, 1, (size_t)n, fp), (size_t)n);
+    fclose(fp);
+    *len = (size_t)n;
+    return b;
+}
+
+static void spit(const char *path, const void *b, size_t len) {
+    FILE *fp = fopen(path, "wb");
+    ck_assert_ptr_nonnull(fp);
+    ck_assert_uint_eq(fwrite(b, 1, len, fp), len);
+    ck_assert_int_eq(fclose(fp), 0);
+}
+
+// A file by hand: 8-byte length (hlen_field, or strlen(json) if ~0), the JSON,
+// then data_len bytes of data.
+static void write_raw(const char *path, const char *json, uint64_t hlen_field, size_t data_len) {
+    size_t jl = strlen(json);
+    uint64_t h = hlen_field == ~0ull ? jl : hlen_field;
+    unsigned char *b = calloc(8 + jl + data_len + 1, 1);
+    for (int i = 0; i < 8; i++)
+        b[i] = (unsigned char)(h >> (8 * i));
+    memcpy(b + 8, json, jl);
+    for (size_t i = 0; i < data_len; i++)
+        b[8 + jl + i] = (unsigned char)i;
+    spit(path, b, 8 + jl + data_len);
+    free(b);
+}
+
+// Opening must fail with code and a message containing word; nothing is returned.
+static void expect_open_fails(const char *path, int code, const char *word) {
+    moe_st_file *f = (moe_st_file *)1;
+    int rc = moe_st_open(path, &f);
+    ck_assert_msg(rc == code, "%s: rc %d, want %d (%s)", path, rc, code, moe_last_error());
+    ck_assert_ptr_null(f);
+    ck_assert_msg(strstr(moe_last_error(), word), "message '%s' lacks '%s'", moe_last_error(),
+                  word);
+}
+
+static void expect_raw_fails(const char *json, size_t data_len, const char *word) {
+    const char *p = in_dir("bad.safetensors");
+    write_raw(p, json, ~0ull, data_len);
+    expect_open_fails(p, MOE_EFORMAT, word);
+}
+
+// --- the fixture of the round-trip tests ----------------------------------------------
+
+enum { T = 5, E = 3 };
+static float logits[T * E];
+static int32_t ids[T];
+static float loss1[1];
+static int64_t scalar = -1234567890123ll;
+static uint16_t bf[4] = {0x3f80, 0xbf80, 0x7fc0, 0x0001};
+static const char *const meta[] = {"format", "pt", "note", "h\xc3\xa9llo \"quoted\"", NULL};
+
+static int fixture(moe_st_entry *e) {
+    tu_rng r;
+    tu_seed(&r, 7);
+    tu_fill_normal(&r, logits, T * E, 3.0f);
+    for (int i = 0; i < T; i++)
+        ids[i] = i * 7 - 10;
+    loss1[0] = 0.125f;
+    int n = 0;
+    e[n++] = (moe_st_entry){"logits", MOE_ST_F32, 2, {T, E}, logits};
+    e[n++] = (moe_st_entry){"task_ids", MOE_ST_I32, 1, {T}, ids};
+    e[n++] = (moe_st_entry){"aux_loss", MOE_ST_F32, 1, {1}, loss1};
+    e[n++] = (moe_st_entry){"empty", MOE_ST_F32, 2, {0, 4}, NULL};
+    e[n++] = (moe_st_entry){"step", MOE_ST_I64, 0, {0}, &scalar};
+    e[n++] = (moe_st_entry){"w \"odd\" name.\xce\xbb", MOE_ST_BF16, 2, {2, 2}, bf};
+    return n;
+}
+
+START_TEST(test_roundtrip_is_byte_exact_with_metadata) {
+    moe_st_entry e[8];
+    int n = fixture(e);
+    const char *p = in_dir("a.safetensors");
+    ck_assert_int_eq(moe_st_write(p, e, n, meta), 0);
+
+    moe_st_file *f;
+    ck_assert_msg(moe_st_open(p, &f) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(f->n_tensors, n);
+    ck_assert_uint_eq(f->bytes_read, 0);
+    ck_assert_uint_eq(f->data_start % 8, 0); // header padded to 8 bytes
+    uint64_t total = 0;
+    for (int i = 0; i < n; i++) {
+        const moe_st_tensor *t = &f->tensors[i];
+        ck_assert_str_eq(t->name, e[i].name); // order kept
+        ck_assert_ptr_eq(moe_st_find(f, e[i].name), t);
+        ck_assert_int_eq(t->dtype, e[i].dtype);
+        ck_assert_int_eq(t->ndim, e[i].ndim);
+        for (int d = 0; d < t->ndim; d++)
+            ck_assert_int_eq(t->shape[d], e[i].shape[d]);
+        unsigned char buf[128];
+        ck_assert_uint_le(t->nbytes, sizeof buf);
+        ck_assert_int_eq(moe_st_read(f, t, buf, sizeof buf), 0);
+        if (t->nbytes) ck_assert_int_eq(memcmp(buf, e[i].data, t->nbytes), 0);
+        total += t->nbytes;
+    }
+    ck_assert_uint_eq(total, (uint64_t)(T * E * 4 + T * 4 + 4 + 0 + 8 + 8));
+    ck_assert_uint_eq(f->bytes_read, total);
+    ck_assert_uint_eq(f->data_size, total); // packed back to back, nothing after
+    ck_assert_uint_eq(moe_st_find(f, "step")->numel, 1);
+    ck_assert_uint_eq(moe_st_find(f, "empty")->numel, 0);
+    ck_assert_ptr_null(moe_st_find(f, "__metadata__"));
+    ck_assert_ptr_null(moe_st_find(f, "missing"));
+    ck_assert_int_eq(f->n_meta, 2);
+    ck_assert_str_eq(moe_st_meta(f, "format"), "pt");
+    ck_assert_str_eq(moe_st_meta(f, "note"), meta[3]);
+    ck_assert_ptr_null(moe_st_meta(f, "absent"));
+    moe_st_close(f);
+
+    // The bytes on disk: LE length, JSON starting '{', spaces as padding.
+    size_t len;
+    unsigned char *b = slurp(p, &len);
+    uint64_t h = 0;
+    for (int i = 7; i >= 0; i--)
+        h = h << 8 | b[i];
+    ck_assert_uint_eq(len, 8 + h + total);
+    ck_assert_uint_eq(h % 8, 0);
+    ck_assert_int_eq(b[8], '{');
+    size_t end = 8 + h;
+    while (end > 8 && b[end - 1] == ' ')
+        end--;
+    ck_assert_int_eq(b[end - 1], '}');
+    ck_assert_int_eq(memcmp(b + 8 + h, logits, sizeof logits), 0); // first tensor first
+    free(b);
+    ck_assert_int_eq(count_entries(dir), 1); // no temp file left behind
+}
+END_TEST
+
+START_TEST(test_partial_read_counts_only_that_tensor) {
+    moe_st_entry e[8];
+    int n = fixture(e);
+    const char *p = in_dir("a.safetensors");
+    ck_assert_int_eq(moe_st_write(p, e, n, NULL), 0);
+    moe_st_file *f;
+    ck_assert_int_eq(moe_st_open(p, &f), 0);
+    ck_assert_int_eq(f->n_meta, 0);
+    int32_t got[T];
+    ck_assert_int_eq(moe_st_read(f, moe_st_find(f, "task_ids"), got, sizeof got), 0);
+    ck_assert_uint_eq(f->bytes_read, sizeof got);
+    ck_assert_int_eq(memcmp(got, ids, sizeof got), 0);
+    // A buffer one byte short is refused and counts nothing.
+    ck_assert_int_eq(moe_st_read(f, moe_st_find(f, "task_ids"), got, sizeof got - 1), MOE_EINVAL);
+    ck_assert_uint_eq(f->bytes_read, sizeof got);
+    moe_st_close(f);
+}
+END_TEST
+
+START_TEST(test_load_checks_dtype_and_rank) {
+    moe_st_entry e[8];
+    int n = fixture(e);
+    const char *p = in_dir("plan.safetensors");
+    ck_assert_int_eq(moe_st_write(p, e, n, NULL), 0);
+    moe_st_file *f;
+    ck_assert_int_eq(moe_st_open(p, &f), 0);
+    void *d = (void *)1;
+    int64_t shape[MOE_ST_MAX_DIMS] = {0};
+
+    ck_assert_int_eq(moe_st_load(f, "logits", MOE_ST_F32, 2, shape, &d), 0);
+    ck_assert_int_eq(shape[0], T);
+    ck_assert_int_eq(shape[1], E);
+    ck_assert_int_eq(memcmp(d, logits, sizeof logits), 0);
+    free(d);
+
+    ck_assert_int_eq(moe_st_load(f, "task_ids", MOE_ST_F32, 1, NULL, &d), MOE_EFORMAT);
+    ck_assert_ptr_null(d);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "plan.safetensors: tensor 'task_ids' has dtype "
+                                                   "I32, expected F32"));
+    ck_assert_int_eq(moe_st_load(f, "logits", MOE_ST_F32, 3, NULL, &d), MOE_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "tensor 'logits' has rank 2, expected 3"));
+    ck_assert_int_eq(moe_st_load(f, "nope", MOE_ST_F32, 1, NULL, &d), MOE_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "'nope'"));
+    uint64_t before = f->bytes_read;
+    ck_assert_int_eq(moe_st_load(f, "empty", MOE_ST_F32, -1, shape, &d), 0); // any rank
+    ck_assert_int_eq(shape[1], 4);
+    ck_assert_uint_eq(f->bytes_read, before);
+    free(d);
+    moe_st_close(f);
+}
+END_TEST
+
+// Written the way Python tools write it: spaces, keys in another order,
+// __metadata__ last, a hole after the tensors is not an error.
+START_TEST(test_reads_foreign_header_layout) {
+    const char *json = "{ \"b\" : { \"shape\" : [ 2 ], \"data_offsets\" : [ 8, 16 ], "
+                       "\"dtype\" : \"F32\" }, \"a\": {\"dtype\":\"U8\",\"shape\":[3,1],"
+                       "\"data_offsets\":[0,3]}, \"__metadata__\": {\"format\": \"pt\"} }";
+    const char *p = in_dir("hf.safetensors");
+    write_raw(p, json, ~0ull, 20);
+    moe_st_file *f;
+    ck_assert_msg(moe_st_open(p, &f) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(f->n_tensors, 2);
+    ck_assert_str_eq(f->tensors[0].name, "b");
+    ck_assert_str_eq(moe_st_meta(f, "format"), "pt");
+    unsigned char a[3], b[8];
+    ck_assert_int_eq(moe_st_read(f, moe_st_find(f, "a"), a, sizeof a), 0);
+    ck_assert_int_eq(moe_st_read(f, moe_st_find(f, "b"), b, sizeof b), 0);
+    ck_assert_int_eq(a[2], 2); // write_raw fills data byte i with i
+    ck_assert_int_eq(b[0], 8);
+    ck_assert_int_eq(b[7], 15);
+    moe_st_close(f);
+}
+END_TEST
+
+START_TEST(test_truncated_file_fails_at_every_cut) {
+    moe_st_entry e[8];
+    int n = fixture(e);
+    const char *p = in_dir("a.safetensors");
+    ck_assert_int_eq(moe_st_write(p, e, n, meta), 0);
+    size_t len;
+    unsigned char *b = slurp(p, &len);
+    uint64_t h = 0;
+    for (int i = 7; i >= 0; i--)
+        h = h << 8 | b[i];
+    // Cut inside the length, inside the header, inside the data, one byte short.
+    size_t cuts[] = {0, 1, 7, 8, 9, 8 + h / 2, 8 + h - 1, 8 + h, 8 + h + 10, len - 1};
+    const char *words[] = {"shorter",       "shorter",       "shorter",       "header length",
+                           "header length", "header length", "header length", "beyond",
+                           "beyond",        "beyond"};
+    const char *q = in_dir("cut.safetensors");
+    for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
+        spit(q, b, cuts[i]);
+        expect_open_fails(q, MOE_EFORMAT, words[i]);
+    }
+    free(b);
+}
+END_TEST
+
+START_TEST(test_header_length_larger_than_file) {
+    const char *p = in_dir("big.safetensors");
+    write_raw(p, "{}", 1000, 0);
+    expect_open_fails(p, MOE_EFORMAT, "header length 1000 is larger than the file");
+    write_raw(p, "{}", ~0ull - 1, 0); // would wrap 8 + N
+    expect_open_fails(p, MOE_EFORMAT, "header length");
+}
+END_TEST
+
+START_TEST(test_bad_json_names_line_and_column) {
+    expect_raw_fails("{\"a\": {\"dtype\": \"F32\",\n \"shape\": [1], oops}}", 4, "line 2 column");
+    expect_raw_fails("{\"a\": {\"dtype\": \"F32\"", 0, "not valid JSON");
+    expect_raw_fails("", 0, "not valid JSON");
+    expect_raw_fails("[1, 2]", 0, "not an object");
+    // Duplicate keys would silently keep one tensor; refuse them.
+    expect_raw_fails("{\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+                     "\"a\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[1,2]}}",
+                     2, "duplicate");
+}
+END_TEST
+
+START_TEST(test_bad_entries_each_have_a_message) {
+    expect_raw_fails("{\"a\": 3}", 0, "entry 'a' is not an object");
+    expect_raw_fails("{\"a\": {\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "missing dtype");
+    expect_raw_fails("{\"a\": {\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "missing shape");
+    expect_raw_fails("{\"a\": {\"dtype\":\"F32\",\"shape\":[1]}}", 4, "missing data_offsets");
+    expect_raw_fails("{\"a\": {\"dtype\":\"F8\",\"shape\":[1],\"data_offsets\":[0,1]}}", 1,
+                     "unknown dtype 'F8'");
+    expect_raw_fails("{\"a\": {\"dtype\":\"F32\",\"shape\":[-1],\"data_offsets\":[0,4]}}", 4,
+                     "shape[0]");
+    expect_raw_fails("{\"a\": {\"dtype\":\"F32\",\"shape\":[1,2.5],\"data_offsets\":[0,4]}}", 12,
+                     "shape[1] is not a non-negative integer");
+    expect_raw_fails("{\"a\": {\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[8,4]}}", 12,
+                     "begin 8 > end 4");
+    expect_raw_fails("{\"a\": {\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0]}}", 4,
+                     "data_offsets");
+    expect_raw_fails("{\"__metadata__\": {\"k\": 1}}", 0, "__metadata__ 'k' is not a string");
+    expect_raw_fails("{\"__metadata__\": [1]}", 0, "__metadata__ is not an object");
+}
+END_TEST
+
+START_TEST(test_header_lying_about_sizes) {
+    // data_offsets past the data section: name the tensor, its end and the real size.
+    expect_raw_fails("{\"x\": {\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 12,
+                     "tensor 'x' ends at byte 16, beyond the data section of 12 bytes");
+    // A range that does not match shape x dtype.
+    expect_raw_fails("{\"x\": {\"dtype\":\"F32\",\"shape\":[2,2],\"data_offsets\":[0,12]}}", 16,
+                     "size mismatch");
+    expect_raw_fails("{\"x\": {\"dtype\":\"I64\",\"shape\":[2],\"data_offsets\":[0,8]}}", 16,
+                     "need 16");
+    // Shape whose byte count overflows 64 bits.
+    expect_raw_fails("{\"x\": {\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],"
+                     "\"data_offsets\":[0,0]}}",
+                     0, "size mismatch");
+}
+END_TEST
+
+START_TEST(test_overlapping_tensors_are_refused) {
+    expect_raw_fails("{\"a\": {\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]},"
+                     "\"b\": {\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[8,24]}}",
+                     24, "overlap");
+    // Overlap hidden behind an empty tensor: in offset order a, z (empty), c, b;
+    // c lies inside a although its neighbour z does not reach it.
+    expect_raw_fails("{\"b\": {\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[40,44]},"
+                     "\"a\": {\"dtype\":\"U8\",\"shape\":[32],\"data_offsets\":[0,32]},"
+                     "\"z\": {\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[10,10]},"
+                     "\"c\": {\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[20,24]}}",
+                     44, "'a' [0, 32) and 'c' [20, 24) overlap");
+    // Touching ranges and empty tensors anywhere are fine.
+    const char *p = in_dir("ok.safetensors");
+    write_raw(p,
+              "{\"a\": {\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
+              "\"z\": {\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[2,2]},"
+              "\"b\": {\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[4,8]}}",
+              ~0ull, 8);
+    moe_st_file *f;
+    ck_assert_msg(moe_st_open(p, &f) == 0, "%s", moe_last_error());
+    moe_st_close(f);
+}
+END_TEST
+
+START_TEST(test_missing_file_is_eio_with_reason) {
+    expect_open_fails(in_dir("nope.safetensors"), MOE_EIO, "No such file");
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "nope.safetensors"));
+    expect_open_fails(dir, MOE_EIO, "not a regular file");
+}
+END_TEST
+
+START_TEST(test_writer_into_missing_dir_leaves_nothing) {
+    moe_st_entry e[8];
+    int n = fixture(e);
+    const char *p = in_dir("sub/a.safetensors");
+    ck_assert_int_eq(moe_st_write(p, e, n, NULL), MOE_EIO);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "sub/a.safetensors"));
+    ck_assert_int_eq(count_entries(dir), 0);
+}
+END_TEST
+
+START_TEST(test_writer_rejects_bad_entries_and_keeps_old_file) {
+    moe_st_entry e[8];
+    int n = fixture(e);
+    const char *p = in_dir("a.safetensors");
+    ck_assert_int_eq(moe_st_write(p, e, 1, NULL), 0);
+    size_t len0;
+    unsigned char *old = slurp(p, &len0);
+
+    moe_st_entry bad[2] = {e[0], e[1]};
+    bad[1].name = "logits";
+    ck_assert_int_eq(moe_st_write(p, bad, 2, NULL), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "given twice"));
+    bad[1] = e[1];
+    bad[1].shape[0] = -3;
+    ck_assert_int_eq(moe_st_write(p, bad, 2, NULL), MOE_EINVAL);
+    bad[1] = e[1];
+    bad[1].data = NULL;
+    ck_assert_int_eq(moe_st_write(p, bad, 2, NULL), MOE_EINVAL);
+    bad[1] = e[1];
+    bad[1].name = "__metadata__";
+    ck_assert_int_eq(moe_st_write(p, bad, 2, NULL), MOE_EINVAL);
+    const char *odd_meta[] = {"k", "v", "k2", NULL};
+    ck_assert_int_eq(moe_st_write(p, e, n, odd_meta), MOE_EINVAL);
+
+    size_t len1;
+    unsigned char *now = slurp(p, &len1);
+    ck_assert_uint_eq(len0, len1);
+    ck_assert_int_eq(memcmp(old, now, len0), 0);
+    ck_assert_int_eq(count_entries(dir), 1);
+    free(old);
+    free(now);
+
+    // A good write replaces the file whole.
+    ck_assert_int_eq(moe_st_write(p, e, n, NULL), 0);
+    moe_st_file *f;
+    ck_assert_int_eq(moe_st_open(p, &f), 0);
+    ck_assert_int_eq(f->n_tensors, n);
+    moe_st_close(f);
+}
+END_TEST
+
+// A write that fails half way (file size limit: EFBIG) must remove its temp
+// file and leave the previous file at path untouched.
+START_TEST(test_failed_write_midway_leaves_old_file) {
+    enum { BIG = 1 << 16 };
+    float *big = calloc(BIG, sizeof *big);
+    moe_st_entry e = {"big", MOE_ST_F32, 1, {BIG}, big};
+    moe_st_entry small = {"small", MOE_ST_F32, 1, {1}, loss1};
+    const char *p = in_dir("a.safetensors");
+    ck_assert_int_eq(moe_st_write(p, &small, 1, NULL), 0);
+
+    struct rlimit old;
+    ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    struct rlimit lim = {4096, old.rlim_max};
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    int rc = moe_st_write(p, &e, 1, NULL);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, prev);
+
+    ck_assert_int_eq(rc, MOE_EIO);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "write failed"));
+    ck_assert_int_eq(count_entries(dir), 1);
+    moe_st_file *f;
+    ck_assert_int_eq(moe_st_open(p, &f), 0);
+    ck_assert_ptr_nonnull(moe_st_find(f, "small"));
+    moe_st_close(f);
+    free(big);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("safetensors");
+    TCase *tc = tcase_create("core");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_test(tc, test_roundtrip_is_byte_exact_with_metadata);
+    tcase_add_test(tc, test_partial_read_counts_only_that_tensor);
+    tcase_add_test(tc, test_load_checks_dtype_and_rank);
+    tcase_add_test(tc, test_reads_foreign_header_layout);
+    tcase_add_test(tc, test_truncated_file_fails_at_every_cut);
+    tcase_add_test(tc, test_header_length_larger_than_file);
+    tcase_add_test(tc, test_bad_json_names_line_and_column);
+    tcase_add_test(tc, test_bad_entries_each_have_a_message);
+    tcase_add_test(tc, test_header_lying_about_sizes);
+    tcase_add_test(tc, test_overlapping_tensors_are_refused);
+    tcase_add_test(tc, test_missing_file_is_eio_with_reason);
+    tcase_add_test(tc, test_writer_into_missing_dir_leaves_nothing);
+    tcase_add_test(tc, test_writer_rejects_bad_entries_and_keeps_old_file);
+    tcase_add_test(tc, test_failed_write_midway_leaves_old_file);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run(suite());
+}

@@ -87,6 +87,8 @@ static int parse_priorities(const char *key, const char *v, moe_router_config *c
         if (end == p || !isfinite(d) || (*end && *end != ','))
             return moe_fail(MOE_EINVAL, "%s = '%s': expected comma-separated numbers", key, v);
         cfg->task_priority[cfg->n_task_priority++] = d;
+        if (*end == ',' && !end[1])
+            return moe_fail(MOE_EINVAL, "%s = '%s': trailing comma", key, v);
         p = *end ? end + 1 : end;
     }
     return 0;

@@ -1,20 +1,14 @@
 // Seeded router noise: counter-based uniforms (splitmix64 finaliser over the
 // key), Switch-Transformer jitter (arXiv 2101.03961 §2.2) and Gumbel samples
 // for DeepSpeed-style top-2 second-choice sampling.
+#include "moe/rng.h"
 #include "router/internal.h"
 
+#include <limits.h>
 #include <math.h>
 
-static uint64_t mix64(uint64_t z) {
-    z += 0x9E3779B97F4A7C15ull;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 double moe_noise_uniform(uint64_t seed, uint64_t step, uint64_t stream, uint64_t i) {
-    uint64_t h = mix64(mix64(mix64(mix64(seed) ^ step) ^ stream) ^ i);
-    return (double)(h >> 11) * (1.0 / 9007199254740992.0);
+    return moe_u01(moe_hash4(seed, step, stream, i));
 }
 
 double moe_noise_gumbel(uint64_t seed, uint64_t step, uint64_t i) {
@@ -31,5 +25,6 @@ void moe_router_jitter(float *x, size_t n, double eps, uint64_t seed, uint64_t s
 }
 
 int moe_ceil_tol(double x) {
-    return (int)ceil(x - 1e-9 * fmax(1.0, fabs(x)));
+    double c = ceil(x - 1e-9 * fmax(1.0, fabs(x)));
+    return c >= INT_MAX ? INT_MAX : c <= INT_MIN ? INT_MIN : (int)c; // factor 1e9 must not wrap
 }

@@ -128,6 +128,8 @@ START_TEST(test_capacity_formula) {
     ck_assert_int_eq(moe_capacity_static(&c, 2, 8), 4); // T < min_capacity
     c = cfg_k(2, 0.0, 4);
     ck_assert_int_eq(moe_capacity_static(&c, 100, 8), -1); // dropless
+    c = cfg_k(2, 1e12, 4);
+    ck_assert_int_eq(moe_capacity_static(&c, 8, 4), 2147483647); // saturates, never wraps
 }
 END_TEST
 
@@ -235,6 +237,7 @@ START_TEST(test_config_set_and_check) {
     ck_assert_int_eq(moe_router_config_set(&c, "router.top_k", "two"), MOE_EINVAL);
     ck_assert_int_eq(moe_router_config_set(&c, "router.noise", "loud"), MOE_EINVAL);
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "none | jitter | gumbel"));
+    ck_assert_int_eq(moe_router_config_set(&c, "router.task_priority", "1,2,"), MOE_EINVAL);
     ck_assert_int_eq(moe_router_config_set(&c, "router.normalize_topk", "maybe"), MOE_EINVAL);
     ck_assert_int_eq(moe_router_config_check(&c, 8), 0);
     ck_assert_int_eq(moe_router_config_check(&c, 2), MOE_EINVAL); // top_k 3 > 2

@@ -1,7 +1,8 @@
 // Gating: softmax, top-k with noise, capacity, slot order (position or
 // Batch Prioritized Routing), combine weights, aux and z losses, load
 // statistics and the dynamic-capacity controller. Plain arrays in, a plan out;
-// the router knows nothing of models or ranks. Semantics: README "Router".
+// the router knows nothing of models or ranks. Semantics: DESIGN.md "Router
+// semantics" and the choices recorded in README.md "Router semantics".
 #ifndef MOE_ROUTER_H
 #define MOE_ROUTER_H
 

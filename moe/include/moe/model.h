@@ -1,0 +1,81 @@
+// The decoder (Mixtral semantics): embedding; per layer RMSNorm -> causal
+// GQA attention with RoPE -> residual -> RMSNorm -> dense SwiGLU or MoE ->
+// residual; final RMSNorm; LM head (tied or not). Parameters and gradients
+// are two flat buffers described by one table with Hugging Face names.
+#ifndef MOE_MODEL_H
+#define MOE_MODEL_H
+
+#include "kernels/ops.h"
+#include "moe/config.h"
+#include "moe/moe_layer.h"
+#include "moe/params.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct {
+    float *ln1, *wq, *wk, *wv, *wo, *ln2; // attention block
+    float *w13, *w2;                      // dense SwiGLU: [2F, D] (gate then up), [D, F]
+    moe_layer_params moe;                 // MoE block (is_moe)
+} moe_block_params;
+
+typedef struct {
+    // saved activations [N, *] with N = B*T tokens
+    float *x;           // [N, D] layer input (residual stream)
+    float *ln1, *rstd1; // [N, D], [N]
+    float *q, *k, *v;   // [N, Hq*hd], [N, Hkv*hd] x2, q and k after RoPE
+    float *att;         // [B, Hq, T, T]
+    float *atty;        // [N, Hq*hd]
+    float *mid;         // [N, D] after the attention residual
+    float *ln2, *rstd2; // [N, D], [N]
+    float *ab, *h;      // dense FFN: [N, 2F], [N, F]
+    moe_layer_acts moe; // MoE block
+} moe_block_acts;
+
+typedef struct {
+    moe_config cfg;
+    const moe_ops *ops;
+    int V, D, L, Hq, Hkv, hd, F, B, T, n_tasks;
+    moe_param_table table;
+    float *params, *grads;
+    float *embed, *norm, *lm_head;       // into params
+    float *d_embed, *d_norm, *d_lm_head; // into grads
+    bool is_moe[MOE_MAX_LAYERS];
+    moe_layer_config moe_cfg[MOE_MAX_LAYERS];
+    moe_block_params p[MOE_MAX_LAYERS], g[MOE_MAX_LAYERS];
+    moe_block_acts a[MOE_MAX_LAYERS];
+    moe_capacity_ctl cap[MOE_MAX_LAYERS]; // dynamic capacity per MoE layer
+    // whole-model activations and scratch
+    float *xf, *lnf, *rstdf, *logits, *losses; // [N, D], [N, D], [N], [N, V], [N]
+    int32_t *task_tok;                         // [N] task id of every token
+    float *dres, *dln, *dq, *dk, *dv, *dqr, *dkr, *datty, *datt, *dab, *dh, *dlogits;
+    // results of the last forward
+    double ce, aux, z, loss;
+    int cur_B, cur_T;
+    // eval: expert-usage counts [layer][task][expert] of first choices when set
+    long *usage;
+    int usage_E; // experts per row of usage (max over layers)
+} moe_model;
+
+// Builds the model for cfg (checked) with room for B sequences of T tokens,
+// n_tasks task ids; parameters initialised from cfg->train.seed.
+int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks);
+void moe_model_free(moe_model *m);
+
+// Forward on inputs [B, T] (B <= allocated B, T <= allocated T). targets may
+// be NULL (no loss; logits only). task [B] per sequence or NULL (all 0).
+// Sets m->ce, aux, z and loss = ce + aux_coef*aux + z_coef*z (aux and z summed
+// over MoE layers). training enables router noise; step seeds it and drives
+// the dynamic capacity controller (updated after the forward when training).
+int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *targets,
+                      const int32_t *task, int B, int T, bool training, uint64_t step);
+// Backward of the last forward with targets: ADDS into m->grads.
+int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targets,
+                       const int32_t *task);
+
+// Floats in the model's parameter buffer.
+static inline size_t moe_model_numel(const moe_model *m) {
+    return m->table.numel;
+}
+
+#endif

@@ -1,0 +1,354 @@
+// The decoder: parameter table with Hugging Face Mixtral names, seeded
+// initialisation, and the forward/backward of the whole model over the CPU op
+// table, the decoder ops (kernels/cpu/nn.h) and the MoE layer.
+#include "moe/model.h"
+#include "kernels/cpu/nn.h"
+#include "moe/error.h"
+#include "moe/rng.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int add(moe_model *m, const char *prefix, const char *name, int64_t d0, int64_t d1) {
+    int64_t shape[2] = {d0, d1};
+    return moe_param_table_add(&m->table, prefix, name, d1 ? 2 : 1, shape);
+}
+
+static float *view(const moe_model *m, float *buf, const char *fmt, int layer) {
+    char name[MOE_PARAM_NAME_MAX];
+    snprintf(name, sizeof name, fmt, layer);
+    const moe_param_view *v = moe_param_table_find(&m->table, name);
+    return v ? buf + v->offset : NULL;
+}
+
+static void bind_block(moe_model *m, moe_block_params *b, float *buf, int l, size_t moe_off) {
+    b->ln1 = view(m, buf, "model.layers.%d.input_layernorm.weight", l);
+    b->wq = view(m, buf, "model.layers.%d.self_attn.q_proj.weight", l);
+    b->wk = view(m, buf, "model.layers.%d.self_attn.k_proj.weight", l);
+    b->wv = view(m, buf, "model.layers.%d.self_attn.v_proj.weight", l);
+    b->wo = view(m, buf, "model.layers.%d.self_attn.o_proj.weight", l);
+    b->ln2 = view(m, buf, "model.layers.%d.post_attention_layernorm.weight", l);
+    if (m->is_moe[l]) {
+        moe_layer_params_view(&b->moe, buf + moe_off, &m->moe_cfg[l]);
+    } else {
+        b->w13 = view(m, buf, "model.layers.%d.mlp.gate_proj.weight", l); // up_proj follows
+        b->w2 = view(m, buf, "model.layers.%d.mlp.down_proj.weight", l);
+    }
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+// N(0, 0.02) for matrices, 0.02/sqrt(2L) for projections into the residual
+// stream (GPT-2), 1 for norm weights. Element i of the buffer draws from
+// hash(seed, i), so initialisation does not depend on the thread count.
+static void init_params(moe_model *m) {
+    double scaled = 0.02 / sqrt(2.0 * m->L);
+    for (int i = 0; i < m->table.count; i++) {
+        const moe_param_view *v = &m->table.views[i];
+        float *p = m->params + v->offset;
+        if (ends_with(v->name, "norm.weight")) {
+            for (size_t j = 0; j < v->numel; j++)
+                p[j] = 1.0f;
+            continue;
+        }
+        double std = ends_with(v->name, "o_proj.weight") ||
+                             ends_with(v->name, "down_proj.weight") ||
+                             ends_with(v->name, ".w2.weight")
+                         ? scaled
+                         : 0.02;
+        for (size_t j = 0; j < v->numel; j++) {
+            uint64_t k = v->offset + j;
+            double u1 = moe_u01(moe_hash4(m->cfg.train.seed, k, 1, 0)) + 1e-300;
+            double u2 = moe_u01(moe_hash4(m->cfg.train.seed, k, 2, 0));
+            p[j] = (float)(std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
+        }
+    }
+}
+
+// Carves every activation buffer out of base (NULL: only counts floats).
+static size_t layout_acts(moe_model *m, float *base) {
+    size_t used = 0;
+    const size_t N = (size_t)m->B * m->T, D = m->D, QD = (size_t)m->Hq * m->hd,
+                 KD = (size_t)m->Hkv * m->hd;
+#define TAKE(ptr, n)                                                                               \
+    do {                                                                                           \
+        if (base) (ptr) = base + used;                                                             \
+        used += (n);                                                                               \
+    } while (0)
+    for (int l = 0; l < m->L; l++) {
+        moe_block_acts *a = &m->a[l];
+        TAKE(a->x, N * D);
+        TAKE(a->ln1, N * D);
+        TAKE(a->rstd1, N);
+        TAKE(a->q, N * QD);
+        TAKE(a->k, N * KD);
+        TAKE(a->v, N * KD);
+        TAKE(a->att, (size_t)m->B * m->Hq * m->T * m->T);
+        TAKE(a->atty, N * QD);
+        TAKE(a->mid, N * D);
+        TAKE(a->ln2, N * D);
+        TAKE(a->rstd2, N);
+        if (!m->is_moe[l]) {
+            TAKE(a->ab, N * 2 * m->F);
+            TAKE(a->h, N * m->F);
+        }
+    }
+    TAKE(m->xf, N * D);
+    TAKE(m->lnf, N * D);
+    TAKE(m->rstdf, N);
+    TAKE(m->logits, N * m->V);
+    TAKE(m->losses, N);
+    TAKE(m->dres, N * D);
+    TAKE(m->dln, N * D);
+    TAKE(m->dq, N * QD);
+    TAKE(m->dk, N * KD);
+    TAKE(m->dv, N * KD);
+    TAKE(m->dqr, N * QD);
+    TAKE(m->dkr, N * KD);
+    TAKE(m->datty, N * QD);
+    TAKE(m->datt, (size_t)m->T * m->T);
+    TAKE(m->dab, N * 2 * m->F);
+    TAKE(m->dh, N * m->F);
+    TAKE(m->dlogits, N * m->V);
+#undef TAKE
+    return used;
+}
+
+int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks) {
+    memset(m, 0, sizeof *m);
+    MOE_TRY(moe_config_check(cfg, NULL));
+    m->cfg = *cfg;
+    m->ops = &moe_ops_cpu;
+    m->V = cfg->model.vocab_size;
+    m->D = cfg->model.d_model;
+    m->L = cfg->model.n_layers;
+    m->Hq = cfg->model.n_heads;
+    m->Hkv = cfg->model.n_kv_heads;
+    m->hd = m->D / m->Hq;
+    m->F = cfg->model.d_ff;
+    m->B = B;
+    m->T = T;
+    m->n_tasks = n_tasks < 1 ? 1 : n_tasks;
+    if (B < 1 || T < 1) return moe_fail(MOE_EINVAL, "model: batch %d x %d tokens", B, T);
+    int rc = 0;
+    size_t moe_off[MOE_MAX_LAYERS] = {0};
+    moe_param_table_init(&m->table);
+    MOE_TRY_GOTO(add(m, NULL, "model.embed_tokens.weight", m->V, m->D), rc);
+    for (int l = 0; l < m->L; l++) {
+        char pre[64];
+        snprintf(pre, sizeof pre, "model.layers.%d.", l);
+        int QD = m->Hq * m->hd, KD = m->Hkv * m->hd;
+        MOE_TRY_GOTO(add(m, pre, "input_layernorm.weight", m->D, 0), rc);
+        MOE_TRY_GOTO(add(m, pre, "self_attn.q_proj.weight", QD, m->D), rc);
+        MOE_TRY_GOTO(add(m, pre, "self_attn.k_proj.weight", KD, m->D), rc);
+        MOE_TRY_GOTO(add(m, pre, "self_attn.v_proj.weight", KD, m->D), rc);
+        MOE_TRY_GOTO(add(m, pre, "self_attn.o_proj.weight", m->D, QD), rc);
+        MOE_TRY_GOTO(add(m, pre, "post_attention_layernorm.weight", m->D, 0), rc);
+        m->is_moe[l] = moe_config_is_moe(cfg, l);
+        if (!m->is_moe[l]) {
+            MOE_TRY_GOTO(add(m, pre, "mlp.gate_proj.weight", m->F, m->D), rc);
+            MOE_TRY_GOTO(add(m, pre, "mlp.up_proj.weight", m->F, m->D), rc);
+            MOE_TRY_GOTO(add(m, pre, "mlp.down_proj.weight", m->D, m->F), rc);
+            continue;
+        }
+        moe_layer_config *mc = &m->moe_cfg[l];
+        mc->T_max = B * T;
+        mc->D = m->D;
+        mc->H = cfg->moe.d_expert ? cfg->moe.d_expert : m->F;
+        mc->E = moe_config_experts(cfg, l);
+        mc->H_shared = cfg->moe.shared_experts ? mc->H : 0;
+        for (int i = 0; i < cfg->moe.n_task_layers; i++)
+            if (cfg->moe.task_layers[i] == l) mc->n_tasks = m->n_tasks;
+        mc->router = cfg->router;
+        if (mc->E > m->usage_E) m->usage_E = mc->E;
+        MOE_TRY_GOTO(moe_layer_config_check(mc), rc);
+        moe_off[l] = m->table.numel;
+        snprintf(pre, sizeof pre, "model.layers.%d.block_sparse_moe.", l);
+        MOE_TRY_GOTO(moe_layer_param_table(&m->table, pre, mc), rc);
+    }
+    MOE_TRY_GOTO(add(m, NULL, "model.norm.weight", m->D, 0), rc);
+    if (!cfg->model.tie_embeddings) MOE_TRY_GOTO(add(m, NULL, "lm_head.weight", m->V, m->D), rc);
+
+    size_t n = m->table.numel, n_acts = layout_acts(m, NULL);
+    m->params = calloc(n, sizeof(float));
+    m->grads = calloc(n, sizeof(float));
+    float *acts = calloc(n_acts, sizeof(float));
+    m->task_tok = calloc((size_t)B * T, sizeof(int32_t));
+    if (!m->params || !m->grads || !acts || !m->task_tok) {
+        free(acts);
+        rc = moe_fail(MOE_ENOMEM,
+                      "model with %zu parameters and %zu activation floats: out of "
+                      "memory (reduce train.batch_size or model.seq_len)",
+                      n, n_acts);
+        goto fail;
+    }
+    layout_acts(m, acts);
+    m->embed = m->params + moe_param_table_find(&m->table, "model.embed_tokens.weight")->offset;
+    m->d_embed = m->grads + (m->embed - m->params);
+    m->norm = view(m, m->params, "model.norm.weight", 0);
+    m->d_norm = view(m, m->grads, "model.norm.weight", 0);
+    m->lm_head = cfg->model.tie_embeddings ? m->embed : view(m, m->params, "lm_head.weight", 0);
+    m->d_lm_head = m->grads + (m->lm_head - m->params);
+    for (int l = 0; l < m->L; l++) {
+        bind_block(m, &m->p[l], m->params, l, moe_off[l]);
+        bind_block(m, &m->g[l], m->grads, l, moe_off[l]);
+        if (!m->is_moe[l]) continue;
+        MOE_TRY_GOTO(moe_layer_acts_alloc(&m->a[l].moe, &m->moe_cfg[l], m->ops), rc);
+        if (cfg->router.capacity_mode == MOE_CAPACITY_DYNAMIC)
+            MOE_TRY_GOTO(moe_capacity_ctl_init(&m->cap[l], &cfg->router, B * T, m->moe_cfg[l].E),
+                         rc);
+    }
+    init_params(m);
+    return 0;
+fail:
+    moe_model_free(m);
+    return rc;
+}
+
+void moe_model_free(moe_model *m) {
+    for (int l = 0; l < m->L; l++) {
+        if (!m->is_moe[l]) continue;
+        moe_layer_acts_free(&m->a[l].moe);
+        moe_capacity_ctl_free(&m->cap[l]);
+    }
+    free(m->L > 0 ? m->a[0].x : NULL); // the activation block starts at layer 0's x
+    free(m->params);
+    free(m->grads);
+    free(m->task_tok);
+    moe_param_table_free(&m->table);
+    memset(m, 0, sizeof *m);
+}
+
+static void add_into(float *y, const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        y[i] += x[i];
+}
+
+int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *targets,
+                      const int32_t *task, int B, int T, bool training, uint64_t step) {
+    if (B < 1 || T < 1 || B > m->B || T > m->T)
+        return moe_fail(MOE_EINVAL, "model forward: batch %d x %d exceeds %d x %d", B, T, m->B,
+                        m->T);
+    const moe_ops *ops = m->ops;
+    const int N = B * T, D = m->D, QD = m->Hq * m->hd, KD = m->Hkv * m->hd;
+    const float eps = (float)m->cfg.model.norm_eps, theta = (float)m->cfg.model.rope_theta;
+    m->cur_B = B, m->cur_T = T;
+    for (int n = 0; n < N; n++) {
+        int t = task ? task[n / T] : 0;
+        if (t < 0 || t >= m->n_tasks)
+            return moe_fail(MOE_EINVAL, "task id %d of sequence %d: the model knows %d tasks", t,
+                            n / T, m->n_tasks);
+        m->task_tok[n] = t;
+    }
+    m->aux = m->z = 0.0;
+    MOE_TRY(moe_cpu_embedding_forward(m->a[0].x, inputs, m->embed, N, D, m->V));
+    int moe_idx = 0;
+    for (int l = 0; l < m->L; l++) {
+        moe_block_acts *a = &m->a[l];
+        moe_block_params *p = &m->p[l];
+        float *next = l + 1 < m->L ? m->a[l + 1].x : m->xf;
+        MOE_TRY(moe_cpu_rmsnorm_forward(a->ln1, a->rstd1, a->x, p->ln1, N, D, eps));
+        MOE_TRY(ops->matmul(a->q, a->ln1, p->wq, N, QD, D, false, true, 1.0f, 0.0f));
+        MOE_TRY(ops->matmul(a->k, a->ln1, p->wk, N, KD, D, false, true, 1.0f, 0.0f));
+        MOE_TRY(ops->matmul(a->v, a->ln1, p->wv, N, KD, D, false, true, 1.0f, 0.0f));
+        MOE_TRY(moe_cpu_rope_forward(a->q, a->q, B, T, m->Hq, m->hd, theta));
+        MOE_TRY(moe_cpu_rope_forward(a->k, a->k, B, T, m->Hkv, m->hd, theta));
+        MOE_TRY(moe_cpu_attention_forward(a->atty, a->att, a->q, a->k, a->v, B, T, m->Hq, m->Hkv,
+                                          m->hd));
+        MOE_TRY(ops->matmul(a->mid, a->atty, p->wo, N, D, QD, false, true, 1.0f, 0.0f));
+        add_into(a->mid, a->x, (size_t)N * D);
+        MOE_TRY(moe_cpu_rmsnorm_forward(a->ln2, a->rstd2, a->mid, p->ln2, N, D, eps));
+        if (!m->is_moe[l]) {
+            MOE_TRY(ops->matmul(a->ab, a->ln2, p->w13, N, 2 * m->F, D, false, true, 1.0f, 0.0f));
+            MOE_TRY(ops->swiglu_forward(a->h, a->ab, N, m->F));
+            MOE_TRY(ops->matmul(next, a->h, p->w2, N, D, m->F, false, true, 1.0f, 0.0f));
+        } else {
+            // Learned capacities apply to batches of the training shape; other
+            // shapes (generation) use the static formula.
+            const int *cap = m->cap[l].capacity && N == m->B * m->T ? m->cap[l].capacity : NULL;
+            MOE_TRY(moe_layer_forward(next, a->ln2, m->task_tok, cap, N, &p->moe, &a->moe, training,
+                                      step));
+            const moe_plan *plan = &a->moe.plan;
+            m->aux += plan->aux_loss;
+            m->z += plan->z_loss;
+            if (training && m->cap[l].capacity)
+                moe_capacity_ctl_update(&m->cap[l], &m->cfg.router, plan->counts, N);
+            if (m->usage)
+                for (int n = 0; n < N; n++) {
+                    size_t row = (size_t)moe_idx * m->n_tasks + m->task_tok[n];
+                    m->usage[row * m->usage_E + plan->choice[(size_t)n * plan->k]]++;
+                }
+            moe_idx++;
+        }
+        add_into(next, a->mid, (size_t)N * D);
+    }
+    MOE_TRY(moe_cpu_rmsnorm_forward(m->lnf, m->rstdf, m->xf, m->norm, N, D, eps));
+    MOE_TRY(ops->matmul(m->logits, m->lnf, m->lm_head, N, m->V, D, false, true, 1.0f, 0.0f));
+    m->ce = 0.0;
+    if (targets)
+        MOE_TRY(moe_cpu_crossentropy_forward(m->losses, &m->ce, m->logits, targets, N, m->V));
+    m->loss = m->ce + m->cfg.router.aux_loss_coef * m->aux + m->cfg.router.z_loss_coef * m->z;
+    return 0;
+}
+
+int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targets,
+                       const int32_t *task) {
+    const moe_ops *ops = m->ops;
+    const int B = m->cur_B, T = m->cur_T, N = B * T, D = m->D, QD = m->Hq * m->hd,
+              KD = m->Hkv * m->hd;
+    const float theta = (float)m->cfg.model.rope_theta;
+    const float aux_c = (float)m->cfg.router.aux_loss_coef, z_c = (float)m->cfg.router.z_loss_coef;
+    if (!N) return moe_fail(MOE_EINVAL, "model backward before forward");
+    (void)task; // the forward recorded per-token task ids in m->task_tok
+
+    MOE_TRY(ops->zero(m->dlogits, (size_t)N * m->V));
+    MOE_TRY(moe_cpu_crossentropy_backward(m->dlogits, m->logits, targets, N, m->V, 1.0f));
+    MOE_TRY(ops->matmul(m->d_lm_head, m->dlogits, m->lnf, m->V, D, N, true, false, 1.0f, 1.0f));
+    MOE_TRY(ops->matmul(m->dln, m->dlogits, m->lm_head, N, D, m->V, false, false, 1.0f, 0.0f));
+    MOE_TRY(ops->zero(m->dres, (size_t)N * D));
+    MOE_TRY(moe_cpu_rmsnorm_backward(m->dres, m->d_norm, m->dln, m->xf, m->norm, m->rstdf, N, D));
+    for (int l = m->L - 1; l >= 0; l--) {
+        moe_block_acts *a = &m->a[l];
+        moe_block_params *p = &m->p[l], *g = &m->g[l];
+        // FFN block: next = mid + ffn(rmsnorm(mid)); dres holds d next.
+        MOE_TRY(ops->zero(m->dln, (size_t)N * D));
+        if (!m->is_moe[l]) {
+            MOE_TRY(ops->matmul(m->dh, m->dres, p->w2, N, m->F, D, false, false, 1.0f, 0.0f));
+            MOE_TRY(ops->matmul(g->w2, m->dres, a->h, D, m->F, N, true, false, 1.0f, 1.0f));
+            MOE_TRY(ops->zero(m->dab, (size_t)N * 2 * m->F));
+            MOE_TRY(ops->swiglu_backward(m->dab, m->dh, a->ab, N, m->F));
+            MOE_TRY(ops->matmul(g->w13, m->dab, a->ln2, 2 * m->F, D, N, true, false, 1.0f, 1.0f));
+            MOE_TRY(ops->matmul(m->dln, m->dab, p->w13, N, D, 2 * m->F, false, false, 1.0f, 0.0f));
+        } else {
+            MOE_TRY(moe_layer_backward(m->dln, &g->moe, m->dres, a->ln2, m->task_tok, N, &p->moe,
+                                       &a->moe, aux_c, z_c));
+        }
+        MOE_TRY(moe_cpu_rmsnorm_backward(m->dres, g->ln2, m->dln, a->mid, p->ln2, a->rstd2, N, D));
+        // Attention block: mid = x + atty @ Wo^T; dres holds d mid.
+        MOE_TRY(ops->matmul(g->wo, m->dres, a->atty, D, QD, N, true, false, 1.0f, 1.0f));
+        MOE_TRY(ops->matmul(m->datty, m->dres, p->wo, N, QD, D, false, false, 1.0f, 0.0f));
+        MOE_TRY(ops->zero(m->dq, (size_t)N * QD));
+        MOE_TRY(ops->zero(m->dk, (size_t)N * KD));
+        MOE_TRY(ops->zero(m->dv, (size_t)N * KD));
+        MOE_TRY(moe_cpu_attention_backward(m->dq, m->dk, m->dv, m->datt, m->datty, a->att, a->q,
+                                           a->k, a->v, B, T, m->Hq, m->Hkv, m->hd));
+        MOE_TRY(ops->zero(m->dqr, (size_t)N * QD));
+        MOE_TRY(ops->zero(m->dkr, (size_t)N * KD));
+        MOE_TRY(moe_cpu_rope_backward(m->dqr, m->dq, B, T, m->Hq, m->hd, theta));
+        MOE_TRY(moe_cpu_rope_backward(m->dkr, m->dk, B, T, m->Hkv, m->hd, theta));
+        MOE_TRY(ops->matmul(g->wq, m->dqr, a->ln1, QD, D, N, true, false, 1.0f, 1.0f));
+        MOE_TRY(ops->matmul(g->wk, m->dkr, a->ln1, KD, D, N, true, false, 1.0f, 1.0f));
+        MOE_TRY(ops->matmul(g->wv, m->dv, a->ln1, KD, D, N, true, false, 1.0f, 1.0f));
+        MOE_TRY(ops->matmul(m->dln, m->dqr, p->wq, N, D, QD, false, false, 1.0f, 0.0f));
+        MOE_TRY(ops->matmul(m->dln, m->dkr, p->wk, N, D, KD, false, false, 1.0f, 1.0f));
+        MOE_TRY(ops->matmul(m->dln, m->dv, p->wv, N, D, KD, false, false, 1.0f, 1.0f));
+        MOE_TRY(moe_cpu_rmsnorm_backward(m->dres, g->ln1, m->dln, a->x, p->ln1, a->rstd1, N, D));
+    }
+    MOE_TRY(moe_cpu_embedding_backward(m->d_embed, m->dres, inputs, N, D));
+    return 0;
+}

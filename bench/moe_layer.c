@@ -1,0 +1,211 @@
+// CPU MoE layer benchmark (DESIGN "Performance targets"): forward, backward and
+// forward+backward of the layer on the CPU op table, one JSON object per line,
+// with effective GFLOP/s, the OpenBLAS sgemm rate measured in the same run and
+// the share of time spent routing (gate + router + permute + unpermute).
+//
+// Effective FLOPs count useful work only: forward = 2*T*D*E (gate) +
+// 6*rows*D*H (three expert projections over the kept assignments, rows);
+// backward = 2 x forward. The sgemm reference is cblas_sgemm on the layer's
+// own expert GEMM shape, x_e [rows/E, D] @ [w1;w3]^T [D, 2H] (M = rows/E,
+// N = 2H, K = D); the rate of a dense [rows, D] @ [D, 2H] GEMM is printed
+// beside it. Times are medians over the repetitions, after one warm-up.
+//
+// usage: moe_layer [--quick] [--reps N]
+#include "moe/moe_layer.h"
+#include "moe/error.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static uint64_t rng_state = 0x853c49e6748fea9bull;
+static float randn(void) {
+    // xorshift64* + Box-Muller; quality is irrelevant, speed and determinism matter
+    double u[2];
+    for (int i = 0; i < 2; i++) {
+        rng_state ^= rng_state >> 12, rng_state ^= rng_state << 25, rng_state ^= rng_state >> 27;
+        u[i] = ((rng_state * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
+    }
+    return (float)(sqrt(-2.0 * log(u[0] + 1e-300)) * cos(6.283185307179586 * u[1]));
+}
+
+static void fill(float *x, size_t n, float scale) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = scale * randn();
+}
+
+// GFLOP/s of cblas_sgemm C[M,N] = A[M,K] @ B[N,K]^T (the layer's forward
+// expert GEMM form), median over repetitions of at least ~50 ms each.
+static double sgemm_gflops(int M, int N, int K, int reps) {
+    float *a = malloc(sizeof(float) * M * K), *b = malloc(sizeof(float) * N * K);
+    float *c = malloc(sizeof(float) * M * N);
+    fill(a, (size_t)M * K, 1.0f), fill(b, (size_t)N * K, 1.0f);
+    double flop = 2.0 * M * N * K;
+    int inner = 1;
+    for (;;) { // calibrate (also warms up)
+        double t0 = now_s();
+        for (int i = 0; i < inner; i++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f, c,
+                        N);
+        if (now_s() - t0 > 0.05 || inner > 4096) break;
+        inner *= 2;
+    }
+    double *r = malloc(sizeof(double) * reps);
+    for (int q = 0; q < reps; q++) {
+        double t0 = now_s();
+        for (int i = 0; i < inner; i++)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, a, K, b, K, 0.0f, c,
+                        N);
+        r[q] = flop * inner / (now_s() - t0) * 1e-9;
+    }
+    double g = median(r, reps);
+    free(a), free(b), free(c), free(r);
+    return g;
+}
+
+typedef struct {
+    moe_layer_config cfg;
+    float *flat, *gflat, *x, *y, *dy, *dx;
+    moe_layer_params p, g;
+    moe_layer_acts a;
+    moe_layer_timing tm;
+} bench_layer;
+
+static int setup(bench_layer *b, int T, int D, int H, int E, int k) {
+    memset(b, 0, sizeof *b);
+    b->cfg.T_max = T, b->cfg.D = D, b->cfg.H = H, b->cfg.E = E;
+    moe_router_config_default(&b->cfg.router);
+    b->cfg.router.top_k = k;
+    b->cfg.router.capacity_factor = 1.25;
+    MOE_TRY(moe_layer_acts_alloc(&b->a, &b->cfg, &moe_ops_cpu));
+    size_t np = moe_layer_num_params(&b->cfg), nx = (size_t)T * D;
+    b->flat = malloc(np * sizeof(float));
+    b->gflat = calloc(np, sizeof(float));
+    b->x = malloc(nx * sizeof(float)), b->y = malloc(nx * sizeof(float));
+    b->dy = malloc(nx * sizeof(float)), b->dx = calloc(nx, sizeof(float));
+    if (!b->flat || !b->gflat || !b->x || !b->y || !b->dy || !b->dx)
+        return moe_fail(MOE_ENOMEM, "bench: out of memory for %zu parameters", np);
+    moe_layer_params_view(&b->p, b->flat, &b->cfg);
+    moe_layer_params_view(&b->g, b->gflat, &b->cfg);
+    fill(b->flat, np, 1.0f / sqrtf((float)D));
+    // A small gate keeps the softmax near uniform: choices are decided by small
+    // random differences, so expert load is roughly balanced.
+    fill(b->p.gate, (size_t)E * D, 0.1f / sqrtf((float)D));
+    fill(b->x, nx, 1.0f), fill(b->dy, nx, 1.0f);
+    return 0;
+}
+
+static void teardown(bench_layer *b) {
+    moe_layer_acts_free(&b->a);
+    free(b->flat), free(b->gflat), free(b->x), free(b->y), free(b->dy), free(b->dx);
+}
+
+static int forward(bench_layer *b) {
+    return moe_layer_forward(b->y, b->x, NULL, NULL, b->cfg.T_max, &b->p, &b->a, true, 0);
+}
+
+static int backward(bench_layer *b) {
+    float aux = (float)b->cfg.router.aux_loss_coef, z = (float)b->cfg.router.z_loss_coef;
+    return moe_layer_backward(b->dx, &b->g, b->dy, b->x, NULL, b->cfg.T_max, &b->p, &b->a, aux, z);
+}
+
+static double routing_s(const moe_layer_timing *t) {
+    return t->gate + t->router + t->permute + t->unpermute;
+}
+
+static int run_shape(int T, int D, int H, int E, int k, int reps) {
+    bench_layer b;
+    int rc = setup(&b, T, D, H, E, k);
+    if (rc < 0) {
+        teardown(&b);
+        return rc;
+    }
+    MOE_TRY(forward(&b)); // warm-up: page in every buffer, OpenBLAS threads up
+    MOE_TRY(backward(&b));
+    const int rows = b.a.plan.offsets[E];
+    const double fwd_flop = 2.0 * T * D * E + 6.0 * rows * D * H;
+    const int M = (rows + E - 1) / E;
+    const double ref = sgemm_gflops(M, 2 * H, D, reps);
+    const double ref_dense = sgemm_gflops(rows, 2 * H, D, reps);
+    const int threads = openblas_get_num_threads();
+
+    static const char *cases[3] = {"forward", "backward", "fwd+bwd"};
+    double *ms = malloc(sizeof(double) * reps);
+    for (int c = 0; c < 3; c++) {
+        memset(&b.tm, 0, sizeof b.tm);
+        double total = 0;
+        for (int q = 0; q < reps; q++) {
+            double t0 = 0;
+            if (c == 1) MOE_TRY(forward(&b)); // backward needs its forward, untimed
+            b.a.timing = &b.tm;
+            t0 = now_s();
+            if (c != 1) MOE_TRY(forward(&b));
+            if (c != 0) MOE_TRY(backward(&b));
+            double dt = now_s() - t0;
+            b.a.timing = NULL;
+            ms[q] = 1e3 * dt;
+            total += dt;
+        }
+        double flop = fwd_flop * (c == 0 ? 1 : c == 1 ? 2 : 3);
+        double m = median(ms, reps), gf = flop / (m * 1e-3) * 1e-9;
+        printf("{\"bench\":\"moe_layer\",\"case\":\"%s\",\"shape\":{\"T\":%d,\"D\":%d,\"H\":%d,"
+               "\"E\":%d,\"k\":%d},\"capacity_factor\":1.25,\"rows\":%d,\"ms\":%.2f,"
+               "\"gflops\":%.1f,\"sgemm_gflops\":%.1f,\"sgemm_shape\":{\"M\":%d,\"N\":%d,"
+               "\"K\":%d},\"ratio_to_sgemm\":%.3f,\"sgemm_dense_gflops\":%.1f,"
+               "\"ratio_to_dense_sgemm\":%.3f,\"routing_share\":%.4f,\"phases_ms\":{"
+               "\"gate\":%.2f,\"router\":%.2f,\"permute\":%.2f,\"experts\":%.2f,"
+               "\"unpermute\":%.2f},\"stat\":\"median\",\"reps\":%d,\"threads\":%d}\n",
+               cases[c], T, D, H, E, k, rows, m, gf, ref, M, 2 * H, D, gf / ref, ref_dense,
+               gf / ref_dense, routing_s(&b.tm) / total, 1e3 * b.tm.gate / reps,
+               1e3 * b.tm.router / reps, 1e3 * b.tm.permute / reps, 1e3 * b.tm.experts / reps,
+               1e3 * b.tm.unpermute / reps, reps, threads);
+        fflush(stdout);
+    }
+    free(ms);
+    teardown(&b);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    int reps = 7;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--quick"))
+            reps = 2;
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
+            reps = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--quick] [--reps N]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (reps < 1) reps = 1;
+    static const int shapes[][5] = {{4096, 512, 1024, 8, 2}, {4096, 512, 1024, 64, 2}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int *d = shapes[s];
+        int rc = run_shape(d[0], d[1], d[2], d[3], d[4], reps);
+        if (rc < 0) {
+            fprintf(stderr, "moe_layer bench: %s\n", moe_last_error());
+            return 1;
+        }
+    }
+    return 0;
+}

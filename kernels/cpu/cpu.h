@@ -1,0 +1,42 @@
+// The CPU implementations behind moe_ops_cpu (kernels/ops.h), one file per
+// concern; declared here so ops_cpu.c can fill the table and tests can name them.
+#ifndef MOE_KERNELS_CPU_H
+#define MOE_KERNELS_CPU_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+// Elementwise loops are compiled for AVX-512, AVX2+FMA and the baseline ISA,
+// picked at load time (GCC function multi-versioning): the library's baseline
+// is x86-64-v2, which would leave them at 4-wide SSE.
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define MOE_CPU_VECTORIZE                                                                          \
+    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define MOE_CPU_VECTORIZE
+#endif
+
+void *moe_cpu_alloc(size_t bytes);
+void moe_cpu_free(void *p);
+int moe_cpu_zero(float *x, size_t n);
+int moe_cpu_mul(float *out, const float *a, const float *b, size_t n);
+int moe_cpu_mul_add(float *out, const float *a, const float *b, size_t n);
+
+int moe_cpu_matmul(float *c, const float *a, const float *b, int M, int N, int K, bool trans_a,
+                   bool trans_b, float alpha, float beta);
+
+int moe_cpu_swiglu_forward(float *h, const float *ab, int n, int H);
+int moe_cpu_swiglu_backward(float *dab, const float *dh, const float *ab, int n, int H);
+
+int moe_cpu_dispatch_rows(int *row, const int *expert, const int *slot, const int *offsets, int T,
+                          int k);
+int moe_cpu_permute_forward(float *xe, const float *x, const int *row, int T, int k, int D);
+int moe_cpu_permute_backward(float *dx, const float *dxe, const int *row, int T, int k, int D);
+int moe_cpu_unpermute_forward(float *y, const float *ye, const int *row, const float *weight, int T,
+                              int k, int D);
+int moe_cpu_unpermute_backward(float *dye, float *dweight, const float *dy, const float *ye,
+                               const int *row, const float *weight, int T, int k, int D);
+int moe_cpu_gather_rows(float *out, const float *in, const int *idx, int n, int D);
+int moe_cpu_scatter_add_rows(float *out, const float *in, const int *idx, int n, int D);
+
+#endif

@@ -1,0 +1,95 @@
+// SwiGLU (Shazeer 2020, "GLU Variants Improve Transformer"), the Mixtral expert
+// nonlinearity, on the fused projection ab = x @ [w1; w3]^T:
+//   h = silu(a) * b,  silu(a) = a * s,  s = sigmoid(a)
+//   dh/da = b * s * (1 + a * (1 - s)),  dh/db = silu(a).
+// exp is a branch-free Cephes-style polynomial so the loops vectorise (libm
+// expf is a scalar call and made SwiGLU ~20% of the expert time); rows are
+// processed in fixed chunks of 16, which GCC vectorises even at -O2.
+#include "kernels/cpu/cpu.h"
+#include "moe/error.h"
+
+#include <stdint.h>
+#include <string.h>
+
+// exp(x) for x clamped to [-87, 88] (the float range without denormals or
+// overflow; enough for a sigmoid): max relative error 1e-7 (about 1.5 ulp).
+// 2^n comes from the exponent bits of the rounding constant 1.5 * 2^23.
+static inline float exp_clamped(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    x = x > 88.0f ? 88.0f : x;
+    float t = x * 1.44269504088896341f + 12582912.0f; // round(x / ln 2) in the low bits
+    float n = t - 12582912.0f;
+    int32_t ti;
+    memcpy(&ti, &t, sizeof ti);
+    float r = x - n * 0.693359375f; // ln 2 split in two: x - n ln 2 without cancellation
+    r = r - n * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    float y = p * r * r + r + 1.0f;
+    int32_t e = (ti - 0x4B400000 + 127) * (1 << 23); // bits of 2^n
+    float scale;
+    memcpy(&scale, &e, sizeof scale);
+    return y * scale;
+}
+
+static inline float swiglu_one(float a, float b) {
+    return a / (1.0f + exp_clamped(-a)) * b;
+}
+
+// (dh/da, dh/db) * g for one element.
+static inline float swiglu_da(float a, float b, float g) {
+    float s = 1.0f / (1.0f + exp_clamped(-a));
+    return g * b * (s + a * s * (1.0f - s));
+}
+static inline float swiglu_db(float a, float g) {
+    return g * a / (1.0f + exp_clamped(-a));
+}
+
+MOE_CPU_VECTORIZE
+int moe_cpu_swiglu_forward(float *restrict h, const float *restrict ab, int n, int H) {
+    if (n < 0 || H < 0) return moe_fail(MOE_EINVAL, "swiglu_forward: n=%d H=%d", n, H);
+    for (long i = 0; i < n; i++) {
+        const float *a = ab + i * 2 * H, *b = a + H;
+        float *hi = h + i * H;
+        int j = 0;
+        for (; j + 16 <= H; j += 16)
+            for (int l = 0; l < 16; l++)
+                hi[j + l] = swiglu_one(a[j + l], b[j + l]);
+        for (; j < H; j++)
+            hi[j] = swiglu_one(a[j], b[j]);
+    }
+    return 0;
+}
+
+MOE_CPU_VECTORIZE
+int moe_cpu_swiglu_backward(float *restrict dab, const float *restrict dh, const float *restrict ab,
+                            int n, int H) {
+    if (n < 0 || H < 0) return moe_fail(MOE_EINVAL, "swiglu_backward: n=%d H=%d", n, H);
+    for (long i = 0; i < n; i++) {
+        const float *a = ab + i * 2 * H, *b = a + H, *g = dh + i * H;
+        float *da = dab + i * 2 * H, *db = da + H;
+        int j = 0;
+        // da and db are halves of one row; staging each chunk in locals keeps
+        // the compiler from having to prove they do not overlap.
+        for (; j + 16 <= H; j += 16) {
+            float ga[16], gb[16];
+            for (int l = 0; l < 16; l++)
+                ga[l] = swiglu_da(a[j + l], b[j + l], g[j + l]);
+            for (int l = 0; l < 16; l++)
+                gb[l] = swiglu_db(a[j + l], g[j + l]);
+            for (int l = 0; l < 16; l++)
+                da[j + l] += ga[l];
+            for (int l = 0; l < 16; l++)
+                db[j + l] += gb[l];
+        }
+        for (; j < H; j++) {
+            da[j] += swiglu_da(a[j], b[j], g[j]);
+            db[j] += swiglu_db(a[j], g[j]);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,66 @@
+// The op table of the compute backends (ggml-style): every op the MoE layer
+// needs, as function pointers with one CPU implementation (kernels/cpu/, the
+// reference, OpenBLAS for GEMMs) and later a CUDA one with the same signatures.
+// All float/int pointers are backend memory (host for CPU, device for CUDA).
+#ifndef MOE_KERNELS_OPS_H
+#define MOE_KERNELS_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+// Conventions (llm.c): outputs first; backward ops ADD into their d* outputs
+// (the caller zeroes them); every op returns 0 or a negative MOE_E* code; no
+// op allocates. Matrices are row-major and contiguous.
+//
+// Index arrays used by the permute ops: row [T*k] gives, for token t and
+// choice j, the row of the expert-contiguous buffer that holds the pair, or -1
+// when the assignment was dropped. Rows of kept pairs are distinct.
+typedef struct moe_ops {
+    const char *name; // "cpu", "cuda"
+
+    // Backend memory (buffers are suitably aligned for the backend's GEMM).
+    void *(*alloc)(size_t bytes); // NULL on failure
+    void (*free)(void *p);
+    int (*zero)(float *x, size_t n);
+
+    // c[M,N] = alpha * op(a) @ op(b) + beta * c, op(a) [M,K], op(b) [K,N].
+    // trans_a: a is stored [K,M]; trans_b: b is stored [N,K]. beta = 0 ignores
+    // the old contents of c (NaN included); M, N or K may be 0.
+    int (*matmul)(float *c, const float *a, const float *b, int M, int N, int K, bool trans_a,
+                  bool trans_b, float alpha, float beta);
+
+    // SwiGLU on the fused projection ab [n, 2H] (row i = [a_i | b_i], a = w1 x,
+    // b = w3 x): h [n, H] = silu(a) * b, silu(a) = a * sigmoid(a).
+    int (*swiglu_forward)(float *h, const float *ab, int n, int H);
+    // dab [n, 2H] += (dh * b * silu'(a) | dh * silu(a)).
+    int (*swiglu_backward)(float *dab, const float *dh, const float *ab, int n, int H);
+
+    // row [T*k] = expert >= 0 ? offsets[expert] + slot : -1 (from a moe_plan).
+    int (*dispatch_rows)(int *row, const int *expert, const int *slot, const int *offsets, int T,
+                         int k);
+    // Gather tokens into the expert-contiguous buffer: xe[row[t*k+j]] = x[t].
+    int (*permute_forward)(float *xe, const float *x, const int *row, int T, int k, int D);
+    // dx[t] += sum_j dxe[row[t*k+j]] over kept j.
+    int (*permute_backward)(float *dx, const float *dxe, const int *row, int T, int k, int D);
+    // Weighted combine: y[t] = sum_j weight[t*k+j] * ye[row[t*k+j]] over kept j
+    // (overwrites y; a token with every choice dropped gets 0).
+    int (*unpermute_forward)(float *y, const float *ye, const int *row, const float *weight, int T,
+                             int k, int D);
+    // dye[row] += weight * dy[t]; dweight[t*k+j] += dot(dy[t], ye[row]) (kept j).
+    int (*unpermute_backward)(float *dye, float *dweight, const float *dy, const float *ye,
+                              const int *row, const float *weight, int T, int k, int D);
+
+    // out[i] = in[idx[i]] for i < n (rows of width D); idx[i] < 0 gives 0.
+    int (*gather_rows)(float *out, const float *in, const int *idx, int n, int D);
+    // out[idx[i]] += in[i] for i < n (rows of width D); idx[i] < 0 is skipped.
+    int (*scatter_add_rows)(float *out, const float *in, const int *idx, int n, int D);
+
+    // out[i] = a[i] * b[i] (out may alias a or b).
+    int (*mul)(float *out, const float *a, const float *b, size_t n);
+    // out[i] += a[i] * b[i].
+    int (*mul_add)(float *out, const float *a, const float *b, size_t n);
+} moe_ops;
+
+extern const moe_ops moe_ops_cpu;
+
+#endif

@@ -1,0 +1,130 @@
+// The MoE feed-forward layer (Mixtral semantics, DESIGN "Data flow of one MoE
+// layer"): gate GEMM -> router -> permute -> per-expert SwiGLU FFN -> weighted
+// combine, with an optional shared expert (PR-MoE / DeepSeek) and optional
+// task-level routing (Task-MoE). llm.c style: forward/backward with caller-owned
+// parameters, gradients and activations; backward ADDS into dx and the grads.
+#ifndef MOE_MOE_LAYER_H
+#define MOE_MOE_LAYER_H
+
+#include "kernels/ops.h"
+#include "moe/params.h"
+#include "moe/router.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    int T_max;                // most tokens per call; sizes the activations
+    int D;                    // model width
+    int H;                    // expert FFN hidden (moe.d_expert)
+    int E;                    // experts
+    int H_shared;             // shared expert hidden, 0: no shared expert
+    int n_tasks;              // > 0: Task-MoE, the gate input is task_embedding[task_id[t]]
+    moe_router_config router; // top-k is router.top_k
+} moe_layer_config;
+
+// Sizes and router config consistent (MOE_EINVAL with the field at fault).
+int moe_layer_config_check(const moe_layer_config *cfg);
+
+// Pointers into a flat float buffer laid out as moe_layer_param_table lists it:
+//   gate.weight [E, D]
+//   task_embedding.weight [n_tasks, D]                  (n_tasks > 0)
+//   shared_expert.{w1,w3}.weight [Hs, D], .w2 [D, Hs]  (H_shared > 0)
+//   experts.{j}.w1.weight [H, D], .w3 [H, D], .w2 [D, H]  for j < E
+// Each expert's w1 and w3 are adjacent: one [2H, D] block, so x @ [w1;w3]^T is
+// one GEMM. Dense parameters come first and each expert is one contiguous
+// block of 3*H*D floats (expert-parallel sharding and per-task loading slice it).
+typedef struct {
+    float *gate;         // [E, D]
+    float *task_emb;     // [n_tasks, D] or NULL
+    float *shared_w13;   // [2*Hs, D] (w1 rows then w3 rows) or NULL
+    float *shared_w2;    // [D, Hs] or NULL
+    float *experts;      // E blocks of expert_numel floats
+    size_t expert_numel; // 3*H*D
+    size_t w2_offset;    // 2*H*D: w2 of an expert, from its block start
+} moe_layer_params;
+
+static inline float *moe_layer_w13(const moe_layer_params *p, int e) {
+    return p->experts + (size_t)e * p->expert_numel;
+}
+static inline float *moe_layer_w2(const moe_layer_params *p, int e) {
+    return p->experts + (size_t)e * p->expert_numel + p->w2_offset;
+}
+
+// Floats of one layer's parameters (and of its gradients).
+size_t moe_layer_num_params(const moe_layer_config *cfg);
+// Fills the view over base (the layer's first float). Use it twice: once for
+// the parameters, once for the gradient buffer.
+int moe_layer_params_view(moe_layer_params *p, float *base, const moe_layer_config *cfg);
+// Appends the layer's named views to t, each name prefixed (e.g.
+// "model.layers.3.block_sparse_moe."); the layer starts at t->numel as it was
+// before the call, which is where moe_layer_params_view's base must point.
+int moe_layer_param_table(moe_param_table *t, const char *prefix, const moe_layer_config *cfg);
+
+// Seconds spent per phase, ADDED by forward and backward when the caller sets
+// acts->timing (CPU wall clock; NULL: no timing). Routing = gate + router +
+// permute + unpermute.
+typedef struct {
+    double gate;      // gate GEMM (and its backward), task broadcast, jitter
+    double router;    // moe_router_forward / moe_router_backward
+    double permute;   // dispatch rows, gather into expert order (and backward)
+    double experts;   // expert GEMMs + SwiGLU
+    double unpermute; // weighted combine (and backward: dye, dweight)
+    double shared;    // shared expert
+} moe_layer_timing;
+
+// Activations saved by forward for backward, and backward's scratch; sized
+// once for cfg by moe_layer_acts_alloc (backend memory from ops->alloc, the
+// plan in host memory). rows_max = T_max * k.
+typedef struct {
+    const moe_ops *ops;
+    moe_layer_config cfg; // the sizes it was allocated for
+    int T;                // tokens of the last forward, 0 before the first
+    bool jittered;        // the last forward applied router jitter
+    moe_plan plan;        // routing of the last forward
+    float *noise;         // [G, D] jitter factors, G = n_tasks or T_max (jitter configs only)
+    float *gate_in;       // [G, D] jittered gate input (jitter configs only)
+    float *logits_g;      // [n_tasks, E] per-task logits (task routing only)
+    float *logits;        // [T_max, E]
+    int *row;             // [T_max * k] row of (t, j) in expert order, -1 dropped
+    float *xe;            // [rows_max, D] tokens in expert order
+    float *ab;            // [rows_max, 2H] x @ [w1;w3]^T
+    float *h;             // [rows_max, H] silu(a) * b
+    float *ye;            // [rows_max, D] expert outputs
+    float *shared_ab;     // [T_max, 2Hs]
+    float *shared_h;      // [T_max, Hs]
+    // backward scratch
+    float *dlogits;           // [T_max, E]
+    float *dlogits_g;         // [n_tasks, E]
+    float *dweight;           // [T_max * k]
+    float *dye;               // [rows_max, D]
+    float *dxe;               // [rows_max, D]
+    float *dh;                // [T_max, max(H, Hs)]: one expert at a time
+    float *dab;               // [T_max, 2 max(H, Hs)]
+    float *dgate_in;          // [G, D] (jitter configs only)
+    moe_layer_timing *timing; // optional, set by the caller
+} moe_layer_acts;
+
+int moe_layer_acts_alloc(moe_layer_acts *a, const moe_layer_config *cfg, const moe_ops *ops);
+void moe_layer_acts_free(moe_layer_acts *a);
+
+// y [T, D] = MoE(x [T, D]) (+ shared expert). task_id [T]: required with
+// n_tasks > 0 (values in 0..n_tasks-1), else optional (priority routing).
+// capacity [E] or NULL: per-expert C_e passed to the router (dynamic capacity).
+// training enables router noise, step seeds it. cfg must be the config the
+// activations were allocated with. Routing and the aux/z losses land in
+// a->plan. y must not alias x.
+int moe_layer_forward(float *y, const float *x, const int *task_id, const int *capacity, int T,
+                      const moe_layer_params *p, moe_layer_acts *a, bool training, uint64_t step);
+
+// Backward of the last forward (same x, task_id, T, parameters): ADDS into
+// dx [T, D] and the gradient view dp (same layout as p). dy [T, D]. aux_scale
+// and z_scale are dL/d aux_loss and dL/d z_loss (e.g. the configured coefs).
+// With task routing the gate gradient flows into task_embedding, not dx.
+// dx must not alias dy.
+int moe_layer_backward(float *dx, const moe_layer_params *dp, const float *dy, const float *x,
+                       const int *task_id, int T, const moe_layer_params *p, moe_layer_acts *a,
+                       float aux_scale, float z_scale);
+
+#endif

@@ -1,0 +1,358 @@
+// The MoE feed-forward layer on the op table: Mixtral top-k SwiGLU experts
+// (arXiv 2401.04088), Switch jitter on the router input (arXiv 2101.03961),
+// shared expert (DeepSpeed-MoE PR-MoE, arXiv 2201.05596) and task-level routing
+// (Task-MoE, arXiv 2110.03742). Shapes and semantics: moe/moe_layer.h.
+#include "moe/moe_layer.h"
+#include "moe/error.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+// ---- config and parameter layout ----------------------------------------------------
+
+int moe_layer_config_check(const moe_layer_config *cfg) {
+    if (!cfg) return moe_fail(MOE_EINVAL, "moe layer: NULL config");
+    if (cfg->T_max < 1) return moe_fail(MOE_EINVAL, "moe layer: T_max = %d < 1", cfg->T_max);
+    if (cfg->D < 1) return moe_fail(MOE_EINVAL, "moe layer: D = %d < 1", cfg->D);
+    if (cfg->H < 1) return moe_fail(MOE_EINVAL, "moe layer: H = %d < 1", cfg->H);
+    if (cfg->E < 1) return moe_fail(MOE_EINVAL, "moe layer: E = %d < 1", cfg->E);
+    if (cfg->H_shared < 0)
+        return moe_fail(MOE_EINVAL, "moe layer: H_shared = %d < 0", cfg->H_shared);
+    if (cfg->n_tasks < 0) return moe_fail(MOE_EINVAL, "moe layer: n_tasks = %d < 0", cfg->n_tasks);
+    MOE_TRY(moe_router_config_check(&cfg->router, cfg->E));
+    long k = cfg->router.top_k;
+    long Hm = cfg->H > cfg->H_shared ? cfg->H : cfg->H_shared;
+    // Row indices are int; element offsets are size_t but sizes stay int in the op table.
+    if ((long)cfg->T_max * k > INT_MAX / 2 || (long)cfg->T_max * 2 * Hm > INT_MAX ||
+        2L * Hm * cfg->D > INT_MAX || (long)cfg->T_max * cfg->E > INT_MAX)
+        return moe_fail(MOE_EINVAL,
+                        "moe layer: T_max = %d with D = %d, H = %ld, E = %d, k = %ld "
+                        "overflows int indexing",
+                        cfg->T_max, cfg->D, Hm, cfg->E, k);
+    return 0;
+}
+
+size_t moe_layer_num_params(const moe_layer_config *cfg) {
+    size_t D = (size_t)cfg->D;
+    return (size_t)cfg->E * D + (size_t)cfg->n_tasks * D + 3 * (size_t)cfg->H_shared * D +
+           (size_t)cfg->E * 3 * (size_t)cfg->H * D;
+}
+
+int moe_layer_params_view(moe_layer_params *p, float *base, const moe_layer_config *cfg) {
+    if (!p || !base || !cfg) return moe_fail(MOE_EINVAL, "moe layer params view: NULL argument");
+    size_t D = (size_t)cfg->D, Hs = (size_t)cfg->H_shared;
+    float *q = base;
+    p->gate = q;
+    q += (size_t)cfg->E * D;
+    p->task_emb = cfg->n_tasks > 0 ? q : NULL;
+    q += (size_t)cfg->n_tasks * D;
+    p->shared_w13 = Hs ? q : NULL;
+    p->shared_w2 = Hs ? q + 2 * Hs * D : NULL;
+    q += 3 * Hs * D;
+    p->experts = q;
+    p->expert_numel = 3 * (size_t)cfg->H * D;
+    p->w2_offset = 2 * (size_t)cfg->H * D;
+    return 0;
+}
+
+int moe_layer_param_table(moe_param_table *t, const char *prefix, const moe_layer_config *cfg) {
+    int64_t D = cfg->D, H = cfg->H, Hs = cfg->H_shared;
+    MOE_TRY(moe_param_table_add(t, prefix, "gate.weight", 2, (int64_t[]){cfg->E, D}));
+    if (cfg->n_tasks > 0)
+        MOE_TRY(moe_param_table_add(t, prefix, "task_embedding.weight", 2,
+                                    (int64_t[]){cfg->n_tasks, D}));
+    if (Hs > 0) {
+        MOE_TRY(moe_param_table_add(t, prefix, "shared_expert.w1.weight", 2, (int64_t[]){Hs, D}));
+        MOE_TRY(moe_param_table_add(t, prefix, "shared_expert.w3.weight", 2, (int64_t[]){Hs, D}));
+        MOE_TRY(moe_param_table_add(t, prefix, "shared_expert.w2.weight", 2, (int64_t[]){D, Hs}));
+    }
+    static const char *const names[3] = {"w1", "w3", "w2"};
+    for (int e = 0; e < cfg->E; e++)
+        for (int m = 0; m < 3; m++) {
+            char name[64];
+            snprintf(name, sizeof name, "experts.%d.%s.weight", e, names[m]);
+            int64_t shape[2] = {m < 2 ? H : D, m < 2 ? D : H};
+            MOE_TRY(moe_param_table_add(t, prefix, name, 2, shape));
+        }
+    return 0;
+}
+
+// ---- activations -----------------------------------------------------------------------
+
+int moe_layer_acts_alloc(moe_layer_acts *a, const moe_layer_config *cfg, const moe_ops *ops) {
+    if (!a || !ops) return moe_fail(MOE_EINVAL, "moe layer acts: NULL argument");
+    memset(a, 0, sizeof *a);
+    MOE_TRY(moe_layer_config_check(cfg));
+    a->ops = ops;
+    a->cfg = *cfg;
+    size_t T = (size_t)cfg->T_max, D = (size_t)cfg->D, H = (size_t)cfg->H, E = (size_t)cfg->E;
+    size_t k = (size_t)cfg->router.top_k, Hs = (size_t)cfg->H_shared;
+    size_t Hm = H > Hs ? H : Hs, rows = T * k, nt = (size_t)cfg->n_tasks;
+    size_t G = nt ? nt : T, jit = cfg->router.noise == MOE_NOISE_JITTER ? G * D : 0;
+    int rc = moe_plan_alloc(&a->plan, cfg->T_max, cfg->E, cfg->router.top_k);
+    if (rc < 0) return moe_trace(rc, __FILE__, __LINE__);
+    size_t bytes = 0;
+#define ALLOC(field, n)                                                                            \
+    do {                                                                                           \
+        bytes = (n) * sizeof *a->field;                                                            \
+        if (bytes && !(a->field = ops->alloc(bytes))) goto fail;                                   \
+    } while (0)
+    ALLOC(noise, jit);
+    ALLOC(gate_in, jit);
+    ALLOC(logits_g, nt * E);
+    ALLOC(logits, T * E);
+    ALLOC(row, rows);
+    ALLOC(xe, rows * D);
+    ALLOC(ab, rows * 2 * H);
+    ALLOC(h, rows * H);
+    ALLOC(ye, rows * D);
+    ALLOC(shared_ab, T * 2 * Hs);
+    ALLOC(shared_h, T * Hs);
+    ALLOC(dlogits, T * E);
+    ALLOC(dlogits_g, nt * E);
+    ALLOC(dweight, rows);
+    ALLOC(dye, rows * D);
+    ALLOC(dxe, rows * D);
+    ALLOC(dh, T * Hm);
+    ALLOC(dab, T * 2 * Hm);
+    ALLOC(dgate_in, jit);
+#undef ALLOC
+    return 0;
+fail:
+    rc = moe_fail(MOE_ENOMEM, "moe layer acts: cannot allocate %zu bytes (%s backend)", bytes,
+                  ops->name);
+    moe_layer_acts_free(a);
+    return rc;
+}
+
+void moe_layer_acts_free(moe_layer_acts *a) {
+    if (!a) return;
+    if (a->ops) {
+        void *bufs[] = {a->noise,    a->gate_in, a->logits_g,  a->logits,  a->row,
+                        a->xe,       a->ab,      a->h,         a->ye,      a->shared_ab,
+                        a->shared_h, a->dlogits, a->dlogits_g, a->dweight, a->dye,
+                        a->dxe,      a->dh,      a->dab,       a->dgate_in};
+        for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+            a->ops->free(bufs[i]);
+    }
+    moe_plan_free(&a->plan);
+    memset(a, 0, sizeof *a);
+}
+
+// ---- timing ------------------------------------------------------------------------------
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// Adds the seconds since *t0 to *acc and restarts the clock (no-op without timing).
+static void lap(moe_layer_timing *tm, double *acc, double *t0) {
+    if (!tm) return;
+    double t = now_s();
+    *acc += t - *t0;
+    *t0 = t;
+}
+#define LAP(field) lap(tm, tm ? &tm->field : NULL, &t0)
+
+// ---- forward -------------------------------------------------------------------------
+
+// The plan's rows must fit the expert-order buffers: expert e's kept rows are
+// offsets[e] .. offsets[e] + kept[e] - 1, inside its segment and below rows_max.
+static int check_plan(const moe_plan *pl, int T, int E, int k) {
+    if (pl->offsets[0] != 0 || pl->offsets[E] > T * k)
+        return moe_fail(MOE_EINVAL, "moe layer: router plan uses %d rows, more than T*k = %d",
+                        pl->offsets[E], T * k);
+    for (int e = 0; e < E; e++)
+        if (pl->kept[e] < 0 || pl->kept[e] > T || pl->offsets[e] + pl->kept[e] > pl->offsets[e + 1])
+            return moe_fail(MOE_EINVAL,
+                            "moe layer: router plan expert %d keeps %d rows in segment [%d, %d)", e,
+                            pl->kept[e], pl->offsets[e], pl->offsets[e + 1]);
+    return 0;
+}
+
+static int check_tasks(const int *task_id, int T, int n_tasks) {
+    if (!task_id) return moe_fail(MOE_EINVAL, "moe layer: task routing needs task_id");
+    for (int t = 0; t < T; t++)
+        if (task_id[t] < 0 || task_id[t] >= n_tasks)
+            return moe_fail(MOE_EINVAL, "moe layer: task_id[%d] = %d not in 0..%d", t, task_id[t],
+                            n_tasks - 1);
+    return 0;
+}
+
+int moe_layer_forward(float *y, const float *x, const int *task_id, const int *capacity, int T,
+                      const moe_layer_params *p, moe_layer_acts *a, bool training, uint64_t step) {
+    if (!y || !x || !p || !a || !a->ops)
+        return moe_fail(MOE_EINVAL, "moe layer forward: NULL argument");
+    if (y == x) return moe_fail(MOE_EINVAL, "moe layer forward: y aliases x");
+    const moe_layer_config *cfg = &a->cfg;
+    const moe_ops *ops = a->ops;
+    if (T < 1 || T > cfg->T_max)
+        return moe_fail(MOE_EINVAL, "moe layer forward: T = %d not in 1..T_max = %d", T,
+                        cfg->T_max);
+    const int D = cfg->D, H = cfg->H, E = cfg->E, k = cfg->router.top_k, Hs = cfg->H_shared;
+    const int nt = cfg->n_tasks;
+    if (nt > 0) MOE_TRY(check_tasks(task_id, T, nt));
+    if (!p->gate || (nt && !p->task_emb) || (Hs && (!p->shared_w13 || !p->shared_w2)) ||
+        !p->experts)
+        return moe_fail(MOE_EINVAL, "moe layer forward: parameter view missing a tensor");
+    moe_layer_timing *tm = a->timing;
+    double t0 = tm ? now_s() : 0;
+    a->T = 0; // invalid until this forward succeeds
+
+    // Gate: logits = G @ Wg^T with G = x [T, D], or the task embeddings [n_tasks, D]
+    // whose n_tasks logit rows are computed once and broadcast by task id.
+    const float *gin = nt ? p->task_emb : x;
+    const int G = nt ? nt : T;
+    a->jittered = training && cfg->router.noise == MOE_NOISE_JITTER;
+    if (a->jittered) {
+        // Switch jitter multiplies the router input by U(1-eps, 1+eps); jittering
+        // ones keeps the factors for backward, the experts still see the clean x.
+        for (size_t i = 0; i < (size_t)G * D; i++)
+            a->noise[i] = 1.0f;
+        moe_router_jitter(a->noise, (size_t)G * D, cfg->router.noise_eps, cfg->router.seed, step);
+        MOE_TRY(ops->mul(a->gate_in, gin, a->noise, (size_t)G * D));
+        gin = a->gate_in;
+    }
+    if (nt) {
+        MOE_TRY(ops->matmul(a->logits_g, gin, p->gate, nt, E, D, false, true, 1.0f, 0.0f));
+        MOE_TRY(ops->gather_rows(a->logits, a->logits_g, task_id, T, E));
+    } else {
+        MOE_TRY(ops->matmul(a->logits, gin, p->gate, T, E, D, false, true, 1.0f, 0.0f));
+    }
+    LAP(gate);
+
+    MOE_TRY(moe_router_forward(&a->plan, a->logits, task_id, capacity, T, E, &cfg->router, training,
+                               step));
+    MOE_TRY(check_plan(&a->plan, T, E, k));
+    LAP(router);
+
+    MOE_TRY(ops->dispatch_rows(a->row, a->plan.expert, a->plan.slot, a->plan.offsets, T, k));
+    MOE_TRY(ops->permute_forward(a->xe, x, a->row, T, k, D));
+    LAP(permute);
+
+    // Experts: [n_e, D] @ [2H, D]^T -> ab, SwiGLU -> h, [n_e, H] @ [D, H]^T -> ye.
+    for (int e = 0; e < E; e++) {
+        const int n = a->plan.kept[e];
+        if (n == 0) continue;
+        const size_t r0 = (size_t)a->plan.offsets[e];
+        float *ab = a->ab + r0 * 2 * H, *h = a->h + r0 * H;
+        MOE_TRY(ops->matmul(ab, a->xe + r0 * D, moe_layer_w13(p, e), n, 2 * H, D, false, true, 1.0f,
+                            0.0f));
+        MOE_TRY(ops->swiglu_forward(h, ab, n, H));
+        MOE_TRY(
+            ops->matmul(a->ye + r0 * D, h, moe_layer_w2(p, e), n, D, H, false, true, 1.0f, 0.0f));
+    }
+    LAP(experts);
+
+    MOE_TRY(ops->unpermute_forward(y, a->ye, a->row, a->plan.weight, T, k, D));
+    LAP(unpermute);
+
+    if (Hs) { // y += w2s(silu(w1s x) * w3s x) for every token
+        MOE_TRY(ops->matmul(a->shared_ab, x, p->shared_w13, T, 2 * Hs, D, false, true, 1.0f, 0.0f));
+        MOE_TRY(ops->swiglu_forward(a->shared_h, a->shared_ab, T, Hs));
+        MOE_TRY(ops->matmul(y, a->shared_h, p->shared_w2, T, D, Hs, false, true, 1.0f, 1.0f));
+        LAP(shared);
+    }
+    a->T = T;
+    return 0;
+}
+
+// ---- backward ------------------------------------------------------------------------
+
+// Backward of one SwiGLU FFN with fused [w1;w3] (n rows): given dout [n, D],
+// dw2 += dout^T h; dh = dout w2; dab = swiglu'(dh); dw13 += dab^T in;
+// din = dab w13 (overwritten when din_beta = 0, added when 1).
+static int ffn_backward(const moe_ops *ops, float *din, float din_beta, float *dw13, float *dw2,
+                        const float *dout, const float *in, const float *ab, const float *h,
+                        const float *w13, const float *w2, float *dh, float *dab, int n, int D,
+                        int H) {
+    MOE_TRY(ops->matmul(dh, dout, w2, n, H, D, false, false, 1.0f, 0.0f));
+    MOE_TRY(ops->matmul(dw2, dout, h, D, H, n, true, false, 1.0f, 1.0f));
+    MOE_TRY(ops->zero(dab, (size_t)n * 2 * H));
+    MOE_TRY(ops->swiglu_backward(dab, dh, ab, n, H));
+    MOE_TRY(ops->matmul(dw13, dab, in, 2 * H, D, n, true, false, 1.0f, 1.0f));
+    MOE_TRY(ops->matmul(din, dab, w13, n, D, 2 * H, false, false, 1.0f, din_beta));
+    return 0;
+}
+
+int moe_layer_backward(float *dx, const moe_layer_params *dp, const float *dy, const float *x,
+                       const int *task_id, int T, const moe_layer_params *p, moe_layer_acts *a,
+                       float aux_scale, float z_scale) {
+    if (!dx || !dp || !dy || !x || !p || !a || !a->ops)
+        return moe_fail(MOE_EINVAL, "moe layer backward: NULL argument");
+    if (dx == dy) return moe_fail(MOE_EINVAL, "moe layer backward: dx aliases dy");
+    if (a->T == 0) return moe_fail(MOE_EINVAL, "moe layer backward: no successful forward to undo");
+    if (T != a->T)
+        return moe_fail(MOE_EINVAL, "moe layer backward: T = %d but the last forward had T = %d", T,
+                        a->T);
+    const moe_layer_config *cfg = &a->cfg;
+    const moe_ops *ops = a->ops;
+    const int D = cfg->D, H = cfg->H, E = cfg->E, k = cfg->router.top_k, Hs = cfg->H_shared;
+    const int nt = cfg->n_tasks;
+    if (nt > 0) MOE_TRY(check_tasks(task_id, T, nt));
+    if (!dp->gate || (nt && !dp->task_emb) || (Hs && (!dp->shared_w13 || !dp->shared_w2)) ||
+        !dp->experts)
+        return moe_fail(MOE_EINVAL, "moe layer backward: gradient view missing a tensor");
+    const moe_plan *pl = &a->plan;
+    const int rows = pl->offsets[E];
+    moe_layer_timing *tm = a->timing;
+    double t0 = tm ? now_s() : 0;
+
+    // Combine: dye[row] = weight * dy[t], dweight[t, j] = <dy[t], ye[row]>.
+    MOE_TRY(ops->zero(a->dweight, (size_t)T * k));
+    MOE_TRY(ops->zero(a->dye, (size_t)rows * D));
+    MOE_TRY(ops->unpermute_backward(a->dye, a->dweight, dy, a->ye, a->row, pl->weight, T, k, D));
+    LAP(unpermute);
+
+    for (int e = 0; e < E; e++) {
+        const int n = pl->kept[e];
+        if (n == 0) continue;
+        const size_t r0 = (size_t)pl->offsets[e];
+        MOE_TRY(ffn_backward(ops, a->dxe + r0 * D, 0.0f, moe_layer_w13(dp, e), moe_layer_w2(dp, e),
+                             a->dye + r0 * D, a->xe + r0 * D, a->ab + r0 * 2 * H, a->h + r0 * H,
+                             moe_layer_w13(p, e), moe_layer_w2(p, e), a->dh, a->dab, n, D, H));
+    }
+    LAP(experts);
+
+    MOE_TRY(ops->permute_backward(dx, a->dxe, a->row, T, k, D));
+    LAP(permute);
+
+    if (Hs) {
+        MOE_TRY(ffn_backward(ops, dx, 1.0f, dp->shared_w13, dp->shared_w2, dy, x, a->shared_ab,
+                             a->shared_h, p->shared_w13, p->shared_w2, a->dh, a->dab, T, D, Hs));
+        LAP(shared);
+    }
+
+    MOE_TRY(ops->zero(a->dlogits, (size_t)T * E));
+    moe_router_backward(a->dlogits, a->dweight, pl, &cfg->router, aux_scale, z_scale);
+    LAP(router);
+
+    // Gate: logits = G Wg^T, so dWg += dlogits_G^T G and dG = dlogits_G Wg; with
+    // task routing dlogits_G sums each task's token rows (the broadcast's adjoint).
+    const float *dl = a->dlogits;
+    int G = T;
+    const float *gin = x;
+    float *dgin = dx;
+    if (nt) {
+        MOE_TRY(ops->zero(a->dlogits_g, (size_t)nt * E));
+        MOE_TRY(ops->scatter_add_rows(a->dlogits_g, a->dlogits, task_id, T, E));
+        dl = a->dlogits_g;
+        G = nt;
+        gin = p->task_emb;
+        dgin = dp->task_emb;
+    }
+    if (a->jittered) gin = a->gate_in;
+    MOE_TRY(ops->matmul(dp->gate, dl, gin, E, D, G, true, false, 1.0f, 1.0f));
+    if (a->jittered) { // d(G * u) / dG = u
+        MOE_TRY(ops->matmul(a->dgate_in, dl, p->gate, G, D, E, false, false, 1.0f, 0.0f));
+        MOE_TRY(ops->mul_add(dgin, a->dgate_in, a->noise, (size_t)G * D));
+    } else {
+        MOE_TRY(ops->matmul(dgin, dl, p->gate, G, D, E, false, false, 1.0f, 1.0f));
+    }
+    LAP(gate);
+    return 0;
+}

@@ -271,8 +271,9 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
             // Learned capacities apply to batches of the training shape; other
             // shapes (generation) use the static formula.
             const int *cap = m->cap[l].capacity && N == m->B * m->T ? m->cap[l].capacity : NULL;
-            MOE_TRY(moe_layer_forward(next, a->ln2, m->task_tok, cap, N, &p->moe, &a->moe, training,
-                                      step));
+            int rc = moe_layer_forward(next, a->ln2, m->task_tok, cap, N, &p->moe, &a->moe,
+                                       training, step);
+            if (rc < 0) return moe_fail(rc, "layer %d (MoE): %s", l, moe_last_error());
             const moe_plan *plan = &a->moe.plan;
             m->aux += plan->aux_loss;
             m->z += plan->z_loss;

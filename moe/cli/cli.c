@@ -16,6 +16,8 @@ typedef struct {
 } command;
 
 static const command commands[] = {
+    {"train", moe_cli_train, "train a model from a JSON config"},
+    {"eval", moe_cli_eval, "evaluate a checkpoint: loss and accuracy per task, expert usage"},
     {"route", moe_cli_route, "route logits from a safetensors file into a dispatch plan"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof *commands };

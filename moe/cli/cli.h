@@ -17,6 +17,8 @@ int moe_cli_main(int argc, char **argv);
 
 // Subcommands: argv[0] is the subcommand name.
 int moe_cli_route(int argc, char **argv);
+int moe_cli_train(int argc, char **argv);
+int moe_cli_eval(int argc, char **argv);
 
 // Prints "moe CMD: message" (one line) to stderr, records the message as the
 // last error (moe_last_error) and returns exit_code.

@@ -1,0 +1,182 @@
+// `moe train CONFIG` and `moe eval CKPT`: config + --set overrides, the run
+// folder, Ctrl-C handling (checkpoint, then exit 130) and the final report.
+#include "moe/train.h"
+#include "moe/checkpoint.h"
+#include "moe/cli/cli.h"
+#include "moe/error.h"
+
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static volatile sig_atomic_t interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+    signal(SIGINT, SIG_DFL); // a second Ctrl-C ends the process at once
+}
+
+// Library status -> exit code: bad input or config 2, anything at run time 1.
+static int exit_code(int rc) {
+    return rc == MOE_ENUMERIC || rc == MOE_ENOMEM || rc == MOE_EIO ? MOE_EXIT_RUNTIME
+                                                                   : MOE_EXIT_USAGE;
+}
+
+static const char *train_help =
+    "usage: moe train CONFIG.json [--set key=value]... [--out DIR] [--resume CKPT_DIR]\n"
+    "                 [--steps N] [--quiet]\n"
+    "       moe train --help-config      list every config key with its default\n"
+    "\n"
+    "Trains the model CONFIG describes (a JSON file of sections: model, moe, router,\n"
+    "capacity, train, data, ...; keys not given take their defaults). --set overrides a\n"
+    "key (typed by the key: --set router.top_k=1 --set moe.num_experts=[4,8]); --steps N\n"
+    "is --set train.steps=N. The run folder (default runs/<config name>) receives\n"
+    "config.json (resolved), metrics.jsonl and checkpoint/. --resume continues from a\n"
+    "checkpoint folder bit-exactly. Ctrl-C saves a checkpoint and exits with 130.\n";
+
+// Loads CONFIG and applies --set/--steps; fills out_dir and resume.
+static int parse_train_args(int argc, char **argv, moe_config *cfg, const char **out,
+                            const char **resume, bool *quiet, char *default_out, size_t cap) {
+    const char *config = NULL;
+    moe_config_src *src = moe_config_src_new();
+    int rc = 0;
+    moe_config_default(cfg);
+    const char *sets[256];
+    int n_sets = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int m;
+        if ((m = moe_cli_opt_value(argc, argv, &i, "--set", &v)) != 0) {
+            if (m < 0 || n_sets == 256) goto usage;
+            sets[n_sets++] = v;
+        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--out", &v)) != 0) {
+            if (m < 0) goto usage;
+            *out = v;
+        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--resume", &v)) != 0) {
+            if (m < 0) goto usage;
+            *resume = v;
+        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
+            static char buf[64];
+            if (m < 0 || n_sets == 256) goto usage;
+            snprintf(buf, sizeof buf, "train.steps=%s", v);
+            sets[n_sets++] = buf;
+        } else if (!strcmp(argv[i], "--quiet")) {
+            *quiet = true;
+        } else if (argv[i][0] == '-') {
+            moe_fail(MOE_EINVAL, "unknown option '%s' (see moe train --help)", argv[i]);
+            goto usage;
+        } else if (!config) {
+            config = argv[i];
+        } else {
+            moe_fail(MOE_EINVAL, "more than one config file ('%s', '%s')", config, argv[i]);
+            goto usage;
+        }
+    }
+    if (!config) {
+        moe_fail(MOE_EINVAL, "no config file (try configs/tiny.json)");
+        goto usage;
+    }
+    MOE_TRY_GOTO(moe_config_load(cfg, src, config), rc);
+    for (int i = 0; i < n_sets; i++)
+        MOE_TRY_GOTO(moe_config_set(cfg, src, sets[i]), rc);
+    MOE_TRY_GOTO(moe_config_check(cfg, src), rc);
+    if (!*out) {
+        const char *base = strrchr(config, '/') ? strrchr(config, '/') + 1 : config;
+        snprintf(default_out, cap, "runs/%.*s", (int)strcspn(base, "."), base);
+        *out = default_out;
+    }
+    moe_config_src_free(src);
+    return 0;
+usage:
+    rc = MOE_EINVAL;
+fail:
+    moe_config_src_free(src);
+    return rc;
+}
+
+int moe_cli_train(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(train_help, stdout);
+            return MOE_EXIT_OK;
+        }
+        if (!strcmp(argv[i], "--help-config")) {
+            moe_config_help(stdout);
+            return MOE_EXIT_OK;
+        }
+    }
+    moe_config cfg;
+    const char *out = NULL, *resume = NULL;
+    bool quiet = false;
+    char default_out[PATH_MAX];
+    if (parse_train_args(argc, argv, &cfg, &out, &resume, &quiet, default_out, sizeof default_out))
+        return moe_cli_fail("train", MOE_EXIT_USAGE, "%s", moe_last_error());
+    interrupted = 0;
+    void (*old)(int) = signal(SIGINT, on_sigint);
+    moe_train_opts o = {out, resume, &interrupted, stdout, quiet, NULL, 0};
+    moe_train_result r;
+    int rc = moe_train(&cfg, &o, &r);
+    signal(SIGINT, old);
+    if (rc < 0) return moe_cli_fail("train", exit_code(rc), "%s", moe_last_error());
+    moe_eval_result_free(&r.eval);
+    if (r.interrupted) {
+        fprintf(stderr,
+                "moe train: interrupted after step %ld; checkpoint saved in %s/checkpoint "
+                "(continue with --resume %s/checkpoint)\n",
+                r.steps, out, out);
+        return 130;
+    }
+    return MOE_EXIT_OK;
+}
+
+static const char *eval_help =
+    "usage: moe eval CKPT_DIR [--batches N] [--samples N]\n"
+    "\n"
+    "Prints validation loss per task, exact-match accuracy of greedy answers per task\n"
+    "(synthetic data) and the expert-usage matrix per task of every MoE layer, for the\n"
+    "checkpoint folder CKPT_DIR (it holds config.json and model.safetensors).\n";
+
+int moe_cli_eval(int argc, char **argv) {
+    const char *dir = NULL;
+    long long batches = 8, samples = 20;
+    for (int i = 1; i < argc; i++) {
+        const char *v;
+        int m;
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            fputs(eval_help, stdout);
+            return MOE_EXIT_OK;
+        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--batches", &v)) != 0) {
+            if (m < 0 || !moe_cli_parse_long(v, 1, 1 << 20, &batches))
+                return moe_cli_fail("eval", MOE_EXIT_USAGE, "--batches needs a positive integer");
+        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--samples", &v)) != 0) {
+            if (m < 0 || !moe_cli_parse_long(v, 0, 1 << 20, &samples))
+                return moe_cli_fail("eval", MOE_EXIT_USAGE, "--samples needs an integer >= 0");
+        } else if (argv[i][0] == '-') {
+            return moe_cli_fail("eval", MOE_EXIT_USAGE, "unknown option '%s'", argv[i]);
+        } else {
+            dir = argv[i];
+        }
+    }
+    if (!dir) return moe_cli_fail("eval", MOE_EXIT_USAGE, "no checkpoint folder given");
+    moe_config cfg;
+    moe_data d;
+    moe_model m;
+    moe_eval_result r;
+    int rc = moe_ckpt_config(dir, &cfg);
+    if (rc < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
+    if ((rc = moe_data_open(&d, &cfg)) < 0)
+        return moe_cli_fail("eval", exit_code(rc), "%s", moe_last_error());
+    if ((rc = moe_model_init(&m, &cfg, d.B, d.T, d.n_tasks)) == 0 &&
+        (rc = moe_ckpt_load(dir, &m, NULL, NULL)) == 0 &&
+        (rc = moe_eval(&m, &d, (int)batches, (int)samples, &r)) == 0) {
+        moe_eval_print(&r, stdout);
+        moe_eval_result_free(&r);
+    }
+    int code = rc < 0 ? moe_cli_fail("eval", exit_code(rc), "%s", moe_last_error()) : 0;
+    moe_model_free(&m);
+    moe_data_close(&d);
+    return code;
+}

@@ -1,0 +1,29 @@
+// Checkpoints: a folder with model.safetensors (Hugging Face Mixtral tensor
+// names), optimizer.safetensors (AdamW moments), config.json (the resolved
+// run config) and trainer_state.json (step, data cursors, dynamic-capacity
+// state). Written as DIR.tmp and swapped in by rename, so a crash leaves
+// either the old or the new checkpoint, never a mix.
+#ifndef MOE_CHECKPOINT_H
+#define MOE_CHECKPOINT_H
+
+#include "moe/model.h"
+#include "moe/optim.h"
+
+#include <stdint.h>
+
+typedef struct {
+    long step;          // optimizer steps completed
+    uint64_t cursor[2]; // data cursors (train, val)
+} moe_train_state;
+
+int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
+                  const moe_train_state *st);
+// Loads parameters (every tensor must exist with the model's shape, and no
+// other tensor may be present), the dynamic-capacity state, and, when opt/st
+// are given, the optimizer and trainer state. A crash mid-swap is recovered by
+// reading DIR.old.
+int moe_ckpt_load(const char *dir, moe_model *m, moe_adamw *opt, moe_train_state *st);
+// Loads DIR/config.json over the defaults.
+int moe_ckpt_config(const char *dir, moe_config *cfg);
+
+#endif

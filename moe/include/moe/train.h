@@ -1,0 +1,54 @@
+// Training loop, evaluation and the report a person reads: per-task
+// validation loss and exact-match accuracy, and the expert-usage matrix per
+// task for each MoE layer (who learned what).
+#ifndef MOE_TRAIN_H
+#define MOE_TRAIN_H
+
+#include "moe/config.h"
+#include "moe/data.h"
+#include "moe/model.h"
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+typedef struct {
+    int n_tasks;
+    char task[MOE_MAX_TASKS][MOE_NAME_MAX];
+    double val_loss;                 // over all scored validation tokens
+    double task_loss[MOE_MAX_TASKS]; // per task
+    double accuracy[MOE_MAX_TASKS];  // exact match of greedy answers; < 0: n/a
+    double unigram_entropy;          // baseline: entropy of the scored targets (nats)
+    int n_moe, E;                    // usage dims: [n_moe][n_tasks][E]
+    int moe_layer[MOE_MAX_LAYERS];   // model layer index of each MoE layer
+    long *usage;                     // first-choice counts per layer, task, expert
+} moe_eval_result;
+
+// Validation loss over n_batches fixed batches (with usage counts) and, for
+// synthetic data, accuracy over n_samples prompts per task.
+int moe_eval(moe_model *m, moe_data *d, int n_batches, int n_samples, moe_eval_result *r);
+void moe_eval_result_free(moe_eval_result *r);
+void moe_eval_print(const moe_eval_result *r, FILE *f);
+
+typedef struct {
+    const char *out_dir;         // run folder: config.json, metrics.jsonl, checkpoint/
+    const char *resume_dir;      // checkpoint folder to continue from, or NULL
+    volatile sig_atomic_t *stop; // set by a signal handler: checkpoint and return
+    FILE *report;                // summary table at the end (NULL: none)
+    bool quiet;                  // no progress display
+    double *losses;              // optional [train.steps]: loss of each step
+    long stop_after;             // > 0: checkpoint and stop once this many steps are done
+} moe_train_opts;
+
+typedef struct {
+    long steps;       // optimizer steps completed
+    bool interrupted; // stopped by opts->stop
+    double first_loss, last_loss;
+    double tokens_per_s;  // mean over the run
+    double drop_rate;     // mean over the run
+    moe_eval_result eval; // final evaluation (caller frees)
+} moe_train_result;
+
+int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *r);
+
+#endif

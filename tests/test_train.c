@@ -1,0 +1,200 @@
+// Training: loss falls on the synthetic tasks; N straight steps equal N/2 +
+// resume + N/2 bit for bit (losses, weights, optimizer); a non-finite loss
+// stops the run naming the step and layer and keeps the last good checkpoint;
+// mismatched or corrupt checkpoints are refused.
+#include "moe/checkpoint.h"
+#include "moe/error.h"
+#include "moe/train.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static moe_config small(void) {
+    moe_config c;
+    moe_config_default(&c);
+    c.model.d_model = 32;
+    c.model.n_layers = 2;
+    c.model.n_heads = 4;
+    c.model.n_kv_heads = 2;
+    c.model.d_ff = 48;
+    c.model.seq_len = 32;
+    c.moe.num_experts[0] = 4;
+    c.train.batch_size = 4;
+    c.train.steps = 60;
+    c.train.warmup_steps = 5;
+    c.train.eval_every = 0;
+    c.train.lr = 1e-2;
+    return c;
+}
+
+static char *read_all(const char *path, long *n) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "%s missing", path);
+    fseek(f, 0, SEEK_END);
+    *n = ftell(f);
+    rewind(f);
+    char *b = malloc(*n + 1);
+    ck_assert_int_eq(fread(b, 1, *n, f), *n);
+    fclose(f);
+    return b;
+}
+
+static void assert_same_file(const char *a, const char *b) {
+    long na, nb;
+    char *x = read_all(a, &na), *y = read_all(b, &nb);
+    ck_assert_int_eq(na, nb);
+    ck_assert_msg(!memcmp(x, y, na), "%s and %s differ", a, b);
+    free(x);
+    free(y);
+}
+
+START_TEST(test_loss_falls_below_baseline) {
+    moe_config c = small();
+    moe_train_opts o = {0};
+    char out[600];
+    snprintf(out, sizeof out, "%s/run", tu_tmpdir());
+    o.out_dir = out;
+    o.quiet = true;
+    moe_train_result r;
+    int rc = moe_train(&c, &o, &r);
+    ck_assert_msg(rc == 0, "%s", moe_last_error());
+    ck_assert_int_eq(r.steps, 60);
+    // starts near ln(256) = 5.5 and must fall by a wide margin, below the
+    // unigram entropy of the answers
+    ck_assert_msg(r.first_loss > 5.0 && r.last_loss < r.first_loss - 2.0, "loss %g -> %g",
+                  r.first_loss, r.last_loss);
+    ck_assert_msg(r.eval.val_loss < r.eval.unigram_entropy, "val %g vs unigram %g", r.eval.val_loss,
+                  r.eval.unigram_entropy);
+    ck_assert_int_eq(r.eval.n_moe, 2);
+    moe_eval_result_free(&r.eval);
+}
+END_TEST
+
+START_TEST(test_resume_is_bit_exact) {
+    moe_config c = small();
+    c.train.steps = 8;
+    c.train.grad_accum = 2;
+    c.router.noise = MOE_NOISE_GUMBEL;
+    c.router.capacity_mode = MOE_CAPACITY_DYNAMIC;
+    c.router.capacity_factor = 1.0;
+    const char *dir = tu_tmpdir();
+    char a[600], b[600], ckb[700], pa[700], pb[700];
+    snprintf(a, sizeof a, "%s/straight", dir);
+    snprintf(b, sizeof b, "%s/halves", dir);
+    snprintf(ckb, sizeof ckb, "%s/checkpoint", b);
+    double la[8] = {0}, lb[8] = {0};
+    moe_train_result r;
+    moe_train_opts o = {.out_dir = a, .quiet = true, .losses = la};
+    ck_assert_int_eq(moe_train(&c, &o, &r), 0);
+    moe_eval_result_free(&r.eval);
+    moe_train_opts h1 = {.out_dir = b, .quiet = true, .losses = lb, .stop_after = 4};
+    ck_assert_int_eq(moe_train(&c, &h1, &r), 0);
+    ck_assert(r.interrupted);
+    ck_assert_int_eq(r.steps, 4);
+    moe_train_opts h2 = {.out_dir = b, .resume_dir = ckb, .quiet = true, .losses = lb};
+    ck_assert_int_eq(moe_train(&c, &h2, &r), 0);
+    ck_assert_int_eq(r.steps, 8);
+    moe_eval_result_free(&r.eval);
+    for (int i = 0; i < 8; i++)
+        ck_assert_msg(la[i] == lb[i], "step %d: %.9g vs %.9g", i, la[i], lb[i]);
+    const char *files[] = {"model.safetensors", "optimizer.safetensors", "trainer_state.json"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(pa, sizeof pa, "%s/checkpoint/%s", a, files[i]);
+        snprintf(pb, sizeof pb, "%s/checkpoint/%s", b, files[i]);
+        assert_same_file(pa, pb);
+    }
+}
+END_TEST
+
+START_TEST(test_nonfinite_loss_stops_and_keeps_checkpoint) {
+    moe_config c = small();
+    c.train.lr = 1e30; // the first update blows the weights up
+    c.train.warmup_steps = 0;
+    c.train.grad_clip = 0;
+    c.train.ckpt_every = 1;
+    char out[600], ck[700];
+    snprintf(out, sizeof out, "%s/nan", tu_tmpdir());
+    snprintf(ck, sizeof ck, "%s/checkpoint", out);
+    moe_train_opts o = {.out_dir = out, .quiet = true};
+    moe_train_result r;
+    ck_assert_int_eq(moe_train(&c, &o, &r), MOE_ENUMERIC);
+    const char *msg = moe_last_error();
+    ck_assert_msg(strstr(msg, "step ") && (strstr(msg, "layer") || strstr(msg, "gradient in")),
+                  "message: %s", msg);
+    // the checkpoint of the last good step is intact and loads
+    moe_model m;
+    ck_assert_int_eq(moe_model_init(&m, &c, 4, 32, 5), 0);
+    ck_assert_int_eq(moe_ckpt_load(ck, &m, NULL, NULL), 0);
+    moe_model_free(&m);
+}
+END_TEST
+
+START_TEST(test_checkpoint_mismatch_and_corruption) {
+    moe_config c = small();
+    c.train.steps = 2;
+    char out[600], ck[700], p[800];
+    snprintf(out, sizeof out, "%s/ck", tu_tmpdir());
+    snprintf(ck, sizeof ck, "%s/checkpoint", out);
+    moe_train_opts o = {.out_dir = out, .quiet = true};
+    moe_train_result r;
+    ck_assert_int_eq(moe_train(&c, &o, &r), 0);
+    moe_eval_result_free(&r.eval);
+    moe_model m;
+
+    moe_config wider = c; // different shapes
+    wider.model.d_ff = 64;
+    ck_assert_int_eq(moe_model_init(&m, &wider, 4, 32, 5), 0);
+    ck_assert_int_eq(moe_ckpt_load(ck, &m, NULL, NULL), MOE_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "the config expects"));
+    moe_model_free(&m);
+
+    moe_config deeper = c; // a tensor the checkpoint lacks
+    deeper.model.n_layers = 3;
+    ck_assert_int_eq(moe_model_init(&m, &deeper, 4, 32, 5), 0);
+    ck_assert_int_eq(moe_ckpt_load(ck, &m, NULL, NULL), MOE_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "missing tensor 'model.layers.2."));
+    moe_model_free(&m);
+
+    moe_config shallower = c; // tensors the config lacks
+    shallower.model.n_layers = 1;
+    ck_assert_int_eq(moe_model_init(&m, &shallower, 4, 32, 5), 0);
+    ck_assert_int_eq(moe_ckpt_load(ck, &m, NULL, NULL), MOE_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "does not belong"));
+    moe_model_free(&m);
+
+    // truncate model.safetensors
+    snprintf(p, sizeof p, "%s/model.safetensors", ck);
+    long n;
+    char *bytes = read_all(p, &n);
+    FILE *f = fopen(p, "wb");
+    fwrite(bytes, 1, n / 2, f);
+    fclose(f);
+    free(bytes);
+    ck_assert_int_eq(moe_model_init(&m, &c, 4, 32, 5), 0);
+    ck_assert_int_lt(moe_ckpt_load(ck, &m, NULL, NULL), 0);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "model.safetensors"));
+    moe_model_free(&m);
+    ck_assert_int_eq(moe_model_init(&m, &c, 4, 32, 5), 0);
+    ck_assert_int_eq(moe_ckpt_load("/nonexistent/ckpt", &m, NULL, NULL), MOE_ENOTFOUND);
+    moe_model_free(&m);
+}
+END_TEST
+
+static Suite *train_suite(void) {
+    Suite *s = suite_create("train");
+    TCase *tc = tcase_create("train");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_loss_falls_below_baseline);
+    tcase_add_test(tc, test_resume_is_bit_exact);
+    tcase_add_test(tc, test_nonfinite_loss_stops_and_keeps_checkpoint);
+    tcase_add_test(tc, test_checkpoint_mismatch_and_corruption);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run(train_suite());
+}

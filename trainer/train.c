@@ -1,0 +1,272 @@
+// The training loop: micro-batches with gradient accumulation, loss = CE +
+// aux_coef*aux + z_coef*z, global-norm clipping, AdamW with warmup + cosine,
+// metrics.jsonl per step, a live progress line on a terminal (plain lines
+// otherwise), periodic evaluation and checkpoints, resume, and a stop on the
+// first non-finite loss or gradient that names the step and the layer.
+#include "moe/train.h"
+#include "moe/checkpoint.h"
+#include "moe/error.h"
+#include "moe/log.h"
+#include "moe/optim.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { EVAL_BATCHES = 8, EVAL_SAMPLES = 20 };
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static int all_finite(const float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(x[i])) return 0;
+    return 1;
+}
+
+// Names the first layer whose output went non-finite in the last forward.
+static void nonfinite_layer(const moe_model *m, char *buf, size_t cap) {
+    size_t n = (size_t)m->cur_B * m->cur_T * m->D;
+    for (int l = 0; l < m->L; l++) {
+        const float *out = l + 1 < m->L ? m->a[l + 1].x : m->xf;
+        if (!all_finite(m->a[l].mid, n)) {
+            snprintf(buf, cap, "layer %d (attention)", l);
+            return;
+        }
+        if (!all_finite(out, n)) {
+            snprintf(buf, cap, "layer %d (%s)", l, m->is_moe[l] ? "MoE" : "FFN");
+            return;
+        }
+    }
+    snprintf(buf, cap, "the LM head");
+}
+
+static const char *nonfinite_grad(const moe_model *m) {
+    for (int i = 0; i < m->table.count; i++) {
+        const moe_param_view *v = &m->table.views[i];
+        if (!all_finite(m->grads + v->offset, v->numel)) return v->name;
+    }
+    return "(none)";
+}
+
+static void write_metrics(FILE *f, long step, const moe_model *m, double loss, double ce,
+                          double aux, double z, float lr, double gnorm, double tps, double drop) {
+    fprintf(f,
+            "{\"step\": %ld, \"loss\": %.6f, \"ce\": %.6f, \"aux\": %.6f, \"z\": %.6f, \"lr\": "
+            "%.6g, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"drop_rate\": %.6f, \"layers\": [",
+            step, loss, ce, aux, z, lr, gnorm, tps, drop);
+    int first = 1;
+    for (int l = 0; l < m->L; l++) {
+        if (!m->is_moe[l]) continue;
+        const moe_plan *p = &m->a[l].moe.plan;
+        moe_load_stats st;
+        moe_plan_stats(p, &st);
+        fprintf(f, "%s{\"layer\": %d, \"drop_rate\": %.6f, \"load\": [", first ? "" : ", ", l,
+                st.drop_rate);
+        for (int e = 0; e < p->E; e++)
+            fprintf(f, "%s%d", e ? ", " : "", p->counts[e]);
+        fprintf(f, "], \"capacity\": [");
+        for (int e = 0; e < p->E; e++)
+            fprintf(f, "%s%d", e ? ", " : "", p->capacity[e]);
+        fprintf(f, "]}");
+        first = 0;
+    }
+    fprintf(f, "]}\n");
+    fflush(f);
+}
+
+static double mean_drop_rate(const moe_model *m) {
+    double s = 0;
+    int n = 0;
+    for (int l = 0; l < m->L; l++) {
+        if (!m->is_moe[l]) continue;
+        moe_load_stats st;
+        moe_plan_stats(&m->a[l].moe.plan, &st);
+        s += st.drop_rate;
+        n++;
+    }
+    return n ? s / n : 0.0;
+}
+
+static void progress(bool tty, long step, long total, double loss, double tps, double drop,
+                     double eta) {
+    int e = (int)eta;
+    if (tty)
+        fprintf(stderr, "\r  step %ld/%ld | loss %.4f | %.0f tok/s | drop %.1f%% | ETA %d:%02d   ",
+                step, total, loss, tps, 100 * drop, e / 60, e % 60);
+    else
+        fprintf(stderr, "  step %ld/%ld  loss %.4f  %.0f tok/s  drop %.1f%%  eta %ds\n", step,
+                total, loss, tps, 100 * drop, e);
+}
+
+// mkdir -p
+static int make_dirs(const char *dir) {
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s) continue;
+        char c = *s;
+        *s = 0;
+        if (mkdir(p, 0755) && errno != EEXIST)
+            return moe_fail(MOE_EIO, "%s: cannot create: %s", p, strerror(errno));
+        if (!(*s = c)) return 0;
+    }
+}
+
+int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *r) {
+    memset(r, 0, sizeof *r);
+    MOE_TRY(moe_config_check(cfg, NULL));
+    char path[PATH_MAX];
+    MOE_TRY(make_dirs(o->out_dir));
+    moe_data d;
+    moe_model m;
+    moe_adamw opt;
+    memset(&m, 0, sizeof m);
+    memset(&opt, 0, sizeof opt);
+    FILE *metrics = NULL;
+    int32_t *in = NULL, *tg = NULL, *task = NULL;
+    int rc = 0;
+    MOE_TRY(moe_data_open(&d, cfg));
+    MOE_TRY_GOTO(moe_model_init(&m, cfg, d.B, d.T, d.n_tasks), rc);
+    MOE_TRY_GOTO(moe_adamw_init(&opt, &m.table), rc);
+    moe_train_state st = {0, {0, 0}};
+    if (o->resume_dir) {
+        MOE_TRY_GOTO(moe_ckpt_load(o->resume_dir, &m, &opt, &st), rc);
+        d.cursor[0] = st.cursor[0];
+        d.cursor[1] = st.cursor[1];
+        moe_log(MOE_LOG_INFO, "resumed from %s at step %ld", o->resume_dir, st.step);
+    }
+    snprintf(path, sizeof path, "%s/config.json", o->out_dir);
+    FILE *cf = fopen(path, "w");
+    if (!cf) {
+        rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+        goto fail;
+    }
+    rc = moe_config_write(cfg, cf);
+    fclose(cf);
+    if (rc < 0) goto fail;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
+    metrics = fopen(path, o->resume_dir ? "a" : "w");
+    size_t nt = (size_t)d.B * d.T;
+    in = malloc(sizeof(int32_t) * nt);
+    tg = malloc(sizeof(int32_t) * nt);
+    task = malloc(sizeof(int32_t) * d.B);
+    if (!metrics || !in || !tg || !task) {
+        rc = moe_fail(MOE_EIO, "%s: cannot create metrics or buffers", o->out_dir);
+        goto fail;
+    }
+    char ckpt[PATH_MAX];
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint", o->out_dir);
+    const long total = cfg->train.steps;
+    const int accum = cfg->train.grad_accum;
+    const size_t n = moe_model_numel(&m);
+    const bool tty = !o->quiet && isatty(fileno(stderr));
+    if (!o->quiet)
+        fprintf(stderr, "training %zu parameters, %ld steps of %d x %d tokens x %d micro-batches\n",
+                n, total, d.B, d.T, accum);
+    double t_start = now(), tokens = 0, drop_sum = 0;
+    long steps_run = 0;
+    for (long step = st.step; step < total; step++) {
+        double t0 = now(), loss = 0, ce = 0, aux = 0, z = 0;
+        memset(m.grads, 0, sizeof(float) * n);
+        for (int a = 0; a < accum; a++) {
+            MOE_TRY_GOTO(moe_data_next(&d, MOE_SPLIT_TRAIN, in, tg, task), rc);
+            rc = moe_model_forward(&m, in, tg, task, d.B, d.T, true, (uint64_t)step);
+            if (rc < 0) {
+                rc = moe_fail(rc, "step %ld: %s", step, moe_last_error());
+                goto fail;
+            }
+            if (!isfinite(m.loss)) {
+                char where[64];
+                nonfinite_layer(&m, where, sizeof where);
+                rc = moe_fail(MOE_ENUMERIC,
+                              "step %ld: loss is %g (ce %g, aux %g, z %g); first "
+                              "non-finite output in %s",
+                              step, m.loss, m.ce, m.aux, m.z, where);
+                goto fail;
+            }
+            MOE_TRY_GOTO(moe_model_backward(&m, in, tg, task), rc);
+            loss += m.loss / accum, ce += m.ce / accum, aux += m.aux / accum, z += m.z / accum;
+        }
+        if (accum > 1)
+            for (size_t i = 0; i < n; i++)
+                m.grads[i] /= (float)accum;
+        double gnorm = moe_grad_norm(m.grads, n);
+        if (!isfinite(gnorm)) {
+            rc = moe_fail(MOE_ENUMERIC, "step %ld: non-finite gradient in %s", step,
+                          nonfinite_grad(&m));
+            goto fail;
+        }
+        moe_grad_clip(m.grads, n, gnorm, cfg->train.grad_clip);
+        float lr = moe_lr_schedule((int)step, (int)total, cfg->train.warmup_steps,
+                                   (float)cfg->train.lr, (float)cfg->train.min_lr_ratio);
+        moe_adamw_update(&opt, m.params, m.grads, lr, (float)cfg->train.beta1,
+                         (float)cfg->train.beta2, 1e-8f, (float)cfg->train.weight_decay);
+        st.step = step + 1;
+        double dt = now() - t0, tps = (double)nt * accum / dt, drop = mean_drop_rate(&m);
+        tokens += (double)nt * accum;
+        drop_sum += drop;
+        steps_run++;
+        if (o->losses) o->losses[step] = loss;
+        if (steps_run == 1) r->first_loss = loss;
+        r->last_loss = loss;
+        write_metrics(metrics, step + 1, &m, loss, ce, aux, z, lr, gnorm, tps, drop);
+        double eta = (now() - t_start) / steps_run * (total - step - 1);
+        if (!o->quiet && (tty || (step + 1) % cfg->train.log_every == 0 || step + 1 == total))
+            progress(tty, step + 1, total, loss, tokens / (now() - t_start), drop, eta);
+        if (cfg->train.eval_every > 0 && (step + 1) % cfg->train.eval_every == 0 &&
+            step + 1 < total) {
+            moe_eval_result ev;
+            MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, 0, &ev), rc);
+            fprintf(metrics, "{\"eval_step\": %ld, \"val_loss\": %.6f}\n", step + 1, ev.val_loss);
+            if (tty) fputc('\n', stderr);
+            if (!o->quiet)
+                fprintf(stderr, "  eval at step %ld: val loss %.4f\n", step + 1, ev.val_loss);
+            moe_eval_result_free(&ev);
+        }
+        bool stop = (o->stop && *o->stop) || (o->stop_after > 0 && st.step >= o->stop_after);
+        if (stop || (cfg->train.ckpt_every > 0 && (step + 1) % cfg->train.ckpt_every == 0)) {
+            st.cursor[0] = d.cursor[0];
+            st.cursor[1] = d.cursor[1];
+            MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st), rc);
+        }
+        if (stop) {
+            r->interrupted = true;
+            break;
+        }
+    }
+    if (tty) fputc('\n', stderr);
+    r->steps = st.step;
+    r->tokens_per_s = steps_run ? tokens / (now() - t_start) : 0;
+    r->drop_rate = steps_run ? drop_sum / steps_run : 0;
+    if (!r->interrupted) {
+        st.cursor[0] = d.cursor[0];
+        st.cursor[1] = d.cursor[1];
+        MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st), rc);
+        MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &r->eval), rc);
+        fprintf(metrics, "{\"eval_step\": %ld, \"val_loss\": %.6f}\n", st.step, r->eval.val_loss);
+        if (o->report) {
+            fprintf(o->report, "\ntrained %ld steps: %.0f tokens/s, mean drop rate %.2f%%\n",
+                    r->steps, r->tokens_per_s, 100 * r->drop_rate);
+            moe_eval_print(&r->eval, o->report);
+            fprintf(o->report, "\ncheckpoint: %s\n", ckpt);
+        }
+    }
+fail:
+    if (metrics) fclose(metrics);
+    free(in);
+    free(tg);
+    free(task);
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+    moe_data_close(&d);
+    return rc;
+}

@@ -80,7 +80,10 @@ int moe_eval(moe_model *m, moe_data *d, int n_batches, int n_samples, moe_eval_r
                 int ok;
                 moe_synth_sample(d, MOE_SPLIT_VAL, t, (uint64_t)i, &s);
                 if (s.n_prompt + s.n_answer > m->T) continue;
-                MOE_TRY_GOTO(answer_matches(m, &s, in, &ok), rc);
+                m->dropless = true; // decoding routes without capacity limits
+                rc = answer_matches(m, &s, in, &ok);
+                m->dropless = false;
+                if (rc < 0) goto fail;
                 right += ok;
                 scored++;
             }

@@ -179,7 +179,8 @@ int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_task
     m->grads = calloc(n, sizeof(float));
     float *acts = calloc(n_acts, sizeof(float));
     m->task_tok = calloc((size_t)B * T, sizeof(int32_t));
-    if (!m->params || !m->grads || !acts || !m->task_tok) {
+    m->cap_all = calloc((size_t)m->usage_E + 1, sizeof(int));
+    if (!m->params || !m->grads || !acts || !m->task_tok || !m->cap_all) {
         free(acts);
         rc = moe_fail(MOE_ENOMEM,
                       "model with %zu parameters and %zu activation floats: out of "
@@ -220,6 +221,7 @@ void moe_model_free(moe_model *m) {
     free(m->params);
     free(m->grads);
     free(m->task_tok);
+    free(m->cap_all);
     moe_param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }
@@ -271,6 +273,11 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
             // Learned capacities apply to batches of the training shape; other
             // shapes (generation) use the static formula.
             const int *cap = m->cap[l].capacity && N == m->B * m->T ? m->cap[l].capacity : NULL;
+            if (m->dropless) {
+                for (int e = 0; e < m->moe_cfg[l].E; e++)
+                    m->cap_all[e] = N;
+                cap = m->cap_all;
+            }
             int rc = moe_layer_forward(next, a->ln2, m->task_tok, cap, N, &p->moe, &a->moe,
                                        training, step);
             if (rc < 0) return moe_fail(rc, "layer %d (MoE): %s", l, moe_last_error());

@@ -18,6 +18,7 @@ typedef struct {
 static const command commands[] = {
     {"train", moe_cli_train, "train a model from a JSON config"},
     {"eval", moe_cli_eval, "evaluate a checkpoint: loss and accuracy per task, expert usage"},
+    {"ablate", moe_cli_ablate, "train a grid of config variants and tabulate the results"},
     {"route", moe_cli_route, "route logits from a safetensors file into a dispatch plan"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof *commands };

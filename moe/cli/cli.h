@@ -19,6 +19,7 @@ int moe_cli_main(int argc, char **argv);
 int moe_cli_route(int argc, char **argv);
 int moe_cli_train(int argc, char **argv);
 int moe_cli_eval(int argc, char **argv);
+int moe_cli_ablate(int argc, char **argv);
 
 // Prints "moe CMD: message" (one line) to stderr, records the message as the
 // last error (moe_last_error) and returns exit_code.

@@ -52,6 +52,10 @@ typedef struct {
     // results of the last forward
     double ce, aux, z, loss;
     int cur_B, cur_T;
+    // inference: route without capacity limits (Mixtral-style dropless
+    // decoding); capacity limits are a training-time load-balancing device
+    bool dropless;
+    int *cap_all; // [max E] scratch capacities for dropless calls
     // eval: expert-usage counts [layer][task][expert] of first choices when set
     long *usage;
     int usage_E; // experts per row of usage (max over layers)

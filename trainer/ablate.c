@@ -1,0 +1,202 @@
+// Ablation grids: every combination of --grid values is trained from the same
+// base config and seed; results.csv lists every run and results.md sorts the
+// finished ones by final validation loss. A run that fails is reported in its
+// row and the grid goes on.
+#include "moe/ablate.h"
+#include "moe/error.h"
+#include "moe/train.h"
+
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+int moe_grid_axis_parse(moe_grid_axis *ax, const char *spec) {
+    memset(ax, 0, sizeof *ax);
+    const char *eq = strchr(spec, '=');
+    if (!eq || eq == spec || !eq[1])
+        return moe_fail(MOE_EINVAL, "--grid %s: expected key=value1,value2,...", spec);
+    if ((size_t)(eq - spec) >= sizeof ax->key)
+        return moe_fail(MOE_EINVAL, "--grid %s: key too long", spec);
+    memcpy(ax->key, spec, eq - spec);
+    // Values split at commas outside brackets, so list values ([4,8]) work.
+    const char *p = eq + 1;
+    while (*p) {
+        if (ax->n == MOE_GRID_MAX_VALUES)
+            return moe_fail(MOE_EINVAL, "--grid %s: more than %d values", ax->key,
+                            MOE_GRID_MAX_VALUES);
+        int depth = 0;
+        size_t len = 0;
+        while (p[len] && (depth > 0 || p[len] != ',')) {
+            depth += p[len] == '[' ? 1 : p[len] == ']' ? -1 : 0;
+            len++;
+        }
+        if (!len || len >= sizeof ax->values[0])
+            return moe_fail(MOE_EINVAL, "--grid %s: empty or too long value", ax->key);
+        memcpy(ax->values[ax->n++], p, len);
+        p += len + (p[len] == ',');
+    }
+    return 0;
+}
+
+typedef struct {
+    int idx[MOE_GRID_MAX_AXES];
+    int ok;
+    char error[256];
+    double val_loss, tokens_per_s, drop_rate, seconds;
+    int n_tasks;
+    char task[MOE_MAX_TASKS][MOE_NAME_MAX];
+    double accuracy[MOE_MAX_TASKS];
+} run_row;
+
+static int by_loss(const void *a, const void *b) {
+    const run_row *x = a, *y = b;
+    if (x->ok != y->ok) return y->ok - x->ok; // finished runs first
+    if (!x->ok) return 0;
+    return (x->val_loss > y->val_loss) - (x->val_loss < y->val_loss);
+}
+
+static void write_results(const char *out, const moe_grid_axis *axes, int n_axes, run_row *rows,
+                          int n) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/results.csv", out);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fprintf(f, "run");
+        for (int a = 0; a < n_axes; a++)
+            fprintf(f, ",%s", axes[a].key);
+        fprintf(f, ",status,val_loss,tokens_per_s,drop_rate,seconds");
+        for (int t = 0; t < rows[0].n_tasks; t++)
+            fprintf(f, ",acc_%s", rows[0].task[t]);
+        fprintf(f, ",error\n");
+        for (int i = 0; i < n; i++) {
+            run_row *r = &rows[i];
+            fprintf(f, "%d", i);
+            for (int a = 0; a < n_axes; a++)
+                fprintf(f, ",\"%s\"", axes[a].values[r->idx[a]]);
+            fprintf(f, ",%s,%.6f,%.1f,%.6f,%.1f", r->ok ? "ok" : "failed",
+                    r->ok ? r->val_loss : NAN, r->tokens_per_s, r->drop_rate, r->seconds);
+            for (int t = 0; t < rows[0].n_tasks; t++)
+                fprintf(f, ",%.4f", r->ok ? r->accuracy[t] : NAN);
+            fprintf(f, ",\"%s\"\n", r->error);
+        }
+        fclose(f);
+    }
+    qsort(rows, n, sizeof *rows, by_loss);
+    snprintf(path, sizeof path, "%s/results.md", out);
+    f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "| rank |");
+    for (int a = 0; a < n_axes; a++)
+        fprintf(f, " %s |", axes[a].key);
+    fprintf(f, " val loss |");
+    for (int t = 0; t < rows[0].n_tasks; t++)
+        fprintf(f, " acc %s |", rows[0].task[t]);
+    fprintf(f, " tokens/s | drop rate |\n|---|");
+    for (int a = 0; a < n_axes + 3 + rows[0].n_tasks; a++)
+        fprintf(f, "---|");
+    fputc('\n', f);
+    for (int i = 0; i < n; i++) {
+        run_row *r = &rows[i];
+        fprintf(f, "| %d |", i + 1);
+        for (int a = 0; a < n_axes; a++)
+            fprintf(f, " %s |", axes[a].values[r->idx[a]]);
+        if (!r->ok) {
+            fprintf(f, " failed: %s |", r->error);
+            for (int t = 0; t < rows[0].n_tasks + 2; t++)
+                fprintf(f, " |");
+            fputc('\n', f);
+            continue;
+        }
+        fprintf(f, " %.4f |", r->val_loss);
+        for (int t = 0; t < r->n_tasks; t++) {
+            if (r->accuracy[t] < 0)
+                fprintf(f, " n/a |");
+            else
+                fprintf(f, " %.1f%% |", 100 * r->accuracy[t]);
+        }
+        fprintf(f, " %.0f | %.2f%% |\n", r->tokens_per_s, 100 * r->drop_rate);
+    }
+    fclose(f);
+}
+
+int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes, const char *out,
+               FILE *log) {
+    if (n_axes < 1 || n_axes > MOE_GRID_MAX_AXES)
+        return moe_fail(MOE_EINVAL, "ablate: %d grid axes (1..%d)", n_axes, MOE_GRID_MAX_AXES);
+    int n = 1;
+    for (int a = 0; a < n_axes; a++) {
+        n *= axes[a].n;
+        if (n > 4096) return moe_fail(MOE_EINVAL, "ablate: more than 4096 runs");
+    }
+    run_row *rows = calloc(n, sizeof *rows);
+    if (!rows) return moe_fail(MOE_ENOMEM, "ablate: out of memory");
+    // Validate every combination before training anything.
+    for (int i = 0; i < n; i++) {
+        moe_config c = *base;
+        for (int a = 0, rest = i; a < n_axes; a++) {
+            rows[i].idx[a] = rest % axes[a].n;
+            rest /= axes[a].n;
+            char set[256];
+            snprintf(set, sizeof set, "%s=%s", axes[a].key, axes[a].values[rows[i].idx[a]]);
+            if (moe_config_set(&c, NULL, set) < 0) {
+                int rc = moe_fail(MOE_EINVAL, "--grid %s", moe_last_error());
+                free(rows);
+                return rc;
+            }
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        run_row *r = &rows[i];
+        moe_config c = *base;
+        char desc[512] = "", dir[PATH_MAX];
+        for (int a = 0; a < n_axes; a++) {
+            char set[256];
+            snprintf(set, sizeof set, "%s=%s", axes[a].key, axes[a].values[r->idx[a]]);
+            moe_config_set(&c, NULL, set);
+            strncat(desc, set, sizeof desc - strlen(desc) - 2);
+            strcat(desc, " ");
+        }
+        snprintf(dir, sizeof dir, "%s/run_%03d", out, i);
+        if (log) fprintf(log, "[%d/%d] %s...", i + 1, n, desc), fflush(log);
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        moe_train_opts o = {.out_dir = dir, .quiet = true};
+        moe_train_result res;
+        int rc = moe_train(&c, &o, &res);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        r->seconds = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+        r->ok = rc == 0;
+        if (rc < 0) {
+            snprintf(r->error, sizeof r->error, "%s", moe_last_error());
+            for (char *q = r->error; *q; q++)
+                if (*q == '"' || *q == '|') *q = '\'';
+            if (log) fprintf(log, " failed: %s\n", r->error);
+        } else {
+            r->val_loss = res.eval.val_loss;
+            r->tokens_per_s = res.tokens_per_s;
+            r->drop_rate = res.drop_rate;
+            r->n_tasks = res.eval.n_tasks;
+            for (int t = 0; t < r->n_tasks; t++) {
+                snprintf(r->task[t], MOE_NAME_MAX, "%s", res.eval.task[t]);
+                r->accuracy[t] = res.eval.accuracy[t];
+            }
+            moe_eval_result_free(&res.eval);
+            if (log) fprintf(log, " val loss %.4f (%.0f s)\n", r->val_loss, r->seconds);
+        }
+    }
+    // Failed rows take their task names from a finished one for the header.
+    for (int i = 0; i < n; i++)
+        if (rows[i].ok) {
+            for (int j = 0; j < n; j++)
+                if (!rows[j].ok) {
+                    rows[j].n_tasks = rows[i].n_tasks;
+                    memcpy(rows[j].task, rows[i].task, sizeof rows[i].task);
+                }
+            break;
+        }
+    write_results(out, axes, n_axes, rows, n);
+    free(rows);
+    return 0;
+}

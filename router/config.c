@@ -98,7 +98,7 @@ int moe_router_config_set(moe_router_config *cfg, const char *key, const char *v
     static const char *const orders[] = {"position", "priority"};
     static const char *const noises[] = {"none", "jitter", "gumbel"};
     static const char *const modes[] = {"static", "dynamic"};
-    int e;
+    int e = 0;
     if (!strcmp(key, "router.top_k")) return parse_int(key, v, 1, 1 << 20, &cfg->top_k);
     if (!strcmp(key, "router.capacity_factor")) return parse_double(key, v, &cfg->capacity_factor);
     if (!strcmp(key, "router.min_capacity"))

@@ -145,7 +145,7 @@ static unsigned char *bin_file(int32_t magic, int32_t version, int32_t ntok, int
 static int open_kind(const char *kind, const char *p, moe_data *d) {
     moe_config c = synth_cfg();
     snprintf(c.data.kind, sizeof c.data.kind, "%s", kind);
-    snprintf(c.data.path, sizeof c.data.path, "%s", p);
+    snprintf(c.data.path, sizeof c.data.path, "%.500s", p);
     return moe_data_open(d, &c);
 }
 

@@ -239,7 +239,7 @@ static int load_state(const char *path, moe_model *m, moe_adamw *opt, moe_train_
     json_t *doc = json_load_file(path, 0, &jerr);
     if (!doc) return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
     int rc = 0;
-    json_int_t step, adam_step, c0, c1;
+    json_int_t step = 0, adam_step = 0, c0, c1;
     json_t *cur = json_object_get(doc, "data_cursor");
     MOE_TRY_GOTO(state_int(doc, "step", path, &step), rc);
     MOE_TRY_GOTO(state_int(doc, "adam_step", path, &adam_step), rc);

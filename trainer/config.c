@@ -229,7 +229,7 @@ static int set_text(moe_config *cfg, const key_def *k, const char *v) {
         }
         return moe_router_config_set(&cfg->router, k->key, v);
     }
-    long n;
+    long n = 0;
     double d;
     switch (k->kind) {
     case K_INT:

@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static int add(moe_model *m, const char *prefix, const char *name, int64_t d0, int64_t d1) {
     int64_t shape[2] = {d0, d1};
@@ -226,6 +227,20 @@ void moe_model_free(moe_model *m) {
     memset(m, 0, sizeof *m);
 }
 
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// Adds the time since *t0 to *slot (when timing) and restarts the clock.
+static void lap(const moe_model *m, double *slot, double *t0) {
+    if (!m->timing) return;
+    double t = now();
+    *slot += t - *t0;
+    *t0 = t;
+}
+
 static void add_into(float *y, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++)
         y[i] += x[i];
@@ -248,7 +263,11 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
         m->task_tok[n] = t;
     }
     m->aux = m->z = 0.0;
+    double t0 = m->timing ? now() : 0;
+    for (int l = 0; l < m->L; l++)
+        m->a[l].moe.timing = m->timing ? &m->timing->moe_layer : NULL;
     MOE_TRY(moe_cpu_embedding_forward(m->a[0].x, inputs, m->embed, N, D, m->V));
+    lap(m, m->timing ? &m->timing->embed : NULL, &t0);
     int moe_idx = 0;
     for (int l = 0; l < m->L; l++) {
         moe_block_acts *a = &m->a[l];
@@ -265,6 +284,7 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
         MOE_TRY(ops->matmul(a->mid, a->atty, p->wo, N, D, QD, false, true, 1.0f, 0.0f));
         add_into(a->mid, a->x, (size_t)N * D);
         MOE_TRY(moe_cpu_rmsnorm_forward(a->ln2, a->rstd2, a->mid, p->ln2, N, D, eps));
+        lap(m, m->timing ? &m->timing->attention : NULL, &t0);
         if (!m->is_moe[l]) {
             MOE_TRY(ops->matmul(a->ab, a->ln2, p->w13, N, 2 * m->F, D, false, true, 1.0f, 0.0f));
             MOE_TRY(ops->swiglu_forward(a->h, a->ab, N, m->F));
@@ -293,6 +313,7 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
                 }
             moe_idx++;
         }
+        lap(m, m->timing ? (m->is_moe[l] ? &m->timing->moe : &m->timing->ffn) : NULL, &t0);
         add_into(next, a->mid, (size_t)N * D);
     }
     MOE_TRY(moe_cpu_rmsnorm_forward(m->lnf, m->rstdf, m->xf, m->norm, N, D, eps));
@@ -301,6 +322,7 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
     if (targets)
         MOE_TRY(moe_cpu_crossentropy_forward(m->losses, &m->ce, m->logits, targets, N, m->V));
     m->loss = m->ce + m->cfg.router.aux_loss_coef * m->aux + m->cfg.router.z_loss_coef * m->z;
+    lap(m, m->timing ? &m->timing->head : NULL, &t0);
     return 0;
 }
 
@@ -314,12 +336,14 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
     if (!N) return moe_fail(MOE_EINVAL, "model backward before forward");
     (void)task; // the forward recorded per-token task ids in m->task_tok
 
+    double t0 = m->timing ? now() : 0;
     MOE_TRY(ops->zero(m->dlogits, (size_t)N * m->V));
     MOE_TRY(moe_cpu_crossentropy_backward(m->dlogits, m->logits, targets, N, m->V, 1.0f));
     MOE_TRY(ops->matmul(m->d_lm_head, m->dlogits, m->lnf, m->V, D, N, true, false, 1.0f, 1.0f));
     MOE_TRY(ops->matmul(m->dln, m->dlogits, m->lm_head, N, D, m->V, false, false, 1.0f, 0.0f));
     MOE_TRY(ops->zero(m->dres, (size_t)N * D));
     MOE_TRY(moe_cpu_rmsnorm_backward(m->dres, m->d_norm, m->dln, m->xf, m->norm, m->rstdf, N, D));
+    lap(m, m->timing ? &m->timing->head : NULL, &t0);
     for (int l = m->L - 1; l >= 0; l--) {
         moe_block_acts *a = &m->a[l];
         moe_block_params *p = &m->p[l], *g = &m->g[l];
@@ -337,6 +361,7 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
                                        &a->moe, aux_c, z_c));
         }
         MOE_TRY(moe_cpu_rmsnorm_backward(m->dres, g->ln2, m->dln, a->mid, p->ln2, a->rstd2, N, D));
+        lap(m, m->timing ? (m->is_moe[l] ? &m->timing->moe : &m->timing->ffn) : NULL, &t0);
         // Attention block: mid = x + atty @ Wo^T; dres holds d mid.
         MOE_TRY(ops->matmul(g->wo, m->dres, a->atty, D, QD, N, true, false, 1.0f, 1.0f));
         MOE_TRY(ops->matmul(m->datty, m->dres, p->wo, N, QD, D, false, false, 1.0f, 0.0f));
@@ -356,7 +381,9 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
         MOE_TRY(ops->matmul(m->dln, m->dkr, p->wk, N, D, KD, false, false, 1.0f, 1.0f));
         MOE_TRY(ops->matmul(m->dln, m->dv, p->wv, N, D, KD, false, false, 1.0f, 1.0f));
         MOE_TRY(moe_cpu_rmsnorm_backward(m->dres, g->ln1, m->dln, a->x, p->ln1, a->rstd1, N, D));
+        lap(m, m->timing ? &m->timing->attention : NULL, &t0);
     }
     MOE_TRY(moe_cpu_embedding_backward(m->d_embed, m->dres, inputs, N, D));
+    lap(m, m->timing ? &m->timing->embed : NULL, &t0);
     return 0;
 }

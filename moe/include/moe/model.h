@@ -32,6 +32,18 @@ typedef struct {
     moe_layer_acts moe; // MoE block
 } moe_block_acts;
 
+// Seconds per phase, ADDED by forward and backward when m->timing is set.
+// MoE blocks report through their layer timing (moe_layer_timing), which the
+// model points at `moe` here.
+typedef struct {
+    double attention; // norms, q/k/v/o projections, RoPE, attention
+    double ffn;       // dense SwiGLU blocks
+    double moe;       // MoE blocks (split in moe_layer below)
+    double head;      // final norm, LM head and cross-entropy
+    double embed;     // embedding lookup and its gradient
+    moe_layer_timing moe_layer;
+} moe_model_timing;
+
 typedef struct {
     moe_config cfg;
     const moe_ops *ops;
@@ -55,7 +67,8 @@ typedef struct {
     // inference: route without capacity limits (Mixtral-style dropless
     // decoding); capacity limits are a training-time load-balancing device
     bool dropless;
-    int *cap_all; // [max E] scratch capacities for dropless calls
+    int *cap_all;             // [max E] scratch capacities for dropless calls
+    moe_model_timing *timing; // optional, set by the caller
     // eval: expert-usage counts [layer][task][expert] of first choices when set
     long *usage;
     int usage_E; // experts per row of usage (max over layers)

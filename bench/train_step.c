@@ -1,0 +1,90 @@
+// Training-step benchmark: tokens/s of a config (default configs/tiny.json)
+// and the share of step time in attention, MoE experts, router + permute,
+// LM head + loss, optimizer and the rest. One JSON line.
+//   build/bench/train_step [CONFIG] [--steps N]
+#include "moe/config.h"
+#include "moe/data.h"
+#include "moe/error.h"
+#include "moe/model.h"
+#include "moe/optim.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+int main(int argc, char **argv) {
+    const char *config = "configs/tiny.json";
+    int steps = 30, warmup = 5;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--steps") && i + 1 < argc)
+            steps = atoi(argv[++i]);
+        else
+            config = argv[i];
+    }
+    moe_config cfg;
+    moe_config_default(&cfg);
+    moe_data d;
+    moe_model m;
+    moe_adamw opt;
+    if (moe_config_load(&cfg, NULL, config) || moe_config_check(&cfg, NULL) ||
+        moe_data_open(&d, &cfg) || moe_model_init(&m, &cfg, d.B, d.T, d.n_tasks) ||
+        moe_adamw_init(&opt, &m.table)) {
+        fprintf(stderr, "train_step: %s\n", moe_last_error());
+        return 1;
+    }
+    size_t n = moe_model_numel(&m), nt = (size_t)d.B * d.T;
+    int32_t *in = malloc(sizeof(int32_t) * nt), *tg = malloc(sizeof(int32_t) * nt);
+    int32_t *task = malloc(sizeof(int32_t) * d.B);
+    moe_model_timing tm;
+    double t_opt = 0, t_total = 0;
+    for (int s = 0; s < warmup + steps; s++) {
+        if (s == warmup) {
+            memset(&tm, 0, sizeof tm);
+            m.timing = &tm;
+            t_opt = 0;
+        }
+        double t0 = now();
+        memset(m.grads, 0, sizeof(float) * n);
+        if (moe_data_next(&d, MOE_SPLIT_TRAIN, in, tg, task) ||
+            moe_model_forward(&m, in, tg, task, d.B, d.T, true, (uint64_t)s) ||
+            moe_model_backward(&m, in, tg, task)) {
+            fprintf(stderr, "train_step: %s\n", moe_last_error());
+            return 1;
+        }
+        double t1 = now();
+        double gn = moe_grad_norm(m.grads, n);
+        moe_grad_clip(m.grads, n, gn, cfg.train.grad_clip);
+        moe_adamw_update(&opt, m.params, m.grads, (float)cfg.train.lr, 0.9f, 0.95f, 1e-8f, 0.1f);
+        double t2 = now();
+        if (s >= warmup) {
+            t_opt += t2 - t1;
+            t_total += t2 - t0;
+        }
+    }
+    const moe_layer_timing *lt = &tm.moe_layer;
+    double routing = lt->gate + lt->router + lt->permute + lt->unpermute;
+    double experts = lt->experts + lt->shared;
+    double other = t_total - tm.attention - tm.ffn - tm.moe - tm.head - tm.embed - t_opt;
+    other += tm.moe - routing - experts; // MoE-block norms and residual adds
+    printf("{\"bench\":\"train_step\",\"config\":\"%s\",\"params\":%zu,\"tokens_per_step\":%zu,"
+           "\"steps\":%d,\"ms_per_step\":%.2f,\"tokens_per_s\":%.0f,\"share\":{\"attention\":%.3f,"
+           "\"moe_experts\":%.3f,\"router_permute\":%.3f,\"dense_ffn\":%.3f,\"lm_head_loss\":%.3f,"
+           "\"optimizer\":%.3f,\"embedding\":%.3f,\"other\":%.3f}}\n",
+           config, n, nt, steps, 1e3 * t_total / steps, nt * steps / t_total,
+           tm.attention / t_total, experts / t_total, routing / t_total, tm.ffn / t_total,
+           tm.head / t_total, t_opt / t_total, tm.embed / t_total, other / t_total);
+    free(in);
+    free(tg);
+    free(task);
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+    moe_data_close(&d);
+    return 0;
+}

@@ -46,11 +46,18 @@ void moe_capacity_ctl_free(moe_capacity_ctl *ctl) {
 
 void moe_capacity_ctl_update(moe_capacity_ctl *ctl, const moe_router_config *cfg, const int *counts,
                              int T) {
+    double load[ctl->E > 0 ? ctl->E : 1];
+    for (int e = 0; e < ctl->E; e++)
+        load[e] = counts[e];
+    moe_capacity_ctl_update_mean(ctl, cfg, load, T);
+}
+
+void moe_capacity_ctl_update_mean(moe_capacity_ctl *ctl, const moe_router_config *cfg,
+                                  const double *load, int T) {
     // The first measurement seeds the average: starting from the uniform
     // guess would bias C_e towards balance for ~1/(1-ema) steps.
     for (int e = 0; e < ctl->E; e++)
-        ctl->ema[e] =
-            ctl->seeded ? cfg->ema * ctl->ema[e] + (1.0 - cfg->ema) * counts[e] : (double)counts[e];
+        ctl->ema[e] = ctl->seeded ? cfg->ema * ctl->ema[e] + (1.0 - cfg->ema) * load[e] : load[e];
     ctl->seeded = true;
     ctl->steps++;
     if (ctl->steps % cfg->update_every) return;

@@ -181,7 +181,8 @@ int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_task
     float *acts = calloc(n_acts, sizeof(float));
     m->task_tok = calloc((size_t)B * T, sizeof(int32_t));
     m->cap_all = calloc((size_t)m->usage_E + 1, sizeof(int));
-    if (!m->params || !m->grads || !acts || !m->task_tok || !m->cap_all) {
+    m->load = calloc(moe_model_load_len(m) + 1, sizeof(double));
+    if (!m->params || !m->grads || !acts || !m->task_tok || !m->cap_all || !m->load) {
         free(acts);
         rc = moe_fail(MOE_ENOMEM,
                       "model with %zu parameters and %zu activation floats: out of "
@@ -223,6 +224,7 @@ void moe_model_free(moe_model *m) {
     free(m->grads);
     free(m->task_tok);
     free(m->cap_all);
+    free(m->load);
     moe_param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }
@@ -239,6 +241,28 @@ static void lap(const moe_model *m, double *slot, double *t0) {
     double t = now();
     *slot += t - *t0;
     *t0 = t;
+}
+
+size_t moe_model_load_len(const moe_model *m) {
+    size_t n_moe = 0;
+    for (int l = 0; l < m->L; l++)
+        n_moe += m->is_moe[l];
+    return n_moe * m->usage_E;
+}
+
+void moe_model_capacity_step(moe_model *m) {
+    int idx = 0;
+    double mean[m->usage_E > 0 ? m->usage_E : 1];
+    for (int l = 0; l < m->L; l++) {
+        if (!m->is_moe[l]) continue;
+        const double *sum = m->load + (size_t)idx++ * m->usage_E;
+        if (!m->cap[l].capacity || m->load_calls == 0) continue;
+        for (int e = 0; e < m->moe_cfg[l].E; e++)
+            mean[e] = sum[e] / m->load_calls;
+        moe_capacity_ctl_update_mean(&m->cap[l], &m->cfg.router, mean, m->B * m->T);
+    }
+    memset(m->load, 0, sizeof(double) * moe_model_load_len(m));
+    m->load_calls = 0;
 }
 
 static void add_into(float *y, const float *x, size_t n) {
@@ -304,8 +328,9 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
             const moe_plan *plan = &a->moe.plan;
             m->aux += plan->aux_loss;
             m->z += plan->z_loss;
-            if (training && m->cap[l].capacity)
-                moe_capacity_ctl_update(&m->cap[l], &m->cfg.router, plan->counts, N);
+            if (training)
+                for (int e = 0; e < plan->E; e++)
+                    m->load[(size_t)moe_idx * m->usage_E + e] += plan->counts[e];
             if (m->usage)
                 for (int n = 0; n < N; n++) {
                     size_t row = (size_t)moe_idx * m->n_tasks + m->task_tok[n];
@@ -316,6 +341,7 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
         lap(m, m->timing ? (m->is_moe[l] ? &m->timing->moe : &m->timing->ffn) : NULL, &t0);
         add_into(next, a->mid, (size_t)N * D);
     }
+    m->load_calls += training;
     MOE_TRY(moe_cpu_rmsnorm_forward(m->lnf, m->rstdf, m->xf, m->norm, N, D, eps));
     MOE_TRY(ops->matmul(m->logits, m->lnf, m->lm_head, N, m->V, D, false, true, 1.0f, 0.0f));
     m->ce = 0.0;

@@ -133,6 +133,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     memset(&opt, 0, sizeof opt);
     FILE *metrics = NULL;
     int32_t *in = NULL, *tg = NULL, *task = NULL;
+    float *acc = NULL; // gradient sum over micro-batches
     int rc = 0;
     MOE_TRY(moe_data_open(&d, cfg));
     MOE_TRY_GOTO(moe_model_init(&m, cfg, d.B, d.T, d.n_tasks), rc);
@@ -159,7 +160,8 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     in = malloc(sizeof(int32_t) * nt);
     tg = malloc(sizeof(int32_t) * nt);
     task = malloc(sizeof(int32_t) * d.B);
-    if (!metrics || !in || !tg || !task) {
+    acc = malloc(sizeof(float) * (cfg->train.grad_accum > 1 ? m.table.numel : 1));
+    if (!metrics || !in || !tg || !task || !acc) {
         rc = moe_fail(MOE_EIO, "%s: cannot create metrics or buffers", o->out_dir);
         goto fail;
     }
@@ -176,8 +178,15 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     long steps_run = 0;
     for (long step = st.step; step < total; step++) {
         double t0 = now(), loss = 0, ce = 0, aux = 0, z = 0;
-        memset(m.grads, 0, sizeof(float) * n);
+        if (accum > 1) memset(acc, 0, sizeof(float) * n);
         for (int a = 0; a < accum; a++) {
+            // Each micro-batch's gradient starts from zero and is added to
+            // the sum in order: the arithmetic of a rank-order all-reduce over
+            // data-parallel ranks, so both give identical bits.
+            if (a > 0)
+                for (size_t i = 0; i < n; i++)
+                    acc[i] += m.grads[i];
+            memset(m.grads, 0, sizeof(float) * n);
             MOE_TRY_GOTO(moe_data_next(&d, MOE_SPLIT_TRAIN, in, tg, task), rc);
             rc = moe_model_forward(&m, in, tg, task, d.B, d.T, true, (uint64_t)step);
             if (rc < 0) {
@@ -196,9 +205,13 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
             MOE_TRY_GOTO(moe_model_backward(&m, in, tg, task), rc);
             loss += m.loss / accum, ce += m.ce / accum, aux += m.aux / accum, z += m.z / accum;
         }
-        if (accum > 1)
+        if (accum > 1) {
             for (size_t i = 0; i < n; i++)
-                m.grads[i] /= (float)accum;
+                acc[i] += m.grads[i];
+            for (size_t i = 0; i < n; i++)
+                m.grads[i] = acc[i] / (float)accum;
+        }
+        moe_model_capacity_step(&m);
         double gnorm = moe_grad_norm(m.grads, n);
         if (!isfinite(gnorm)) {
             rc = moe_fail(MOE_ENUMERIC, "step %ld: non-finite gradient in %s", step,
@@ -265,6 +278,7 @@ fail:
     free(in);
     free(tg);
     free(task);
+    free(acc);
     moe_adamw_free(&opt);
     moe_model_free(&m);
     moe_data_close(&d);

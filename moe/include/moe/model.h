@@ -57,6 +57,10 @@ typedef struct {
     moe_block_params p[MOE_MAX_LAYERS], g[MOE_MAX_LAYERS];
     moe_block_acts a[MOE_MAX_LAYERS];
     moe_capacity_ctl cap[MOE_MAX_LAYERS]; // dynamic capacity per MoE layer
+    // pre-drop load summed over the training forwards since the last
+    // capacity update: [n MoE layers][usage_E], and the number of forwards
+    double *load;
+    long load_calls;
     // whole-model activations and scratch
     float *xf, *lnf, *rstdf, *logits, *losses; // [N, D], [N, D], [N], [N, V], [N]
     int32_t *task_tok;                         // [N] task id of every token
@@ -82,13 +86,20 @@ void moe_model_free(moe_model *m);
 // Forward on inputs [B, T] (B <= allocated B, T <= allocated T). targets may
 // be NULL (no loss; logits only). task [B] per sequence or NULL (all 0).
 // Sets m->ce, aux, z and loss = ce + aux_coef*aux + z_coef*z (aux and z summed
-// over MoE layers). training enables router noise; step seeds it and drives
-// the dynamic capacity controller (updated after the forward when training).
+// over MoE layers). training enables router noise (seeded by step) and adds
+// the routing load to m->load for moe_model_capacity_step.
 int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *targets,
                       const int32_t *task, int B, int T, bool training, uint64_t step);
 // Backward of the last forward with targets: ADDS into m->grads.
 int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targets,
                        const int32_t *task);
+
+// Doubles in m->load (MoE layers x usage_E).
+size_t moe_model_load_len(const moe_model *m);
+// Once per optimizer step: feeds the mean load per forward (m->load /
+// m->load_calls, which the caller may first sum over ranks) to each layer's
+// dynamic-capacity controller, then clears the accumulators.
+void moe_model_capacity_step(moe_model *m);
 
 // Floats in the model's parameter buffer.
 static inline size_t moe_model_numel(const moe_model *m) {

@@ -121,9 +121,14 @@ typedef struct {
 
 int moe_capacity_ctl_init(moe_capacity_ctl *ctl, const moe_router_config *cfg, int T, int E);
 void moe_capacity_ctl_free(moe_capacity_ctl *ctl);
-// counts [E]: pre-drop load of this step, already summed over the EP group.
-// T: tokens routed this step (over the group). Updates C_e every update_every.
+// counts [E]: pre-drop load of one routing call of T tokens. Updates C_e
+// every update_every updates.
 void moe_capacity_ctl_update(moe_capacity_ctl *ctl, const moe_router_config *cfg, const int *counts,
                              int T);
+// The same with a mean load per routing call of T tokens: the trainer passes
+// a whole step's load, summed over micro-batches and ranks and divided by the
+// number of routing calls, so every rank computes the same C_e.
+void moe_capacity_ctl_update_mean(moe_capacity_ctl *ctl, const moe_router_config *cfg,
+                                  const double *load, int T);
 
 #endif

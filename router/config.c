@@ -1,6 +1,7 @@
 // Router and capacity configuration: documented defaults, typed setting of a
 // key from text (CLI --set and config files), and range checks.
 #include "moe/error.h"
+#include "moe/parse.h"
 #include "moe/router.h"
 
 #include <errno.h>
@@ -27,38 +28,6 @@ void moe_router_config_default(moe_router_config *cfg) {
     cfg->headroom = 0.1;
     cfg->update_every = 1;
     cfg->capacity_factor_max = 2.0;
-}
-
-static int parse_double(const char *key, const char *v, double *out) {
-    char *end;
-    errno = 0;
-    double d = strtod(v, &end);
-    if (end == v || *end || errno || !isfinite(d))
-        return moe_fail(MOE_EINVAL, "%s = '%s': expected a number", key, v);
-    *out = d;
-    return 0;
-}
-
-static int parse_int(const char *key, const char *v, long lo, long hi, int *out) {
-    char *end;
-    errno = 0;
-    long n = strtol(v, &end, 10);
-    if (end == v || *end || errno)
-        return moe_fail(MOE_EINVAL, "%s = '%s': expected an integer", key, v);
-    if (n < lo || n > hi)
-        return moe_fail(MOE_EINVAL, "%s = %ld: expected %ld..%ld", key, n, lo, hi);
-    *out = (int)n;
-    return 0;
-}
-
-static int parse_bool(const char *key, const char *v, bool *out) {
-    if (!strcmp(v, "true") || !strcmp(v, "1"))
-        *out = true;
-    else if (!strcmp(v, "false") || !strcmp(v, "0"))
-        *out = false;
-    else
-        return moe_fail(MOE_EINVAL, "%s = '%s': expected true or false", key, v);
-    return 0;
 }
 
 // Matches v against names[0..n), stores the index.
@@ -99,46 +68,38 @@ int moe_router_config_set(moe_router_config *cfg, const char *key, const char *v
     static const char *const noises[] = {"none", "jitter", "gumbel"};
     static const char *const modes[] = {"static", "dynamic"};
     int e = 0;
-    if (!strcmp(key, "router.top_k")) return parse_int(key, v, 1, 1 << 20, &cfg->top_k);
-    if (!strcmp(key, "router.capacity_factor")) return parse_double(key, v, &cfg->capacity_factor);
+    if (!strcmp(key, "router.top_k")) return moe_parse_int(key, v, 1, 1 << 20, &cfg->top_k);
+    if (!strcmp(key, "router.capacity_factor")) return moe_parse_double(key, v, &cfg->capacity_factor);
     if (!strcmp(key, "router.min_capacity"))
-        return parse_int(key, v, 0, 1 << 30, &cfg->min_capacity);
+        return moe_parse_int(key, v, 0, 1 << 30, &cfg->min_capacity);
     if (!strcmp(key, "router.slot_order")) {
         MOE_TRY(parse_enum(key, v, orders, 2, &e));
         cfg->slot_order = (moe_slot_order)e;
         return 0;
     }
-    if (!strcmp(key, "router.normalize_topk")) return parse_bool(key, v, &cfg->normalize_topk);
+    if (!strcmp(key, "router.normalize_topk")) return moe_parse_bool(key, v, &cfg->normalize_topk);
     if (!strcmp(key, "router.noise")) {
         MOE_TRY(parse_enum(key, v, noises, 3, &e));
         cfg->noise = (moe_noise)e;
         return 0;
     }
-    if (!strcmp(key, "router.noise_eps")) return parse_double(key, v, &cfg->noise_eps);
-    if (!strcmp(key, "router.aux_loss_coef")) return parse_double(key, v, &cfg->aux_loss_coef);
-    if (!strcmp(key, "router.z_loss_coef")) return parse_double(key, v, &cfg->z_loss_coef);
-    if (!strcmp(key, "router.aux_counts_all_k")) return parse_bool(key, v, &cfg->aux_counts_all_k);
+    if (!strcmp(key, "router.noise_eps")) return moe_parse_double(key, v, &cfg->noise_eps);
+    if (!strcmp(key, "router.aux_loss_coef")) return moe_parse_double(key, v, &cfg->aux_loss_coef);
+    if (!strcmp(key, "router.z_loss_coef")) return moe_parse_double(key, v, &cfg->z_loss_coef);
+    if (!strcmp(key, "router.aux_counts_all_k")) return moe_parse_bool(key, v, &cfg->aux_counts_all_k);
     if (!strcmp(key, "router.task_priority")) return parse_priorities(key, v, cfg);
-    if (!strcmp(key, "router.seed")) {
-        char *end;
-        errno = 0;
-        unsigned long long s = strtoull(v, &end, 10);
-        if (end == v || *end || errno || v[0] == '-')
-            return moe_fail(MOE_EINVAL, "%s = '%s': expected a non-negative integer", key, v);
-        cfg->seed = s;
-        return 0;
-    }
+    if (!strcmp(key, "router.seed")) return moe_parse_u64(key, v, &cfg->seed);
     if (!strcmp(key, "capacity.mode")) {
         MOE_TRY(parse_enum(key, v, modes, 2, &e));
         cfg->capacity_mode = (moe_capacity_mode)e;
         return 0;
     }
-    if (!strcmp(key, "capacity.ema")) return parse_double(key, v, &cfg->ema);
-    if (!strcmp(key, "capacity.headroom")) return parse_double(key, v, &cfg->headroom);
+    if (!strcmp(key, "capacity.ema")) return moe_parse_double(key, v, &cfg->ema);
+    if (!strcmp(key, "capacity.headroom")) return moe_parse_double(key, v, &cfg->headroom);
     if (!strcmp(key, "capacity.update_every"))
-        return parse_int(key, v, 1, 1 << 30, &cfg->update_every);
+        return moe_parse_int(key, v, 1, 1 << 30, &cfg->update_every);
     if (!strcmp(key, "capacity.capacity_factor_max"))
-        return parse_double(key, v, &cfg->capacity_factor_max);
+        return moe_parse_double(key, v, &cfg->capacity_factor_max);
     return moe_fail(MOE_EINVAL, "unknown key '%s'", key);
 }
 

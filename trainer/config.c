@@ -4,6 +4,7 @@
 // the router's own setter, so both CLIs accept exactly the same text.
 #include "moe/config.h"
 #include "moe/error.h"
+#include "moe/parse.h"
 #include "trainer/json_pos.h"
 
 #include <errno.h>
@@ -193,27 +194,6 @@ static int list_item(const char *v, int i, char *item, size_t cap) {
     return n > 0;
 }
 
-static int parse_long(const char *key, const char *v, long *out) {
-    char *end;
-    errno = 0;
-    long n = strtol(v, &end, 10);
-    if (end == v || *end || errno)
-        return moe_fail(MOE_EINVAL, "%s = '%s': expected an integer", key, v);
-    if (n < INT32_MIN || n > INT32_MAX)
-        return moe_fail(MOE_EINVAL, "%s = %s: out of range", key, v);
-    *out = n;
-    return 0;
-}
-
-static int parse_dbl(const char *key, const char *v, double *out) {
-    char *end;
-    errno = 0;
-    *out = strtod(v, &end);
-    if (end == v || *end || errno || !isfinite(*out))
-        return moe_fail(MOE_EINVAL, "%s = '%s': expected a number", key, v);
-    return 0;
-}
-
 // Sets one key from text. Router keys go through the router's setter.
 static int set_text(moe_config *cfg, const key_def *k, const char *v) {
     char *base = (char *)cfg;
@@ -229,25 +209,14 @@ static int set_text(moe_config *cfg, const key_def *k, const char *v) {
         }
         return moe_router_config_set(&cfg->router, k->key, v);
     }
-    long n = 0;
-    double d;
     switch (k->kind) {
     case K_INT:
-        MOE_TRY(parse_long(k->key, v, &n));
-        *(int *)(base + k->off) = (int)n;
+        MOE_TRY(moe_parse_int(k->key, v, INT32_MIN, INT32_MAX, (int *)(base + k->off)));
         return 0;
-    case K_U64: {
-        char *end;
-        errno = 0;
-        unsigned long long u = strtoull(v, &end, 10);
-        if (end == v || *end || errno || v[0] == '-')
-            return moe_fail(MOE_EINVAL, "%s = '%s': expected a non-negative integer", k->key, v);
-        *(uint64_t *)(base + k->off) = u;
-        return 0;
-    }
+    case K_U64:
+        return moe_parse_u64(k->key, v, (uint64_t *)(base + k->off));
     case K_DBL:
-        MOE_TRY(parse_dbl(k->key, v, &d));
-        *(double *)(base + k->off) = d;
+        MOE_TRY(moe_parse_double(k->key, v, (double *)(base + k->off)));
         return 0;
     case K_BOOL:
         if (strcmp(v, "true") && strcmp(v, "false"))
@@ -270,8 +239,8 @@ static int set_text(moe_config *cfg, const key_def *k, const char *v) {
         for (; list_item(v, count, item, sizeof item); count++) {
             if (count == max) return moe_fail(MOE_EINVAL, "%s: more than %d entries", k->key, max);
             if (k->kind == K_INTS) {
-                MOE_TRY(parse_long(k->key, item, &n));
-                ((int *)(base + k->off))[count] = (int)n;
+                MOE_TRY(moe_parse_int(k->key, item, INT32_MIN, INT32_MAX,
+                                      (int *)(base + k->off) + count));
             } else {
                 if (strlen(item) >= MOE_NAME_MAX)
                     return moe_fail(MOE_EINVAL, "%s: name '%s' too long", k->key, item);

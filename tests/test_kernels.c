@@ -366,7 +366,16 @@ START_TEST(test_elementwise_zero_mul_mul_add_and_alloc_alignment) {
         ck_assert_float_eq(o[i], 0.0f);
     ck_assert(tu_guards_intact(o, n));
     tu_guarded_free(o, n);
-    ops->free(a), ops->free(b);
+    ops->free(a);
+    ops->free(b);
+    const size_t big = (9u << 20) / sizeof(float) + 3; // the huge-page path
+    float *c = ops->alloc(big * sizeof(float));
+    ck_assert_ptr_nonnull(c);
+    ck_assert_uint_eq((uintptr_t)c % 64, 0);
+    ck_assert_int_eq(ops->zero(c, big), 0);
+    c[big - 1] = 1.0f;
+    ck_assert_float_eq(c[big - 2] + c[big - 1], 1.0f);
+    ops->free(c);
 }
 END_TEST
 

@@ -6,16 +6,6 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-// Elementwise loops are compiled for AVX-512, AVX2+FMA and the baseline ISA,
-// picked at load time (GCC function multi-versioning): the library's baseline
-// is x86-64-v2, which would leave them at 4-wide SSE.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define MOE_CPU_VECTORIZE                                                                          \
-    __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define MOE_CPU_VECTORIZE
-#endif
-
 void *moe_cpu_alloc(size_t bytes);
 void moe_cpu_free(void *p);
 int moe_cpu_zero(float *x, size_t n);

@@ -1,13 +1,27 @@
-// CPU memory and elementwise ops: aligned allocation (64 bytes, one cache
-// line / one AVX-512 vector, what OpenBLAS packs best from), zero, products.
+// CPU memory and elementwise ops: aligned allocation (64 bytes: one cache line,
+// one AVX-512 vector; big buffers on transparent huge pages), zero, products.
 #include "kernels/cpu/cpu.h"
 #include "moe/error.h"
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+
+#define HUGE_PAGE ((size_t)2 << 20)
+#define HUGE_MIN ((size_t)4 << 20)
 
 void *moe_cpu_alloc(size_t bytes) {
     void *p = NULL;
+    if (bytes >= HUGE_MIN) {
+        // Large activation/parameter buffers on 2 MiB pages where THP is "madvise":
+        // GEMM packing streams them, and 4 KiB pages cost a TLB miss every 4 KiB.
+        size_t n = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+        if (posix_memalign(&p, HUGE_PAGE, n) != 0) return NULL;
+#ifdef MADV_HUGEPAGE
+        madvise(p, n, MADV_HUGEPAGE); // advisory: failure just means small pages
+#endif
+        return p;
+    }
     if (posix_memalign(&p, 64, bytes ? (bytes + 63) / 64 * 64 : 64) != 0) return NULL;
     return p;
 }
@@ -22,21 +36,15 @@ int moe_cpu_zero(float *x, size_t n) {
     return 0;
 }
 
-MOE_CPU_VECTORIZE
 int moe_cpu_mul(float *out, const float *a, const float *b, size_t n) {
     for (size_t i = 0; i < n; i++)
         out[i] = a[i] * b[i];
     return 0;
 }
 
-MOE_CPU_VECTORIZE
 int moe_cpu_mul_add(float *restrict out, const float *restrict a, const float *restrict b,
                     size_t n) {
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; l++)
-            out[i + l] += a[i + l] * b[i + l];
-    for (; i < n; i++)
+    for (size_t i = 0; i < n; i++)
         out[i] += a[i] * b[i];
     return 0;
 }

@@ -2,8 +2,7 @@
 // of one MoE layer"): dispatch indices from a plan, gather (permute), weighted
 // combine (unpermute) and their backward passes, plus generic row gather/scatter.
 // Token-major loops: each token writes only its own rows, so no two iterations
-// touch the same output row (the CUDA twin needs no atomics). Row loops run in
-// fixed chunks of 16 so that GCC vectorises them at -O2.
+// touch the same output row (the CUDA twin needs no atomics).
 #include "kernels/cpu/cpu.h"
 #include "moe/error.h"
 
@@ -11,11 +10,7 @@
 
 // o[0..n) += w * s[0..n)
 static inline void axpy(float *restrict o, const float *restrict s, float w, int n) {
-    int i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; l++)
-            o[i + l] += w * s[i + l];
-    for (; i < n; i++)
+    for (int i = 0; i < n; i++)
         o[i] += w * s[i];
 }
 
@@ -54,7 +49,6 @@ int moe_cpu_permute_forward(float *restrict xe, const float *restrict x, const i
     return 0;
 }
 
-MOE_CPU_VECTORIZE
 int moe_cpu_permute_backward(float *restrict dx, const float *restrict dxe, const int *row, int T,
                              int k, int D) {
     for (long t = 0; t < T; t++) {
@@ -68,7 +62,6 @@ int moe_cpu_permute_backward(float *restrict dx, const float *restrict dxe, cons
     return 0;
 }
 
-MOE_CPU_VECTORIZE
 int moe_cpu_unpermute_forward(float *restrict y, const float *restrict ye, const int *row,
                               const float *weight, int T, int k, int D) {
     for (long t = 0; t < T; t++) {
@@ -83,7 +76,6 @@ int moe_cpu_unpermute_forward(float *restrict y, const float *restrict ye, const
     return 0;
 }
 
-MOE_CPU_VECTORIZE
 int moe_cpu_unpermute_backward(float *restrict dye, float *restrict dweight,
                                const float *restrict dy, const float *restrict ye, const int *row,
                                const float *weight, int T, int k, int D) {
@@ -110,7 +102,6 @@ int moe_cpu_gather_rows(float *restrict out, const float *restrict in, const int
     return 0;
 }
 
-MOE_CPU_VECTORIZE
 int moe_cpu_scatter_add_rows(float *restrict out, const float *restrict in, const int *idx, int n,
                              int D) {
     for (long i = 0; i < n; i++) {

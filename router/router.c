@@ -15,10 +15,13 @@ static float softmax_row(float *p, const float *x, int E) {
     for (int e = 1; e < E; e++)
         if (x[e] > m) m = x[e];
     double s = 0.0;
-    for (int e = 0; e < E; e++)
-        s += exp((double)x[e] - m);
-    for (int e = 0; e < E; e++)
-        p[e] = (float)(exp((double)x[e] - m) / s);
+    for (int e = 0; e < E; e++) {
+        double v = exp((double)x[e] - m); // one exp per logit
+        s += v;
+        p[e] = (float)v;
+    }
+    double inv = 1.0 / s;
+    for (int e = 0; e < E; e++) p[e] = (float)(p[e] * inv);
     return (float)(m + log(s));
 }
 

@@ -166,6 +166,8 @@ int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_task
         for (int i = 0; i < cfg->moe.n_task_layers; i++)
             if (cfg->moe.task_layers[i] == l) mc->n_tasks = m->n_tasks;
         mc->router = cfg->router;
+        // each layer draws its own routing noise
+        mc->router.seed = moe_hash4(cfg->router.seed, (uint64_t)l, 0x4C41594552ull, 0);
         if (mc->E > m->usage_E) m->usage_E = mc->E;
         MOE_TRY_GOTO(moe_layer_config_check(mc), rc);
         moe_off[l] = m->table.numel;

@@ -22,6 +22,11 @@ int moe_layer_config_check(const moe_layer_config *cfg) {
         return moe_fail(MOE_EINVAL, "moe layer: H_shared = %d < 0", cfg->H_shared);
     if (cfg->n_tasks < 0) return moe_fail(MOE_EINVAL, "moe layer: n_tasks = %d < 0", cfg->n_tasks);
     MOE_TRY(moe_router_config_check(&cfg->router, cfg->E));
+    if (cfg->ep_size < 0 || (cfg->ep_size > 1 && (cfg->E % cfg->ep_size || cfg->ep_rank < 0 ||
+                                                  cfg->ep_rank >= cfg->ep_size)))
+        return moe_fail(MOE_EINVAL,
+                        "moe layer: %d experts cannot be sharded over %d ranks (rank %d)", cfg->E,
+                        cfg->ep_size, cfg->ep_rank);
     long k = cfg->router.top_k;
     long Hm = cfg->H > cfg->H_shared ? cfg->H : cfg->H_shared;
     // Row indices are int; element offsets are size_t but sizes stay int in the op table.
@@ -37,7 +42,7 @@ int moe_layer_config_check(const moe_layer_config *cfg) {
 size_t moe_layer_num_params(const moe_layer_config *cfg) {
     size_t D = (size_t)cfg->D;
     return (size_t)cfg->E * D + (size_t)cfg->n_tasks * D + 3 * (size_t)cfg->H_shared * D +
-           (size_t)cfg->E * 3 * (size_t)cfg->H * D;
+           (size_t)moe_layer_local_experts(cfg) * 3 * (size_t)cfg->H * D;
 }
 
 int moe_layer_params_view(moe_layer_params *p, float *base, const moe_layer_config *cfg) {
@@ -69,7 +74,8 @@ int moe_layer_param_table(moe_param_table *t, const char *prefix, const moe_laye
         MOE_TRY(moe_param_table_add(t, prefix, "shared_expert.w2.weight", 2, (int64_t[]){D, Hs}));
     }
     static const char *const names[3] = {"w1", "w3", "w2"};
-    for (int e = 0; e < cfg->E; e++)
+    const int e0 = moe_layer_first_expert(cfg);
+    for (int e = e0; e < e0 + moe_layer_local_experts(cfg); e++)
         for (int m = 0; m < 3; m++) {
             char name[64];
             snprintf(name, sizeof name, "experts.%d.%s.weight", e, names[m]);
@@ -118,6 +124,25 @@ int moe_layer_acts_alloc(moe_layer_acts *a, const moe_layer_config *cfg, const m
     ALLOC(dh, T * Hm);
     ALLOC(dab, T * 2 * Hm);
     ALLOC(dgate_in, jit);
+    const size_t ep = cfg->ep_size > 1 ? (size_t)cfg->ep_size : 1;
+    const size_t El = (size_t)moe_layer_local_experts(cfg), R = ep * rows;
+    ALLOC(blk_off, ep * El);
+    ALLOC(blk_n, ep * El);
+    ALLOC(send_rows, ep);
+    ALLOC(recv_rows, ep);
+    ALLOC(recv_kept, ep * El);
+    if (ep > 1) {
+        ALLOC(xr, R * D);
+        ALLOC(abr, R * 2 * H);
+        ALLOC(hr, R * H);
+        ALLOC(yr, R * D);
+        ALLOC(dyr, R * D);
+        ALLOC(dxr, R * D);
+        ALLOC(dw, 3 * H * D);
+    } else { // the expert side is the local side
+        a->xr = a->xe, a->abr = a->ab, a->hr = a->h, a->yr = a->ye;
+        a->dyr = a->dye, a->dxr = a->dxe;
+    }
 #undef ALLOC
     return 0;
 fail:
@@ -136,6 +161,14 @@ void moe_layer_acts_free(moe_layer_acts *a) {
                         a->dxe,      a->dh,      a->dab,       a->dgate_in};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             a->ops->free(bufs[i]);
+        void *idx[] = {a->blk_off, a->blk_n, a->send_rows, a->recv_rows, a->recv_kept};
+        for (size_t i = 0; i < sizeof idx / sizeof idx[0]; i++)
+            a->ops->free(idx[i]);
+        if (a->cfg.ep_size > 1) {
+            void *ep[] = {a->xr, a->abr, a->hr, a->yr, a->dyr, a->dxr, a->dw};
+            for (size_t i = 0; i < sizeof ep / sizeof ep[0]; i++)
+                a->ops->free(ep[i]);
+        }
     }
     moe_plan_free(&a->plan);
     memset(a, 0, sizeof *a);
@@ -171,6 +204,72 @@ static int check_plan(const moe_plan *pl, int T, int E, int k) {
             return moe_fail(MOE_EINVAL,
                             "moe layer: router plan expert %d keeps %d rows in segment [%d, %d)", e,
                             pl->kept[e], pl->offsets[e], pl->offsets[e + 1]);
+    return 0;
+}
+
+// Expert parallelism, forward: rows of expert e go to the rank that holds it.
+// Counts per (source, local expert) travel first, so every owner knows its
+// blocks; then the rows. Without expert parallelism the blocks are the plan's.
+static int dispatch(moe_layer_acts *a) {
+    const moe_layer_config *cfg = &a->cfg;
+    const int El = moe_layer_local_experts(cfg), D = cfg->D;
+    const moe_plan *pl = &a->plan;
+    if (cfg->ep_size <= 1) {
+        for (int e = 0; e < El; e++)
+            a->blk_off[e] = pl->offsets[e], a->blk_n[e] = pl->kept[e];
+        return 0;
+    }
+    const moe_ep_group *g = a->ep;
+    if (!g || g->size != cfg->ep_size || g->rank != cfg->ep_rank)
+        return moe_fail(MOE_EINVAL, "moe layer: expert-parallel group missing or not %d ranks",
+                        cfg->ep_size);
+    int per_peer[g->size];
+    for (int r = 0; r < g->size; r++) {
+        per_peer[r] = El;
+        a->send_rows[r] = pl->offsets[(r + 1) * El] - pl->offsets[r * El];
+    }
+    int got[g->size];
+    MOE_TRY(g->alltoallv(g->ctx, pl->kept, per_peer, a->recv_kept, got, (size_t)g->size * El,
+                         sizeof(int)));
+    const size_t cap = (size_t)g->size * cfg->T_max * cfg->router.top_k;
+    MOE_TRY(g->alltoallv(g->ctx, a->xe, a->send_rows, a->xr, a->recv_rows, cap,
+                         (size_t)D * sizeof(float)));
+    // Received rows lie source by source, each source's in local-expert order.
+    int off = 0;
+    for (int s = 0; s < g->size; s++) {
+        int want = 0;
+        for (int le = 0; le < El; le++) {
+            a->blk_off[s * El + le] = off;
+            a->blk_n[s * El + le] = a->recv_kept[s * El + le];
+            off += a->recv_kept[s * El + le];
+            want += a->recv_kept[s * El + le];
+        }
+        if (want != a->recv_rows[s])
+            return moe_fail(MOE_EINVAL, "moe layer: rank %d sent %d rows but announced %d", s,
+                            a->recv_rows[s], want);
+    }
+    return 0;
+}
+
+// Sends the expert side's rows (from) back to their tokens' ranks (into to).
+static int combine(moe_layer_acts *a, const float *from, float *to) {
+    const moe_layer_config *cfg = &a->cfg;
+    if (cfg->ep_size <= 1) return 0; // aliases: nothing to move
+    int got[cfg->ep_size];
+    MOE_TRY(a->ep->alltoallv(a->ep->ctx, from, a->recv_rows, to, got,
+                             (size_t)cfg->T_max * cfg->router.top_k,
+                             (size_t)cfg->D * sizeof(float)));
+    return 0;
+}
+
+// Local-side rows (from) to the expert side (to), with the forward's counts.
+static int redispatch(moe_layer_acts *a, const float *from, float *to) {
+    const moe_layer_config *cfg = &a->cfg;
+    if (cfg->ep_size <= 1) return 0;
+    int got[cfg->ep_size];
+    MOE_TRY(a->ep->alltoallv(a->ep->ctx, from, a->send_rows, to, got,
+                             (size_t)cfg->ep_size * cfg->T_max * cfg->router.top_k,
+                             (size_t)cfg->D * sizeof(float)));
     return 0;
 }
 
@@ -234,19 +333,27 @@ int moe_layer_forward(float *y, const float *x, const int *task_id, const int *c
     MOE_TRY(ops->permute_forward(a->xe, x, a->row, T, k, D));
     LAP(permute);
 
-    // Experts: [n_e, D] @ [2H, D]^T -> ab, SwiGLU -> h, [n_e, H] @ [D, H]^T -> ye.
-    for (int e = 0; e < E; e++) {
-        const int n = a->plan.kept[e];
+    MOE_TRY(dispatch(a));
+    LAP(permute);
+
+    // Experts, one block per (source rank, local expert): [n, D] @ [2H, D]^T
+    // -> ab, SwiGLU -> h, [n, H] @ [D, H]^T -> ye. A block has the shape the
+    // source's rows would have in a single-process step, so results match it.
+    const int El = moe_layer_local_experts(cfg), n_src = cfg->ep_size > 1 ? cfg->ep_size : 1;
+    for (int b = 0; b < n_src * El; b++) {
+        const int n = a->blk_n[b], e = b % El;
         if (n == 0) continue;
-        const size_t r0 = (size_t)a->plan.offsets[e];
-        float *ab = a->ab + r0 * 2 * H, *h = a->h + r0 * H;
-        MOE_TRY(ops->matmul(ab, a->xe + r0 * D, moe_layer_w13(p, e), n, 2 * H, D, false, true, 1.0f,
+        const size_t r0 = (size_t)a->blk_off[b];
+        float *ab = a->abr + r0 * 2 * H, *h = a->hr + r0 * H;
+        MOE_TRY(ops->matmul(ab, a->xr + r0 * D, moe_layer_w13(p, e), n, 2 * H, D, false, true, 1.0f,
                             0.0f));
         MOE_TRY(ops->swiglu_forward(h, ab, n, H));
         MOE_TRY(
-            ops->matmul(a->ye + r0 * D, h, moe_layer_w2(p, e), n, D, H, false, true, 1.0f, 0.0f));
+            ops->matmul(a->yr + r0 * D, h, moe_layer_w2(p, e), n, D, H, false, true, 1.0f, 0.0f));
     }
     LAP(experts);
+    MOE_TRY(combine(a, a->yr, a->ye));
+    LAP(unpermute);
 
     MOE_TRY(ops->unpermute_forward(y, a->ye, a->row, a->plan.weight, T, k, D));
     LAP(unpermute);
@@ -308,15 +415,37 @@ int moe_layer_backward(float *dx, const moe_layer_params *dp, const float *dy, c
     MOE_TRY(ops->unpermute_backward(a->dye, a->dweight, dy, a->ye, a->row, pl->weight, T, k, D));
     LAP(unpermute);
 
-    for (int e = 0; e < E; e++) {
-        const int n = pl->kept[e];
-        if (n == 0) continue;
-        const size_t r0 = (size_t)pl->offsets[e];
-        MOE_TRY(ffn_backward(ops, a->dxe + r0 * D, 0.0f, moe_layer_w13(dp, e), moe_layer_w2(dp, e),
-                             a->dye + r0 * D, a->xe + r0 * D, a->ab + r0 * 2 * H, a->h + r0 * H,
-                             moe_layer_w13(p, e), moe_layer_w2(p, e), a->dh, a->dab, n, D, H));
+    MOE_TRY(redispatch(a, a->dye, a->dyr));
+    LAP(unpermute);
+
+    // Expert blocks. With expert parallelism each block's weight gradient is
+    // computed from zero and added to the total in source order: the sum a
+    // single process forms over its micro-batches, so the bits agree.
+    const int El = moe_layer_local_experts(cfg), n_src = cfg->ep_size > 1 ? cfg->ep_size : 1;
+    const size_t n13 = 2 * (size_t)H * D, n2 = (size_t)D * H;
+    for (int e = 0; e < El; e++) {
+        for (int s = 0; s < n_src; s++) {
+            const int n = a->blk_n[s * El + e];
+            if (n == 0) continue;
+            const size_t r0 = (size_t)a->blk_off[s * El + e];
+            float *dw13 = moe_layer_w13(dp, e), *dw2 = moe_layer_w2(dp, e);
+            if (n_src > 1) {
+                MOE_TRY(ops->zero(a->dw, n13 + n2));
+                dw13 = a->dw, dw2 = a->dw + n13;
+            }
+            MOE_TRY(ffn_backward(ops, a->dxr + r0 * D, 0.0f, dw13, dw2, a->dyr + r0 * D,
+                                 a->xr + r0 * D, a->abr + r0 * 2 * H, a->hr + r0 * H,
+                                 moe_layer_w13(p, e), moe_layer_w2(p, e), a->dh, a->dab, n, D, H));
+            if (n_src > 1) {
+                float *g = moe_layer_w13(dp, e); // w13 and w2 are one block
+                for (size_t i = 0; i < n13 + n2; i++)
+                    g[i] += a->dw[i];
+            }
+        }
     }
     LAP(experts);
+    MOE_TRY(combine(a, a->dxr, a->dxe));
+    LAP(permute);
 
     MOE_TRY(ops->permute_backward(dx, a->dxe, a->row, T, k, D));
     LAP(permute);

@@ -22,7 +22,31 @@ typedef struct {
     int H_shared;             // shared expert hidden, 0: no shared expert
     int n_tasks;              // > 0: Task-MoE, the gate input is task_embedding[task_id[t]]
     moe_router_config router; // top-k is router.top_k
+    // Expert parallelism: the E experts are sharded over ep_size ranks; this
+    // layer holds experts [ep_rank*E/ep_size, (ep_rank+1)*E/ep_size) and
+    // exchanges rows through acts->ep. 0 or 1: every expert is local.
+    int ep_size, ep_rank;
 } moe_layer_config;
+
+// The exchange of an expert-parallel group (the layer knows nothing of MPI):
+// alltoallv sends send_counts[r] elements of elem_size bytes to rank r (send
+// is contiguous in rank order), learns recv_counts[r] from every rank (counts
+// travel first) and receives the payload into recv in source-rank order;
+// more than recv_cap elements is an error on every rank.
+typedef struct {
+    int size, rank;
+    void *ctx;
+    int (*alltoallv)(void *ctx, const void *send, const int *send_counts, void *recv,
+                     int *recv_counts, size_t recv_cap, size_t elem_size);
+} moe_ep_group;
+
+// Experts held by this layer (E / ep_size) and the first one's global index.
+static inline int moe_layer_local_experts(const moe_layer_config *c) {
+    return c->ep_size > 1 ? c->E / c->ep_size : c->E;
+}
+static inline int moe_layer_first_expert(const moe_layer_config *c) {
+    return c->ep_size > 1 ? c->ep_rank * (c->E / c->ep_size) : 0;
+}
 
 // Sizes and router config consistent (MOE_EINVAL with the field at fault).
 int moe_layer_config_check(const moe_layer_config *cfg);
@@ -31,7 +55,8 @@ int moe_layer_config_check(const moe_layer_config *cfg);
 //   gate.weight [E, D]
 //   task_embedding.weight [n_tasks, D]                  (n_tasks > 0)
 //   shared_expert.{w1,w3}.weight [Hs, D], .w2 [D, Hs]  (H_shared > 0)
-//   experts.{j}.w1.weight [H, D], .w3 [H, D], .w2 [D, H]  for j < E
+//   experts.{j}.w1.weight [H, D], .w3 [H, D], .w2 [D, H]  for the local experts
+//                                          (j is the global expert index)
 // Each expert's w1 and w3 are adjacent: one [2H, D] block, so x @ [w1;w3]^T is
 // one GEMM. Dense parameters come first and each expert is one contiguous
 // block of 3*H*D floats (expert-parallel sharding and per-task loading slice it).
@@ -40,11 +65,12 @@ typedef struct {
     float *task_emb;     // [n_tasks, D] or NULL
     float *shared_w13;   // [2*Hs, D] (w1 rows then w3 rows) or NULL
     float *shared_w2;    // [D, Hs] or NULL
-    float *experts;      // E blocks of expert_numel floats
+    float *experts;      // one block of expert_numel floats per local expert
     size_t expert_numel; // 3*H*D
     size_t w2_offset;    // 2*H*D: w2 of an expert, from its block start
 } moe_layer_params;
 
+// e: local expert index (0 .. moe_layer_local_experts - 1)
 static inline float *moe_layer_w13(const moe_layer_params *p, int e) {
     return p->experts + (size_t)e * p->expert_numel;
 }
@@ -95,14 +121,22 @@ typedef struct {
     float *shared_ab;     // [T_max, 2Hs]
     float *shared_h;      // [T_max, Hs]
     // backward scratch
-    float *dlogits;           // [T_max, E]
-    float *dlogits_g;         // [n_tasks, E]
-    float *dweight;           // [T_max * k]
-    float *dye;               // [rows_max, D]
-    float *dxe;               // [rows_max, D]
-    float *dh;                // [T_max, max(H, Hs)]: one expert at a time
-    float *dab;               // [T_max, 2 max(H, Hs)]
-    float *dgate_in;          // [G, D] (jitter configs only)
+    float *dlogits;   // [T_max, E]
+    float *dlogits_g; // [n_tasks, E]
+    float *dweight;   // [T_max * k]
+    float *dye;       // [rows_max, D]
+    float *dxe;       // [rows_max, D]
+    float *dh;        // [T_max, max(H, Hs)]: one expert at a time
+    float *dab;       // [T_max, 2 max(H, Hs)]
+    float *dgate_in;  // [G, D] (jitter configs only)
+    // Expert side: rows this rank's experts process. Without expert
+    // parallelism these alias xe, ab, h, ye, dye, dxe; with it they hold the
+    // rows received from the group, R = ep_size * T_max * k at most.
+    float *xr, *abr, *hr, *yr, *dyr, *dxr;
+    int *blk_off, *blk_n; // [ep_size * E_local]: rows of (source s, local expert le)
+    int *send_rows, *recv_rows, *recv_kept; // [ep], [ep], [ep * E_local]
+    float *dw;                // [3 H D] per-block weight gradient (expert parallel only)
+    const moe_ep_group *ep;   // required when cfg.ep_size > 1, set by the caller
     moe_layer_timing *timing; // optional, set by the caller
 } moe_layer_acts;
 

@@ -44,9 +44,18 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= k && !strcmp(s + n - k, suffix);
 }
 
+// FNV-1a of a tensor name.
+static uint64_t name_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ull;
+    return h;
+}
+
 // N(0, 0.02) for matrices, 0.02/sqrt(2L) for projections into the residual
-// stream (GPT-2), 1 for norm weights. Element i of the buffer draws from
-// hash(seed, i), so initialisation does not depend on the thread count.
+// stream (GPT-2), 1 for norm weights. Element j of tensor NAME draws from
+// hash(seed, NAME, j): the same weights whatever the thread count, and on an
+// expert shard the same as in a single process.
 static void init_params(moe_model *m) {
     double scaled = 0.02 / sqrt(2.0 * m->L);
     for (int i = 0; i < m->table.count; i++) {
@@ -62,10 +71,10 @@ static void init_params(moe_model *m) {
                              ends_with(v->name, ".w2.weight")
                          ? scaled
                          : 0.02;
+        uint64_t nh = name_hash(v->name);
         for (size_t j = 0; j < v->numel; j++) {
-            uint64_t k = v->offset + j;
-            double u1 = moe_u01(moe_hash4(m->cfg.train.seed, k, 1, 0)) + 1e-300;
-            double u2 = moe_u01(moe_hash4(m->cfg.train.seed, k, 2, 0));
+            double u1 = moe_u01(moe_hash4(m->cfg.train.seed, nh, j, 1)) + 1e-300;
+            double u2 = moe_u01(moe_hash4(m->cfg.train.seed, nh, j, 2));
             p[j] = (float)(std * sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2));
         }
     }
@@ -121,8 +130,20 @@ static size_t layout_acts(moe_model *m, float *base) {
 }
 
 int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks) {
+    return moe_model_init_ep(m, cfg, B, T, n_tasks, NULL);
+}
+
+int moe_model_init_ep(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks,
+                      const moe_ep_group *ep) {
     memset(m, 0, sizeof *m);
     MOE_TRY(moe_config_check(cfg, NULL));
+    int ep_size = ep ? ep->size : 1;
+    if (cfg->parallel.ep != ep_size)
+        return moe_fail(MOE_EINVAL,
+                        "parallel.ep = %d but this process is in an expert-parallel "
+                        "group of %d (launch with mpirun)",
+                        cfg->parallel.ep, ep_size);
+    m->ep = ep;
     m->cfg = *cfg;
     m->ops = &moe_ops_cpu;
     m->V = cfg->model.vocab_size;
@@ -166,6 +187,8 @@ int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_task
         for (int i = 0; i < cfg->moe.n_task_layers; i++)
             if (cfg->moe.task_layers[i] == l) mc->n_tasks = m->n_tasks;
         mc->router = cfg->router;
+        mc->ep_size = ep_size;
+        mc->ep_rank = ep ? ep->rank : 0;
         // each layer draws its own routing noise
         mc->router.seed = moe_hash4(cfg->router.seed, (uint64_t)l, 0x4C41594552ull, 0);
         if (mc->E > m->usage_E) m->usage_E = mc->E;
@@ -204,6 +227,7 @@ int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_task
         bind_block(m, &m->g[l], m->grads, l, moe_off[l]);
         if (!m->is_moe[l]) continue;
         MOE_TRY_GOTO(moe_layer_acts_alloc(&m->a[l].moe, &m->moe_cfg[l], m->ops), rc);
+        m->a[l].moe.ep = ep;
         if (cfg->router.capacity_mode == MOE_CAPACITY_DYNAMIC)
             MOE_TRY_GOTO(moe_capacity_ctl_init(&m->cap[l], &cfg->router, B * T, m->moe_cfg[l].E),
                          rc);

@@ -48,6 +48,7 @@ typedef struct {
     moe_config cfg;
     const moe_ops *ops;
     int V, D, L, Hq, Hkv, hd, F, B, T, n_tasks;
+    const moe_ep_group *ep; // expert-parallel group, NULL in a single process
     moe_param_table table;
     float *params, *grads;
     float *embed, *norm, *lm_head;       // into params
@@ -81,6 +82,11 @@ typedef struct {
 // Builds the model for cfg (checked) with room for B sequences of T tokens,
 // n_tasks task ids; parameters initialised from cfg->train.seed.
 int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks);
+// The same on a rank of an expert-parallel group of cfg->parallel.ep ranks:
+// the model holds this rank's expert shard and exchanges rows through ep
+// (which must outlive the model). ep NULL: a single process, parallel.ep 1.
+int moe_model_init_ep(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks,
+                      const moe_ep_group *ep);
 void moe_model_free(moe_model *m);
 
 // Forward on inputs [B, T] (B <= allocated B, T <= allocated T). targets may

@@ -44,4 +44,19 @@ int moe_cpu_crossentropy_forward(float *losses, double *mean, const float *logit
 int moe_cpu_crossentropy_backward(float *dlogits, const float *logits, const int32_t *target, int N,
                                   int V, float dloss);
 
+// Cut cross-entropy: the same mean loss as crossentropy over logits = h @ W^T
+// (h [N, D], W [V, D]) without materialising [N, V]; scratch holds one
+// [MOE_CCE_NB, MOE_CCE_VB] tile (moe_cpu_cce_scratch_floats). lse [N] is saved
+// for backward. Backward ADDS into dh [N, D] and dW [V, D], skipping tiles
+// whose probabilities are all below filter_eps (0: no filtering); skipped
+// counts them when not NULL.
+#define MOE_CCE_NB 64
+#define MOE_CCE_VB 512
+size_t moe_cpu_cce_scratch_floats(void);
+int moe_cpu_cce_forward(float *losses, float *lse, double *mean, const float *h, const float *W,
+                        const int32_t *target, int N, int D, int V, float *scratch);
+int moe_cpu_cce_backward(float *dh, float *dW, const float *h, const float *W,
+                         const int32_t *target, const float *lse, int N, int D, int V, float dloss,
+                         float filter_eps, float *scratch, long *skipped);
+
 #endif

@@ -7,6 +7,7 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -139,6 +140,43 @@ START_TEST(test_model_gradients_task_routing_pyramid) {
 }
 END_TEST
 
+START_TEST(test_model_gradients_cce) {
+    moe_config c = tiny();
+    snprintf(c.loss.impl, sizeof c.loss.impl, "cce");
+    check_model_grads(c, "cce");
+}
+END_TEST
+
+// loss.impl = cce gives the plain loss and gradients (1e-5 relative).
+START_TEST(test_model_cce_equals_plain) {
+    moe_config c = tiny();
+    c.model.tie_embeddings = false;
+    moe_model a, b;
+    ck_assert_int_eq(moe_model_init(&a, &c, B, T, 1), 0);
+    snprintf(c.loss.impl, sizeof c.loss.impl, "cce");
+    ck_assert_int_eq(moe_model_init(&b, &c, B, T, 1), 0);
+    int32_t in[B * T], tg[B * T];
+    for (int i = 0; i < B * T; i++)
+        in[i] = (i * 7) % V, tg[i] = i % 4 == 1 ? -1 : (i * 5 + 3) % V;
+    ck_assert_int_eq(moe_model_forward(&a, in, tg, NULL, B, T, false, 0), 0);
+    ck_assert_int_eq(moe_model_forward(&b, in, tg, NULL, B, T, false, 0), 0);
+    ck_assert_msg(fabs(a.ce - b.ce) <= 1e-5 * a.ce, "ce %.9g vs %.9g", a.ce, b.ce);
+    ck_assert_int_eq(moe_model_backward(&a, in, tg, NULL), 0);
+    ck_assert_int_eq(moe_model_backward(&b, in, tg, NULL), 0);
+    double worst = 0, scale = 0;
+    for (size_t i = 0; i < moe_model_numel(&a); i++) {
+        scale = fmax(scale, fabs(a.grads[i]));
+        worst = fmax(worst, fabs((double)a.grads[i] - b.grads[i]));
+    }
+    ck_assert_msg(worst <= 1e-5 * scale, "gradients differ by %.3g of %.3g", worst, scale);
+    // inference logits still come out, one sequence at a time
+    ck_assert_int_eq(moe_model_forward(&b, in, NULL, NULL, 1, T, false, 0), 0);
+    ck_assert_int_eq(moe_model_forward(&b, in, NULL, NULL, B, T, false, 0), MOE_EINVAL);
+    moe_model_free(&a);
+    moe_model_free(&b);
+}
+END_TEST
+
 START_TEST(test_model_forward_deterministic_and_checked) {
     moe_config c = tiny();
     moe_model a, b;
@@ -172,6 +210,8 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_model_gradients_dense_and_moe);
     tcase_add_test(tc, test_model_gradients_all_moe_untied_shared);
     tcase_add_test(tc, test_model_gradients_task_routing_pyramid);
+    tcase_add_test(tc, test_model_gradients_cce);
+    tcase_add_test(tc, test_model_cce_equals_plain);
     tcase_add_test(tc, test_model_forward_deterministic_and_checked);
     suite_add_tcase(s, tc);
     return s;

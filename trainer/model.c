@@ -6,6 +6,7 @@
 #include "moe/error.h"
 #include "moe/rng.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -111,7 +112,12 @@ static size_t layout_acts(moe_model *m, float *base) {
     TAKE(m->xf, N * D);
     TAKE(m->lnf, N * D);
     TAKE(m->rstdf, N);
-    TAKE(m->logits, N * m->V);
+    // Cut cross-entropy never materialises [N, V]: logits exist for one
+    // sequence (inference), plus a tile of scratch and the saved lse.
+    const bool cce = !strcmp(m->cfg.loss.impl, "cce");
+    TAKE(m->logits, (cce ? (size_t)m->T : N) * m->V);
+    TAKE(m->lse, cce ? N : 0);
+    TAKE(m->cce_scratch, cce ? moe_cpu_cce_scratch_floats() : 0);
     TAKE(m->losses, N);
     TAKE(m->dres, N * D);
     TAKE(m->dln, N * D);
@@ -124,7 +130,7 @@ static size_t layout_acts(moe_model *m, float *base) {
     TAKE(m->datt, (size_t)m->T * m->T);
     TAKE(m->dab, N * 2 * m->F);
     TAKE(m->dh, N * m->F);
-    TAKE(m->dlogits, N * m->V);
+    TAKE(m->dlogits, cce ? 0 : N * m->V);
 #undef TAKE
     return used;
 }
@@ -369,10 +375,22 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
     }
     m->load_calls += training;
     MOE_TRY(moe_cpu_rmsnorm_forward(m->lnf, m->rstdf, m->xf, m->norm, N, D, eps));
-    MOE_TRY(ops->matmul(m->logits, m->lnf, m->lm_head, N, m->V, D, false, true, 1.0f, 0.0f));
+    const bool cce = !strcmp(m->cfg.loss.impl, "cce");
     m->ce = 0.0;
-    if (targets)
-        MOE_TRY(moe_cpu_crossentropy_forward(m->losses, &m->ce, m->logits, targets, N, m->V));
+    if (cce && targets) {
+        MOE_TRY(moe_cpu_cce_forward(m->losses, m->lse, &m->ce, m->lnf, m->lm_head, targets, N, D,
+                                    m->V, m->cce_scratch));
+    } else if (cce && N > m->T) {
+        return moe_fail(MOE_EINVAL,
+                        "loss.impl = cce computes logits for one sequence at a time, "
+                        "not %d x %d tokens",
+                        B, T);
+    } else {
+        MOE_TRY(ops->matmul(m->logits, m->lnf, m->lm_head, N, m->V, D, false, true, 1.0f, 0.0f));
+        m->ce = 0.0;
+        if (targets)
+            MOE_TRY(moe_cpu_crossentropy_forward(m->losses, &m->ce, m->logits, targets, N, m->V));
+    }
     m->loss = m->ce + m->cfg.router.aux_loss_coef * m->aux + m->cfg.router.z_loss_coef * m->z;
     lap(m, m->timing ? &m->timing->head : NULL, &t0);
     return 0;
@@ -389,10 +407,17 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
     (void)task; // the forward recorded per-token task ids in m->task_tok
 
     double t0 = m->timing ? now() : 0;
-    MOE_TRY(ops->zero(m->dlogits, (size_t)N * m->V));
-    MOE_TRY(moe_cpu_crossentropy_backward(m->dlogits, m->logits, targets, N, m->V, 1.0f));
-    MOE_TRY(ops->matmul(m->d_lm_head, m->dlogits, m->lnf, m->V, D, N, true, false, 1.0f, 1.0f));
-    MOE_TRY(ops->matmul(m->dln, m->dlogits, m->lm_head, N, D, m->V, false, false, 1.0f, 0.0f));
+    if (!strcmp(m->cfg.loss.impl, "cce")) {
+        MOE_TRY(ops->zero(m->dln, (size_t)N * D));
+        MOE_TRY(moe_cpu_cce_backward(m->dln, m->d_lm_head, m->lnf, m->lm_head, targets, m->lse, N,
+                                     D, m->V, 1.0f, m->cfg.loss.cce_filter ? FLT_EPSILON : 0.0f,
+                                     m->cce_scratch, NULL));
+    } else {
+        MOE_TRY(ops->zero(m->dlogits, (size_t)N * m->V));
+        MOE_TRY(moe_cpu_crossentropy_backward(m->dlogits, m->logits, targets, N, m->V, 1.0f));
+        MOE_TRY(ops->matmul(m->d_lm_head, m->dlogits, m->lnf, m->V, D, N, true, false, 1.0f, 1.0f));
+        MOE_TRY(ops->matmul(m->dln, m->dlogits, m->lm_head, N, D, m->V, false, false, 1.0f, 0.0f));
+    }
     MOE_TRY(ops->zero(m->dres, (size_t)N * D));
     MOE_TRY(moe_cpu_rmsnorm_backward(m->dres, m->d_norm, m->dln, m->xf, m->norm, m->rstdf, N, D));
     lap(m, m->timing ? &m->timing->head : NULL, &t0);

@@ -52,6 +52,7 @@ typedef struct {
     } comm;
     struct {
         char impl[MOE_NAME_MAX]; // plain | cce
+        bool cce_filter;         // skip tiles below float epsilon in the CCE backward
     } loss;
     struct {
         int mini_seq;

@@ -63,7 +63,8 @@ typedef struct {
     double *load;
     long load_calls;
     // whole-model activations and scratch
-    float *xf, *lnf, *rstdf, *logits, *losses; // [N, D], [N, D], [N], [N, V], [N]
+    float *xf, *lnf, *rstdf, *logits, *losses; // [N, D], [N, D], [N], [N or T, V], [N]
+    float *lse, *cce_scratch;                  // loss.impl = cce: [N], one tile
     int32_t *task_tok;                         // [N] task id of every token
     float *dres, *dln, *dq, *dk, *dv, *dqr, *dkr, *datty, *datt, *dab, *dh, *dlogits;
     // results of the last forward

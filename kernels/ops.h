@@ -21,6 +21,7 @@ typedef struct moe_ops {
     // Backend memory (buffers are suitably aligned for the backend's GEMM).
     void *(*alloc)(size_t bytes); // NULL on failure
     void (*free)(void *p);
+    size_t (*alloc_size)(size_t bytes); // bytes alloc reserves for a request (rounding)
     int (*zero)(float *x, size_t n);
 
     // c[M,N] = alpha * op(a) @ op(b) + beta * c, op(a) [M,K], op(b) [K,N].

@@ -3,6 +3,7 @@
 // and the dynamic controller (EMA of measured per-expert load, DynaMoE-style
 // run-time adjustment): C_e = clamp(ceil(m_e*(1+headroom)), min_capacity,
 // ceil(k*T/E * capacity_factor_max)).
+#include "moe/alloc.h"
 #include "moe/error.h"
 #include "moe/router.h"
 #include "router/internal.h"
@@ -23,8 +24,8 @@ int moe_capacity_ctl_init(moe_capacity_ctl *ctl, const moe_router_config *cfg, i
     int c0 = moe_capacity_static(cfg, T, E);
     if (c0 < 0)
         return moe_fail(MOE_EINVAL, "capacity.mode = dynamic needs router.capacity_factor > 0");
-    ctl->ema = calloc(E, sizeof *ctl->ema);
-    ctl->capacity = calloc(E, sizeof *ctl->capacity);
+    ctl->ema = moe_calloc(E, sizeof *ctl->ema);
+    ctl->capacity = moe_calloc(E, sizeof *ctl->capacity);
     if (!ctl->ema || !ctl->capacity) {
         moe_capacity_ctl_free(ctl);
         return moe_fail(MOE_ENOMEM, "capacity controller for %d experts: out of memory", E);
@@ -39,8 +40,8 @@ int moe_capacity_ctl_init(moe_capacity_ctl *ctl, const moe_router_config *cfg, i
 }
 
 void moe_capacity_ctl_free(moe_capacity_ctl *ctl) {
-    free(ctl->ema);
-    free(ctl->capacity);
+    moe_mfree(ctl->ema);
+    moe_mfree(ctl->capacity);
     memset(ctl, 0, sizeof *ctl);
 }
 

@@ -1,4 +1,5 @@
 // Dispatch-plan storage (one allocation, sized once) and load statistics.
+#include "moe/alloc.h"
 #include "moe/error.h"
 #include "moe/router.h"
 #include "router/internal.h"
@@ -6,19 +7,29 @@
 #include <stdlib.h>
 #include <string.h>
 
+// Ints then floats (both 4 bytes: no alignment gaps) in one block, plus the
+// priority-sort scratch.
+static size_t plan_words(int T_max, int E, int k) {
+    size_t tk = (size_t)T_max * k, te = (size_t)T_max * E;
+    size_t n_int = 3 * tk + 3 * (size_t)E + (E + 1) + T_max;
+    size_t n_float = tk + te + T_max + E;
+    return n_int + n_float + 1;
+}
+
+size_t moe_plan_bytes(int T_max, int E, int k) {
+    return 4 * plan_words(T_max, E, k) + moe_slot_order_scratch_bytes(T_max) + 1;
+}
+
 int moe_plan_alloc(moe_plan *plan, int T_max, int E, int k) {
     memset(plan, 0, sizeof *plan);
     if (T_max < 0 || E < 1 || k < 1 || k > E)
         return moe_fail(MOE_EINVAL, "plan sizes T=%d E=%d k=%d invalid", T_max, E, k);
     size_t tk = (size_t)T_max * k, te = (size_t)T_max * E;
-    // ints first, then floats: both 4 bytes, so no alignment gaps.
-    size_t n_int = 3 * tk + 3 * (size_t)E + (E + 1) + T_max;
-    size_t n_float = tk + te + T_max + E;
-    char *b = calloc(n_int + n_float + 1, 4);
-    plan->scratch = malloc(moe_slot_order_scratch_bytes(T_max) + 1);
+    char *b = moe_calloc(plan_words(T_max, E, k), 4);
+    plan->scratch = moe_malloc(moe_slot_order_scratch_bytes(T_max) + 1);
     if (!b || !plan->scratch) {
-        free(b);
-        free(plan->scratch);
+        moe_mfree(b);
+        moe_mfree(plan->scratch);
         plan->scratch = NULL;
         return moe_fail(MOE_ENOMEM, "plan for T=%d E=%d k=%d: out of memory", T_max, E, k);
     }
@@ -44,8 +55,8 @@ int moe_plan_alloc(moe_plan *plan, int T_max, int E, int k) {
 }
 
 void moe_plan_free(moe_plan *plan) {
-    free(plan->block);
-    free(plan->scratch);
+    moe_mfree(plan->block);
+    moe_mfree(plan->scratch);
     memset(plan, 0, sizeof *plan);
 }
 

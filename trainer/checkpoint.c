@@ -89,45 +89,162 @@ static int write_state(const char *path, const moe_model *m, const moe_adamw *op
     return rc;
 }
 
+// One file's tensors in single-process model order: this rank's tensors from
+// buf, and with expert parallelism each MoE layer's full expert list from the
+// gathered copies (gathered[l]: [E, 3HD], expert blocks as in the layer).
+typedef struct {
+    moe_st_entry *e;
+    char (*names)[MOE_PARAM_NAME_MAX + 16];
+    int n;
+} entry_list;
+
+static int is_expert(const char *name) {
+    return strstr(name, ".experts.") != NULL;
+}
+
+static int build_entries(entry_list *out, const moe_model *m, const float *buf, float **gathered,
+                         const char *suffix) {
+    int n_max = m->table.count;
+    for (int l = 0; l < m->L; l++)
+        if (m->is_moe[l]) n_max += 3 * m->moe_cfg[l].E;
+    out->e = calloc((size_t)n_max, sizeof *out->e);
+    out->names = calloc((size_t)n_max, sizeof *out->names);
+    out->n = 0;
+    if (!out->e || !out->names) return moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
+    int last = -1;
+    for (int i = 0; i < m->table.count; i++) {
+        const moe_param_view *v = &m->table.views[i];
+        if (!is_expert(v->name) || !gathered) {
+            moe_st_entry *e = &out->e[out->n];
+            snprintf(out->names[out->n], sizeof out->names[0], "%s%s", v->name, suffix);
+            *e = (moe_st_entry){out->names[out->n++], MOE_ST_F32, v->ndim, {0}, buf + v->offset};
+            memcpy(e->shape, v->shape, sizeof(int64_t) * v->ndim);
+            continue;
+        }
+        int l = atoi(v->name + strlen("model.layers."));
+        if (l == last) continue; // all of the layer's experts went in with the first
+        last = l;
+        const moe_layer_config *c = &m->moe_cfg[l];
+        const int64_t D = c->D, H = c->H;
+        static const char *const w[3] = {"w1", "w3", "w2"};
+        for (int x = 0; x < c->E; x++)
+            for (int k = 0; k < 3; k++) {
+                moe_st_entry *e = &out->e[out->n];
+                snprintf(out->names[out->n], sizeof out->names[0],
+                         "model.layers.%d.block_sparse_moe.experts.%d.%s.weight%s", l, x, w[k],
+                         suffix);
+                const float *blk = gathered[l] + (size_t)x * 3 * H * D;
+                *e = (moe_st_entry){out->names[out->n++],
+                                    MOE_ST_F32,
+                                    2,
+                                    {k < 2 ? H : D, k < 2 ? D : H},
+                                    blk + (size_t)k * H * D};
+            }
+    }
+    return 0;
+}
+
+static void free_entries(entry_list *l) {
+    free(l->e);
+    free(l->names);
+}
+
+// Gathers every MoE layer's expert blocks of buf over the EP group.
+static int gather_experts(const moe_model *m, moe_parallel *par, const float *buf, float **out) {
+    for (int l = 0; l < m->L; l++) {
+        if (!m->is_moe[l]) continue;
+        const moe_layer_config *c = &m->moe_cfg[l];
+        size_t blk = 3 * (size_t)c->H * c->D, local = blk * moe_layer_local_experts(c);
+        out[l] = malloc(blk * c->E * sizeof(float));
+        if (!out[l]) return moe_fail(MOE_ENOMEM, "checkpoint: gathering experts: out of memory");
+        const float *mine = buf + (m->p[l].moe.experts - m->params);
+        MOE_TRY(moe_comm_allgather(par->ep, mine, out[l], local * sizeof(float)));
+    }
+    return 0;
+}
+
+static int write_tensors(const char *path, const moe_model *m, moe_parallel *par, const float *buf,
+                         const char *suffix, const char *const *meta) {
+    float *gathered[MOE_MAX_LAYERS] = {0};
+    entry_list el = {0};
+    int sharded = par && par->ep_size > 1, rc = 0;
+    if (sharded) MOE_TRY_GOTO(gather_experts(m, par, buf, gathered), rc);
+    MOE_TRY_GOTO(build_entries(&el, m, buf, sharded ? gathered : NULL, suffix), rc);
+    if (!par || par->rank == 0) rc = moe_st_write(path, el.e, el.n, meta);
+fail:
+    free_entries(&el);
+    for (int l = 0; l < MOE_MAX_LAYERS; l++)
+        free(gathered[l]);
+    return rc;
+}
+
+static int save_files(const char *tmp, const moe_model *m, const moe_adamw *opt,
+                      const moe_train_state *st, moe_parallel *par) {
+    char p[PATH_MAX];
+    const char *meta[] = {"format", "pt", "producer", "moe", NULL};
+    int rc = 0;
+    join(p, tmp, "/model.safetensors");
+    MOE_TRY_GOTO(write_tensors(p, m, par, m->params, "", meta), rc);
+    // Both moments in one file, tensor by tensor: shards load them by name.
+    join(p, tmp, "/optimizer.safetensors");
+    {
+        float *gm[MOE_MAX_LAYERS] = {0}, *gv[MOE_MAX_LAYERS] = {0};
+        entry_list a = {0}, b = {0};
+        int sharded = par && par->ep_size > 1;
+        if (sharded) {
+            MOE_TRY_GOTO(gather_experts(m, par, opt->m, gm), rc);
+            MOE_TRY_GOTO(gather_experts(m, par, opt->v, gv), rc);
+        }
+        rc = build_entries(&a, m, opt->m, sharded ? gm : NULL, ".exp_avg");
+        if (rc == 0) rc = build_entries(&b, m, opt->v, sharded ? gv : NULL, ".exp_avg_sq");
+        if (rc == 0 && (!par || par->rank == 0)) {
+            moe_st_entry *all = malloc(sizeof *all * (size_t)(a.n + b.n));
+            if (!all)
+                rc = moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
+            else {
+                memcpy(all, a.e, sizeof *all * a.n);
+                memcpy(all + a.n, b.e, sizeof *all * b.n);
+                rc = moe_st_write(p, all, a.n + b.n, NULL);
+                free(all);
+            }
+        }
+        free_entries(&a);
+        free_entries(&b);
+        for (int l = 0; l < MOE_MAX_LAYERS; l++)
+            free(gm[l]), free(gv[l]);
+        if (rc < 0) goto fail;
+    }
+    if (par && par->rank != 0) return 0;
+    join(p, tmp, "/config.json");
+    FILE *f = fopen(p, "w");
+    if (!f) return moe_fail(MOE_EIO, "%s: cannot create: %s", p, strerror(errno));
+    rc = moe_config_write(&m->cfg, f);
+    if (rc == 0 && (fflush(f) || fsync(fileno(f)))) rc = moe_fail(MOE_EIO, "%s: write failed", p);
+    if (fclose(f) && rc == 0) rc = moe_fail(MOE_EIO, "%s: write failed", p);
+    if (rc < 0) return rc;
+    join(p, tmp, "/trainer_state.json");
+    return write_state(p, m, opt, st);
+fail:
+    return rc;
+}
+
 int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
-                  const moe_train_state *st) {
+                  const moe_train_state *st, moe_parallel *par) {
     char tmp[PATH_MAX], old[PATH_MAX], p[PATH_MAX];
     MOE_TRY(join(tmp, dir, ".tmp"));
     MOE_TRY(join(old, dir, ".old"));
     MOE_TRY(join(p, tmp, "/trainer_state.json")); // the longest name fits: all fit
-    remove_dir(tmp);
-    if (mkdir(tmp, 0755) && errno != EEXIST)
-        return moe_fail(MOE_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-    int rc = 0;
-    moe_st_entry *e = calloc((size_t)m->table.count, sizeof *e);
-    if (!e) return moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
-    for (int i = 0; i < m->table.count; i++) {
-        const moe_param_view *v = &m->table.views[i];
-        e[i].name = v->name;
-        e[i].dtype = MOE_ST_F32;
-        e[i].ndim = v->ndim;
-        memcpy(e[i].shape, v->shape, sizeof(int64_t) * v->ndim);
-        e[i].data = m->params + v->offset;
+    int rank0 = !par || par->rank == 0, rc = 0;
+    if (rank0) {
+        remove_dir(tmp);
+        if (mkdir(tmp, 0755) && errno != EEXIST)
+            rc = moe_fail(MOE_EIO, "%s: cannot create: %s", tmp, strerror(errno));
     }
-    const char *meta[] = {"format", "pt", "producer", "moe", NULL};
-    join(p, tmp, "/model.safetensors");
-    MOE_TRY_GOTO(moe_st_write(p, e, m->table.count, meta), rc);
-    moe_st_entry oe[2] = {{"exp_avg", MOE_ST_F32, 1, {(int64_t)opt->n}, opt->m},
-                          {"exp_avg_sq", MOE_ST_F32, 1, {(int64_t)opt->n}, opt->v}};
-    join(p, tmp, "/optimizer.safetensors");
-    MOE_TRY_GOTO(moe_st_write(p, oe, 2, NULL), rc);
-    join(p, tmp, "/config.json");
-    FILE *f = fopen(p, "w");
-    if (!f) {
-        rc = moe_fail(MOE_EIO, "%s: cannot create: %s", p, strerror(errno));
-        goto fail;
-    }
-    rc = moe_config_write(&m->cfg, f);
-    if (rc == 0 && (fflush(f) || fsync(fileno(f)))) rc = moe_fail(MOE_EIO, "%s: write failed", p);
-    if (fclose(f) && rc == 0) rc = moe_fail(MOE_EIO, "%s: write failed", p);
+    // Every rank takes part in the gathers; rank 0 writes; all learn its status.
+    if (rc == 0) rc = save_files(tmp, m, opt, st, par);
+    if (par) rc = moe_comm_agree(par->world, rc);
+    if (!rank0) return rc;
     if (rc < 0) goto fail;
-    join(p, tmp, "/trainer_state.json");
-    MOE_TRY_GOTO(write_state(p, m, opt, st), rc);
     fsync_path(tmp);
     // The swap: at every moment DIR or DIR.old holds a complete checkpoint.
     remove_dir(old);
@@ -145,10 +262,8 @@ int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
     if (slash) *slash = 0;
     fsync_path(slash ? parent : ".");
     remove_dir(old);
-    free(e);
     return 0;
 fail:
-    free(e);
     remove_dir(tmp);
     return rc;
 }
@@ -168,15 +283,21 @@ int moe_ckpt_config(const char *dir, moe_config *cfg) {
     return moe_config_load(cfg, NULL, p);
 }
 
-static int load_params(const char *path, moe_model *m) {
+// Reads this model's tensors (each view's name + suffix) into buf. With
+// extras_allowed == 0 a tensor the model lacks is an error, except another
+// shard's experts on an expert-parallel rank.
+static int load_tensors(const char *path, moe_model *m, float *buf, const char *suffix,
+                        int extras_allowed) {
     moe_st_file *f;
     MOE_TRY(moe_st_open(path, &f));
     int rc = 0;
+    char name[MOE_PARAM_NAME_MAX + 16];
     for (int i = 0; i < m->table.count; i++) {
         const moe_param_view *v = &m->table.views[i];
-        const moe_st_tensor *t = moe_st_find(f, v->name);
+        snprintf(name, sizeof name, "%s%s", v->name, suffix);
+        const moe_st_tensor *t = moe_st_find(f, name);
         if (!t) {
-            rc = moe_fail(MOE_EFORMAT, "%s: missing tensor '%s'", path, v->name);
+            rc = moe_fail(MOE_EFORMAT, "%s: missing tensor '%s'", path, name);
             goto fail;
         }
         int same = t->dtype == MOE_ST_F32 && t->ndim == v->ndim;
@@ -186,40 +307,21 @@ static int load_params(const char *path, moe_model *m) {
             rc = moe_fail(MOE_EFORMAT,
                           "%s: tensor '%s' is %s with %d dims [%lld, %lld], the config expects "
                           "F32 [%lld, %lld]",
-                          path, v->name, moe_st_dtype_name(t->dtype), t->ndim,
-                          (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0),
-                          (long long)v->shape[0], (long long)(v->ndim > 1 ? v->shape[1] : 0));
+                          path, name, moe_st_dtype_name(t->dtype), t->ndim, (long long)t->shape[0],
+                          (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)v->shape[0],
+                          (long long)(v->ndim > 1 ? v->shape[1] : 0));
             goto fail;
         }
-        MOE_TRY_GOTO(moe_st_read(f, t, m->params + v->offset, v->numel * sizeof(float)), rc);
+        MOE_TRY_GOTO(moe_st_read(f, t, buf + v->offset, v->numel * sizeof(float)), rc);
     }
-    if (f->n_tensors != m->table.count) {
+    if (!extras_allowed && f->n_tensors != m->table.count) {
         for (int i = 0; i < f->n_tensors; i++)
-            if (!moe_param_table_find(&m->table, f->tensors[i].name)) {
+            if (!moe_param_table_find(&m->table, f->tensors[i].name) &&
+                !(m->ep && is_expert(f->tensors[i].name))) {
                 rc = moe_fail(MOE_EFORMAT, "%s: tensor '%s' does not belong to this config", path,
                               f->tensors[i].name);
                 goto fail;
             }
-    }
-fail:
-    moe_st_close(f);
-    return rc;
-}
-
-static int load_optimizer(const char *path, moe_adamw *opt) {
-    moe_st_file *f;
-    MOE_TRY(moe_st_open(path, &f));
-    int rc = 0;
-    const char *names[2] = {"exp_avg", "exp_avg_sq"};
-    float *dst[2] = {opt->m, opt->v};
-    for (int i = 0; i < 2; i++) {
-        const moe_st_tensor *t = moe_st_find(f, names[i]);
-        if (!t || t->dtype != MOE_ST_F32 || t->ndim != 1 || (size_t)t->shape[0] != opt->n) {
-            rc = moe_fail(MOE_EFORMAT, "%s: tensor '%s' missing or not F32 [%zu]", path, names[i],
-                          opt->n);
-            goto fail;
-        }
-        MOE_TRY_GOTO(moe_st_read(f, t, dst[i], opt->n * sizeof(float)), rc);
     }
 fail:
     moe_st_close(f);
@@ -294,14 +396,12 @@ int moe_ckpt_load(const char *dir, moe_model *m, moe_adamw *opt, moe_train_state
     dir = resolve(dir, buf);
     MOE_TRY(join(p, dir, "/model.safetensors"));
     if (!exists(p))
-        return moe_fail(MOE_ENOTFOUND,
-                        "%s: no checkpoint here (model.safetensors "
-                        "missing)",
-                        dir);
-    MOE_TRY(load_params(p, m));
+        return moe_fail(MOE_ENOTFOUND, "%s: no checkpoint here (model.safetensors missing)", dir);
+    MOE_TRY(load_tensors(p, m, m->params, "", 0));
     if (opt) {
         MOE_TRY(join(p, dir, "/optimizer.safetensors"));
-        MOE_TRY(load_optimizer(p, opt));
+        MOE_TRY(load_tensors(p, m, opt->m, ".exp_avg", 1));
+        MOE_TRY(load_tensors(p, m, opt->v, ".exp_avg_sq", 1));
     }
     MOE_TRY(join(p, dir, "/trainer_state.json"));
     return load_state(p, m, opt, st); // dynamic capacity is part of the model's state

@@ -4,6 +4,7 @@
 // by construction: a sample belongs to the split chosen by a hash of its
 // input. Token files: llm.c format (256 x int32 header: magic 20240520,
 // version 1, token count; then uint16 tokens); text: UTF-8 bytes.
+#include "moe/alloc.h"
 #include "moe/data.h"
 #include "moe/error.h"
 #include "moe/rng.h"
@@ -197,7 +198,7 @@ static int load_bin(moe_data *d, const char *path) {
                       path, ntok, 2 * ntok, n - 1024, n - 1024 < 2 * ntok ? " (truncated)" : "");
         goto fail;
     }
-    d->tokens = malloc(sizeof(int32_t) * (ntok ? ntok : 1));
+    d->tokens = moe_malloc(sizeof(int32_t) * (ntok ? ntok : 1));
     if (!d->tokens) {
         rc = moe_fail(MOE_ENOMEM, "%s: %ld tokens: out of memory", path, ntok);
         goto fail;
@@ -243,7 +244,7 @@ static int load_text(moe_data *d, const char *path) {
         free(b);
         return moe_fail(MOE_EFORMAT, "%s: byte %ld: invalid UTF-8", path, bad);
     }
-    d->tokens = malloc(sizeof(int32_t) * (n ? n : 1));
+    d->tokens = moe_malloc(sizeof(int32_t) * (n ? n : 1));
     if (!d->tokens) {
         free(b);
         return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
@@ -303,6 +304,6 @@ int moe_data_open(moe_data *d, const moe_config *cfg) {
 }
 
 void moe_data_close(moe_data *d) {
-    free(d->tokens);
+    moe_mfree(d->tokens);
     d->tokens = NULL;
 }

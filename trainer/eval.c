@@ -1,6 +1,7 @@
 // Evaluation: validation loss per task on fixed batches, exact-match accuracy
 // of greedy answers on the synthetic tasks, and expert usage per task (first
 // choices) for every MoE layer.
+#include "moe/alloc.h"
 #include "moe/error.h"
 #include "moe/train.h"
 
@@ -37,11 +38,11 @@ int moe_eval(moe_model *m, moe_data *d, int n_batches, int n_samples, moe_eval_r
         if (m->is_moe[l]) r->moe_layer[r->n_moe++] = l;
     r->E = m->usage_E;
     size_t nu = (size_t)r->n_moe * d->n_tasks * (r->E ? r->E : 1);
-    r->usage = calloc(nu ? nu : 1, sizeof(long));
-    int32_t *in = malloc(sizeof(int32_t) * d->B * d->T),
-            *tg = malloc(sizeof(int32_t) * d->B * d->T);
-    int32_t *task = malloc(sizeof(int32_t) * d->B);
-    long *count = calloc(d->V, sizeof(long));
+    r->usage = moe_calloc(nu ? nu : 1, sizeof(long));
+    int32_t *in = moe_malloc(sizeof(int32_t) * d->B * d->T),
+            *tg = moe_malloc(sizeof(int32_t) * d->B * d->T);
+    int32_t *task = moe_malloc(sizeof(int32_t) * d->B);
+    long *count = moe_calloc(d->V, sizeof(long));
     int rc = 0;
     if (!r->usage || !in || !tg || !task || !count) {
         rc = moe_fail(MOE_ENOMEM, "eval: out of memory");
@@ -92,16 +93,16 @@ int moe_eval(moe_model *m, moe_data *d, int n_batches, int n_samples, moe_eval_r
     }
 fail:
     m->usage = NULL;
-    free(in);
-    free(tg);
-    free(task);
-    free(count);
+    moe_mfree(in);
+    moe_mfree(tg);
+    moe_mfree(task);
+    moe_mfree(count);
     if (rc < 0) moe_eval_result_free(r);
     return rc;
 }
 
 void moe_eval_result_free(moe_eval_result *r) {
-    free(r->usage);
+    moe_mfree(r->usage);
     r->usage = NULL;
 }
 

@@ -3,6 +3,7 @@
 // table, the decoder ops (kernels/cpu/nn.h) and the MoE layer.
 #include "moe/model.h"
 #include "kernels/cpu/nn.h"
+#include "moe/alloc.h"
 #include "moe/error.h"
 #include "moe/rng.h"
 
@@ -139,8 +140,10 @@ int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_task
     return moe_model_init_ep(m, cfg, B, T, n_tasks, NULL);
 }
 
-int moe_model_init_ep(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks,
-                      const moe_ep_group *ep) {
+// Sizes, layer configs and the parameter table: everything but the buffers.
+// moe_off[l]: where MoE layer l's parameters start in the flat buffer.
+static int model_setup(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks,
+                       const moe_ep_group *ep, size_t *moe_off) {
     memset(m, 0, sizeof *m);
     MOE_TRY(moe_config_check(cfg, NULL));
     int ep_size = ep ? ep->size : 1;
@@ -164,7 +167,6 @@ int moe_model_init_ep(moe_model *m, const moe_config *cfg, int B, int T, int n_t
     m->n_tasks = n_tasks < 1 ? 1 : n_tasks;
     if (B < 1 || T < 1) return moe_fail(MOE_EINVAL, "model: batch %d x %d tokens", B, T);
     int rc = 0;
-    size_t moe_off[MOE_MAX_LAYERS] = {0};
     moe_param_table_init(&m->table);
     MOE_TRY_GOTO(add(m, NULL, "model.embed_tokens.weight", m->V, m->D), rc);
     for (int l = 0; l < m->L; l++) {
@@ -205,16 +207,49 @@ int moe_model_init_ep(moe_model *m, const moe_config *cfg, int B, int T, int n_t
     }
     MOE_TRY_GOTO(add(m, NULL, "model.norm.weight", m->D, 0), rc);
     if (!cfg->model.tie_embeddings) MOE_TRY_GOTO(add(m, NULL, "lm_head.weight", m->V, m->D), rc);
+    return 0;
+fail:
+    moe_param_table_free(&m->table);
+    return rc;
+}
 
+int moe_model_memory(const moe_config *cfg, int B, int T, int n_tasks, int ep_size, int ep_rank,
+                     moe_model_mem *out) {
+    moe_model m;
+    size_t moe_off[MOE_MAX_LAYERS];
+    moe_ep_group g = {ep_size, ep_rank, NULL, NULL}; // sizes only: never called
+    memset(out, 0, sizeof *out);
+    MOE_TRY(model_setup(&m, cfg, B, T, n_tasks, ep_size > 1 ? &g : NULL, moe_off));
+    out->params = m.table.numel * sizeof(float);
+    out->grads = out->params;
+    out->activations = layout_acts(&m, NULL) * sizeof(float) + (size_t)B * T * sizeof(int32_t) +
+                       ((size_t)m.usage_E + 1) * sizeof(int) +
+                       (moe_model_load_len(&m) + 1) * sizeof(double);
+    for (int l = 0; l < m.L; l++) {
+        if (!m.is_moe[l]) continue;
+        out->moe += moe_layer_acts_bytes(&m.moe_cfg[l], m.ops);
+        if (cfg->router.capacity_mode == MOE_CAPACITY_DYNAMIC)
+            out->moe += (size_t)m.moe_cfg[l].E * (sizeof(double) + sizeof(int));
+    }
+    out->n_params = m.table.numel;
+    moe_param_table_free(&m.table);
+    return 0;
+}
+
+int moe_model_init_ep(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks,
+                      const moe_ep_group *ep) {
+    size_t moe_off[MOE_MAX_LAYERS] = {0};
+    MOE_TRY(model_setup(m, cfg, B, T, n_tasks, ep, moe_off));
+    int rc = 0;
     size_t n = m->table.numel, n_acts = layout_acts(m, NULL);
-    m->params = calloc(n, sizeof(float));
-    m->grads = calloc(n, sizeof(float));
-    float *acts = calloc(n_acts, sizeof(float));
-    m->task_tok = calloc((size_t)B * T, sizeof(int32_t));
-    m->cap_all = calloc((size_t)m->usage_E + 1, sizeof(int));
-    m->load = calloc(moe_model_load_len(m) + 1, sizeof(double));
+    m->params = moe_calloc(n, sizeof(float));
+    m->grads = moe_calloc(n, sizeof(float));
+    float *acts = moe_calloc(n_acts, sizeof(float));
+    m->task_tok = moe_calloc((size_t)B * T, sizeof(int32_t));
+    m->cap_all = moe_calloc((size_t)m->usage_E + 1, sizeof(int));
+    m->load = moe_calloc(moe_model_load_len(m) + 1, sizeof(double));
     if (!m->params || !m->grads || !acts || !m->task_tok || !m->cap_all || !m->load) {
-        free(acts);
+        moe_mfree(acts);
         rc = moe_fail(MOE_ENOMEM,
                       "model with %zu parameters and %zu activation floats: out of "
                       "memory (reduce train.batch_size or model.seq_len)",
@@ -251,12 +286,12 @@ void moe_model_free(moe_model *m) {
         moe_layer_acts_free(&m->a[l].moe);
         moe_capacity_ctl_free(&m->cap[l]);
     }
-    free(m->L > 0 ? m->a[0].x : NULL); // the activation block starts at layer 0's x
-    free(m->params);
-    free(m->grads);
-    free(m->task_tok);
-    free(m->cap_all);
-    free(m->load);
+    moe_mfree(m->L > 0 ? m->a[0].x : NULL); // the activation block starts at layer 0's x
+    moe_mfree(m->params);
+    moe_mfree(m->grads);
+    moe_mfree(m->task_tok);
+    moe_mfree(m->cap_all);
+    moe_mfree(m->load);
     moe_param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }

@@ -1,6 +1,7 @@
 // AdamW with bias correction and decoupled weight decay, the learning-rate
 // schedule and gradient clipping. Everything is elementwise over the flat
 // buffers, so the same code serves every parameter.
+#include "moe/alloc.h"
 #include "moe/optim.h"
 #include "moe/error.h"
 
@@ -16,9 +17,9 @@ static int ends_with(const char *s, const char *suffix) {
 int moe_adamw_init(moe_adamw *opt, const moe_param_table *table) {
     memset(opt, 0, sizeof *opt);
     size_t n = table->numel;
-    opt->m = calloc(n ? n : 1, sizeof(float));
-    opt->v = calloc(n ? n : 1, sizeof(float));
-    opt->decay = calloc(n ? n : 1, 1);
+    opt->m = moe_calloc(n ? n : 1, sizeof(float));
+    opt->v = moe_calloc(n ? n : 1, sizeof(float));
+    opt->decay = moe_calloc(n ? n : 1, 1);
     if (!opt->m || !opt->v || !opt->decay) {
         moe_adamw_free(opt);
         return moe_fail(MOE_ENOMEM, "optimizer state for %zu parameters: out of memory", n);
@@ -34,9 +35,9 @@ int moe_adamw_init(moe_adamw *opt, const moe_param_table *table) {
 }
 
 void moe_adamw_free(moe_adamw *opt) {
-    free(opt->m);
-    free(opt->v);
-    free(opt->decay);
+    moe_mfree(opt->m);
+    moe_mfree(opt->v);
+    moe_mfree(opt->decay);
     memset(opt, 0, sizeof *opt);
 }
 

@@ -4,10 +4,12 @@
 // otherwise), periodic evaluation and checkpoints, resume, and a stop on the
 // first non-finite loss or gradient that names the step and the layer.
 #include "moe/train.h"
+#include "moe/alloc.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
 #include "moe/log.h"
 #include "moe/optim.h"
+#include "moe/parallel.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -123,71 +125,86 @@ static int make_dirs(const char *dir) {
 
 int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *r) {
     memset(r, 0, sizeof *r);
-    MOE_TRY(moe_config_check(cfg, NULL));
-    char path[PATH_MAX];
-    MOE_TRY(make_dirs(o->out_dir));
+    moe_comm *local = NULL, *world = o->world;
+    if (!world) MOE_TRY(moe_comm_local(&local));
+    if (!world) world = local;
+    moe_parallel par;
     moe_data d;
     moe_model m;
     moe_adamw opt;
+    memset(&par, 0, sizeof par);
+    memset(&d, 0, sizeof d);
     memset(&m, 0, sizeof m);
     memset(&opt, 0, sizeof opt);
     FILE *metrics = NULL;
     int32_t *in = NULL, *tg = NULL, *task = NULL;
     float *acc = NULL; // gradient sum over micro-batches
-    int rc = 0;
-    MOE_TRY(moe_data_open(&d, cfg));
-    MOE_TRY_GOTO(moe_model_init(&m, cfg, d.B, d.T, d.n_tasks), rc);
-    MOE_TRY_GOTO(moe_adamw_init(&opt, &m.table), rc);
+    char path[PATH_MAX], ckpt[PATH_MAX];
+    // Setup: every rank checks; all agree on the first failure (lowest rank),
+    // so an invalid config or file on one rank ends every rank cleanly.
+    int rc = moe_config_check(cfg, NULL);
+    if (rc == 0) rc = moe_parallel_init(&par, world, cfg);
+    const bool lead = moe_comm_rank(world) == 0;
+    if (rc == 0 && lead) rc = make_dirs(o->out_dir);
+    if (rc == 0) rc = moe_data_open(&d, cfg);
+    if (rc == 0)
+        rc = moe_model_init_ep(&m, cfg, d.B, d.T, d.n_tasks, par.ep_size > 1 ? &par.group : NULL);
+    if (rc == 0) rc = moe_adamw_init(&opt, &m.table);
     moe_train_state st = {0, {0, 0}};
+    if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
+    rc = moe_comm_agree(world, rc);
+    r->agreed = rc < 0;
+    if (rc < 0) goto fail;
     if (o->resume_dir) {
-        MOE_TRY_GOTO(moe_ckpt_load(o->resume_dir, &m, &opt, &st), rc);
         d.cursor[0] = st.cursor[0];
         d.cursor[1] = st.cursor[1];
-        moe_log(MOE_LOG_INFO, "resumed from %s at step %ld", o->resume_dir, st.step);
+        if (lead) moe_log(MOE_LOG_INFO, "resumed from %s at step %ld", o->resume_dir, st.step);
     }
-    snprintf(path, sizeof path, "%s/config.json", o->out_dir);
-    FILE *cf = fopen(path, "w");
-    if (!cf) {
-        rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
-        goto fail;
-    }
-    rc = moe_config_write(cfg, cf);
-    fclose(cf);
-    if (rc < 0) goto fail;
-    snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
-    metrics = fopen(path, o->resume_dir ? "a" : "w");
-    size_t nt = (size_t)d.B * d.T;
-    in = malloc(sizeof(int32_t) * nt);
-    tg = malloc(sizeof(int32_t) * nt);
-    task = malloc(sizeof(int32_t) * d.B);
-    acc = malloc(sizeof(float) * (cfg->train.grad_accum > 1 ? m.table.numel : 1));
-    if (!metrics || !in || !tg || !task || !acc) {
-        rc = moe_fail(MOE_EIO, "%s: cannot create metrics or buffers", o->out_dir);
-        goto fail;
-    }
-    char ckpt[PATH_MAX];
     snprintf(ckpt, sizeof ckpt, "%s/checkpoint", o->out_dir);
+    size_t nt = (size_t)d.B * d.T;
+    in = moe_malloc(sizeof(int32_t) * nt);
+    tg = moe_malloc(sizeof(int32_t) * nt);
+    task = moe_malloc(sizeof(int32_t) * d.B);
+    acc = moe_malloc(sizeof(float) * (cfg->train.grad_accum > 1 ? m.table.numel : 1));
+    if (!in || !tg || !task || !acc) rc = moe_fail(MOE_ENOMEM, "training buffers: out of memory");
+    if (rc == 0 && lead) { // only rank 0 writes the run folder
+        snprintf(path, sizeof path, "%s/config.json", o->out_dir);
+        FILE *cf = fopen(path, "w");
+        rc = cf ? moe_config_write(cfg, cf)
+                : moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+        if (cf) fclose(cf);
+        snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
+        if (rc == 0 && !(metrics = fopen(path, o->resume_dir ? "a" : "w")))
+            rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+    }
+    rc = moe_comm_agree(world, rc);
+    r->agreed = rc < 0;
+    if (rc < 0) goto fail;
     const long total = cfg->train.steps;
-    const int accum = cfg->train.grad_accum;
+    const int accum = cfg->train.grad_accum, W = par.size;
     const size_t n = moe_model_numel(&m);
-    const bool tty = !o->quiet && isatty(fileno(stderr));
-    if (!o->quiet)
-        fprintf(stderr, "training %zu parameters, %ld steps of %d x %d tokens x %d micro-batches\n",
-                n, total, d.B, d.T, accum);
+    const bool quiet = o->quiet || !lead, tty = !quiet && isatty(fileno(stderr));
+    if (!quiet)
+        fprintf(stderr,
+                "training %zu parameters%s, %ld steps of %d x %d tokens x %d micro-batches x %d "
+                "ranks\n",
+                n, par.ep_size > 1 ? " (this rank's shard)" : "", total, d.B, d.T, accum, W);
     double t_start = now(), tokens = 0, drop_sum = 0;
     long steps_run = 0;
     for (long step = st.step; step < total; step++) {
-        double t0 = now(), loss = 0, ce = 0, aux = 0, z = 0;
+        double t0 = now(), parts[4] = {0, 0, 0, 0}; // loss, ce, aux, z
         if (accum > 1) memset(acc, 0, sizeof(float) * n);
         for (int a = 0; a < accum; a++) {
             // Each micro-batch's gradient starts from zero and is added to
-            // the sum in order: the arithmetic of a rank-order all-reduce over
-            // data-parallel ranks, so both give identical bits.
+            // the sum in order: the arithmetic of the rank-order all-reduce,
+            // so one process with grad_accum = ranks gives the same bits.
             if (a > 0)
                 for (size_t i = 0; i < n; i++)
                     acc[i] += m.grads[i];
             memset(m.grads, 0, sizeof(float) * n);
-            MOE_TRY_GOTO(moe_data_next(&d, MOE_SPLIT_TRAIN, in, tg, task), rc);
+            // Micro-batch a of rank r is global micro-batch a*W + r of the step.
+            uint64_t idx = d.cursor[MOE_SPLIT_TRAIN] + (uint64_t)a * W + par.rank;
+            MOE_TRY_GOTO(moe_data_batch(&d, MOE_SPLIT_TRAIN, idx, in, tg, task), rc);
             rc = moe_model_forward(&m, in, tg, task, d.B, d.T, true, (uint64_t)step);
             if (rc < 0) {
                 rc = moe_fail(rc, "step %ld: %s", step, moe_last_error());
@@ -203,16 +220,26 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
                 goto fail;
             }
             MOE_TRY_GOTO(moe_model_backward(&m, in, tg, task), rc);
-            loss += m.loss / accum, ce += m.ce / accum, aux += m.aux / accum, z += m.z / accum;
+            const double div = (double)accum * W;
+            parts[0] += m.loss / div, parts[1] += m.ce / div;
+            parts[2] += m.aux / div, parts[3] += m.z / div;
         }
-        if (accum > 1) {
+        d.cursor[MOE_SPLIT_TRAIN] += (uint64_t)accum * W;
+        if (accum > 1)
             for (size_t i = 0; i < n; i++)
-                acc[i] += m.grads[i];
+                m.grads[i] += acc[i];
+        MOE_TRY_GOTO(moe_parallel_allreduce_grads(&par, &m), rc);
+        if (accum * W > 1)
             for (size_t i = 0; i < n; i++)
-                m.grads[i] = acc[i] / (float)accum;
-        }
+                m.grads[i] /= (float)(accum * W);
+        MOE_TRY_GOTO(moe_comm_allreduce_f64(world, parts, 4), rc);
+        int64_t calls = m.load_calls;
+        MOE_TRY_GOTO(moe_comm_allreduce_f64(world, m.load, moe_model_load_len(&m)), rc);
+        MOE_TRY_GOTO(moe_comm_allreduce_i64(world, &calls, 1), rc);
+        m.load_calls = (long)calls;
         moe_model_capacity_step(&m);
-        double gnorm = moe_grad_norm(m.grads, n);
+        double gnorm;
+        MOE_TRY_GOTO(moe_parallel_grad_norm(&par, &m, &gnorm), rc);
         if (!isfinite(gnorm)) {
             rc = moe_fail(MOE_ENUMERIC, "step %ld: non-finite gradient in %s", step,
                           nonfinite_grad(&m));
@@ -224,32 +251,40 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         moe_adamw_update(&opt, m.params, m.grads, lr, (float)cfg->train.beta1,
                          (float)cfg->train.beta2, 1e-8f, (float)cfg->train.weight_decay);
         st.step = step + 1;
-        double dt = now() - t0, tps = (double)nt * accum / dt, drop = mean_drop_rate(&m);
-        tokens += (double)nt * accum;
+        const double loss = parts[0];
+        double dt = now() - t0, tps = (double)nt * accum * W / dt, drop = mean_drop_rate(&m);
+        tokens += (double)nt * accum * W;
         drop_sum += drop;
         steps_run++;
         if (o->losses) o->losses[step] = loss;
         if (steps_run == 1) r->first_loss = loss;
         r->last_loss = loss;
-        write_metrics(metrics, step + 1, &m, loss, ce, aux, z, lr, gnorm, tps, drop);
+        if (metrics)
+            write_metrics(metrics, step + 1, &m, loss, parts[1], parts[2], parts[3], lr, gnorm, tps,
+                          drop);
         double eta = (now() - t_start) / steps_run * (total - step - 1);
-        if (!o->quiet && (tty || (step + 1) % cfg->train.log_every == 0 || step + 1 == total))
+        if (!quiet && (tty || (step + 1) % cfg->train.log_every == 0 || step + 1 == total))
             progress(tty, step + 1, total, loss, tokens / (now() - t_start), drop, eta);
         if (cfg->train.eval_every > 0 && (step + 1) % cfg->train.eval_every == 0 &&
             step + 1 < total) {
-            moe_eval_result ev;
+            moe_eval_result ev; // every rank evaluates the same batches in step
             MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, 0, &ev), rc);
-            fprintf(metrics, "{\"eval_step\": %ld, \"val_loss\": %.6f}\n", step + 1, ev.val_loss);
+            if (metrics)
+                fprintf(metrics, "{\"eval_step\": %ld, \"val_loss\": %.6f}\n", step + 1,
+                        ev.val_loss);
             if (tty) fputc('\n', stderr);
-            if (!o->quiet)
+            if (!quiet)
                 fprintf(stderr, "  eval at step %ld: val loss %.4f\n", step + 1, ev.val_loss);
             moe_eval_result_free(&ev);
         }
-        bool stop = (o->stop && *o->stop) || (o->stop_after > 0 && st.step >= o->stop_after);
+        // A stop request on any rank (Ctrl-C reaches them all under mpirun)
+        // stops every rank after the same step.
+        int64_t stop = (o->stop && *o->stop) || (o->stop_after > 0 && st.step >= o->stop_after);
+        MOE_TRY_GOTO(moe_comm_allreduce_i64(world, &stop, 1), rc);
         if (stop || (cfg->train.ckpt_every > 0 && (step + 1) % cfg->train.ckpt_every == 0)) {
             st.cursor[0] = d.cursor[0];
             st.cursor[1] = d.cursor[1];
-            MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st), rc);
+            MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st, &par), rc);
         }
         if (stop) {
             r->interrupted = true;
@@ -263,10 +298,12 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     if (!r->interrupted) {
         st.cursor[0] = d.cursor[0];
         st.cursor[1] = d.cursor[1];
-        MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st), rc);
+        MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st, &par), rc);
         MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &r->eval), rc);
-        fprintf(metrics, "{\"eval_step\": %ld, \"val_loss\": %.6f}\n", st.step, r->eval.val_loss);
-        if (o->report) {
+        if (metrics)
+            fprintf(metrics, "{\"eval_step\": %ld, \"val_loss\": %.6f}\n", st.step,
+                    r->eval.val_loss);
+        if (o->report && lead) {
             fprintf(o->report, "\ntrained %ld steps: %.0f tokens/s, mean drop rate %.2f%%\n",
                     r->steps, r->tokens_per_s, 100 * r->drop_rate);
             moe_eval_print(&r->eval, o->report);
@@ -275,12 +312,14 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     }
 fail:
     if (metrics) fclose(metrics);
-    free(in);
-    free(tg);
-    free(task);
-    free(acc);
+    moe_mfree(in);
+    moe_mfree(tg);
+    moe_mfree(task);
+    moe_mfree(acc);
     moe_adamw_free(&opt);
     moe_model_free(&m);
     moe_data_close(&d);
+    moe_parallel_free(&par);
+    if (local) moe_comm_free(local);
     return rc;
 }

@@ -8,6 +8,7 @@
 
 void *moe_cpu_alloc(size_t bytes);
 void moe_cpu_free(void *p);
+size_t moe_cpu_alloc_size(size_t bytes);
 int moe_cpu_zero(float *x, size_t n);
 int moe_cpu_mul(float *out, const float *a, const float *b, size_t n);
 int moe_cpu_mul_add(float *out, const float *a, const float *b, size_t n);

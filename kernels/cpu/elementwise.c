@@ -1,5 +1,6 @@
 // CPU memory and elementwise ops: aligned allocation (64 bytes: one cache line,
 // one AVX-512 vector; big buffers on transparent huge pages), zero, products.
+#include "moe/alloc.h"
 #include "kernels/cpu/cpu.h"
 #include "moe/error.h"
 
@@ -10,24 +11,28 @@
 #define HUGE_PAGE ((size_t)2 << 20)
 #define HUGE_MIN ((size_t)4 << 20)
 
+size_t moe_cpu_alloc_size(size_t bytes) {
+    if (bytes >= HUGE_MIN) return (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    return bytes ? (bytes + 63) / 64 * 64 : 64;
+}
+
 void *moe_cpu_alloc(size_t bytes) {
     void *p = NULL;
     if (bytes >= HUGE_MIN) {
         // Large activation/parameter buffers on 2 MiB pages where THP is "madvise":
         // GEMM packing streams them, and 4 KiB pages cost a TLB miss every 4 KiB.
         size_t n = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
-        if (posix_memalign(&p, HUGE_PAGE, n) != 0) return NULL;
+        if (!(p = moe_aligned_alloc(HUGE_PAGE, n))) return NULL;
 #ifdef MADV_HUGEPAGE
         madvise(p, n, MADV_HUGEPAGE); // advisory: failure just means small pages
 #endif
         return p;
     }
-    if (posix_memalign(&p, 64, bytes ? (bytes + 63) / 64 * 64 : 64) != 0) return NULL;
-    return p;
+    return moe_aligned_alloc(64, bytes ? (bytes + 63) / 64 * 64 : 64);
 }
 
 void moe_cpu_free(void *p) {
-    free(p);
+    moe_mfree(p);
 }
 
 int moe_cpu_zero(float *x, size_t n) {

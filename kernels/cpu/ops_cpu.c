@@ -7,6 +7,7 @@ const moe_ops moe_ops_cpu = {
     .name = "cpu",
     .alloc = moe_cpu_alloc,
     .free = moe_cpu_free,
+    .alloc_size = moe_cpu_alloc_size,
     .zero = moe_cpu_zero,
     .matmul = moe_cpu_matmul,
     .swiglu_forward = moe_cpu_swiglu_forward,

@@ -19,6 +19,7 @@ static const command commands[] = {
     {"train", moe_cli_train, "train a model from a JSON config"},
     {"eval", moe_cli_eval, "evaluate a checkpoint: loss and accuracy per task, expert usage"},
     {"ablate", moe_cli_ablate, "train a grid of config variants and tabulate the results"},
+    {"plan", moe_cli_plan, "memory per rank and all-to-all traffic of a config on a machine"},
     {"route", moe_cli_route, "route logits from a safetensors file into a dispatch plan"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof *commands };

@@ -20,6 +20,7 @@ int moe_cli_route(int argc, char **argv);
 int moe_cli_train(int argc, char **argv);
 int moe_cli_eval(int argc, char **argv);
 int moe_cli_ablate(int argc, char **argv);
+int moe_cli_plan(int argc, char **argv);
 
 // Prints "moe CMD: message" (one line) to stderr, records the message as the
 // last error (moe_last_error) and returns exit_code.
@@ -31,6 +32,14 @@ int moe_cli_fail(const char *cmd, int exit_code, const char *fmt, ...)
 // value), 0 if argv[*i] is another option, -1 if the value is missing (a
 // message is recorded with moe_fail).
 int moe_cli_opt_value(int argc, char **argv, int *i, const char *name, const char **value);
+
+// MPI launches (mpirun, srun): true when the environment says this process is
+// one rank of a job. moe_cli_mpi_world initialises MPI and wraps its world;
+// moe_cli_mpi_finalize(NULL) does nothing.
+struct moe_comm;
+bool moe_cli_mpi_launched(void);
+int moe_cli_mpi_world(struct moe_comm **world, int ranks_per_node);
+void moe_cli_mpi_finalize(struct moe_comm *world);
 
 // Parses a base-10 integer in [lo, hi]; false on junk or out of range.
 bool moe_cli_parse_long(const char *s, long long lo, long long hi, long long *out);

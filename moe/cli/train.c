@@ -3,6 +3,7 @@
 #include "moe/train.h"
 #include "moe/checkpoint.h"
 #include "moe/cli/cli.h"
+#include "moe/comm.h"
 #include "moe/error.h"
 
 #include <limits.h>
@@ -116,12 +117,30 @@ int moe_cli_train(int argc, char **argv) {
         return moe_cli_fail("train", MOE_EXIT_USAGE, "%s", moe_last_error());
     interrupted = 0;
     void (*old)(int) = signal(SIGINT, on_sigint);
-    moe_train_opts o = {out, resume, &interrupted, stdout, quiet, NULL, 0};
+    moe_train_opts o = {out, resume, &interrupted, stdout, quiet, NULL, 0, NULL};
     moe_train_result r;
-    int rc = moe_train(&cfg, &o, &r);
+    moe_comm *world = NULL;
+    int rank = 0, rc = 0;
+    if (moe_cli_mpi_launched()) {
+        rc = moe_cli_mpi_world(&world, cfg.comm.ranks_per_node);
+        if (rc < 0) return moe_cli_fail("train", MOE_EXIT_RUNTIME, "%s", moe_last_error());
+        rank = moe_comm_rank(world);
+        o.world = world;
+    }
+    rc = moe_train(&cfg, &o, &r);
     signal(SIGINT, old);
-    if (rc < 0) return moe_cli_fail("train", exit_code(rc), "%s", moe_last_error());
+    if (rc < 0) {
+        int code = exit_code(rc);
+        // A failure every rank agreed on is reported once; a failure of one
+        // rank (its peers may wait in a collective) ends the whole job.
+        if (!world || rank == 0 || !r.agreed) moe_cli_fail("train", code, "%s", moe_last_error());
+        if (world && !r.agreed) moe_comm_abort(world, code);
+        moe_cli_mpi_finalize(world);
+        return code;
+    }
     moe_eval_result_free(&r.eval);
+    moe_cli_mpi_finalize(world);
+    if (rank != 0) return r.interrupted ? 130 : MOE_EXIT_OK;
     if (r.interrupted) {
         fprintf(stderr,
                 "moe train: interrupted after step %ld; checkpoint saved in %s/checkpoint "

@@ -87,23 +87,21 @@ int moe_layer_param_table(moe_param_table *t, const char *prefix, const moe_laye
 
 // ---- activations -----------------------------------------------------------------------
 
-int moe_layer_acts_alloc(moe_layer_acts *a, const moe_layer_config *cfg, const moe_ops *ops) {
-    if (!a || !ops) return moe_fail(MOE_EINVAL, "moe layer acts: NULL argument");
-    memset(a, 0, sizeof *a);
-    MOE_TRY(moe_layer_config_check(cfg));
-    a->ops = ops;
-    a->cfg = *cfg;
+// Every activation and scratch buffer of the layer, in one list: with total
+// NULL it allocates them (a->field), else it only adds the bytes the backend
+// would reserve to *total, so the memory estimate is the allocation itself.
+static int layer_buffers(moe_layer_acts *a, const moe_layer_config *cfg, const moe_ops *ops,
+                         size_t *total) {
     size_t T = (size_t)cfg->T_max, D = (size_t)cfg->D, H = (size_t)cfg->H, E = (size_t)cfg->E;
     size_t k = (size_t)cfg->router.top_k, Hs = (size_t)cfg->H_shared;
     size_t Hm = H > Hs ? H : Hs, rows = T * k, nt = (size_t)cfg->n_tasks;
     size_t G = nt ? nt : T, jit = cfg->router.noise == MOE_NOISE_JITTER ? G * D : 0;
-    int rc = moe_plan_alloc(&a->plan, cfg->T_max, cfg->E, cfg->router.top_k);
-    if (rc < 0) return moe_trace(rc, __FILE__, __LINE__);
     size_t bytes = 0;
 #define ALLOC(field, n)                                                                            \
     do {                                                                                           \
         bytes = (n) * sizeof *a->field;                                                            \
-        if (bytes && !(a->field = ops->alloc(bytes))) goto fail;                                   \
+        if (total && bytes) *total += ops->alloc_size(bytes);                                      \
+        if (!total && bytes && !(a->field = ops->alloc(bytes))) goto fail;                         \
     } while (0)
     ALLOC(noise, jit);
     ALLOC(gate_in, jit);
@@ -139,16 +137,34 @@ int moe_layer_acts_alloc(moe_layer_acts *a, const moe_layer_config *cfg, const m
         ALLOC(dyr, R * D);
         ALLOC(dxr, R * D);
         ALLOC(dw, 3 * H * D);
-    } else { // the expert side is the local side
+    } else if (!total) { // the expert side is the local side
         a->xr = a->xe, a->abr = a->ab, a->hr = a->h, a->yr = a->ye;
         a->dyr = a->dye, a->dxr = a->dxe;
     }
 #undef ALLOC
     return 0;
 fail:
-    rc = moe_fail(MOE_ENOMEM, "moe layer acts: cannot allocate %zu bytes (%s backend)", bytes,
-                  ops->name);
-    moe_layer_acts_free(a);
+    return moe_fail(MOE_ENOMEM, "moe layer acts: cannot allocate %zu bytes (%s backend)", bytes,
+                    ops->name);
+}
+
+size_t moe_layer_acts_bytes(const moe_layer_config *cfg, const moe_ops *ops) {
+    moe_layer_acts dummy;
+    size_t total = moe_plan_bytes(cfg->T_max, cfg->E, cfg->router.top_k);
+    layer_buffers(&dummy, cfg, ops, &total);
+    return total;
+}
+
+int moe_layer_acts_alloc(moe_layer_acts *a, const moe_layer_config *cfg, const moe_ops *ops) {
+    if (!a || !ops) return moe_fail(MOE_EINVAL, "moe layer acts: NULL argument");
+    memset(a, 0, sizeof *a);
+    MOE_TRY(moe_layer_config_check(cfg));
+    a->ops = ops;
+    a->cfg = *cfg;
+    int rc = moe_plan_alloc(&a->plan, cfg->T_max, cfg->E, cfg->router.top_k);
+    if (rc < 0) return moe_trace(rc, __FILE__, __LINE__);
+    rc = layer_buffers(a, cfg, ops, NULL);
+    if (rc < 0) moe_layer_acts_free(a);
     return rc;
 }
 

@@ -1,5 +1,6 @@
 // Checkpoints: a folder with model.safetensors (Hugging Face Mixtral tensor
-// names), optimizer.safetensors (AdamW moments), config.json (the resolved
+// names), optimizer.safetensors (AdamW moments per tensor, NAME.exp_avg and
+// NAME.exp_avg_sq), config.json (the resolved
 // run config) and trainer_state.json (step, data cursors, dynamic-capacity
 // state). Written as DIR.tmp and swapped in by rename, so a crash leaves
 // either the old or the new checkpoint, never a mix.
@@ -8,6 +9,7 @@
 
 #include "moe/model.h"
 #include "moe/optim.h"
+#include "moe/parallel.h"
 
 #include <stdint.h>
 
@@ -16,8 +18,10 @@ typedef struct {
     uint64_t cursor[2]; // data cursors (train, val)
 } moe_train_state;
 
+// par: the process grid (NULL in a single process). Every rank calls it; the
+// expert shards are gathered and rank 0 writes; all ranks return its status.
 int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
-                  const moe_train_state *st);
+                  const moe_train_state *st, moe_parallel *par);
 // Loads parameters (every tensor must exist with the model's shape, and no
 // other tensor may be present), the dynamic-capacity state, and, when opt/st
 // are given, the optimizer and trainer state. A crash mid-swap is recovered by

@@ -101,6 +101,17 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
 int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targets,
                        const int32_t *task);
 
+// Bytes a model would take, computed from the same layout the model
+// allocates, without allocating: the memory estimator (moe plan) uses it.
+typedef struct {
+    size_t params, grads;  // flat parameter and gradient buffers
+    size_t activations;    // saved activations and backward scratch (dense part)
+    size_t moe;            // MoE layers: routing plans, expert buffers, capacity state
+    size_t n_params;       // floats on this rank
+} moe_model_mem;
+int moe_model_memory(const moe_config *cfg, int B, int T, int n_tasks, int ep_size, int ep_rank,
+                     moe_model_mem *out);
+
 // Doubles in m->load (MoE layers x usage_E).
 size_t moe_model_load_len(const moe_model *m);
 // Once per optimizer step: feeds the mean load per forward (m->load /

@@ -141,6 +141,8 @@ typedef struct {
 } moe_layer_acts;
 
 int moe_layer_acts_alloc(moe_layer_acts *a, const moe_layer_config *cfg, const moe_ops *ops);
+// Bytes moe_layer_acts_alloc takes for cfg on ops (the routing plan included).
+size_t moe_layer_acts_bytes(const moe_layer_config *cfg, const moe_ops *ops);
 void moe_layer_acts_free(moe_layer_acts *a);
 
 // y [T, D] = MoE(x [T, D]) (+ shared expert). task_id [T]: required with

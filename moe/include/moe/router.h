@@ -71,6 +71,8 @@ typedef struct {
 } moe_plan;
 
 int moe_plan_alloc(moe_plan *plan, int T_max, int E, int k);
+// Bytes moe_plan_alloc takes for these sizes.
+size_t moe_plan_bytes(int T_max, int E, int k);
 void moe_plan_free(moe_plan *plan);
 
 // Static capacity C = max(min_capacity, ceil(k*T/E * capacity_factor)).

@@ -37,12 +37,14 @@ typedef struct {
     FILE *report;                // summary table at the end (NULL: none)
     bool quiet;                  // no progress display
     double *losses;              // optional [train.steps]: loss of each step
-    long stop_after;             // > 0: checkpoint and stop once this many steps are done
+        long stop_after;             // > 0: checkpoint and stop once this many steps are done
+    struct moe_comm *world;      // every rank of the job; NULL: this process alone
 } moe_train_opts;
 
 typedef struct {
     long steps;       // optimizer steps completed
-    bool interrupted; // stopped by opts->stop
+        bool interrupted; // stopped by opts->stop
+    bool agreed;      // the failure was agreed by every rank (setup), not one rank's
     double first_loss, last_loss;
     double tokens_per_s;  // mean over the run
     double drop_rate;     // mean over the run

@@ -1,0 +1,38 @@
+// The process grid of a training run: world = dp x ep ranks, rank =
+// dp_rank * ep + ep_rank. An expert-parallel (EP) group is ep consecutive
+// ranks sharing one copy of every expert; ranks with the same ep_rank hold
+// the same experts and form an expert data-parallel group. Dense gradients
+// are summed over the world, expert gradients over the expert DP group, both
+// in rank order (bit-reproducible).
+#ifndef MOE_PARALLEL_H
+#define MOE_PARALLEL_H
+
+#include "moe/comm.h"
+#include "moe/config.h"
+#include "moe/model.h"
+
+typedef struct {
+    moe_comm *world; // every rank (a local communicator in a single process)
+    moe_comm *ep;    // this rank's EP group
+    moe_comm *edp;   // ranks holding the same experts
+    int size, rank, ep_size, ep_rank, dp_size, dp_rank;
+    moe_a2a_algo algo;
+    moe_ep_group group; // the model's exchange, bound to ep
+    float *pack;        // staging for grouped all-reduces
+    size_t pack_n;
+} moe_parallel;
+
+// Builds the grid over world (not owned) from parallel.ep and comm.all_to_all;
+// size % ep and E % ep are checked (the caller agrees the status over ranks).
+int moe_parallel_init(moe_parallel *p, moe_comm *world, const moe_config *cfg);
+void moe_parallel_free(moe_parallel *p);
+
+// Sums the gradients of every rank: dense tensors over the world, expert
+// tensors over the expert DP group.
+int moe_parallel_allreduce_grads(moe_parallel *p, moe_model *m);
+// Global L2 norm of the gradients: per-tensor sums of squares (an expert's
+// three tensors count as one unit) added in model order over every expert of
+// every layer, so one process and any grid give the same bits.
+int moe_parallel_grad_norm(moe_parallel *p, const moe_model *m, double *norm);
+
+#endif

@@ -1,0 +1,49 @@
+// The planner behind `moe plan` and `moe train --dry-run`: memory of one rank
+// (computed from the same layouts the trainer allocates, so it matches the
+// library's allocation high-water mark), and the all-to-all traffic and an
+// alpha-beta time estimate per optimizer step, flat vs hierarchical.
+#ifndef MOE_PLAN_H
+#define MOE_PLAN_H
+
+#include "moe/comm.h"
+#include "moe/config.h"
+
+#include <stdio.h>
+
+typedef struct {
+    size_t params, grads, optimizer; // flat buffers; optimizer: AdamW m, v and decay mask
+    size_t activations;              // dense activations and scratch
+    size_t moe;                      // routing plans, expert row buffers, capacity state
+    size_t step;                     // token/target/task buffers, accumulation buffer
+    size_t data;                     // tokens of a bin/text data file
+    size_t grad_pack;                // staging of the gradient all-reduces
+    size_t total;                    // predicted peak of the library's allocations
+    size_t n_params;                 // parameters held by this rank
+} moe_mem_plan;
+
+// Memory of rank `rank` of `world` ranks for cfg (parallel.ep from cfg).
+int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *out);
+
+typedef struct {
+    int world, nodes, ranks_per_node; // the machine
+    double gbps[2], latency_us[2];    // intra-node, inter-node links
+} moe_machine;
+
+typedef struct {
+    long calls;       // all-to-all calls per step per rank
+    long bytes, msgs; // payload sent to other ranks, per step per rank
+    double seconds;   // alpha-beta estimate per step
+} moe_a2a_plan;
+
+// All-to-all traffic of one rank per optimizer step, assuming every expert is
+// filled to its static capacity (exact when every expert overflows; an upper
+// bound otherwise; dropless configs are estimated at k*T/E rows per expert).
+// Per MoE layer and micro-batch: one call of expert counts, then rows to the
+// experts, back, and the same two in the backward pass.
+int moe_plan_a2a(const moe_config *cfg, const moe_machine *mc, moe_a2a_algo algo,
+                 moe_a2a_plan *out);
+
+// Prints the plan a person reads.
+int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f);
+
+#endif

@@ -1,0 +1,199 @@
+// Distributed training equals single-process training (run under
+// `mpirun -np 4`). The reference is one process with grad_accum = 4: its
+// micro-batch r is rank r's batch, routed alone as that rank routes it.
+//   ep=4            bit-identical losses and final weights
+//   ep=4, 2 nodes   hierarchical all-to-all, bit-identical
+//   ep=2 x dp=2     losses within 1e-6 relative, weights within 1e-6 relative
+//                   L2 per tensor: each expert's gradient is summed as
+//                   (g0 + g1) + (g2 + g3) over the two EP groups instead of
+//                   ((g0 + g1) + g2) + g3, so the last bits may differ
+// Checkpoints cross over: 4 ranks -> 1 process and 1 process -> 4 ranks.
+#include "moe/checkpoint.h"
+#include "moe/comm.h"
+#include "moe/error.h"
+#include "moe/safetensors.h"
+#include "moe/train.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { STEPS = 6, W = 4 };
+static int failures, checks, rank;
+
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        checks++;                                                                                  \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__);                         \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+        }                                                                                          \
+    } while (0)
+
+static moe_config base(int ep, const char *a2a) {
+    moe_config c;
+    moe_config_default(&c);
+    const char *sets[] = {
+        "model.d_model=32",      "model.n_layers=2",          "model.d_ff=48",
+        "model.seq_len=16",      "moe.num_experts=8",         "train.batch_size=2",
+        "train.eval_every=0",    "train.warmup_steps=2",      "router.noise=gumbel",
+        "capacity.mode=dynamic", "router.capacity_factor=1.0"};
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+        moe_config_set(&c, NULL, sets[i]);
+    c.train.steps = STEPS;
+    c.parallel.ep = ep;
+    snprintf(c.comm.all_to_all, sizeof c.comm.all_to_all, "%s", a2a);
+    return c;
+}
+
+// Compares two checkpoints' model.safetensors tensor by tensor.
+static void compare_models(const char *a, const char *b, double rel_tol, const char *what) {
+    char pa[1024], pb[1024];
+    snprintf(pa, sizeof pa, "%s/model.safetensors", a);
+    snprintf(pb, sizeof pb, "%s/model.safetensors", b);
+    moe_st_file *fa, *fb;
+    CHECK(moe_st_open(pa, &fa) == 0 && moe_st_open(pb, &fb) == 0, "%s: %s", what, moe_last_error());
+    CHECK(fa->n_tensors == fb->n_tensors, "%s: %d vs %d tensors", what, fa->n_tensors,
+          fb->n_tensors);
+    double worst = 0;
+    for (int i = 0; i < fa->n_tensors; i++) {
+        const moe_st_tensor *ta = &fa->tensors[i], *tb = moe_st_find(fb, ta->name);
+        CHECK(tb && tb->nbytes == ta->nbytes, "%s: tensor %s", what, ta->name);
+        if (!tb || tb->nbytes != ta->nbytes) continue;
+        float *x = malloc(ta->nbytes), *y = malloc(tb->nbytes);
+        moe_st_read(fa, ta, x, ta->nbytes);
+        moe_st_read(fb, tb, y, tb->nbytes);
+        // per-tensor relative L2 error |x - y| / |y|
+        double diff = 0, norm = 0;
+        for (size_t j = 0; j < ta->nbytes / 4; j++) {
+            diff += ((double)x[j] - y[j]) * ((double)x[j] - y[j]);
+            norm += (double)y[j] * y[j];
+        }
+        double rel = norm > 0 ? sqrt(diff / norm) : sqrt(diff);
+        if (rel > worst) worst = rel;
+        if (rel_tol == 0) CHECK(!memcmp(x, y, ta->nbytes), "%s: %s differs", what, ta->name);
+        free(x);
+        free(y);
+    }
+    if (rel_tol > 0) CHECK(worst <= rel_tol, "%s: weights differ by %.3g relative", what, worst);
+    if (rank == 0)
+        printf("%s: largest per-tensor relative L2 weight difference %.3g\n", what, worst);
+    moe_st_close(fa);
+    moe_st_close(fb);
+}
+
+// Trains cfg on every rank (world) into out; losses of every step.
+static int train_dist(moe_comm *world, moe_config c, const char *out, const char *resume,
+                      long stop_after, double *losses) {
+    moe_train_opts o = {.out_dir = out,
+                        .resume_dir = resume,
+                        .quiet = true,
+                        .losses = losses,
+                        .stop_after = stop_after,
+                        .world = world};
+    moe_train_result r;
+    int rc = moe_train(&c, &o, &r);
+    CHECK(rc == 0, "distributed training: %s", moe_last_error());
+    if (rc == 0 && !r.interrupted) moe_eval_result_free(&r.eval);
+    return rc;
+}
+
+// The single-process reference: the same global batch as grad_accum = W.
+static int train_ref(moe_config c, const char *out, const char *resume, long stop_after,
+                     double *losses) {
+    c.parallel.ep = 1;
+    c.train.grad_accum = W;
+    moe_train_opts o = {.out_dir = out,
+                        .resume_dir = resume,
+                        .quiet = true,
+                        .losses = losses,
+                        .stop_after = stop_after};
+    moe_train_result r;
+    int rc = moe_train(&c, &o, &r);
+    CHECK(rc == 0, "reference training: %s", moe_last_error());
+    if (rc == 0 && !r.interrupted) moe_eval_result_free(&r.eval);
+    return rc;
+}
+
+static void scenario(const char *dir, int ep, int ranks_per_node, const char *a2a, double tol) {
+    moe_comm *world;
+    if (moe_comm_mpi_world(&world, ranks_per_node)) {
+        CHECK(0, "world: %s", moe_last_error());
+        return;
+    }
+    char name[64], dist[800], ref[800], ck[900], ref_half[800], cross[800];
+    snprintf(name, sizeof name, "ep%d-rpn%d-%s", ep, ranks_per_node, a2a);
+    snprintf(dist, sizeof dist, "%s/%s-dist", dir, name);
+    snprintf(ref, sizeof ref, "%s/%s-ref", dir, name);
+    moe_config c = base(ep, a2a);
+    double ld[STEPS] = {0}, lr[STEPS] = {0};
+    train_dist(world, c, dist, NULL, 0, ld);
+    if (rank == 0) {
+        train_ref(c, ref, NULL, 0, lr);
+        for (int s = 0; s < STEPS; s++) {
+            if (tol == 0)
+                CHECK(ld[s] == lr[s], "%s step %d: loss %.17g vs %.17g", name, s, ld[s], lr[s]);
+            else
+                CHECK(fabs(ld[s] - lr[s]) <= tol * fabs(lr[s]), "%s step %d: %.9g vs %.9g", name, s,
+                      ld[s], lr[s]);
+        }
+        char a[900], b[900];
+        snprintf(a, sizeof a, "%s/checkpoint", dist);
+        snprintf(b, sizeof b, "%s/checkpoint", ref);
+        compare_models(a, b, tol, name);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+
+    // 1 process -> 4 ranks: the reference stops halfway, the ranks go on.
+    snprintf(ref_half, sizeof ref_half, "%s/%s-ref-half", dir, name);
+    snprintf(cross, sizeof cross, "%s/%s-cross", dir, name);
+    if (rank == 0) train_ref(c, ref_half, NULL, STEPS / 2, NULL);
+    MPI_Barrier(MPI_COMM_WORLD);
+    snprintf(ck, sizeof ck, "%s/checkpoint", ref_half);
+    train_dist(world, c, cross, ck, 0, NULL);
+    // 4 ranks -> 1 process: the ranks stop halfway, the reference goes on.
+    char dist_half[800], cross2[800];
+    snprintf(dist_half, sizeof dist_half, "%s/%s-dist-half", dir, name);
+    snprintf(cross2, sizeof cross2, "%s/%s-cross2", dir, name);
+    train_dist(world, c, dist_half, NULL, STEPS / 2, NULL);
+    if (rank == 0) {
+        snprintf(ck, sizeof ck, "%s/checkpoint", dist_half);
+        train_ref(c, cross2, ck, 0, NULL);
+        char a[900], b[900];
+        snprintf(a, sizeof a, "%s/checkpoint", ref);
+        snprintf(b, sizeof b, "%s/checkpoint", cross);
+        compare_models(a, b, tol, "1 process -> 4 ranks");
+        snprintf(b, sizeof b, "%s/checkpoint", cross2);
+        compare_models(a, b, tol, "4 ranks -> 1 process");
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    moe_comm_free(world);
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    char dir[512] = "";
+    if (rank == 0) snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (size != W) {
+        if (rank == 0) fprintf(stderr, "mpi_train: run with mpirun -np %d\n", W);
+        MPI_Finalize();
+        return 2;
+    }
+    scenario(dir, 4, 0, "flat", 0);
+    scenario(dir, 4, 2, "hierarchical", 0);
+    scenario(dir, 2, 0, "flat", 1e-6);
+    int total[2] = {failures, checks};
+    MPI_Allreduce(MPI_IN_PLACE, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0) printf("mpi_train: %d passed, %d failed\n", total[1] - total[0], total[0]);
+    MPI_Finalize();
+    return total[0] ? 1 : 0;
+}

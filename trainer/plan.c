@@ -1,0 +1,168 @@
+// Memory and communication plan of a run (see moe/plan.h). Memory comes from
+// the layouts the trainer allocates (moe_model_memory and the buffers of the
+// loop), communication from the all-to-all algorithm's traffic formulas.
+#include "moe/plan.h"
+#include "moe/error.h"
+#include "moe/model.h"
+#include "moe/router.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+
+// Tokens a data file will hold in memory (bin: header count; text: bytes).
+static int data_tokens(const moe_config *cfg, size_t *n) {
+    *n = 0;
+    if (!strcmp(cfg->data.kind, "synthetic")) return 0;
+    FILE *f = fopen(cfg->data.path, "rb");
+    if (!f) return moe_fail(MOE_EIO, "%s: cannot open: %s", cfg->data.path, strerror(errno));
+    if (!strcmp(cfg->data.kind, "bin")) {
+        int32_t h[3];
+        if (fread(h, sizeof h, 1, f) != 1) {
+            fclose(f);
+            return moe_fail(MOE_EFORMAT, "%s: truncated header", cfg->data.path);
+        }
+        *n = (size_t)(uint32_t)h[2];
+    } else {
+        struct stat st;
+        if (fstat(fileno(f), &st) == 0) *n = (size_t)st.st_size;
+    }
+    fclose(f);
+    return 0;
+}
+
+int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *out) {
+    memset(out, 0, sizeof *out);
+    MOE_TRY(moe_config_check(cfg, NULL));
+    const int ep = cfg->parallel.ep, B = cfg->train.batch_size, T = cfg->model.seq_len;
+    if (world < 1 || world % ep || rank < 0 || rank >= world)
+        return moe_fail(MOE_EINVAL, "plan: %d ranks cannot hold expert-parallel groups of %d",
+                        world, ep);
+    int n_tasks = strcmp(cfg->data.kind, "synthetic") ? 1 : cfg->data.n_tasks;
+    moe_model_mem mm;
+    MOE_TRY(moe_model_memory(cfg, B, T, n_tasks, ep, rank % ep, &mm));
+    const size_t n = mm.n_params;
+    out->n_params = n;
+    out->params = mm.params;
+    out->grads = mm.grads;
+    out->optimizer = 2 * (n ? n : 1) * sizeof(float) + (n ? n : 1); // m, v, decay mask
+    out->activations = mm.activations;
+    out->moe = mm.moe;
+    out->step = 2 * (size_t)B * T * sizeof(int32_t) + (size_t)B * sizeof(int32_t) +
+                (cfg->train.grad_accum > 1 ? n : 1) * sizeof(float);
+    size_t tokens;
+    MOE_TRY(data_tokens(cfg, &tokens));
+    out->data = tokens * sizeof(int32_t);
+    // The all-reduce staging grows to the larger of the dense gradients
+    // (summed over the world) and the expert gradients (over the DP group).
+    size_t expert = 0;
+    for (int l = 0; l < cfg->model.n_layers; l++) {
+        int E = moe_config_experts(cfg, l);
+        size_t H = cfg->moe.d_expert ? cfg->moe.d_expert : cfg->model.d_ff;
+        expert += (size_t)(E / ep) * 3 * H * cfg->model.d_model;
+    }
+    size_t pack = 0;
+    if (world > 1) pack = n - expert;
+    if (world / ep > 1 && expert > pack) pack = expert;
+    out->grad_pack = pack * sizeof(float);
+    out->total = out->params + out->grads + out->optimizer + out->activations + out->moe +
+                 out->step + out->data + out->grad_pack;
+    return 0;
+}
+
+// Bytes and messages of one all-to-all call with c elements of es bytes to
+// every peer, over P ranks in nodes of G (the formulas of comm.h's
+// moe_comm_a2a_predict for a uniform count matrix), and its alpha-beta time.
+static void a2a_call(long c, size_t es, int P, int G, moe_a2a_algo algo, const moe_machine *mc,
+                     long *bytes, long *msgs, double *sec) {
+    const int N = P / G;
+    const double a[2] = {mc->latency_us[0] * 1e-6, mc->latency_us[1] * 1e-6};
+    const double b[2] = {8.0 / (mc->gbps[0] * 1e9), 8.0 / (mc->gbps[1] * 1e9)}; // s per byte
+    if (c <= 0 || P == 1) return;
+    if (algo == MOE_A2A_FLAT || G == 1 || G == P) {
+        long per = c * (long)es;
+        int intra = G - 1, inter = P - G; // peers on my node, on other nodes
+        *bytes += per * (P - 1);
+        *msgs += P - 1;
+        *sec += intra * (a[0] + per * b[0]) + inter * (a[1] + per * b[1]);
+        return;
+    }
+    // step 1: to each local peer, my rows for its index on every node (N c);
+    // step 2: to each other node, my node's rows for my index there (G c).
+    long s1 = (long)N * c * (long)es, s2 = (long)G * c * (long)es;
+    *bytes += s1 * (G - 1) + s2 * (N - 1);
+    *msgs += (G - 1) + (N - 1);
+    *sec += (G - 1) * (a[0] + s1 * b[0]) + (N - 1) * (a[1] + s2 * b[1]);
+}
+
+int moe_plan_a2a(const moe_config *cfg, const moe_machine *mc, moe_a2a_algo algo,
+                 moe_a2a_plan *out) {
+    memset(out, 0, sizeof *out);
+    const int P = cfg->parallel.ep, G0 = mc->ranks_per_node;
+    if (mc->world % P)
+        return moe_fail(MOE_EINVAL, "plan: parallel.ep = %d does not divide %d ranks", P,
+                        mc->world);
+    // Nodes as the EP group (P consecutive ranks) sees them.
+    int G = P <= G0 ? (G0 % P == 0 ? P : 1) : (P % G0 == 0 ? G0 : 1);
+    const long tokens = (long)cfg->train.batch_size * cfg->model.seq_len;
+    const int k = cfg->router.top_k;
+    for (int l = 0; l < cfg->model.n_layers; l++) {
+        const int E = moe_config_experts(cfg, l);
+        if (!E || P == 1) continue;
+        int C = moe_capacity_static(&cfg->router, (int)tokens, E);
+        if (C < 0) C = (int)((k * tokens + E - 1) / E); // dropless: balanced estimate
+        const long El = E / P, rows = El * C;
+        const size_t row_bytes = (size_t)cfg->model.d_model * sizeof(float);
+        for (int a = 0; a < cfg->train.grad_accum; a++) {
+            a2a_call(El, sizeof(int), P, G, algo, mc, &out->bytes, &out->msgs, &out->seconds);
+            for (int i = 0; i < 4; i++) // rows out, back; in backward the same two
+                a2a_call(rows, row_bytes, P, G, algo, mc, &out->bytes, &out->msgs, &out->seconds);
+            out->calls += 5;
+        }
+    }
+    return 0;
+}
+
+static double mib(size_t b) {
+    return b / 1048576.0;
+}
+
+int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
+    moe_mem_plan m;
+    MOE_TRY(moe_plan_memory(cfg, mc->world, 0, &m));
+    const int ep = cfg->parallel.ep;
+    fprintf(f, "plan: %d node%s x %d ranks = %d ranks; expert parallel %d x data parallel %d\n",
+            mc->nodes, mc->nodes == 1 ? "" : "s", mc->ranks_per_node, mc->world, ep,
+            mc->world / ep);
+    fprintf(f, "\nmemory per rank (every rank the same), MiB:\n");
+    fprintf(f, "  %-34s %10.2f  (%zu parameters)\n", "parameters", mib(m.params), m.n_params);
+    fprintf(f, "  %-34s %10.2f\n", "gradients", mib(m.grads));
+    fprintf(f, "  %-34s %10.2f\n", "optimizer (AdamW m, v, decay mask)", mib(m.optimizer));
+    fprintf(f, "  %-34s %10.2f\n", "activations (dense)", mib(m.activations));
+    fprintf(f, "  %-34s %10.2f\n", "MoE routing and expert buffers", mib(m.moe));
+    fprintf(f, "  %-34s %10.2f\n", "step buffers", mib(m.step));
+    fprintf(f, "  %-34s %10.2f\n", "data", mib(m.data));
+    fprintf(f, "  %-34s %10.2f\n", "gradient all-reduce staging", mib(m.grad_pack));
+    fprintf(f, "  %-34s %10.2f  (%zu bytes)\n", "total (predicted peak)", mib(m.total), m.total);
+    if (ep == 1) {
+        fprintf(f, "\nall-to-all: none (parallel.ep = 1: every expert is local)\n");
+        return 0;
+    }
+    fprintf(f,
+            "\nall-to-all per optimizer step per rank (links: intra %.0f Gb/s %.1f us, inter "
+            "%.0f Gb/s %.1f us):\n",
+            mc->gbps[0], mc->latency_us[0], mc->gbps[1], mc->latency_us[1]);
+    fprintf(f, "  %-13s %8s %14s %10s %12s\n", "algorithm", "calls", "bytes", "messages",
+            "est. time");
+    for (int algo = 0; algo < 2; algo++) {
+        moe_a2a_plan a;
+        MOE_TRY(moe_plan_a2a(cfg, mc, (moe_a2a_algo)algo, &a));
+        fprintf(f, "  %-13s %8ld %14ld %10ld %9.3f ms\n", algo ? "hierarchical" : "flat", a.calls,
+                a.bytes, a.msgs, 1e3 * a.seconds);
+    }
+    fprintf(f, "  (every expert filled to its capacity: exact when all overflow, else an upper "
+               "bound)\n");
+    return 0;
+}

@@ -11,6 +11,7 @@
 #include "moe/checkpoint.h"
 #include "moe/comm.h"
 #include "moe/error.h"
+#include "moe/plan.h"
 #include "moe/safetensors.h"
 #include "moe/train.h"
 #include "testutil.h"
@@ -175,6 +176,41 @@ static void scenario(const char *dir, int ep, int ranks_per_node, const char *a2
     moe_comm_free(world);
 }
 
+// moe plan's all-to-all bytes and messages equal the measured counters when
+// every expert overflows its capacity (then every count is the capacity).
+static void plan_matches_counters(const char *dir, moe_a2a_algo algo) {
+    moe_comm *world;
+    if (moe_comm_mpi_world(&world, 2)) { // two simulated nodes of 2 ranks
+        CHECK(0, "world: %s", moe_last_error());
+        return;
+    }
+    moe_config c = base(4, algo == MOE_A2A_FLAT ? "flat" : "hierarchical");
+    moe_config_set(&c, NULL, "capacity.mode=static");
+    moe_config_set(&c, NULL, "router.capacity_factor=0.05"); // C = 1 of ~16 per expert
+    moe_config_set(&c, NULL, "router.min_capacity=1");
+    moe_config_set(&c, NULL, "train.batch_size=4");
+    c.train.steps = 3;
+    char out[800];
+    snprintf(out, sizeof out, "%s/plan-%d", dir, (int)algo);
+    moe_train_opts o = {.out_dir = out, .quiet = true, .world = world};
+    moe_train_result r;
+    int rc = moe_train(&c, &o, &r);
+    CHECK(rc == 0, "plan run: %s", moe_last_error());
+    if (rc == 0) moe_eval_result_free(&r.eval);
+    moe_machine mc = {4, 2, 2, {400, 100}, {2, 5}};
+    moe_a2a_plan p;
+    CHECK(moe_plan_a2a(&c, &mc, algo, &p) == 0, "plan: %s", moe_last_error());
+    CHECK(r.a2a_bytes == 3 * p.bytes && r.a2a_msgs == 3 * p.msgs,
+          "%s: measured %ld bytes %ld messages over 3 steps, plan %ld and %ld per step",
+          algo == MOE_A2A_FLAT ? "flat" : "hierarchical", r.a2a_bytes, r.a2a_msgs, p.bytes, p.msgs);
+    if (rank == 0)
+        printf("plan vs measured (%s, 3 steps): %ld bytes, %ld messages per step predicted; "
+               "%ld, %ld measured\n",
+               algo == MOE_A2A_FLAT ? "flat" : "hierarchical", p.bytes, p.msgs, r.a2a_bytes / 3,
+               r.a2a_msgs / 3);
+    moe_comm_free(world);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int size;
@@ -191,6 +227,8 @@ int main(int argc, char **argv) {
     scenario(dir, 4, 0, "flat", 0);
     scenario(dir, 4, 2, "hierarchical", 0);
     scenario(dir, 2, 0, "flat", 1e-6);
+    plan_matches_counters(dir, MOE_A2A_FLAT);
+    plan_matches_counters(dir, MOE_A2A_HIERARCHICAL);
     int total[2] = {failures, checks};
     MPI_Allreduce(MPI_IN_PLACE, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (rank == 0) printf("mpi_train: %d passed, %d failed\n", total[1] - total[0], total[0]);

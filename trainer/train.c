@@ -59,8 +59,28 @@ static const char *nonfinite_grad(const moe_model *m) {
     return "(none)";
 }
 
+// Communication of this rank in one step: all-to-all in the EP group, and
+// all-reduces over the world, the expert DP group and the EP group.
+typedef struct {
+    long a2a_bytes, a2a_msgs, ar_bytes;
+    double a2a_s, ar_s;
+} comm_step;
+
+static comm_step comm_now(const moe_parallel *p) {
+    comm_step c = {0};
+    const moe_comm *comms[3] = {p->world, p->edp, p->ep};
+    for (int i = 0; i < 3; i++) {
+        moe_comm_stats s;
+        moe_comm_stats_get(comms[i], &s);
+        c.a2a_bytes += s.bytes_sent, c.a2a_msgs += s.msgs_sent, c.a2a_s += s.t_alltoall;
+        c.ar_bytes += s.allreduce_bytes_sent, c.ar_s += s.t_allreduce;
+    }
+    return c;
+}
+
 static void write_metrics(FILE *f, long step, const moe_model *m, double loss, double ce,
-                          double aux, double z, float lr, double gnorm, double tps, double drop) {
+                          double aux, double z, float lr, double gnorm, double tps, double drop,
+                          comm_step c) {
     fprintf(f,
             "{\"step\": %ld, \"loss\": %.6f, \"ce\": %.6f, \"aux\": %.6f, \"z\": %.6f, \"lr\": "
             "%.6g, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"drop_rate\": %.6f, \"layers\": [",
@@ -81,7 +101,10 @@ static void write_metrics(FILE *f, long step, const moe_model *m, double loss, d
         fprintf(f, "]}");
         first = 0;
     }
-    fprintf(f, "]}\n");
+    fprintf(f,
+            "], \"comm\": {\"a2a_bytes\": %ld, \"a2a_msgs\": %ld, \"a2a_s\": %.6f, "
+            "\"allreduce_bytes\": %ld, \"allreduce_s\": %.6f}}\n",
+            c.a2a_bytes, c.a2a_msgs, c.a2a_s, c.ar_bytes, c.ar_s);
     fflush(f);
 }
 
@@ -193,6 +216,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     long steps_run = 0;
     for (long step = st.step; step < total; step++) {
         double t0 = now(), parts[4] = {0, 0, 0, 0}; // loss, ce, aux, z
+        const comm_step c0 = comm_now(&par);
         if (accum > 1) memset(acc, 0, sizeof(float) * n);
         for (int a = 0; a < accum; a++) {
             // Each micro-batch's gradient starts from zero and is added to
@@ -259,9 +283,13 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         if (o->losses) o->losses[step] = loss;
         if (steps_run == 1) r->first_loss = loss;
         r->last_loss = loss;
+        comm_step c = comm_now(&par);
+        c.a2a_bytes -= c0.a2a_bytes, c.a2a_msgs -= c0.a2a_msgs, c.a2a_s -= c0.a2a_s;
+        c.ar_bytes -= c0.ar_bytes, c.ar_s -= c0.ar_s;
+        r->a2a_bytes += c.a2a_bytes, r->a2a_msgs += c.a2a_msgs;
         if (metrics)
             write_metrics(metrics, step + 1, &m, loss, parts[1], parts[2], parts[3], lr, gnorm, tps,
-                          drop);
+                          drop, c);
         double eta = (now() - t_start) / steps_run * (total - step - 1);
         if (!quiet && (tty || (step + 1) % cfg->train.log_every == 0 || step + 1 == total))
             progress(tty, step + 1, total, loss, tokens / (now() - t_start), drop, eta);

@@ -37,18 +37,19 @@ typedef struct {
     FILE *report;                // summary table at the end (NULL: none)
     bool quiet;                  // no progress display
     double *losses;              // optional [train.steps]: loss of each step
-        long stop_after;             // > 0: checkpoint and stop once this many steps are done
+    long stop_after;             // > 0: checkpoint and stop once this many steps are done
     struct moe_comm *world;      // every rank of the job; NULL: this process alone
 } moe_train_opts;
 
 typedef struct {
     long steps;       // optimizer steps completed
-        bool interrupted; // stopped by opts->stop
+    bool interrupted; // stopped by opts->stop
     bool agreed;      // the failure was agreed by every rank (setup), not one rank's
     double first_loss, last_loss;
-    double tokens_per_s;  // mean over the run
-    double drop_rate;     // mean over the run
-    moe_eval_result eval; // final evaluation (caller frees)
+    double tokens_per_s;      // mean over the run
+    double drop_rate;         // mean over the run
+    long a2a_bytes, a2a_msgs; // all-to-all payload this rank sent over the run
+    moe_eval_result eval;     // final evaluation (caller frees)
 } moe_train_result;
 
 int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *r);

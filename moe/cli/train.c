@@ -5,6 +5,7 @@
 #include "moe/cli/cli.h"
 #include "moe/comm.h"
 #include "moe/error.h"
+#include "moe/plan.h"
 
 #include <limits.h>
 #include <signal.h>
@@ -28,7 +29,7 @@ static int exit_code(int rc) {
 
 static const char *train_help =
     "usage: moe train CONFIG.json [--set key=value]... [--out DIR] [--resume CKPT_DIR]\n"
-    "                 [--steps N] [--quiet]\n"
+    "                 [--steps N] [--quiet] [--dry-run]\n"
     "       moe train --help-config      list every config key with its default\n"
     "\n"
     "Trains the model CONFIG describes (a JSON file of sections: model, moe, router,\n"
@@ -36,11 +37,14 @@ static const char *train_help =
     "key (typed by the key: --set router.top_k=1 --set moe.num_experts=[4,8]); --steps N\n"
     "is --set train.steps=N. The run folder (default runs/<config name>) receives\n"
     "config.json (resolved), metrics.jsonl and checkpoint/. --resume continues from a\n"
-    "checkpoint folder bit-exactly. Ctrl-C saves a checkpoint and exits with 130.\n";
+    "checkpoint folder bit-exactly. Ctrl-C saves a checkpoint and exits with 130.\n"
+    "--dry-run prints the memory plan (as moe plan) and exits. Under mpirun or srun\n"
+    "every rank trains (parallel.ep experts-parallel ranks x data parallel).\n";
 
 // Loads CONFIG and applies --set/--steps; fills out_dir and resume.
 static int parse_train_args(int argc, char **argv, moe_config *cfg, const char **out,
-                            const char **resume, bool *quiet, char *default_out, size_t cap) {
+                            const char **resume, bool *quiet, bool *dry_run, char *default_out,
+                            size_t cap) {
     const char *config = NULL;
     moe_config_src *src = moe_config_src_new();
     int rc = 0;
@@ -66,6 +70,8 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, const char *
             sets[n_sets++] = buf;
         } else if (!strcmp(argv[i], "--quiet")) {
             *quiet = true;
+        } else if (!strcmp(argv[i], "--dry-run")) {
+            *dry_run = true;
         } else if (argv[i][0] == '-') {
             moe_fail(MOE_EINVAL, "unknown option '%s' (see moe train --help)", argv[i]);
             goto usage;
@@ -111,10 +117,17 @@ int moe_cli_train(int argc, char **argv) {
     }
     moe_config cfg;
     const char *out = NULL, *resume = NULL;
-    bool quiet = false;
+    bool quiet = false, dry_run = false;
     char default_out[PATH_MAX];
-    if (parse_train_args(argc, argv, &cfg, &out, &resume, &quiet, default_out, sizeof default_out))
+    if (parse_train_args(argc, argv, &cfg, &out, &resume, &quiet, &dry_run, default_out,
+                         sizeof default_out))
         return moe_cli_fail("train", MOE_EXIT_USAGE, "%s", moe_last_error());
+    if (dry_run) { // the memory plan of this config on parallel.ep ranks of one node
+        moe_machine mc = {cfg.parallel.ep, 1, cfg.parallel.ep, {400, 100}, {2, 5}};
+        if (moe_plan_print(&cfg, &mc, stdout) < 0)
+            return moe_cli_fail("train", MOE_EXIT_USAGE, "%s", moe_last_error());
+        return MOE_EXIT_OK;
+    }
     interrupted = 0;
     void (*old)(int) = signal(SIGINT, on_sigint);
     moe_train_opts o = {out, resume, &interrupted, stdout, quiet, NULL, 0, NULL};

@@ -30,6 +30,8 @@ static const char *configs[][3] = {
     {"cce,seq_len=256", "loss.impl=cce", "model.seq_len=256"},
     {"dense", "moe.every=0", ""},
     {"pyramid+shared", "moe.num_experts=[4,4,8,8]", "moe.shared_experts=1"},
+    {"mini_seq=4", "memory.mini_seq=4", "memory.recompute=moe"},
+    {"mini_seq=8", "memory.mini_seq=8", "memory.recompute=moe"},
 };
 
 int main(int argc, char **argv) {

@@ -26,6 +26,8 @@ static const char *variants[][4] = {
     {"train.grad_accum=2", "capacity.mode=dynamic", "", ""},
     {"moe.task_layers=[1]", "router.capacity_factor=0", "", ""},
     {"moe.num_experts=[4,8]", "moe.d_expert=64", "", ""},
+    {"memory.mini_seq=4", "memory.recompute=moe", "", ""},
+    {"memory.mini_seq=8", "memory.recompute=moe", "moe.every=2", "loss.impl=cce"},
 };
 
 START_TEST(test_estimate_matches_measured_peak) {

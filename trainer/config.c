@@ -120,8 +120,9 @@ static const key_def keys[] = {
      "cce backward skips vocabulary tiles whose probabilities are below float epsilon"},
     {"memory.mini_seq", K_INT, F(memory.mini_seq), NO, "1", NULL,
      "chunks per sequence in MLP/MoE and LM head"},
-    {"memory.recompute", K_STR, F(memory.recompute), NO, "none", "none|moe|all",
-     "activation recomputation"},
+    {"memory.recompute", K_STR, F(memory.recompute), NO, "none", "none|moe",
+     "moe: FFN/MoE blocks and the LM head keep one chunk and recompute it in backward "
+     "(needs memory.mini_seq > 1)"},
 };
 #undef F
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
@@ -528,6 +529,19 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
                         "%s: train.lr > 0, betas in [0, 1), grad_clip and "
                         "weight_decay >= 0",
                         src_where(src, "train.lr"));
+    int chunked = c->memory.mini_seq > 1, recompute = !strcmp(c->memory.recompute, "moe");
+    if (chunked != recompute)
+        return moe_fail(MOE_EINVAL,
+                        "%s: memory.mini_seq = %d with memory.recompute = %s: chunks are "
+                        "recomputed in backward, so mini_seq > 1 goes with recompute = moe and "
+                        "recompute = moe with mini_seq > 1",
+                        src_where(src, chunked ? "memory.recompute" : "memory.mini_seq"),
+                        c->memory.mini_seq, c->memory.recompute);
+    if (chunked && (c->memory.mini_seq > c->model.seq_len || c->parallel.ep > 1))
+        return moe_fail(MOE_EINVAL,
+                        "%s: memory.mini_seq = %d needs at most model.seq_len (%d) chunks and "
+                        "parallel.ep = 1",
+                        src_where(src, "memory.mini_seq"), c->memory.mini_seq, c->model.seq_len);
     if (c->data.val_fraction <= 0 || c->data.val_fraction >= 1)
         return moe_fail(MOE_EINVAL, "%s: data.val_fraction = %g, expected 0 < f < 1",
                         src_where(src, "data.val_fraction"), c->data.val_fraction);

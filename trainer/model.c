@@ -105,7 +105,7 @@ static size_t layout_acts(moe_model *m, float *base) {
         TAKE(a->mid, N * D);
         TAKE(a->ln2, N * D);
         TAKE(a->rstd2, N);
-        if (!m->is_moe[l]) {
+        if (!m->is_moe[l] && m->chunks == 1) {
             TAKE(a->ab, N * 2 * m->F);
             TAKE(a->h, N * m->F);
         }
@@ -115,8 +115,15 @@ static size_t layout_acts(moe_model *m, float *base) {
     TAKE(m->rstdf, N);
     // Cut cross-entropy never materialises [N, V]: logits exist for one
     // sequence (inference), plus a tile of scratch and the saved lse.
+    // With chunks, dense-FFN and LM-head intermediates exist for one chunk of
+    // Nc tokens (recomputed in backward); logits also for one sequence, for
+    // decoding.
     const bool cce = !strcmp(m->cfg.loss.impl, "cce");
-    TAKE(m->logits, (cce ? (size_t)m->T : N) * m->V);
+    const size_t Nc = (N + m->chunks - 1) / m->chunks, T = (size_t)m->T;
+    const size_t head_rows = cce ? T : m->chunks > 1 ? (Nc > T ? Nc : T) : N;
+    TAKE(m->logits, head_rows * m->V);
+    TAKE(m->ffn_ab, m->chunks > 1 ? Nc * 2 * m->F : 0);
+    TAKE(m->ffn_h, m->chunks > 1 ? Nc * m->F : 0);
     TAKE(m->lse, cce ? N : 0);
     TAKE(m->cce_scratch, cce ? moe_cpu_cce_scratch_floats() : 0);
     TAKE(m->losses, N);
@@ -129,9 +136,9 @@ static size_t layout_acts(moe_model *m, float *base) {
     TAKE(m->dkr, N * KD);
     TAKE(m->datty, N * QD);
     TAKE(m->datt, (size_t)m->T * m->T);
-    TAKE(m->dab, N * 2 * m->F);
-    TAKE(m->dh, N * m->F);
-    TAKE(m->dlogits, cce ? 0 : N * m->V);
+    TAKE(m->dab, Nc * 2 * m->F);
+    TAKE(m->dh, Nc * m->F);
+    TAKE(m->dlogits, cce ? 0 : Nc * m->V);
 #undef TAKE
     return used;
 }
@@ -165,6 +172,7 @@ static int model_setup(moe_model *m, const moe_config *cfg, int B, int T, int n_
     m->B = B;
     m->T = T;
     m->n_tasks = n_tasks < 1 ? 1 : n_tasks;
+    m->chunks = cfg->memory.mini_seq > 1 ? cfg->memory.mini_seq : 1;
     if (B < 1 || T < 1) return moe_fail(MOE_EINVAL, "model: batch %d x %d tokens", B, T);
     int rc = 0;
     moe_param_table_init(&m->table);
@@ -197,6 +205,7 @@ static int model_setup(moe_model *m, const moe_config *cfg, int B, int T, int n_
         mc->router = cfg->router;
         mc->ep_size = ep_size;
         mc->ep_rank = ep ? ep->rank : 0;
+        mc->n_chunks = m->chunks;
         // each layer draws its own routing noise
         mc->router.seed = moe_hash4(cfg->router.seed, (uint64_t)l, 0x4C41594552ull, 0);
         if (mc->E > m->usage_E) m->usage_E = mc->E;
@@ -332,6 +341,54 @@ void moe_model_capacity_step(moe_model *m) {
     m->load_calls = 0;
 }
 
+// ab [n, 2F] = in @ [w1; w3]^T, h [n, F] = silu(a) * b (a dense SwiGLU block).
+static int dense_ffn(moe_model *m, const moe_block_params *p, float *ab, float *h, const float *in,
+                     int n) {
+    MOE_TRY(m->ops->matmul(ab, in, p->w13, n, 2 * m->F, m->D, false, true, 1.0f, 0.0f));
+    return m->ops->swiglu_forward(h, ab, n, m->F);
+}
+
+// Plain LM-head loss chunk by chunk: logits exist for one chunk at a time.
+static int chunked_head_forward(moe_model *m, const int32_t *targets, int N) {
+    const int D = m->D, V = m->V, Nc = (N + m->chunks - 1) / m->chunks;
+    double sum = 0.0, mean;
+    long valid = 0;
+    for (int r0 = 0; r0 < N; r0 += Nc) {
+        const int n = N - r0 < Nc ? N - r0 : Nc;
+        MOE_TRY(m->ops->matmul(m->logits, m->lnf + (size_t)r0 * D, m->lm_head, n, V, D, false, true,
+                               1.0f, 0.0f));
+        MOE_TRY(moe_cpu_crossentropy_forward(m->losses + r0, &mean, m->logits, targets + r0, n, V));
+        for (int i = 0; i < n; i++)
+            if (targets[r0 + i] >= 0) sum += m->losses[r0 + i], valid++;
+    }
+    m->ce = valid ? sum / valid : 0.0;
+    return 0;
+}
+
+// Its backward: each chunk's logits are recomputed; the chunk's gradient is
+// scaled to the mean over all N tokens.
+static int chunked_head_backward(moe_model *m, const int32_t *targets, int N) {
+    const int D = m->D, V = m->V, Nc = (N + m->chunks - 1) / m->chunks;
+    long valid = 0;
+    for (int i = 0; i < N; i++)
+        valid += targets[i] >= 0;
+    for (int r0 = 0; r0 < N && valid; r0 += Nc) {
+        const int n = N - r0 < Nc ? N - r0 : Nc;
+        long local = 0;
+        for (int i = 0; i < n; i++)
+            local += targets[r0 + i] >= 0;
+        const float *lnf = m->lnf + (size_t)r0 * D;
+        MOE_TRY(m->ops->matmul(m->logits, lnf, m->lm_head, n, V, D, false, true, 1.0f, 0.0f));
+        MOE_TRY(m->ops->zero(m->dlogits, (size_t)n * V));
+        MOE_TRY(moe_cpu_crossentropy_backward(m->dlogits, m->logits, targets + r0, n, V,
+                                              (float)local / (float)valid));
+        MOE_TRY(m->ops->matmul(m->d_lm_head, m->dlogits, lnf, V, D, n, true, false, 1.0f, 1.0f));
+        MOE_TRY(m->ops->matmul(m->dln + (size_t)r0 * D, m->dlogits, m->lm_head, n, D, V, false,
+                               false, 1.0f, 0.0f));
+    }
+    return 0;
+}
+
 static void add_into(float *y, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++)
         y[i] += x[i];
@@ -345,6 +402,7 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
     const moe_ops *ops = m->ops;
     const int N = B * T, D = m->D, QD = m->Hq * m->hd, KD = m->Hkv * m->hd;
     const float eps = (float)m->cfg.model.norm_eps, theta = (float)m->cfg.model.rope_theta;
+    const int Nc = (N + m->chunks - 1) / m->chunks; // FFN rows at a time
     m->cur_B = B, m->cur_T = T;
     for (int n = 0; n < N; n++) {
         int t = task ? task[n / T] : 0;
@@ -377,9 +435,13 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
         MOE_TRY(moe_cpu_rmsnorm_forward(a->ln2, a->rstd2, a->mid, p->ln2, N, D, eps));
         lap(m, m->timing ? &m->timing->attention : NULL, &t0);
         if (!m->is_moe[l]) {
-            MOE_TRY(ops->matmul(a->ab, a->ln2, p->w13, N, 2 * m->F, D, false, true, 1.0f, 0.0f));
-            MOE_TRY(ops->swiglu_forward(a->h, a->ab, N, m->F));
-            MOE_TRY(ops->matmul(next, a->h, p->w2, N, D, m->F, false, true, 1.0f, 0.0f));
+            for (int r0 = 0; r0 < N; r0 += Nc) { // one chunk, or all N rows
+                const int n = N - r0 < Nc ? N - r0 : Nc;
+                float *ab = m->chunks > 1 ? m->ffn_ab : a->ab, *h = m->chunks > 1 ? m->ffn_h : a->h;
+                MOE_TRY(dense_ffn(m, p, ab, h, a->ln2 + (size_t)r0 * D, n));
+                MOE_TRY(ops->matmul(next + (size_t)r0 * D, h, p->w2, n, D, m->F, false, true, 1.0f,
+                                    0.0f));
+            }
         } else {
             // Learned capacities apply to batches of the training shape; other
             // shapes (generation) use the static formula.
@@ -420,6 +482,13 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
                         "loss.impl = cce computes logits for one sequence at a time, "
                         "not %d x %d tokens",
                         B, T);
+    } else if (targets && m->chunks > 1) {
+        MOE_TRY(chunked_head_forward(m, targets, N));
+    } else if (m->chunks > 1 && N > m->T) {
+        return moe_fail(MOE_EINVAL,
+                        "with memory.mini_seq the model computes logits for one "
+                        "sequence at a time, not %d x %d tokens",
+                        B, T);
     } else {
         MOE_TRY(ops->matmul(m->logits, m->lnf, m->lm_head, N, m->V, D, false, true, 1.0f, 0.0f));
         m->ce = 0.0;
@@ -438,6 +507,7 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
               KD = m->Hkv * m->hd;
     const float theta = (float)m->cfg.model.rope_theta;
     const float aux_c = (float)m->cfg.router.aux_loss_coef, z_c = (float)m->cfg.router.z_loss_coef;
+    const int Nc = (N + m->chunks - 1) / m->chunks;
     if (!N) return moe_fail(MOE_EINVAL, "model backward before forward");
     (void)task; // the forward recorded per-token task ids in m->task_tok
 
@@ -447,6 +517,8 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
         MOE_TRY(moe_cpu_cce_backward(m->dln, m->d_lm_head, m->lnf, m->lm_head, targets, m->lse, N,
                                      D, m->V, 1.0f, m->cfg.loss.cce_filter ? FLT_EPSILON : 0.0f,
                                      m->cce_scratch, NULL));
+    } else if (m->chunks > 1) {
+        MOE_TRY(chunked_head_backward(m, targets, N));
     } else {
         MOE_TRY(ops->zero(m->dlogits, (size_t)N * m->V));
         MOE_TRY(moe_cpu_crossentropy_backward(m->dlogits, m->logits, targets, N, m->V, 1.0f));
@@ -462,12 +534,22 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
         // FFN block: next = mid + ffn(rmsnorm(mid)); dres holds d next.
         MOE_TRY(ops->zero(m->dln, (size_t)N * D));
         if (!m->is_moe[l]) {
-            MOE_TRY(ops->matmul(m->dh, m->dres, p->w2, N, m->F, D, false, false, 1.0f, 0.0f));
-            MOE_TRY(ops->matmul(g->w2, m->dres, a->h, D, m->F, N, true, false, 1.0f, 1.0f));
-            MOE_TRY(ops->zero(m->dab, (size_t)N * 2 * m->F));
-            MOE_TRY(ops->swiglu_backward(m->dab, m->dh, a->ab, N, m->F));
-            MOE_TRY(ops->matmul(g->w13, m->dab, a->ln2, 2 * m->F, D, N, true, false, 1.0f, 1.0f));
-            MOE_TRY(ops->matmul(m->dln, m->dab, p->w13, N, D, 2 * m->F, false, false, 1.0f, 0.0f));
+            for (int r0 = 0; r0 < N; r0 += Nc) {
+                const int n = N - r0 < Nc ? N - r0 : Nc, F = m->F;
+                const float *ln2 = a->ln2 + (size_t)r0 * D, *dres = m->dres + (size_t)r0 * D;
+                float *ab = a->ab, *h = a->h;
+                if (m->chunks > 1) { // recompute the chunk's intermediates
+                    ab = m->ffn_ab, h = m->ffn_h;
+                    MOE_TRY(dense_ffn(m, p, ab, h, ln2, n));
+                }
+                MOE_TRY(ops->matmul(m->dh, dres, p->w2, n, F, D, false, false, 1.0f, 0.0f));
+                MOE_TRY(ops->matmul(g->w2, dres, h, D, F, n, true, false, 1.0f, 1.0f));
+                MOE_TRY(ops->zero(m->dab, (size_t)n * 2 * F));
+                MOE_TRY(ops->swiglu_backward(m->dab, m->dh, ab, n, F));
+                MOE_TRY(ops->matmul(g->w13, m->dab, ln2, 2 * F, D, n, true, false, 1.0f, 1.0f));
+                MOE_TRY(ops->matmul(m->dln + (size_t)r0 * D, m->dab, p->w13, n, D, 2 * F, false,
+                                    false, 1.0f, 0.0f));
+            }
         } else {
             MOE_TRY(moe_layer_backward(m->dln, &g->moe, m->dres, a->ln2, m->task_tok, N, &p->moe,
                                        &a->moe, aux_c, z_c));

@@ -22,6 +22,11 @@ int moe_layer_config_check(const moe_layer_config *cfg) {
         return moe_fail(MOE_EINVAL, "moe layer: H_shared = %d < 0", cfg->H_shared);
     if (cfg->n_tasks < 0) return moe_fail(MOE_EINVAL, "moe layer: n_tasks = %d < 0", cfg->n_tasks);
     MOE_TRY(moe_router_config_check(&cfg->router, cfg->E));
+    if (cfg->n_chunks < 0 || cfg->n_chunks > cfg->T_max || (cfg->n_chunks > 1 && cfg->ep_size > 1))
+        return moe_fail(MOE_EINVAL,
+                        "moe layer: %d chunks (T_max %d) with expert parallelism %d: chunking "
+                        "needs 1..T_max chunks and no expert parallelism",
+                        cfg->n_chunks, cfg->T_max, cfg->ep_size);
     if (cfg->ep_size < 0 || (cfg->ep_size > 1 && (cfg->E % cfg->ep_size || cfg->ep_rank < 0 ||
                                                   cfg->ep_rank >= cfg->ep_size)))
         return moe_fail(MOE_EINVAL,
@@ -94,8 +99,12 @@ static int layer_buffers(moe_layer_acts *a, const moe_layer_config *cfg, const m
                          size_t *total) {
     size_t T = (size_t)cfg->T_max, D = (size_t)cfg->D, H = (size_t)cfg->H, E = (size_t)cfg->E;
     size_t k = (size_t)cfg->router.top_k, Hs = (size_t)cfg->H_shared;
-    size_t Hm = H > Hs ? H : Hs, rows = T * k, nt = (size_t)cfg->n_tasks;
+    size_t nt = (size_t)cfg->n_tasks;
     size_t G = nt ? nt : T, jit = cfg->router.noise == MOE_NOISE_JITTER ? G * D : 0;
+    // Expert-side buffers hold one chunk: Tc tokens, Tc*k rows.
+    const int chunked = cfg->n_chunks > 1;
+    size_t Tc = chunked ? (T + cfg->n_chunks - 1) / cfg->n_chunks : T;
+    size_t Hm = H > Hs ? H : Hs, rows = Tc * k;
     size_t bytes = 0;
 #define ALLOC(field, n)                                                                            \
     do {                                                                                           \
@@ -107,20 +116,23 @@ static int layer_buffers(moe_layer_acts *a, const moe_layer_config *cfg, const m
     ALLOC(gate_in, jit);
     ALLOC(logits_g, nt * E);
     ALLOC(logits, T * E);
-    ALLOC(row, rows);
+    ALLOC(row, chunked ? 0 : rows);
+    ALLOC(crow, chunked ? rows : 0);
+    ALLOC(coff, chunked ? E + 1 : 0);
+    ALLOC(cfill, chunked ? E : 0);
     ALLOC(xe, rows * D);
     ALLOC(ab, rows * 2 * H);
     ALLOC(h, rows * H);
     ALLOC(ye, rows * D);
-    ALLOC(shared_ab, T * 2 * Hs);
-    ALLOC(shared_h, T * Hs);
+    ALLOC(shared_ab, Tc * 2 * Hs);
+    ALLOC(shared_h, Tc * Hs);
     ALLOC(dlogits, T * E);
     ALLOC(dlogits_g, nt * E);
-    ALLOC(dweight, rows);
+    ALLOC(dweight, T * k);
     ALLOC(dye, rows * D);
     ALLOC(dxe, rows * D);
-    ALLOC(dh, T * Hm);
-    ALLOC(dab, T * 2 * Hm);
+    ALLOC(dh, Tc * Hm);
+    ALLOC(dab, Tc * 2 * Hm);
     ALLOC(dgate_in, jit);
     const size_t ep = cfg->ep_size > 1 ? (size_t)cfg->ep_size : 1;
     const size_t El = (size_t)moe_layer_local_experts(cfg), R = ep * rows;
@@ -177,7 +189,8 @@ void moe_layer_acts_free(moe_layer_acts *a) {
                         a->dxe,      a->dh,      a->dab,       a->dgate_in};
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             a->ops->free(bufs[i]);
-        void *idx[] = {a->blk_off, a->blk_n, a->send_rows, a->recv_rows, a->recv_kept};
+        void *idx[] = {a->blk_off,   a->blk_n, a->send_rows, a->recv_rows,
+                       a->recv_kept, a->crow,  a->coff,      a->cfill};
         for (size_t i = 0; i < sizeof idx / sizeof idx[0]; i++)
             a->ops->free(idx[i]);
         if (a->cfg.ep_size > 1) {
@@ -298,6 +311,108 @@ static int check_tasks(const int *task_id, int T, int n_tasks) {
     return 0;
 }
 
+// ---- mini-sequence chunks ---------------------------------------------------------------
+
+// Rows of the kept assignments of tokens [t0, t0 + tc) in expert order (token
+// order inside an expert): a->crow, a->coff.
+static void chunk_rows(moe_layer_acts *a, int t0, int tc) {
+    const moe_plan *pl = &a->plan;
+    const int E = pl->E, k = pl->k;
+    memset(a->coff, 0, sizeof(int) * (E + 1));
+    for (int i = t0 * k; i < (t0 + tc) * k; i++)
+        if (pl->expert[i] >= 0) a->coff[pl->expert[i] + 1]++;
+    for (int e = 0; e < E; e++)
+        a->coff[e + 1] += a->coff[e];
+    memcpy(a->cfill, a->coff, sizeof(int) * E);
+    for (int i = t0 * k; i < (t0 + tc) * k; i++)
+        a->crow[i - t0 * k] = pl->expert[i] >= 0 ? a->cfill[pl->expert[i]]++ : -1;
+}
+
+// The experts' forward on one chunk: xe, ab, h, ye for its rows.
+static int chunk_experts(moe_layer_acts *a, const float *x, const moe_layer_params *p, int t0,
+                         int tc) {
+    const moe_ops *ops = a->ops;
+    const int D = a->cfg.D, H = a->cfg.H, k = a->cfg.router.top_k;
+    chunk_rows(a, t0, tc);
+    MOE_TRY(ops->permute_forward(a->xe, x + (size_t)t0 * D, a->crow, tc, k, D));
+    for (int e = 0; e < a->cfg.E; e++) {
+        const int n = a->coff[e + 1] - a->coff[e];
+        if (n == 0) continue;
+        const size_t r0 = (size_t)a->coff[e];
+        float *ab = a->ab + r0 * 2 * H, *h = a->h + r0 * H;
+        MOE_TRY(ops->matmul(ab, a->xe + r0 * D, moe_layer_w13(p, e), n, 2 * H, D, false, true, 1.0f,
+                            0.0f));
+        MOE_TRY(ops->swiglu_forward(h, ab, n, H));
+        MOE_TRY(
+            ops->matmul(a->ye + r0 * D, h, moe_layer_w2(p, e), n, D, H, false, true, 1.0f, 0.0f));
+    }
+    return 0;
+}
+
+static int chunk_shared(moe_layer_acts *a, const float *x, const moe_layer_params *p, int tc) {
+    const int D = a->cfg.D, Hs = a->cfg.H_shared;
+    MOE_TRY(a->ops->matmul(a->shared_ab, x, p->shared_w13, tc, 2 * Hs, D, false, true, 1.0f, 0.0f));
+    return a->ops->swiglu_forward(a->shared_h, a->shared_ab, tc, Hs);
+}
+
+static int chunked_forward(float *y, const float *x, const moe_layer_params *p, moe_layer_acts *a,
+                           int T) {
+    const int D = a->cfg.D, k = a->cfg.router.top_k, Hs = a->cfg.H_shared;
+    const int Tc = (a->cfg.T_max + a->cfg.n_chunks - 1) / a->cfg.n_chunks;
+    for (int t0 = 0; t0 < T; t0 += Tc) {
+        const int tc = T - t0 < Tc ? T - t0 : Tc;
+        MOE_TRY(chunk_experts(a, x, p, t0, tc));
+        MOE_TRY(a->ops->unpermute_forward(y + (size_t)t0 * D, a->ye, a->crow,
+                                          a->plan.weight + (size_t)t0 * k, tc, k, D));
+        if (Hs) {
+            MOE_TRY(chunk_shared(a, x + (size_t)t0 * D, p, tc));
+            MOE_TRY(a->ops->matmul(y + (size_t)t0 * D, a->shared_h, p->shared_w2, tc, D, Hs, false,
+                                   true, 1.0f, 1.0f));
+        }
+    }
+    return 0;
+}
+
+// Backward of the experts and the shared expert, chunk by chunk: each chunk's
+// rows are recomputed, then differentiated; weight gradients add up over the
+// chunks, dweight [T, k] (zeroed by the caller) is filled for the router.
+static int ffn_backward(const moe_ops *ops, float *din, float din_beta, float *dw13, float *dw2,
+                        const float *dout, const float *in, const float *ab, const float *h,
+                        const float *w13, const float *w2, float *dh, float *dab, int n, int D,
+                        int H);
+
+static int chunked_backward(float *dx, const moe_layer_params *dp, const float *dy, const float *x,
+                            const moe_layer_params *p, moe_layer_acts *a, int T) {
+    const moe_ops *ops = a->ops;
+    const int D = a->cfg.D, H = a->cfg.H, k = a->cfg.router.top_k, Hs = a->cfg.H_shared;
+    const int Tc = (a->cfg.T_max + a->cfg.n_chunks - 1) / a->cfg.n_chunks;
+    for (int t0 = 0; t0 < T; t0 += Tc) {
+        const int tc = T - t0 < Tc ? T - t0 : Tc;
+        MOE_TRY(chunk_experts(a, x, p, t0, tc));
+        const int rows = a->coff[a->cfg.E];
+        MOE_TRY(ops->zero(a->dye, (size_t)rows * D));
+        MOE_TRY(ops->unpermute_backward(a->dye, a->dweight + (size_t)t0 * k, dy + (size_t)t0 * D,
+                                        a->ye, a->crow, a->plan.weight + (size_t)t0 * k, tc, k, D));
+        for (int e = 0; e < a->cfg.E; e++) {
+            const int n = a->coff[e + 1] - a->coff[e];
+            if (n == 0) continue;
+            const size_t r0 = (size_t)a->coff[e];
+            MOE_TRY(ffn_backward(ops, a->dxe + r0 * D, 0.0f, moe_layer_w13(dp, e),
+                                 moe_layer_w2(dp, e), a->dye + r0 * D, a->xe + r0 * D,
+                                 a->ab + r0 * 2 * H, a->h + r0 * H, moe_layer_w13(p, e),
+                                 moe_layer_w2(p, e), a->dh, a->dab, n, D, H));
+        }
+        MOE_TRY(ops->permute_backward(dx + (size_t)t0 * D, a->dxe, a->crow, tc, k, D));
+        if (Hs) {
+            MOE_TRY(chunk_shared(a, x + (size_t)t0 * D, p, tc));
+            MOE_TRY(ffn_backward(ops, dx + (size_t)t0 * D, 1.0f, dp->shared_w13, dp->shared_w2,
+                                 dy + (size_t)t0 * D, x + (size_t)t0 * D, a->shared_ab, a->shared_h,
+                                 p->shared_w13, p->shared_w2, a->dh, a->dab, tc, D, Hs));
+        }
+    }
+    return 0;
+}
+
 int moe_layer_forward(float *y, const float *x, const int *task_id, const int *capacity, int T,
                       const moe_layer_params *p, moe_layer_acts *a, bool training, uint64_t step) {
     if (!y || !x || !p || !a || !a->ops)
@@ -345,6 +460,12 @@ int moe_layer_forward(float *y, const float *x, const int *task_id, const int *c
     MOE_TRY(check_plan(&a->plan, T, E, k));
     LAP(router);
 
+    if (cfg->n_chunks > 1) {
+        MOE_TRY(chunked_forward(y, x, p, a, T));
+        LAP(experts);
+        a->T = T;
+        return 0;
+    }
     MOE_TRY(ops->dispatch_rows(a->row, a->plan.expert, a->plan.slot, a->plan.offsets, T, k));
     MOE_TRY(ops->permute_forward(a->xe, x, a->row, T, k, D));
     LAP(permute);
@@ -427,6 +548,11 @@ int moe_layer_backward(float *dx, const moe_layer_params *dp, const float *dy, c
 
     // Combine: dye[row] = weight * dy[t], dweight[t, j] = <dy[t], ye[row]>.
     MOE_TRY(ops->zero(a->dweight, (size_t)T * k));
+    if (cfg->n_chunks > 1) {
+        MOE_TRY(chunked_backward(dx, dp, dy, x, p, a, T));
+        LAP(experts);
+        goto router;
+    }
     MOE_TRY(ops->zero(a->dye, (size_t)rows * D));
     MOE_TRY(ops->unpermute_backward(a->dye, a->dweight, dy, a->ye, a->row, pl->weight, T, k, D));
     LAP(unpermute);
@@ -472,6 +598,7 @@ int moe_layer_backward(float *dx, const moe_layer_params *dp, const float *dy, c
         LAP(shared);
     }
 
+router:
     MOE_TRY(ops->zero(a->dlogits, (size_t)T * E));
     moe_router_backward(a->dlogits, a->dweight, pl, &cfg->router, aux_scale, z_scale);
     LAP(router);

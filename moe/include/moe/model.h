@@ -49,6 +49,7 @@ typedef struct {
     const moe_ops *ops;
     int V, D, L, Hq, Hkv, hd, F, B, T, n_tasks;
     const moe_ep_group *ep; // expert-parallel group, NULL in a single process
+    int chunks;             // memory.mini_seq: FFN, MoE and LM head run in this many chunks
     moe_param_table table;
     float *params, *grads;
     float *embed, *norm, *lm_head;       // into params
@@ -64,8 +65,10 @@ typedef struct {
     long load_calls;
     // whole-model activations and scratch
     float *xf, *lnf, *rstdf, *logits, *losses; // [N, D], [N, D], [N], [N or T, V], [N]
-    float *lse, *cce_scratch;                  // loss.impl = cce: [N], one tile
-    int32_t *task_tok;                         // [N] task id of every token
+    float *lse, *cce_scratch;
+    float *ffn_ab, *ffn_h; // chunks > 1: one chunk's dense-FFN intermediates, all layers //
+                           // loss.impl = cce: [N], one tile
+    int32_t *task_tok; // [N] task id of every token
     float *dres, *dln, *dq, *dk, *dv, *dqr, *dkr, *datty, *datt, *dab, *dh, *dlogits;
     // results of the last forward
     double ce, aux, z, loss;
@@ -104,10 +107,10 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
 // Bytes a model would take, computed from the same layout the model
 // allocates, without allocating: the memory estimator (moe plan) uses it.
 typedef struct {
-    size_t params, grads;  // flat parameter and gradient buffers
-    size_t activations;    // saved activations and backward scratch (dense part)
-    size_t moe;            // MoE layers: routing plans, expert buffers, capacity state
-    size_t n_params;       // floats on this rank
+    size_t params, grads; // flat parameter and gradient buffers
+    size_t activations;   // saved activations and backward scratch (dense part)
+    size_t moe;           // MoE layers: routing plans, expert buffers, capacity state
+    size_t n_params;      // floats on this rank
 } moe_model_mem;
 int moe_model_memory(const moe_config *cfg, int B, int T, int n_tasks, int ep_size, int ep_rank,
                      moe_model_mem *out);

@@ -26,6 +26,11 @@ typedef struct {
     // layer holds experts [ep_rank*E/ep_size, (ep_rank+1)*E/ep_size) and
     // exchanges rows through acts->ep. 0 or 1: every expert is local.
     int ep_size, ep_rank;
+    // Mini-sequence chunking (MST, arXiv 2407.15892): > 1 runs the experts
+    // and the shared expert on n_chunks consecutive token chunks, keeping
+    // only one chunk's rows; backward recomputes them chunk by chunk. Routing
+    // still covers all T tokens, so capacity and drops are unchanged.
+    int n_chunks;
 } moe_layer_config;
 
 // The exchange of an expert-parallel group (the layer knows nothing of MPI):
@@ -137,6 +142,7 @@ typedef struct {
     int *send_rows, *recv_rows, *recv_kept; // [ep], [ep], [ep * E_local]
     float *dw;                // [3 H D] per-block weight gradient (expert parallel only)
     const moe_ep_group *ep;   // required when cfg.ep_size > 1, set by the caller
+    int *crow, *coff, *cfill; // chunking: [Tc * k] rows of a chunk, [E + 1] offsets, [E] fill
     moe_layer_timing *timing; // optional, set by the caller
 } moe_layer_acts;
 

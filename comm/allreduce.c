@@ -10,10 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-static size_t type_size(moe_ar_type t) {
-    return t == MOE_AR_F32 ? sizeof(float) : t == MOE_AR_F64 ? sizeof(double) : sizeof(int64_t);
-}
-
 void moe_comm_sum_rows(moe_ar_type t, void *out, const void *rows, int nrows, size_t len,
                        size_t stride) {
     const char *r = rows;
@@ -22,21 +18,24 @@ void moe_comm_sum_rows(moe_ar_type t, void *out, const void *rows, int nrows, si
         memmove(o, r, len * sizeof(float));
         for (int s = 1; s < nrows; s++) {
             const float *x = (const float *)(r + s * stride);
-            for (size_t i = 0; i < len; i++) o[i] += x[i];
+            for (size_t i = 0; i < len; i++)
+                o[i] += x[i];
         }
     } else if (t == MOE_AR_F64) {
         double *o = out;
         memmove(o, r, len * sizeof(double));
         for (int s = 1; s < nrows; s++) {
             const double *x = (const double *)(r + s * stride);
-            for (size_t i = 0; i < len; i++) o[i] += x[i];
+            for (size_t i = 0; i < len; i++)
+                o[i] += x[i];
         }
     } else { // unsigned: wraps instead of overflowing
         uint64_t *o = out;
         memmove(o, r, len * sizeof(uint64_t));
         for (int s = 1; s < nrows; s++) {
             const uint64_t *x = (const uint64_t *)(r + s * stride);
-            for (size_t i = 0; i < len; i++) o[i] += x[i];
+            for (size_t i = 0; i < len; i++)
+                o[i] += x[i];
         }
     }
 }
@@ -66,6 +65,10 @@ int moe_comm_allreduce_predict(int size, int rank, size_t n, size_t elem_size, l
 }
 
 #ifdef MOE_HAVE_MPI
+
+static size_t type_size(moe_ar_type t) {
+    return t == MOE_AR_F32 ? sizeof(float) : t == MOE_AR_F64 ? sizeof(double) : sizeof(int64_t);
+}
 
 static MPI_Datatype mpi_type(moe_ar_type t) {
     return t == MOE_AR_F32 ? MPI_FLOAT : t == MOE_AR_F64 ? MPI_DOUBLE : MPI_INT64_T;
@@ -109,14 +112,15 @@ int moe_comm_mpi_allreduce(moe_comm *c, moe_ar_type t, void *buf, size_t n) {
             len[r] = (int)(slice_lo(m, r + 1, P) - slice_lo(m, r, P));
         }
         // Reduce-scatter: slice me of every rank arrives as row s of ar_buf.
-        for (int s = 0; s < P; s++) rlen[s] = len[me], rlo[s] = s * len[me];
+        for (int s = 0; s < P; s++)
+            rlen[s] = len[me], rlo[s] = s * len[me];
         char *seg = x + o * es;
         MPI_TRY(MPI_Alltoallv(seg, len, lo, T, c->ar_buf, rlen, rlo, T, c->comm));
         moe_comm_sum_rows(t, seg + (size_t)lo[me] * es, c->ar_buf, P, (size_t)len[me],
                           (size_t)len[me] * es);
         MPI_TRY(MPI_Allgatherv(MPI_IN_PLACE, 0, T, seg, len, lo, T, c->comm));
-        c->stats.allreduce_bytes_sent += (long)(es * (m - (size_t)len[me] +
-                                                      (size_t)(P - 1) * (size_t)len[me]));
+        c->stats.allreduce_bytes_sent +=
+            (long)(es * (m - (size_t)len[me] + (size_t)(P - 1) * (size_t)len[me]));
     }
     return 0;
 }

@@ -23,7 +23,8 @@ static void run_sums(int *out, int *displ, const int *in, int runs, int width) {
     int off = 0;
     for (int i = 0; i < runs; i++) {
         int s = 0;
-        for (int k = 0; k < width; k++) s += in[i * width + k];
+        for (int k = 0; k < width; k++)
+            s += in[i * width + k];
         out[i] = s;
         displ[i] = off;
         off += s;
@@ -69,9 +70,11 @@ int moe_comm_mpi_alltoallv_hier(moe_comm *c, const void *send, const int *send_c
     MPI_TRY(MPI_Alltoallv(fwd2, s2, sd2, T, recv, r2, rd2, T, c->cross));
 
     for (int j = 0; j < G; j++)
-        if (j != l && s1[j] > 0) c->stats.bytes_sent += (long)s1[j] * (long)es, c->stats.msgs_sent++;
+        if (j != l && s1[j] > 0)
+            c->stats.bytes_sent += (long)s1[j] * (long)es, c->stats.msgs_sent++;
     for (int m = 0; m < N; m++)
-        if (m != n && s2[m] > 0) c->stats.bytes_sent += (long)s2[m] * (long)es, c->stats.msgs_sent++;
+        if (m != n && s2[m] > 0)
+            c->stats.bytes_sent += (long)s2[m] * (long)es, c->stats.msgs_sent++;
     return 0;
 }
 

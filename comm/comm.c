@@ -22,6 +22,7 @@ int moe_comm_alloc_work(moe_comm *c) {
 }
 
 int moe_comm_grow(void **buf, size_t *cap, size_t bytes, const char *what) {
+    if (bytes == 0) bytes = 1; // a real buffer even for empty calls: no offsets from NULL
     if (bytes <= *cap) return 0;
     void *p = realloc(*buf, bytes);
     if (!p) return moe_fail(MOE_ENOMEM, "%s: %zu bytes of staging", what, bytes);
@@ -53,8 +54,9 @@ int moe_comm_check_recv(const int *recv_counts, int n, int rank, size_t recv_cap
     }
     *total = t;
     if (t > INT_MAX || (size_t)t > recv_cap)
-        return moe_fail(MOE_EINVAL, "all-to-all: rank %d receives %ld elements, its buffer holds %zu",
-                        rank, t, recv_cap);
+        return moe_fail(MOE_EINVAL,
+                        "all-to-all: rank %d receives %ld elements, its buffer holds %zu", rank, t,
+                        recv_cap);
     return 0;
 }
 

@@ -12,12 +12,14 @@
 #include <mpi.h>
 #endif
 
+enum { MOE_COMM_TYPE_SLOTS = 4 };
+
 struct moe_comm {
     int rank, size;
-    int G;          // ranks per node in this communicator (1: no node structure)
-    bool is_mpi;    // false: the local communicator
-    int node;       // this rank's node id (world rank / ranks_per_node, or the
-                    // lowest world rank sharing its memory)
+    int G;       // ranks per node in this communicator (1: no node structure)
+    bool is_mpi; // false: the local communicator
+    int node;    // this rank's node id (world rank / ranks_per_node, or the
+                 // lowest world rank sharing its memory)
     moe_comm_stats stats;
     int *iw;        // [8 size + 8] counts and displacements of one call
     size_t *sw;     // [size] block offsets for moe_comm_block_transpose
@@ -29,8 +31,11 @@ struct moe_comm {
     MPI_Comm comm;  // owned duplicate / split
     MPI_Comm local; // ranks of this rank's node (size G), MPI_COMM_NULL unless 1 < G < size
     MPI_Comm cross; // ranks with this local index on every node (size N), idem
-    MPI_Datatype elem; // contiguous type of elem_bytes bytes, MPI_DATATYPE_NULL if none
-    size_t elem_bytes;
+    // Contiguous types of elem_bytes[i] bytes (MPI_DATATYPE_NULL: a free slot);
+    // a MoE layer alternates rows and counts, so a few are kept.
+    MPI_Datatype elem[MOE_COMM_TYPE_SLOTS];
+    size_t elem_bytes[MOE_COMM_TYPE_SLOTS];
+    int elem_next; // slot to replace next
 #endif
 };
 
@@ -88,7 +93,7 @@ int moe_comm_mpi_fail(int mpi_rc, const char *call, const char *file, int line);
 #define MPI_TRY(x)                                                                                 \
     do {                                                                                           \
         int mpi_rc_ = (x);                                                                         \
-        if (mpi_rc_ != MPI_SUCCESS) return moe_comm_mpi_fail(mpi_rc_, #x, __FILE__, __LINE__);    \
+        if (mpi_rc_ != MPI_SUCCESS) return moe_comm_mpi_fail(mpi_rc_, #x, __FILE__, __LINE__);     \
     } while (0)
 #define MPI_TRY_GOTO(x, rc)                                                                        \
     do {                                                                                           \
@@ -98,7 +103,7 @@ int moe_comm_mpi_fail(int mpi_rc, const char *call, const char *file, int line);
             goto fail;                                                                             \
         }                                                                                          \
     } while (0)
-// The contiguous datatype of es bytes (cached in c).
+// The contiguous datatype of es bytes (cached in c, freed with it).
 int moe_comm_mpi_elem_type(moe_comm *c, size_t es, MPI_Datatype *t);
 #endif
 

@@ -30,17 +30,20 @@ int moe_comm_mpi_fail(int mpi_rc, const char *call, const char *file, int line) 
 }
 
 int moe_comm_mpi_elem_type(moe_comm *c, size_t es, MPI_Datatype *t) {
-    if (c->elem != MPI_DATATYPE_NULL && c->elem_bytes == es) {
-        *t = c->elem;
-        return 0;
-    }
-    if (c->elem != MPI_DATATYPE_NULL) MPI_Type_free(&c->elem);
-    c->elem = MPI_DATATYPE_NULL;
+    for (int i = 0; i < MOE_COMM_TYPE_SLOTS; i++)
+        if (c->elem[i] != MPI_DATATYPE_NULL && c->elem_bytes[i] == es) {
+            *t = c->elem[i];
+            return 0;
+        }
+    int i = c->elem_next;
+    c->elem_next = (i + 1) % MOE_COMM_TYPE_SLOTS;
+    if (c->elem[i] != MPI_DATATYPE_NULL) MPI_Type_free(&c->elem[i]);
+    c->elem[i] = MPI_DATATYPE_NULL;
     MPI_Datatype e;
     MPI_TRY(MPI_Type_contiguous((int)es, MPI_BYTE, &e));
     MPI_TRY(MPI_Type_commit(&e));
-    c->elem = e;
-    c->elem_bytes = es;
+    c->elem[i] = e;
+    c->elem_bytes[i] = es;
     *t = e;
     return 0;
 }
@@ -86,7 +89,8 @@ static int make(moe_comm **out, MPI_Comm comm, int node) {
     c->is_mpi = true;
     c->comm = comm;
     c->local = c->cross = MPI_COMM_NULL;
-    c->elem = MPI_DATATYPE_NULL;
+    for (int i = 0; i < MOE_COMM_TYPE_SLOTS; i++)
+        c->elem[i] = MPI_DATATYPE_NULL;
     c->rank = rank;
     c->size = size;
     c->node = node;
@@ -153,7 +157,8 @@ void moe_comm_mpi_free(moe_comm *c) {
     int fin = 0;
     MPI_Finalized(&fin);
     if (fin) return; // too late to free; the MPI library released everything
-    if (c->elem != MPI_DATATYPE_NULL) MPI_Type_free(&c->elem);
+    for (int i = 0; i < MOE_COMM_TYPE_SLOTS; i++)
+        if (c->elem[i] != MPI_DATATYPE_NULL) MPI_Type_free(&c->elem[i]);
     if (c->local != MPI_COMM_NULL) MPI_Comm_free(&c->local);
     if (c->cross != MPI_COMM_NULL) MPI_Comm_free(&c->cross);
     if (c->comm != MPI_COMM_NULL) MPI_Comm_free(&c->comm);

@@ -9,7 +9,8 @@
 
 int moe_comm_layout_ranks_per_node(const int *node_of, int size) {
     int G = 1;
-    while (G < size && node_of[G] == node_of[0]) G++;
+    while (G < size && node_of[G] == node_of[0])
+        G++;
     if (size % G) return 1;
     // Every group of G consecutive ranks on one node, no node in two groups.
     for (int r = 0; r < size; r++) {
@@ -55,8 +56,8 @@ int moe_comm_a2a_predict(int size, int ranks_per_node, moe_a2a_algo algo, const 
                         rank);
     for (long i = 0; i < (long)size * size; i++)
         if (counts[i] < 0)
-            return moe_fail(MOE_EINVAL, "a2a predict: counts[%ld][%ld] = %d is negative",
-                            i / size, i % size, counts[i]);
+            return moe_fail(MOE_EINVAL, "a2a predict: counts[%ld][%ld] = %d is negative", i / size,
+                            i % size, counts[i]);
     long b = 0, k = 0;
     const int *row = counts + (size_t)rank * size;
     if (algo != MOE_A2A_HIERARCHICAL || G == 1 || G == size) {
@@ -68,14 +69,16 @@ int moe_comm_a2a_predict(int size, int ranks_per_node, moe_a2a_algo algo, const 
         for (int lp = 0; lp < G; lp++) {
             if (lp == l) continue;
             long s = 0;
-            for (int m = 0; m < N; m++) s += row[m * G + lp];
+            for (int m = 0; m < N; m++)
+                s += row[m * G + lp];
             if (s > 0) b += s, k++;
         }
         // Step 2: to node m, what the ranks of node n send to rank (m, l).
         for (int m = 0; m < N; m++) {
             if (m == n) continue;
             long s = 0;
-            for (int j = 0; j < G; j++) s += counts[(size_t)(n * G + j) * size + m * G + l];
+            for (int j = 0; j < G; j++)
+                s += counts[(size_t)(n * G + j) * size + m * G + l];
             if (s > 0) b += s, k++;
         }
     }

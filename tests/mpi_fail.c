@@ -28,7 +28,8 @@ int main(int argc, char **argv) {
             moe_comm_abort(world, 1); // does not return
         }
         float x[4] = {1, 2, 3, 4};
-        for (;;) moe_comm_allreduce_f32(world, x, 4);
+        for (;;)
+            moe_comm_allreduce_f32(world, x, 4);
     }
     int rc = moe_comm_agree(world, status);
     int ok = rc == MOE_EINVAL && strcmp(moe_last_error(), FAILURE) == 0, all_ok = 0;

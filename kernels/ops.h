@@ -1,12 +1,19 @@
 // The op table of the compute backends (ggml-style): every op the MoE layer
-// needs, as function pointers with one CPU implementation (kernels/cpu/, the
-// reference, OpenBLAS for GEMMs) and later a CUDA one with the same signatures.
-// All float/int pointers are backend memory (host for CPU, device for CUDA).
+// and the decoder need, as function pointers with one CPU implementation
+// (kernels/cpu/, the reference, OpenBLAS for GEMMs) and one CUDA implementation
+// (kernels/cuda/, cuBLAS for GEMMs) with the same signatures and semantics.
+// All float/int pointers are backend memory (host for CPU, device for CUDA);
+// scalar results (double *mean, double *sumsq) are host memory.
 #ifndef MOE_KERNELS_OPS_H
 #define MOE_KERNELS_OPS_H
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 // Conventions (llm.c): outputs first; backward ops ADD into their d* outputs
 // (the caller zeroes them); every op returns 0 or a negative MOE_E* code; no
@@ -60,8 +67,53 @@ typedef struct moe_ops {
     int (*mul)(float *out, const float *a, const float *b, size_t n);
     // out[i] += a[i] * b[i].
     int (*mul_add)(float *out, const float *a, const float *b, size_t n);
+
+    // ---- decoder ops: semantics and shapes as kernels/cpu/nn.h ---------------------
+    int (*rmsnorm_forward)(float *out, float *rstd, const float *x, const float *w, int N, int C,
+                           float eps);
+    int (*rmsnorm_backward)(float *dx, float *dw, const float *dout, const float *x, const float *w,
+                            const float *rstd, int N, int C);
+    int (*rope_forward)(float *out, const float *x, int B, int T, int H, int hd, float theta);
+    int (*rope_backward)(float *dx, const float *dout, int B, int T, int H, int hd, float theta);
+    int (*attention_forward)(float *out, float *att, const float *q, const float *k, const float *v,
+                             int B, int T, int Hq, int Hkv, int hd);
+    int (*attention_backward)(float *dq, float *dk, float *dv, float *datt, const float *dout,
+                              const float *att, const float *q, const float *k, const float *v,
+                              int B, int T, int Hq, int Hkv, int hd);
+    // tok/target are backend memory; a token outside [0, V) fails (CPU) or is
+    // reported after the kernel (CUDA, one flag read back).
+    int (*embedding_forward)(float *out, const int32_t *tok, const float *table, int N, int C,
+                             int V);
+    int (*embedding_backward)(float *dtable, const float *dout, const int32_t *tok, int N, int C);
+    int (*crossentropy_forward)(float *losses, double *mean, const float *logits,
+                                const int32_t *target, int N, int V);
+    int (*crossentropy_backward)(float *dlogits, const float *logits, const int32_t *target, int N,
+                                 int V, float dloss);
+
+    // ---- optimizer ------------------------------------------------------------------
+    // One AdamW step (trainer/optim.c semantics) over n parameters: step is the
+    // 1-based step count after this update (bias correction), decay[i] != 0
+    // applies weight_decay to parameter i.
+    int (*adamw)(float *params, float *m, float *v, const float *grads, const uint8_t *decay,
+                 size_t n, long step, float lr, float beta1, float beta2, float eps,
+                 float weight_decay);
+    // *sumsq = sum_i x[i]^2 in double (the gradient norm is its square root).
+    int (*sumsq)(double *sumsq, const float *x, size_t n);
+    // x[i] *= s (gradient clipping).
+    int (*scale)(float *x, size_t n, float s);
 } moe_ops;
 
 extern const moe_ops moe_ops_cpu;
+#ifdef MOE_HAVE_CUDA
+// kernels/cuda/: fp32 everywhere (the equivalence tests), and the same ops
+// with bf16 tensor-core GEMMs (fp32 storage and accumulation, inputs rounded to
+// bf16 inside cuBLAS: CUBLAS_COMPUTE_32F_FAST_16BF).
+extern const moe_ops moe_ops_cuda;
+extern const moe_ops moe_ops_cuda_bf16;
+#endif
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

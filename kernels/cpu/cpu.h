@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 void *moe_cpu_alloc(size_t bytes);
 void moe_cpu_free(void *p);
@@ -29,5 +30,11 @@ int moe_cpu_unpermute_backward(float *dye, float *dweight, const float *dy, cons
                                const int *row, const float *weight, int T, int k, int D);
 int moe_cpu_gather_rows(float *out, const float *in, const int *idx, int n, int D);
 int moe_cpu_scatter_add_rows(float *out, const float *in, const int *idx, int n, int D);
+
+int moe_cpu_adamw(float *params, float *m, float *v, const float *grads, const uint8_t *decay,
+                  size_t n, long step, float lr, float beta1, float beta2, float eps,
+                  float weight_decay);
+int moe_cpu_sumsq(double *sumsq, const float *x, size_t n);
+int moe_cpu_scale(float *x, size_t n, float s);
 
 #endif

@@ -1,6 +1,7 @@
 // The CPU op table: the reference backend every other backend is tested
 // against (DESIGN "Backends"). GEMMs go to OpenBLAS, the rest are plain loops.
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/nn.h"
 #include "kernels/ops.h"
 
 const moe_ops moe_ops_cpu = {
@@ -21,4 +22,17 @@ const moe_ops moe_ops_cpu = {
     .scatter_add_rows = moe_cpu_scatter_add_rows,
     .mul = moe_cpu_mul,
     .mul_add = moe_cpu_mul_add,
+    .rmsnorm_forward = moe_cpu_rmsnorm_forward,
+    .rmsnorm_backward = moe_cpu_rmsnorm_backward,
+    .rope_forward = moe_cpu_rope_forward,
+    .rope_backward = moe_cpu_rope_backward,
+    .attention_forward = moe_cpu_attention_forward,
+    .attention_backward = moe_cpu_attention_backward,
+    .embedding_forward = moe_cpu_embedding_forward,
+    .embedding_backward = moe_cpu_embedding_backward,
+    .crossentropy_forward = moe_cpu_crossentropy_forward,
+    .crossentropy_backward = moe_cpu_crossentropy_backward,
+    .adamw = moe_cpu_adamw,
+    .sumsq = moe_cpu_sumsq,
+    .scale = moe_cpu_scale,
 };

@@ -41,6 +41,8 @@ const char *moe_strerror(int code) {
         return "non-finite value";
     case MOE_ENOTFOUND:
         return "not found";
+    case MOE_EDEVICE:
+        return "device error";
     default:
         return "unknown error";
     }

@@ -4,6 +4,10 @@
 #ifndef MOE_ERROR_H
 #define MOE_ERROR_H
 
+#ifdef __cplusplus // included by the CUDA sources (nvcc compiles .cu as C++)
+extern "C" {
+#endif
+
 enum {
     MOE_OK = 0,
     MOE_EINVAL = -1,   // bad argument, shape or config value
@@ -11,7 +15,8 @@ enum {
     MOE_EFORMAT = -3,  // file contents malformed, truncated or lying about sizes
     MOE_ENOMEM = -4,   // allocation failed
     MOE_ENUMERIC = -5, // NaN or Inf where finite numbers are required
-    MOE_ENOTFOUND = -6 // a named tensor, key or file is missing
+    MOE_ENOTFOUND = -6, // a named tensor, key or file is missing
+    MOE_EDEVICE = -7    // a CUDA, cuBLAS or NCCL call failed, or no usable device
 };
 
 // Records a printf-style message for the calling thread and returns code.
@@ -38,5 +43,9 @@ int moe_trace(int code, const char *file, int line);
             goto fail;                                                                             \
         }                                                                                          \
     } while (0)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

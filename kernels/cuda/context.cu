@@ -1,0 +1,172 @@
+// The CUDA backend context (device, one stream, one cuBLAS handle), device
+// discovery, host/device copies and the memory ops of moe_ops_cuda. Out of
+// memory names the request and the config keys that shrink it.
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/cuda.h"
+#include "kernels/cuda/ops_cuda.h"
+
+#include <stdio.h>
+
+static moe_cuda_ctx g_ctx;
+static bool g_ready;
+static int g_device;
+
+const char *moe_cublas_status_string(cublasStatus_t s) {
+    switch (s) {
+    case CUBLAS_STATUS_SUCCESS:
+        return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+        return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+        return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+        return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+        return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+        return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+        return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+        return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+        return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+        return "CUBLAS_STATUS_LICENSE_ERROR";
+    default:
+        return "unknown cuBLAS status";
+    }
+}
+
+extern "C" int moe_cuda_device_count(char *why, size_t why_len) {
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        if (why && why_len) snprintf(why, why_len, "%s", cudaGetErrorString(e));
+        cudaGetLastError(); // clear the sticky-free error so later calls start clean
+        return 0;
+    }
+    if (n == 0 && why && why_len) snprintf(why, why_len, "the CUDA runtime reports 0 devices");
+    return n;
+}
+
+extern "C" int moe_cuda_init(int device) {
+    if (g_ready && g_ctx.device == device) return 0;
+    char why[256] = "";
+    int n = moe_cuda_device_count(why, sizeof why);
+    if (n == 0) return moe_fail(MOE_EDEVICE, "no CUDA device: %s", why);
+    if (device < 0 || device >= n)
+        return moe_fail(MOE_EDEVICE, "CUDA device %d requested, %d present", device, n);
+    moe_cuda_shutdown(); // switching devices: buffers of the old one stay valid there
+    CUDA_TRY(cudaSetDevice(device));
+    CUDA_TRY(cudaStreamCreateWithFlags(&g_ctx.stream, cudaStreamNonBlocking));
+    cublasStatus_t s = cublasCreate(&g_ctx.cublas);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+        cudaStreamDestroy(g_ctx.stream);
+        return moe_fail(MOE_EDEVICE, "%s:%d: cublasCreate: %s", __FILE__, __LINE__,
+                        moe_cublas_status_string(s));
+    }
+    CUBLAS_TRY(cublasSetStream(g_ctx.cublas, g_ctx.stream));
+    // Default math: cublasSgemm stays fp32 (TF32 needs CUBLAS_TF32_TENSOR_OP_MATH);
+    // the bf16 table asks for its compute type per call (matmul.cu).
+    CUBLAS_TRY(cublasSetMathMode(g_ctx.cublas, CUBLAS_DEFAULT_MATH));
+    g_ctx.device = device;
+    g_device = device;
+    g_ready = true;
+    return 0;
+}
+
+extern "C" void moe_cuda_shutdown(void) {
+    if (!g_ready) return;
+    cudaStreamSynchronize(g_ctx.stream);
+    cublasDestroy(g_ctx.cublas);
+    cudaStreamDestroy(g_ctx.stream);
+    g_ready = false;
+}
+
+int moe_cuda_ctx_get(moe_cuda_ctx *ctx) {
+    if (!g_ready) MOE_TRY(moe_cuda_init(g_device));
+    *ctx = g_ctx;
+    return 0;
+}
+
+extern "C" int moe_cuda_upload(void *dst, const void *src, size_t bytes) {
+    moe_cuda_ctx c = {};
+    MOE_TRY(moe_cuda_ctx_get(&c));
+    if (!bytes) return 0;
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c.stream));
+    // src may be a stack or soon-freed host buffer: pageable copies are staged,
+    // but wait anyway so the caller may reuse src at once.
+    CUDA_TRY(cudaStreamSynchronize(c.stream));
+    return 0;
+}
+
+extern "C" int moe_cuda_download(void *dst, const void *src, size_t bytes) {
+    moe_cuda_ctx c = {};
+    MOE_TRY(moe_cuda_ctx_get(&c));
+    if (!bytes) return 0;
+    CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c.stream));
+    CUDA_TRY(cudaStreamSynchronize(c.stream));
+    return 0;
+}
+
+extern "C" int moe_cuda_synchronize(void) {
+    moe_cuda_ctx c = {};
+    MOE_TRY(moe_cuda_ctx_get(&c));
+    CUDA_TRY(cudaStreamSynchronize(c.stream));
+    return 0;
+}
+
+extern "C" int moe_cuda_device_info(char *name, size_t name_len, int *sm_count, double *peak_gbps) {
+    moe_cuda_ctx c = {};
+    MOE_TRY(moe_cuda_ctx_get(&c));
+    cudaDeviceProp p;
+    CUDA_TRY(cudaGetDeviceProperties(&p, c.device));
+    int clock_khz = 0, bus_bits = 0;
+    CUDA_TRY(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrMemoryClockRate, c.device));
+    CUDA_TRY(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, c.device));
+    if (name && name_len) snprintf(name, name_len, "%s", p.name);
+    if (sm_count) *sm_count = p.multiProcessorCount;
+    // DDR: two transfers per clock.
+    if (peak_gbps) *peak_gbps = 2.0 * clock_khz * 1e3 * (bus_bits / 8.0) / 1e9;
+    return 0;
+}
+
+// ---- memory ops of the table -------------------------------------------------------
+
+size_t moe_cuda_alloc_size(size_t bytes) {
+    return bytes ? (bytes + 255) / 256 * 256 : 256; // cudaMalloc's alignment granule
+}
+
+void *moe_cuda_alloc(size_t bytes) {
+    moe_cuda_ctx c = {};
+    if (moe_cuda_ctx_get(&c) < 0) return NULL;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, moe_cuda_alloc_size(bytes));
+    if (e == cudaSuccess) return p;
+    cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    if (e == cudaErrorMemoryAllocation)
+        moe_fail(MOE_ENOMEM,
+                 "CUDA out of memory allocating %zu bytes (%.2f GiB) on device %d (%.2f GiB free "
+                 "of %.2f GiB): reduce train.batch_size or model.seq_len, or set memory.mini_seq",
+                 bytes, bytes / 1073741824.0, c.device, free_b / 1073741824.0,
+                 total_b / 1073741824.0);
+    else
+        moe_fail(MOE_EDEVICE, "cudaMalloc of %zu bytes: %s", bytes, cudaGetErrorString(e));
+    return NULL;
+}
+
+void moe_cuda_free(void *p) {
+    if (p) cudaFree(p);
+}
+
+int moe_cuda_zero(float *x, size_t n) {
+    if (n && !x) return moe_fail(MOE_EINVAL, "zero: NULL buffer of %zu floats", n);
+    if (!n) return 0;
+    moe_cuda_ctx c = {};
+    MOE_TRY(moe_cuda_ctx_get(&c));
+    CUDA_TRY(cudaMemsetAsync(x, 0, n * sizeof *x, c.stream));
+    return 0;
+}

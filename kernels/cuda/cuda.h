@@ -1,0 +1,38 @@
+// Host-side API of the CUDA backend, callable from C: device discovery, the
+// backend context (device, stream, cuBLAS handle), copies between host and
+// device memory, and synchronisation. The ops themselves are moe_ops_cuda
+// (kernels/ops.h). Compiled only when MOE_HAVE_CUDA.
+#ifndef MOE_KERNELS_CUDA_H
+#define MOE_KERNELS_CUDA_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Number of CUDA devices, 0 when there is none or no driver: then why (when
+// not NULL) gets the reason, e.g. "no CUDA-capable device is detected". Never
+// fails; the runtime's answer is the result.
+int moe_cuda_device_count(char *why, size_t why_len);
+
+// Selects the device used by every later op (default 0) and creates the
+// stream and cuBLAS handle. Ops call it lazily with the current choice.
+int moe_cuda_init(int device);
+// Releases the stream and the cuBLAS handle (tests and the CLI at exit).
+void moe_cuda_shutdown(void);
+
+// Copies on the backend stream; download and synchronize wait for it.
+int moe_cuda_upload(void *dst_device, const void *src_host, size_t bytes);
+int moe_cuda_download(void *dst_host, const void *src_device, size_t bytes);
+int moe_cuda_synchronize(void);
+
+// The device's name, SM count and peak DRAM bandwidth in GB/s (from memory
+// clock and bus width), for benchmarks.
+int moe_cuda_device_info(char *name, size_t name_len, int *sm_count, double *peak_gbps);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

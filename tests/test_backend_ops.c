@@ -1,0 +1,555 @@
+// Backend equivalence in the style of ggml's test-backend-ops: every op of the
+// CUDA table against the CPU reference table on the same random inputs, over
+// several shapes (edges included: zero sizes, dropped assignments, an expert
+// with no tokens, repeated rows). fp32 within 1e-5, bf16 GEMMs within 1e-2
+// (error relative to max(1, |cpu|)). Every device output sits between guard
+// regions that must survive. Without CUDA, or with no device, prints why and
+// exits 77 (ctest: skipped).
+#include "kernels/ops.h"
+#include "moe/error.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef MOE_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+
+static const moe_ops *CPU = &moe_ops_cpu, *GPU = &moe_ops_cuda;
+
+// ---- paired buffers: a host copy the CPU op works on, a guarded device copy ----------
+
+#define GUARD 64
+static const float SENTINEL = -7.25e30f;
+
+typedef struct {
+    float *h, *d; // d points GUARD floats into the device allocation
+    size_t n;
+} fbuf;
+
+typedef struct {
+    int *h, *d;
+    size_t n;
+} ibuf;
+
+static void upload(void *dst, const void *src, size_t bytes) {
+    ck_assert_msg(moe_cuda_upload(dst, src, bytes) == 0, "upload: %s", moe_last_error());
+}
+
+static void download(void *dst, const void *src, size_t bytes) {
+    ck_assert_msg(moe_cuda_download(dst, src, bytes) == 0, "download: %s", moe_last_error());
+}
+
+// n floats: host copy from init (or fill), device copy between sentinel guards.
+static fbuf fb_make(size_t n, const float *init, float fill) {
+    fbuf b = {malloc(sizeof(float) * (n ? n : 1)), NULL, n};
+    for (size_t i = 0; i < n; i++)
+        b.h[i] = init ? init[i] : fill;
+    float *all = malloc(sizeof(float) * (n + 2 * GUARD));
+    for (size_t i = 0; i < n + 2 * GUARD; i++)
+        all[i] = SENTINEL;
+    memcpy(all + GUARD, b.h, sizeof(float) * n);
+    float *dev = GPU->alloc(sizeof(float) * (n + 2 * GUARD));
+    ck_assert_msg(dev != NULL, "device alloc: %s", moe_last_error());
+    upload(dev, all, sizeof(float) * (n + 2 * GUARD));
+    free(all);
+    b.d = dev + GUARD;
+    return b;
+}
+
+static fbuf fb_randn(tu_rng *r, size_t n, float scale) {
+    float *tmp = malloc(sizeof(float) * (n ? n : 1));
+    tu_fill_normal(r, tmp, n, scale);
+    fbuf b = fb_make(n, tmp, 0.0f);
+    free(tmp);
+    return b;
+}
+
+static ibuf ib_make(size_t n, const int *init) {
+    ibuf b = {malloc(sizeof(int) * (n ? n : 1)), NULL, n};
+    memcpy(b.h, init, sizeof(int) * n);
+    b.d = GPU->alloc(sizeof(int) * (n ? n : 1));
+    ck_assert_msg(b.d != NULL, "device alloc: %s", moe_last_error());
+    upload(b.d, b.h, sizeof(int) * n);
+    return b;
+}
+
+static void fb_free(fbuf *b) {
+    GPU->free(b->d - GUARD);
+    free(b->h);
+}
+
+static void ib_free(ibuf *b) {
+    GPU->free(b->d);
+    free(b->h);
+}
+
+// Downloads the device copy and compares it with the host copy (the CPU
+// result): max |gpu - cpu| / max(1, |cpu|) <= tol, guards untouched.
+static void fb_check(const char *what, const fbuf *b, double tol) {
+    float *all = malloc(sizeof(float) * (b->n + 2 * GUARD));
+    ck_assert_msg(moe_cuda_synchronize() == 0, "%s: %s", what, moe_last_error());
+    download(all, b->d - GUARD, sizeof(float) * (b->n + 2 * GUARD));
+    for (int i = 0; i < GUARD; i++) {
+        ck_assert_msg(all[i] == SENTINEL, "%s: guard before the buffer overwritten", what);
+        ck_assert_msg(all[GUARD + b->n + i] == SENTINEL, "%s: guard after the buffer overwritten",
+                      what);
+    }
+    double worst = 0.0;
+    size_t at = 0;
+    for (size_t i = 0; i < b->n; i++) {
+        double g = all[GUARD + i], c = b->h[i];
+        double e = fabs(g - c) / fmax(1.0, fabs(c));
+        if (!(e <= worst)) worst = e, at = i; // NaN counts as worst
+    }
+    ck_assert_msg(worst <= tol, "%s: error %.3g at %zu (gpu %.9g, cpu %.9g) > %.1g", what, worst,
+                  at, all[GUARD + at], b->h[at], tol);
+    free(all);
+}
+
+static void ib_check(const char *what, const ibuf *b) {
+    int *got = malloc(sizeof(int) * (b->n ? b->n : 1));
+    download(got, b->d, sizeof(int) * b->n);
+    for (size_t i = 0; i < b->n; i++)
+        ck_assert_msg(got[i] == b->h[i], "%s[%zu]: gpu %d, cpu %d", what, i, got[i], b->h[i]);
+    free(got);
+}
+
+#define BOTH(call_cpu, call_gpu)                                                                   \
+    do {                                                                                           \
+        ck_assert_msg((call_cpu) == 0, "cpu: %s", moe_last_error());                               \
+        ck_assert_msg((call_gpu) == 0, "cuda: %s", moe_last_error());                              \
+    } while (0)
+
+static const double TOL = 1e-5, TOL_BF16 = 1e-2;
+
+// ---- matmul -----------------------------------------------------------------------
+
+static void matmul_case(const moe_ops *gpu, int M, int N, int K, int ta, int tb, float alpha,
+                        float beta, double tol, uint64_t seed) {
+    tu_rng r;
+    tu_seed(&r, seed);
+    fbuf a = fb_randn(&r, (size_t)M * K, 1.0f), b = fb_randn(&r, (size_t)K * N, 1.0f);
+    // beta = 0 must ignore NaN in c; otherwise c holds data.
+    fbuf c = beta == 0.0f ? fb_make((size_t)M * N, NULL, NAN) : fb_randn(&r, (size_t)M * N, 1.0f);
+    BOTH(CPU->matmul(c.h, a.h, b.h, M, N, K, ta, tb, alpha, beta),
+         gpu->matmul(c.d, a.d, b.d, M, N, K, ta, tb, alpha, beta));
+    char what[128];
+    snprintf(what, sizeof what, "%s matmul M=%d N=%d K=%d ta=%d tb=%d alpha=%g beta=%g", gpu->name,
+             M, N, K, ta, tb, alpha, beta);
+    fb_check(what, &c, tol);
+    fb_free(&a), fb_free(&b), fb_free(&c);
+}
+
+static const int MM_SHAPES[][3] = {{1, 1, 1}, {7, 13, 5}, {64, 96, 128}, {33, 257, 70}, {0, 5, 3},
+                                   {5, 0, 3}, {5, 4, 0},  {128, 8, 512}, {1, 300, 64}};
+
+START_TEST(test_matmul_fp32_matches_cpu) {
+    for (size_t s = 0; s < sizeof MM_SHAPES / sizeof *MM_SHAPES; s++)
+        for (int t = 0; t < 4; t++) {
+            matmul_case(GPU, MM_SHAPES[s][0], MM_SHAPES[s][1], MM_SHAPES[s][2], t & 1, t >> 1, 1.0f,
+                        0.0f, TOL, 100 + s);
+            matmul_case(GPU, MM_SHAPES[s][0], MM_SHAPES[s][1], MM_SHAPES[s][2], t & 1, t >> 1, 0.5f,
+                        1.5f, TOL, 200 + s);
+        }
+}
+END_TEST
+
+START_TEST(test_matmul_bf16_matches_cpu) {
+    // bf16 inputs carry 8 bits of mantissa: the error grows like sqrt(K) * 2^-8
+    // relative to the typical |c| ~ sqrt(K); 1e-2 of max(1, |c|) holds for these K.
+    for (size_t s = 0; s < sizeof MM_SHAPES / sizeof *MM_SHAPES; s++)
+        for (int t = 0; t < 4; t++)
+            matmul_case(&moe_ops_cuda_bf16, MM_SHAPES[s][0], MM_SHAPES[s][1], MM_SHAPES[s][2],
+                        t & 1, t >> 1, 1.0f, 0.0f,
+                        TOL_BF16 * sqrt(fmax(1.0, MM_SHAPES[s][2] / 64.0)), 300 + s);
+}
+END_TEST
+
+// ---- SwiGLU -----------------------------------------------------------------------
+
+START_TEST(test_swiglu_matches_cpu) {
+    const int shapes[][2] = {{1, 1}, {17, 33}, {64, 256}, {0, 8}, {3, 1000}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int n = shapes[s][0], H = shapes[s][1];
+        tu_rng r;
+        tu_seed(&r, 400 + s);
+        fbuf ab = fb_randn(&r, (size_t)n * 2 * H, 3.0f), dh = fb_randn(&r, (size_t)n * H, 1.0f);
+        fbuf h = fb_make((size_t)n * H, NULL, NAN), dab = fb_randn(&r, (size_t)n * 2 * H, 1.0f);
+        BOTH(CPU->swiglu_forward(h.h, ab.h, n, H), GPU->swiglu_forward(h.d, ab.d, n, H));
+        fb_check("swiglu_forward", &h, TOL);
+        BOTH(CPU->swiglu_backward(dab.h, dh.h, ab.h, n, H),
+             GPU->swiglu_backward(dab.d, dh.d, ab.d, n, H));
+        fb_check("swiglu_backward", &dab, TOL);
+        fb_free(&ab), fb_free(&dh), fb_free(&h), fb_free(&dab);
+    }
+}
+END_TEST
+
+// ---- permutation ops --------------------------------------------------------------
+
+// A random plan: k distinct experts per token, ~20% dropped, slots numbered
+// per expert in token order; expert E-1 never chosen (zero tokens).
+typedef struct {
+    int *expert, *slot, offsets[65], rows;
+} test_plan;
+
+static void make_plan(test_plan *p, tu_rng *r, int T, int k, int E) {
+    int counts[64] = {0};
+    p->expert = malloc(sizeof(int) * (T * k > 0 ? T * k : 1));
+    p->slot = malloc(sizeof(int) * (T * k > 0 ? T * k : 1));
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < k; j++) {
+            int e;
+            for (;;) {
+                e = (int)(tu_uniform(r) * (E - 1));
+                int dup = 0;
+                for (int i = 0; i < j; i++)
+                    dup |= p->expert[t * k + i] == e;
+                if (!dup) break;
+            }
+            p->expert[t * k + j] = e;
+        }
+    for (int i = 0; i < T * k; i++) {
+        if (tu_uniform(r) < 0.2f) {
+            p->expert[i] = -1, p->slot[i] = -1;
+            continue;
+        }
+        p->slot[i] = counts[p->expert[i]]++;
+    }
+    p->offsets[0] = 0;
+    for (int e = 0; e < E; e++)
+        p->offsets[e + 1] = p->offsets[e] + counts[e];
+    p->rows = p->offsets[E];
+}
+
+START_TEST(test_permute_ops_match_cpu) {
+    const int shapes[][4] = {{1, 1, 2, 1}, {37, 2, 8, 64}, {256, 4, 9, 200},
+                             {0, 2, 4, 8}, {50, 1, 3, 33}, {64, 2, 8, 1}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int T = shapes[s][0], k = shapes[s][1], E = shapes[s][2], D = shapes[s][3];
+        tu_rng r;
+        tu_seed(&r, 500 + s);
+        test_plan p;
+        make_plan(&p, &r, T, k, E);
+        ibuf expert = ib_make((size_t)T * k, p.expert), slot = ib_make((size_t)T * k, p.slot);
+        ibuf offsets = ib_make(E + 1, p.offsets);
+        int *init = malloc(sizeof(int) * (T * k > 0 ? T * k : 1));
+        for (int i = 0; i < T * k; i++)
+            init[i] = 12345;
+        ibuf row = ib_make((size_t)T * k, init);
+        free(init);
+        BOTH(CPU->dispatch_rows(row.h, expert.h, slot.h, offsets.h, T, k),
+             GPU->dispatch_rows(row.d, expert.d, slot.d, offsets.d, T, k));
+        ib_check("dispatch_rows", &row);
+
+        fbuf x = fb_randn(&r, (size_t)T * D, 1.0f), xe = fb_make((size_t)p.rows * D, NULL, NAN);
+        BOTH(CPU->permute_forward(xe.h, x.h, row.h, T, k, D),
+             GPU->permute_forward(xe.d, x.d, row.d, T, k, D));
+        fb_check("permute_forward", &xe, 0.0);
+
+        fbuf dxe = fb_randn(&r, (size_t)p.rows * D, 1.0f), dx = fb_randn(&r, (size_t)T * D, 1.0f);
+        BOTH(CPU->permute_backward(dx.h, dxe.h, row.h, T, k, D),
+             GPU->permute_backward(dx.d, dxe.d, row.d, T, k, D));
+        fb_check("permute_backward", &dx, TOL);
+
+        fbuf w = fb_randn(&r, (size_t)T * k, 0.5f), y = fb_make((size_t)T * D, NULL, NAN);
+        BOTH(CPU->unpermute_forward(y.h, xe.h, row.h, w.h, T, k, D),
+             GPU->unpermute_forward(y.d, xe.d, row.d, w.d, T, k, D));
+        fb_check("unpermute_forward", &y, TOL);
+
+        fbuf dy = fb_randn(&r, (size_t)T * D, 1.0f), dye = fb_randn(&r, (size_t)p.rows * D, 1.0f);
+        fbuf dw = fb_randn(&r, (size_t)T * k, 1.0f);
+        BOTH(CPU->unpermute_backward(dye.h, dw.h, dy.h, xe.h, row.h, w.h, T, k, D),
+             GPU->unpermute_backward(dye.d, dw.d, dy.d, xe.d, row.d, w.d, T, k, D));
+        fb_check("unpermute_backward dye", &dye, TOL);
+        fb_check("unpermute_backward dweight", &dw, TOL);
+
+        ib_free(&expert), ib_free(&slot), ib_free(&offsets), ib_free(&row);
+        fb_free(&x), fb_free(&xe), fb_free(&dxe), fb_free(&dx), fb_free(&w), fb_free(&y);
+        fb_free(&dy), fb_free(&dye), fb_free(&dw);
+        free(p.expert), free(p.slot);
+    }
+}
+END_TEST
+
+START_TEST(test_gather_scatter_rows_match_cpu) {
+    const int shapes[][3] = {{1, 1, 1}, {40, 7, 8}, {300, 16, 64}, {0, 3, 4}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int n = shapes[s][0], rows = shapes[s][1], D = shapes[s][2];
+        tu_rng r;
+        tu_seed(&r, 600 + s);
+        int *idx = malloc(sizeof(int) * (n ? n : 1));
+        for (int i = 0; i < n; i++) // repeats and skipped (-1) rows
+            idx[i] = tu_uniform(&r) < 0.1f ? -1 : (int)(tu_uniform(&r) * rows);
+        ibuf ix = ib_make(n, idx);
+        fbuf in = fb_randn(&r, (size_t)rows * D, 1.0f), out = fb_make((size_t)n * D, NULL, NAN);
+        BOTH(CPU->gather_rows(out.h, in.h, ix.h, n, D), GPU->gather_rows(out.d, in.d, ix.d, n, D));
+        fb_check("gather_rows", &out, 0.0);
+        fbuf acc = fb_randn(&r, (size_t)rows * D, 1.0f);
+        BOTH(CPU->scatter_add_rows(acc.h, out.h, ix.h, n, D),
+             GPU->scatter_add_rows(acc.d, out.d, ix.d, n, D));
+        fb_check("scatter_add_rows", &acc, TOL);
+        ib_free(&ix), fb_free(&in), fb_free(&out), fb_free(&acc);
+        free(idx);
+    }
+}
+END_TEST
+
+START_TEST(test_elementwise_ops_match_cpu) {
+    const size_t sizes[] = {0, 1, 1000, 100003};
+    for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+        size_t n = sizes[s];
+        tu_rng r;
+        tu_seed(&r, 700 + s);
+        fbuf a = fb_randn(&r, n, 1.0f), b = fb_randn(&r, n, 1.0f), o = fb_randn(&r, n, 1.0f);
+        BOTH(CPU->mul_add(o.h, a.h, b.h, n), GPU->mul_add(o.d, a.d, b.d, n));
+        fb_check("mul_add", &o, TOL);
+        BOTH(CPU->mul(a.h, a.h, b.h, n), GPU->mul(a.d, a.d, b.d, n)); // aliased output
+        fb_check("mul (in place)", &a, 0.0);
+        BOTH(CPU->scale(b.h, n, 0.37f), GPU->scale(b.d, n, 0.37f));
+        fb_check("scale", &b, 0.0);
+        BOTH(CPU->zero(o.h, n), GPU->zero(o.d, n));
+        fb_check("zero", &o, 0.0);
+        double s_cpu = -1.0, s_gpu = -1.0;
+        BOTH(CPU->sumsq(&s_cpu, b.h, n), GPU->sumsq(&s_gpu, b.d, n));
+        ck_assert_msg(fabs(s_cpu - s_gpu) <= 1e-12 * fmax(1.0, s_cpu), "sumsq %.17g vs %.17g",
+                      s_gpu, s_cpu);
+        fb_free(&a), fb_free(&b), fb_free(&o);
+    }
+}
+END_TEST
+
+START_TEST(test_adamw_matches_cpu) {
+    const size_t n = 5000;
+    tu_rng r;
+    tu_seed(&r, 800);
+    fbuf p = fb_randn(&r, n, 1.0f), m = fb_make(n, NULL, 0.0f), v = fb_make(n, NULL, 0.0f);
+    fbuf g = fb_randn(&r, n, 0.1f);
+    uint8_t *decay = malloc(n);
+    for (size_t i = 0; i < n; i++)
+        decay[i] = i % 3 != 0;
+    uint8_t *ddecay = GPU->alloc(n);
+    upload(ddecay, decay, n);
+    for (long step = 1; step <= 5; step++) {
+        BOTH(CPU->adamw(p.h, m.h, v.h, g.h, decay, n, step, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f),
+             GPU->adamw(p.d, m.d, v.d, g.d, ddecay, n, step, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f));
+    }
+    fb_check("adamw params", &p, TOL);
+    fb_check("adamw m", &m, TOL);
+    fb_check("adamw v", &v, TOL);
+    GPU->free(ddecay);
+    free(decay);
+    fb_free(&p), fb_free(&m), fb_free(&v), fb_free(&g);
+}
+END_TEST
+
+// ---- decoder ops ------------------------------------------------------------------
+
+START_TEST(test_rmsnorm_matches_cpu) {
+    const int shapes[][2] = {{1, 1}, {7, 64}, {128, 512}, {3, 1000}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int N = shapes[s][0], C = shapes[s][1];
+        tu_rng r;
+        tu_seed(&r, 900 + s);
+        fbuf x = fb_randn(&r, (size_t)N * C, 2.0f), w = fb_randn(&r, C, 1.0f);
+        fbuf out = fb_make((size_t)N * C, NULL, NAN), rstd = fb_make(N, NULL, NAN);
+        BOTH(CPU->rmsnorm_forward(out.h, rstd.h, x.h, w.h, N, C, 1e-5f),
+             GPU->rmsnorm_forward(out.d, rstd.d, x.d, w.d, N, C, 1e-5f));
+        fb_check("rmsnorm_forward out", &out, TOL);
+        fb_check("rmsnorm_forward rstd", &rstd, TOL);
+        fbuf dout = fb_randn(&r, (size_t)N * C, 1.0f), dx = fb_randn(&r, (size_t)N * C, 1.0f);
+        fbuf dw = fb_randn(&r, C, 1.0f);
+        BOTH(CPU->rmsnorm_backward(dx.h, dw.h, dout.h, x.h, w.h, rstd.h, N, C),
+             GPU->rmsnorm_backward(dx.d, dw.d, dout.d, x.d, w.d, rstd.d, N, C));
+        fb_check("rmsnorm_backward dx", &dx, TOL);
+        fb_check("rmsnorm_backward dw", &dw, TOL);
+        fb_free(&x), fb_free(&w), fb_free(&out), fb_free(&rstd), fb_free(&dout), fb_free(&dx);
+        fb_free(&dw);
+    }
+}
+END_TEST
+
+START_TEST(test_rope_matches_cpu) {
+    const int shapes[][4] = {{1, 1, 1, 2}, {2, 17, 4, 16}, {1, 256, 8, 64}, {3, 5, 2, 128}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int B = shapes[s][0], T = shapes[s][1], H = shapes[s][2], hd = shapes[s][3];
+        size_t n = (size_t)B * T * H * hd;
+        tu_rng r;
+        tu_seed(&r, 1000 + s);
+        fbuf x = fb_randn(&r, n, 1.0f), out = fb_make(n, NULL, NAN), dx = fb_randn(&r, n, 1.0f);
+        BOTH(CPU->rope_forward(out.h, x.h, B, T, H, hd, 10000.0f),
+             GPU->rope_forward(out.d, x.d, B, T, H, hd, 10000.0f));
+        fb_check("rope_forward", &out, TOL);
+        BOTH(CPU->rope_backward(dx.h, out.h, B, T, H, hd, 10000.0f),
+             GPU->rope_backward(dx.d, out.d, B, T, H, hd, 10000.0f));
+        fb_check("rope_backward", &dx, TOL);
+        BOTH(CPU->rope_forward(x.h, x.h, B, T, H, hd, 500000.0f), // in place
+             GPU->rope_forward(x.d, x.d, B, T, H, hd, 500000.0f));
+        fb_check("rope_forward in place", &x, TOL);
+        fb_free(&x), fb_free(&out), fb_free(&dx);
+    }
+    float *x = GPU->alloc(16);
+    ck_assert_int_eq(GPU->rope_forward(x, x, 1, 1, 1, 3, 1e4f), MOE_EINVAL); // odd head_dim
+    GPU->free(x);
+}
+END_TEST
+
+START_TEST(test_attention_matches_cpu) {
+    // B, T, Hq, Hkv, hd: MHA, GQA, MQA, T = 1
+    const int shapes[][5] = {{1, 1, 1, 1, 2},
+                             {2, 17, 4, 2, 8},
+                             {1, 64, 8, 8, 16},
+                             {2, 33, 6, 1, 32},
+                             {1, 128, 4, 2, 64}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int B = shapes[s][0], T = shapes[s][1], Hq = shapes[s][2], Hkv = shapes[s][3];
+        int hd = shapes[s][4];
+        size_t nq = (size_t)B * T * Hq * hd, nk = (size_t)B * T * Hkv * hd;
+        tu_rng r;
+        tu_seed(&r, 1100 + s);
+        fbuf q = fb_randn(&r, nq, 1.0f), k = fb_randn(&r, nk, 1.0f), v = fb_randn(&r, nk, 1.0f);
+        fbuf out = fb_make(nq, NULL, NAN), att = fb_make((size_t)B * Hq * T * T, NULL, NAN);
+        BOTH(CPU->attention_forward(out.h, att.h, q.h, k.h, v.h, B, T, Hq, Hkv, hd),
+             GPU->attention_forward(out.d, att.d, q.d, k.d, v.d, B, T, Hq, Hkv, hd));
+        fb_check("attention_forward out", &out, TOL);
+        fb_check("attention_forward att", &att, TOL);
+        fbuf dout = fb_randn(&r, nq, 1.0f), dq = fb_randn(&r, nq, 1.0f);
+        fbuf dk = fb_randn(&r, nk, 1.0f), dv = fb_randn(&r, nk, 1.0f);
+        fbuf datt = fb_make((size_t)T * T, NULL, NAN);
+        BOTH(CPU->attention_backward(dq.h, dk.h, dv.h, datt.h, dout.h, att.h, q.h, k.h, v.h, B, T,
+                                     Hq, Hkv, hd),
+             GPU->attention_backward(dq.d, dk.d, dv.d, datt.d, dout.d, att.d, q.d, k.d, v.d, B, T,
+                                     Hq, Hkv, hd));
+        fb_check("attention_backward dq", &dq, TOL);
+        fb_check("attention_backward dk", &dk, TOL);
+        fb_check("attention_backward dv", &dv, TOL);
+        fb_free(&q), fb_free(&k), fb_free(&v), fb_free(&out), fb_free(&att), fb_free(&dout);
+        fb_free(&dq), fb_free(&dk), fb_free(&dv), fb_free(&datt);
+    }
+}
+END_TEST
+
+START_TEST(test_embedding_matches_cpu) {
+    const int N = 300, C = 96, V = 50;
+    tu_rng r;
+    tu_seed(&r, 1200);
+    int tok[N];
+    for (int n = 0; n < N; n++)
+        tok[n] = (int)(tu_uniform(&r) * V); // many repeats: atomics collide
+    ibuf t = ib_make(N, tok);
+    fbuf table = fb_randn(&r, (size_t)V * C, 1.0f), out = fb_make((size_t)N * C, NULL, NAN);
+    BOTH(CPU->embedding_forward(out.h, t.h, table.h, N, C, V),
+         GPU->embedding_forward(out.d, t.d, table.d, N, C, V));
+    fb_check("embedding_forward", &out, 0.0);
+    fbuf dout = fb_randn(&r, (size_t)N * C, 1.0f), dtable = fb_randn(&r, (size_t)V * C, 1.0f);
+    BOTH(CPU->embedding_backward(dtable.h, dout.h, t.h, N, C),
+         GPU->embedding_backward(dtable.d, dout.d, t.d, N, C));
+    fb_check("embedding_backward", &dtable, TOL);
+    tok[7] = V; // out of the vocabulary: an error naming the position, not a wild read
+    upload(t.d, tok, sizeof tok);
+    ck_assert_int_eq(GPU->embedding_forward(out.d, t.d, table.d, N, C, V), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "position 7"), "%s", moe_last_error());
+    ib_free(&t), fb_free(&table), fb_free(&out), fb_free(&dout), fb_free(&dtable);
+}
+END_TEST
+
+START_TEST(test_crossentropy_matches_cpu) {
+    const int shapes[][2] = {{1, 2}, {33, 100}, {64, 50257}, {5, 1}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int N = shapes[s][0], V = shapes[s][1];
+        tu_rng r;
+        tu_seed(&r, 1300 + s);
+        int *tgt = malloc(sizeof(int) * N);
+        for (int n = 0; n < N; n++)
+            tgt[n] = n % 5 == 3 ? -1 : (int)(tu_uniform(&r) * V);
+        ibuf t = ib_make(N, tgt);
+        fbuf logits = fb_randn(&r, (size_t)N * V, 3.0f), losses = fb_make(N, NULL, NAN);
+        double m_cpu = NAN, m_gpu = NAN;
+        BOTH(CPU->crossentropy_forward(losses.h, &m_cpu, logits.h, t.h, N, V),
+             GPU->crossentropy_forward(losses.d, &m_gpu, logits.d, t.d, N, V));
+        fb_check("crossentropy_forward losses", &losses, TOL);
+        ck_assert_msg(fabs(m_cpu - m_gpu) <= TOL * fmax(1.0, fabs(m_cpu)), "mean %.9g vs %.9g",
+                      m_gpu, m_cpu);
+        fbuf dl = fb_randn(&r, (size_t)N * V, 0.01f);
+        BOTH(CPU->crossentropy_backward(dl.h, logits.h, t.h, N, V, 0.5f),
+             GPU->crossentropy_backward(dl.d, logits.d, t.d, N, V, 0.5f));
+        fb_check("crossentropy_backward", &dl, TOL);
+        ib_free(&t), fb_free(&logits), fb_free(&losses), fb_free(&dl);
+        free(tgt);
+    }
+}
+END_TEST
+
+// ---- errors -----------------------------------------------------------------------
+
+START_TEST(test_out_of_memory_names_size_and_config_key) {
+    size_t huge = (size_t)1 << 50; // 1 PiB
+    void *p = GPU->alloc(huge);
+    ck_assert_ptr_null(p);
+    const char *msg = moe_last_error();
+    ck_assert_msg(strstr(msg, "1125899906842624 bytes"), "%s", msg);
+    ck_assert_msg(strstr(msg, "train.batch_size"), "%s", msg);
+    // The context survives: later ops still work.
+    float *x = GPU->alloc(64);
+    ck_assert_ptr_nonnull(x);
+    ck_assert_int_eq(GPU->zero(x, 16), 0);
+    ck_assert_int_eq(moe_cuda_synchronize(), 0);
+    GPU->free(x);
+}
+END_TEST
+
+START_TEST(test_device_errors_carry_file_and_line) {
+    ck_assert_int_eq(moe_cuda_init(1 << 20), MOE_EDEVICE);
+    ck_assert_msg(strstr(moe_last_error(), "requested"), "%s", moe_last_error());
+    // A bad copy surfaces through CUDA_TRY with the call site and the CUDA string.
+    float host[4];
+    int rc = moe_cuda_download(host, (void *)(uintptr_t)16, sizeof host);
+    ck_assert_int_eq(rc, MOE_EDEVICE);
+    ck_assert_msg(strstr(moe_last_error(), "context.cu:"), "%s", moe_last_error());
+}
+END_TEST
+
+int main(void) {
+    char why[256] = "";
+    if (moe_cuda_device_count(why, sizeof why) == 0) {
+        printf("SKIP: no CUDA device (%s); the CUDA ops are compiled but not run\n", why);
+        return 77;
+    }
+    if (moe_cuda_init(0) < 0) {
+        printf("FAIL: %s\n", moe_last_error());
+        return 1;
+    }
+    Suite *s = suite_create("backend_ops");
+    TCase *tc = tcase_create("cuda_vs_cpu");
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_matmul_fp32_matches_cpu);
+    tcase_add_test(tc, test_matmul_bf16_matches_cpu);
+    tcase_add_test(tc, test_swiglu_matches_cpu);
+    tcase_add_test(tc, test_permute_ops_match_cpu);
+    tcase_add_test(tc, test_gather_scatter_rows_match_cpu);
+    tcase_add_test(tc, test_elementwise_ops_match_cpu);
+    tcase_add_test(tc, test_adamw_matches_cpu);
+    tcase_add_test(tc, test_rmsnorm_matches_cpu);
+    tcase_add_test(tc, test_rope_matches_cpu);
+    tcase_add_test(tc, test_attention_matches_cpu);
+    tcase_add_test(tc, test_embedding_matches_cpu);
+    tcase_add_test(tc, test_crossentropy_matches_cpu);
+    tcase_add_test(tc, test_out_of_memory_names_size_and_config_key);
+    tcase_add_test(tc, test_device_errors_carry_file_and_line);
+    suite_add_tcase(s, tc);
+    int rc = tu_run(s);
+    moe_cuda_shutdown();
+    return rc;
+}
+
+#else
+
+int main(void) {
+    printf("SKIP: built without CUDA (configure with -DMOE_CUDA=ON and a CUDA toolkit)\n");
+    return 77;
+}
+
+#endif

@@ -10,6 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus // included by the CUDA router (kernels/cuda/router.cu)
+extern "C" {
+#endif
+
 #define MOE_MAX_TASKS 64
 
 typedef enum { MOE_SLOT_POSITION = 0, MOE_SLOT_PRIORITY } moe_slot_order;
@@ -132,5 +136,9 @@ void moe_capacity_ctl_update(moe_capacity_ctl *ctl, const moe_router_config *cfg
 // number of routing calls, so every rank computes the same C_e.
 void moe_capacity_ctl_update_mean(moe_capacity_ctl *ctl, const moe_router_config *cfg,
                                   const double *load, int T);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -1,0 +1,415 @@
+// Token-choice top-k routing on the GPU, the twin of router/router.c and
+// router/priority.c for routing without Gumbel noise (kernels/cuda/router_cuda.h):
+//   1. one thread per token: softmax (double sum, as the CPU), lse, top-k with
+//      ties to the lower expert, pre-drop counts (integer atomics: exact)
+//   2. capacity per expert (static, dropless = max count, or given)
+//   3. slot order: position, or BPR keys (task rank, max prob desc) sorted by
+//      a stable radix sort, so equal keys keep token order as the CPU's index
+//      tie-break does
+//   4. slots: the CPU visits (choice rank j, token in slot order) and gives a
+//      pair the next slot of its expert while slots last, so a pair's slot is
+//      its rank among the pairs of the same expert in that sequence and it is
+//      kept iff that rank < C_e. One block per expert computes the ranks with
+//      a block-wide exclusive scan over the sequence.
+//   5. offsets, combine weights, aux (E * sum f_e P_e) and z-loss.
+#include "kernels/cuda/check.cuh"
+#include "kernels/cuda/router_cuda.h"
+
+#include <cub/block/block_scan.cuh>
+#include <cub/device/device_radix_sort.cuh>
+#include <math.h>
+#include <string.h>
+
+// ---- 1. softmax, top-k, counts -------------------------------------------------------
+
+__global__ static void softmax_topk_kernel(float *probs, float *lse, int *choice, int *counts,
+                                           int *flags, const float *logits, int T, int E, int k) {
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < T; t += gridDim.x * blockDim.x) {
+        const float *x = logits + (size_t)t * E;
+        float *p = probs + (size_t)t * E;
+        int *ch = choice + (size_t)t * k;
+        bool finite = true;
+        float m = x[0];
+        for (int e = 0; e < E; e++) {
+            finite &= isfinite(x[e]);
+            if (x[e] > m) m = x[e];
+        }
+        if (!finite) {
+            atomicMin(&flags[0], t);
+            for (int j = 0; j < k; j++)
+                ch[j] = 0; // keeps later kernels in bounds; the call fails
+            lse[t] = 0.0f;
+            continue;
+        }
+        double s = 0.0;
+        for (int e = 0; e < E; e++) {
+            double v = exp((double)x[e] - m);
+            s += v;
+            p[e] = (float)v;
+        }
+        double inv = 1.0 / s;
+        for (int e = 0; e < E; e++)
+            p[e] = (float)(p[e] * inv);
+        lse[t] = (float)(m + log(s));
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            float best_s = 0.0f;
+            for (int e = 0; e < E; e++) {
+                bool taken = false;
+                for (int i = 0; i < j; i++)
+                    taken |= ch[i] == e;
+                if (taken) continue;
+                if (best < 0 || p[e] > best_s) best = e, best_s = p[e];
+            }
+            ch[j] = best;
+            atomicAdd(&counts[best], 1);
+        }
+    }
+}
+
+// ---- 2. capacity ---------------------------------------------------------------------
+
+// c_static < 0: dropless (C_e = max count); given != 0: capacity already holds C_e.
+__global__ static void capacity_kernel(int *capacity, const int *counts, int E, int c_static,
+                                       int given) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    int c_max = 0;
+    for (int e = 0; e < E; e++)
+        c_max = max(c_max, counts[e]);
+    for (int e = 0; e < E; e++)
+        capacity[e] = c_static < 0 ? c_max : given ? capacity[e] : c_static;
+}
+
+// ---- 3. slot order ---------------------------------------------------------------------
+
+// Ascending key = (task rank: 0 for the highest priority) << 32 | ~bits(max p).
+// max p >= 0, so its float bits order like the values; inverting them sorts
+// the most confident first.
+__global__ static void priority_keys_kernel(uint64_t *keys, int *idx, int *flags,
+                                            const float *probs, const int *task_id,
+                                            const int *task_rank, int n_tasks, int T, int E) {
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < T; t += gridDim.x * blockDim.x) {
+        const float *p = probs + (size_t)t * E;
+        float m = p[0];
+        for (int e = 1; e < E; e++)
+            if (p[e] > m) m = p[e];
+        uint64_t rank = 0;
+        if (n_tasks > 0) {
+            int id = task_id[t];
+            if (id < 0 || id >= n_tasks) {
+                atomicMin(&flags[1], t);
+                id = 0;
+            }
+            rank = (uint64_t)task_rank[id];
+        }
+        keys[t] = rank << 32 | (uint64_t)(0xffffffffu - __float_as_uint(m));
+        idx[t] = t;
+    }
+}
+
+__global__ static void iota_kernel(int *order, int T) {
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < T; t += gridDim.x * blockDim.x)
+        order[t] = t;
+}
+
+// ---- 4. slots --------------------------------------------------------------------------
+
+enum { SLOT_THREADS = 256 };
+
+// Block e walks the sequence s = j * T + i (pair order[i], choice j) in chunks,
+// ranking the pairs whose choice is e.
+__global__ static void slots_kernel(int *expert, int *slot, int *kept, const int *choice,
+                                    const int *order, const int *capacity, int T, int k) {
+    typedef cub::BlockScan<int, SLOT_THREADS> scan_t;
+    __shared__ typename scan_t::TempStorage tmp;
+    const int e = blockIdx.x, cap = capacity[e];
+    const long n = (long)T * k;
+    int base = 0;
+    for (long s0 = 0; s0 < n; s0 += SLOT_THREADS) {
+        long s = s0 + threadIdx.x;
+        size_t a = 0;
+        int mine = 0;
+        if (s < n) {
+            int j = (int)(s / T), i = (int)(s % T);
+            a = (size_t)order[i] * k + j;
+            mine = choice[a] == e;
+        }
+        int rank, total;
+        scan_t(tmp).ExclusiveSum(mine, rank, total);
+        __syncthreads(); // tmp is reused by the next chunk
+        if (mine) {
+            rank += base;
+            expert[a] = rank < cap ? e : -1;
+            slot[a] = rank < cap ? rank : -1;
+        }
+        base += total;
+    }
+    if (threadIdx.x == 0) kept[e] = min(base, cap);
+}
+
+__global__ static void offsets_kernel(int *offsets, const int *kept, int E) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    offsets[0] = 0;
+    for (int e = 0; e < E; e++)
+        offsets[e + 1] = offsets[e] + kept[e];
+}
+
+// ---- 5. weights and losses -------------------------------------------------------------
+
+__global__ static void weights_kernel(float *weight, const float *probs, const int *expert, int T,
+                                      int E, int k, int normalize) {
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < T; t += gridDim.x * blockDim.x) {
+        const float *p = probs + (size_t)t * E;
+        const int *ex = expert + (size_t)t * k;
+        float *w = weight + (size_t)t * k;
+        double s = 0.0;
+        for (int j = 0; j < k; j++)
+            s += ex[j] >= 0 ? p[ex[j]] : 0.0;
+        for (int j = 0; j < k; j++) {
+            w[j] = ex[j] < 0 ? 0.0f : p[ex[j]];
+            if (normalize) w[j] = s > 0 ? (float)(w[j] / s) : 0.0f;
+        }
+    }
+}
+
+// Block e (< E): red[e] = sum_t p[t, e], aux_f[e] = (choices of e among the
+// first kf) / T. Block E: red[E] = sum_t lse_t^2.
+__global__ static void losses_kernel(double *red, float *aux_f, const float *probs,
+                                     const float *lse, const int *choice, int T, int E, int k,
+                                     int kf) {
+    __shared__ double sh[32];
+    const int e = blockIdx.x;
+    double acc = 0.0, cnt = 0.0;
+    for (int t = threadIdx.x; t < T; t += blockDim.x) {
+        if (e < E) {
+            acc += probs[(size_t)t * E + e];
+            for (int j = 0; j < kf; j++)
+                cnt += choice[(size_t)t * k + j] == e;
+        } else {
+            acc += (double)lse[t] * lse[t];
+        }
+    }
+    acc = moe_block_sum(acc, sh);
+    cnt = moe_block_sum(cnt, sh);
+    if (threadIdx.x == 0) {
+        red[e] = acc;
+        if (e < E) aux_f[e] = T ? (float)cnt / T : 0.0f;
+    }
+}
+
+// ---- host side -------------------------------------------------------------------------
+
+extern "C" int moe_cuda_plan_alloc(moe_cuda_plan *p, int T_max, int E, int k) {
+    memset(p, 0, sizeof *p);
+    if (T_max < 0 || E < 1 || k < 1 || k > E)
+        return moe_fail(MOE_EINVAL, "cuda plan: T_max=%d E=%d k=%d", T_max, E, k);
+    p->T_max = T_max, p->E = E, p->k = k;
+    size_t tk = (size_t)(T_max ? T_max : 1) * k, te = (size_t)(T_max ? T_max : 1) * E;
+    size_t tm = T_max ? T_max : 1;
+    CUDA_TRY(cub::DeviceRadixSort::SortPairs(nullptr, p->sort_tmp_bytes, (const uint64_t *)nullptr,
+                                             (uint64_t *)nullptr, (const int *)nullptr,
+                                             (int *)nullptr, (int)tm));
+    struct {
+        void **ptr;
+        size_t bytes;
+    } a[] = {
+        {(void **)&p->expert, tk * sizeof(int)},
+        {(void **)&p->choice, tk * sizeof(int)},
+        {(void **)&p->slot, tk * sizeof(int)},
+        {(void **)&p->weight, tk * sizeof(float)},
+        {(void **)&p->probs, te * sizeof(float)},
+        {(void **)&p->lse, tm * sizeof(float)},
+        {(void **)&p->counts, E * sizeof(int)},
+        {(void **)&p->kept, E * sizeof(int)},
+        {(void **)&p->capacity, E * sizeof(int)},
+        {(void **)&p->offsets, (E + 1) * sizeof(int)},
+        {(void **)&p->aux_f, E * sizeof(float)},
+        {(void **)&p->order, tm * sizeof(int)},
+        {(void **)&p->keys, tm * sizeof(uint64_t)},
+        {(void **)&p->keys_alt, tm * sizeof(uint64_t)},
+        {(void **)&p->order_alt, tm * sizeof(int)},
+        {&p->sort_tmp, p->sort_tmp_bytes + 16},
+        {(void **)&p->red, (E + 1) * sizeof(double)},
+        {(void **)&p->flags, 2 * sizeof(int)},
+        {(void **)&p->task_rank, MOE_MAX_TASKS * sizeof(int)},
+    };
+    for (size_t i = 0; i < sizeof a / sizeof *a; i++) {
+        cudaError_t e = cudaMalloc(a[i].ptr, a[i].bytes);
+        if (e != cudaSuccess) {
+            *a[i].ptr = NULL;
+            moe_cuda_plan_free(p);
+            return moe_fail(e == cudaErrorMemoryAllocation ? MOE_ENOMEM : MOE_EDEVICE,
+                            "cuda plan for T=%d E=%d k=%d: cudaMalloc of %zu bytes: %s", T_max, E,
+                            k, a[i].bytes, cudaGetErrorString(e));
+        }
+    }
+    return 0;
+}
+
+extern "C" void moe_cuda_plan_free(moe_cuda_plan *p) {
+    void *ptrs[] = {p->expert,   p->choice, p->slot,  p->weight,   p->probs,
+                    p->lse,      p->counts, p->kept,  p->capacity, p->offsets,
+                    p->aux_f,    p->order,  p->keys,  p->keys_alt, p->order_alt,
+                    p->sort_tmp, p->red,    p->flags, p->task_rank};
+    for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
+        if (ptrs[i]) cudaFree(ptrs[i]);
+    memset(p, 0, sizeof *p);
+}
+
+// Rank of each task's priority among the distinct priorities, highest first.
+static void task_ranks(int *rank, const moe_router_config *cfg) {
+    for (int i = 0; i < cfg->n_task_priority; i++) {
+        int r = 0;
+        for (int j = 0; j < cfg->n_task_priority; j++) {
+            bool higher = cfg->task_priority[j] > cfg->task_priority[i], seen = false;
+            for (int l = 0; l < j && higher; l++) // count each distinct value once
+                seen |= cfg->task_priority[l] == cfg->task_priority[j];
+            r += higher && !seen;
+        }
+        rank[i] = r;
+    }
+}
+
+extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, const int *task_id,
+                                       const int *capacity, int T, int E,
+                                       const moe_router_config *cfg, bool training) {
+    const int k = cfg->top_k;
+    if (T < 0 || T > p->T_max || E != p->E || k != p->k)
+        return moe_fail(
+            MOE_EINVAL,
+            "cuda router: call sizes T=%d E=%d k=%d do not fit the plan (T_max=%d E=%d k=%d)", T, E,
+            k, p->T_max, p->E, p->k);
+    MOE_TRY(moe_router_config_check(cfg, E));
+    if (training && cfg->noise == MOE_NOISE_GUMBEL)
+        return moe_fail(MOE_EINVAL, "cuda router: router.noise = gumbel is not supported on the "
+                                    "GPU (use jitter or none)");
+    bool priority = cfg->slot_order == MOE_SLOT_PRIORITY && T > 1;
+    if (priority && cfg->n_task_priority > 0 && !task_id)
+        return moe_fail(MOE_EINVAL, "router.task_priority is set but no task ids were given");
+    moe_cuda_ctx c = {};
+    MOE_TRY(moe_cuda_ctx_get(&c));
+    p->T = T;
+    const int threads = 128;
+    const unsigned blocks = moe_cuda_blocks(T, threads);
+    const int no_error[2] = {INT32_MAX, INT32_MAX};
+    CUDA_TRY(
+        cudaMemcpyAsync(p->flags, no_error, sizeof no_error, cudaMemcpyHostToDevice, c.stream));
+    CUDA_TRY(cudaMemsetAsync(p->counts, 0, E * sizeof(int), c.stream));
+
+    // 1.
+    softmax_topk_kernel<<<blocks, threads, 0, c.stream>>>(p->probs, p->lse, p->choice, p->counts,
+                                                          p->flags, logits, T, E, k);
+    CUDA_LAUNCH_CHECK();
+    // 2.
+    int given = capacity != NULL && cfg->capacity_factor > 0;
+    if (given)
+        CUDA_TRY(cudaMemcpyAsync(p->capacity, capacity, E * sizeof(int), cudaMemcpyHostToDevice,
+                                 c.stream));
+    capacity_kernel<<<1, 32, 0, c.stream>>>(p->capacity, p->counts, E,
+                                            moe_capacity_static(cfg, T, E), given);
+    CUDA_LAUNCH_CHECK();
+    // 3.
+    if (priority) {
+        int rank[MOE_MAX_TASKS] = {0};
+        task_ranks(rank, cfg);
+        if (cfg->n_task_priority > 0)
+            CUDA_TRY(
+                cudaMemcpyAsync(p->task_rank, rank, sizeof rank, cudaMemcpyHostToDevice, c.stream));
+        priority_keys_kernel<<<blocks, threads, 0, c.stream>>>(p->keys, p->order_alt, p->flags,
+                                                               p->probs, task_id, p->task_rank,
+                                                               cfg->n_task_priority, T, E);
+        CUDA_LAUNCH_CHECK();
+        size_t bytes = p->sort_tmp_bytes;
+        CUDA_TRY(cub::DeviceRadixSort::SortPairs(p->sort_tmp, bytes, p->keys, p->keys_alt,
+                                                 p->order_alt, p->order, T, 0, 64, c.stream));
+    } else if (T > 0) {
+        iota_kernel<<<blocks, threads, 0, c.stream>>>(p->order, T);
+        CUDA_LAUNCH_CHECK();
+    }
+    // 4.
+    slots_kernel<<<E, SLOT_THREADS, 0, c.stream>>>(p->expert, p->slot, p->kept, p->choice, p->order,
+                                                   p->capacity, T, k);
+    CUDA_LAUNCH_CHECK();
+    offsets_kernel<<<1, 32, 0, c.stream>>>(p->offsets, p->kept, E);
+    CUDA_LAUNCH_CHECK();
+    // 5.
+    if (T > 0) {
+        weights_kernel<<<blocks, threads, 0, c.stream>>>(p->weight, p->probs, p->expert, T, E, k,
+                                                         cfg->normalize_topk);
+        CUDA_LAUNCH_CHECK();
+    }
+    losses_kernel<<<E + 1, 256, 0, c.stream>>>(p->red, p->aux_f, p->probs, p->lse, p->choice, T, E,
+                                               k, cfg->aux_counts_all_k ? k : 1);
+    CUDA_LAUNCH_CHECK();
+
+    // The one read-back: error flags and the loss sums.
+    double red[E + 1];
+    float aux_f[E];
+    int flags[2];
+    CUDA_TRY(cudaMemcpyAsync(flags, p->flags, sizeof flags, cudaMemcpyDeviceToHost, c.stream));
+    CUDA_TRY(cudaMemcpyAsync(red, p->red, sizeof red, cudaMemcpyDeviceToHost, c.stream));
+    CUDA_TRY(cudaMemcpyAsync(aux_f, p->aux_f, sizeof aux_f, cudaMemcpyDeviceToHost, c.stream));
+    CUDA_TRY(cudaStreamSynchronize(c.stream));
+    if (flags[0] != INT32_MAX)
+        return moe_fail(MOE_ENUMERIC, "a logit of token %d is not finite", flags[0]);
+    if (flags[1] != INT32_MAX)
+        return moe_fail(MOE_EINVAL,
+                        "a task id of token %d has no entry in router.task_priority (%d entries)",
+                        flags[1], cfg->n_task_priority);
+    double aux = 0.0;
+    for (int e = 0; e < E; e++)
+        aux += aux_f[e] * (T ? red[e] / T : 0.0);
+    p->aux_loss = (float)(E * aux);
+    p->z_loss = T ? (float)(red[E] / T) : 0.0f;
+    return 0;
+}
+
+// One thread per token, the CPU's formulas (router/router.c) term for term.
+__global__ static void router_bwd_kernel(float *dlogits, const float *dweight, const float *probs,
+                                         const float *lse, const int *expert, const float *weight,
+                                         const float *aux_f, int T, int E, int k, int normalize,
+                                         double aux_c, double z_scale) {
+    for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < T; t += gridDim.x * blockDim.x) {
+        const float *p = probs + (size_t)t * E;
+        const int *ex = expert + (size_t)t * k;
+        const float *w = weight + (size_t)t * k;
+        const float *dw = dweight ? dweight + (size_t)t * k : NULL;
+        float *dl = dlogits + (size_t)t * E;
+        double s = 0.0, dot_w = 0.0;
+        for (int j = 0; j < k; j++) {
+            if (ex[j] < 0) continue;
+            s += p[ex[j]];
+            if (dw) dot_w += (double)dw[j] * w[j];
+        }
+#define DPK(j)                                                                                     \
+    (ex[j] < 0 || !dw ? 0.0 : normalize ? (s > 0 ? (dw[j] - dot_w) / s : 0.0) : (double)dw[j])
+        double dot = 0.0;
+        for (int e = 0; e < E; e++)
+            dot += p[e] * aux_c * aux_f[e];
+        for (int j = 0; j < k; j++)
+            if (ex[j] >= 0) dot += p[ex[j]] * DPK(j);
+        double zc = 2.0 * z_scale * lse[t] / T;
+        for (int e = 0; e < E; e++) {
+            double dp = aux_c * aux_f[e];
+            for (int j = 0; j < k; j++)
+                if (ex[j] == e) dp += DPK(j);
+            dl[e] += (float)(p[e] * (dp - dot) + zc * p[e]);
+        }
+#undef DPK
+    }
+}
+
+extern "C" int moe_cuda_router_backward(float *dlogits, const float *dweight,
+                                        const moe_cuda_plan *p, const moe_router_config *cfg,
+                                        float aux_scale, float z_scale) {
+    int T = p->T, E = p->E, k = p->k;
+    if (T == 0) return 0;
+    moe_cuda_ctx c = {};
+    MOE_TRY(moe_cuda_ctx_get(&c));
+    double aux_c = (double)aux_scale * E / T;
+    router_bwd_kernel<<<moe_cuda_blocks(T, 128), 128, 0, c.stream>>>(
+        dlogits, dweight, p->probs, p->lse, p->expert, p->weight, p->aux_f, T, E, k,
+        cfg->normalize_topk, aux_c, z_scale);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}

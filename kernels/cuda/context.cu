@@ -84,6 +84,10 @@ extern "C" void moe_cuda_shutdown(void) {
     g_ready = false;
 }
 
+extern "C" void *moe_cuda_stream(void) {
+    return g_ready ? (void *)g_ctx.stream : NULL;
+}
+
 int moe_cuda_ctx_get(moe_cuda_ctx *ctx) {
     if (!g_ready) MOE_TRY(moe_cuda_init(g_device));
     *ctx = g_ctx;

@@ -22,6 +22,10 @@ int moe_cuda_init(int device);
 // Releases the stream and the cuBLAS handle (tests and the CLI at exit).
 void moe_cuda_shutdown(void);
 
+// The backend stream every op runs on (a cudaStream_t), for callers that
+// order other work after the ops (moe_nccl_* take it); NULL before init.
+void *moe_cuda_stream(void);
+
 // Copies on the backend stream; download and synchronize wait for it.
 int moe_cuda_upload(void *dst_device, const void *src_host, size_t bytes);
 int moe_cuda_download(void *dst_host, const void *src_device, size_t bytes);

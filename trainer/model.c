@@ -1,6 +1,7 @@
 // The decoder: parameter table with Hugging Face Mixtral names, seeded
-// initialisation, and the forward/backward of the whole model over the CPU op
-// table, the decoder ops (kernels/cpu/nn.h) and the MoE layer.
+// initialisation, and the forward/backward of the whole model over the op
+// table (GEMMs and the decoder ops, kernels/ops.h), cut cross-entropy
+// (kernels/cpu/nn.h) and the MoE layer.
 #include "moe/model.h"
 #include "kernels/cpu/nn.h"
 #include "moe/alloc.h"
@@ -357,7 +358,7 @@ static int chunked_head_forward(moe_model *m, const int32_t *targets, int N) {
         const int n = N - r0 < Nc ? N - r0 : Nc;
         MOE_TRY(m->ops->matmul(m->logits, m->lnf + (size_t)r0 * D, m->lm_head, n, V, D, false, true,
                                1.0f, 0.0f));
-        MOE_TRY(moe_cpu_crossentropy_forward(m->losses + r0, &mean, m->logits, targets + r0, n, V));
+        MOE_TRY(m->ops->crossentropy_forward(m->losses + r0, &mean, m->logits, targets + r0, n, V));
         for (int i = 0; i < n; i++)
             if (targets[r0 + i] >= 0) sum += m->losses[r0 + i], valid++;
     }
@@ -380,7 +381,7 @@ static int chunked_head_backward(moe_model *m, const int32_t *targets, int N) {
         const float *lnf = m->lnf + (size_t)r0 * D;
         MOE_TRY(m->ops->matmul(m->logits, lnf, m->lm_head, n, V, D, false, true, 1.0f, 0.0f));
         MOE_TRY(m->ops->zero(m->dlogits, (size_t)n * V));
-        MOE_TRY(moe_cpu_crossentropy_backward(m->dlogits, m->logits, targets + r0, n, V,
+        MOE_TRY(m->ops->crossentropy_backward(m->dlogits, m->logits, targets + r0, n, V,
                                               (float)local / (float)valid));
         MOE_TRY(m->ops->matmul(m->d_lm_head, m->dlogits, lnf, V, D, n, true, false, 1.0f, 1.0f));
         MOE_TRY(m->ops->matmul(m->dln + (size_t)r0 * D, m->dlogits, m->lm_head, n, D, V, false,
@@ -415,24 +416,24 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
     double t0 = m->timing ? now() : 0;
     for (int l = 0; l < m->L; l++)
         m->a[l].moe.timing = m->timing ? &m->timing->moe_layer : NULL;
-    MOE_TRY(moe_cpu_embedding_forward(m->a[0].x, inputs, m->embed, N, D, m->V));
+    MOE_TRY(m->ops->embedding_forward(m->a[0].x, inputs, m->embed, N, D, m->V));
     lap(m, m->timing ? &m->timing->embed : NULL, &t0);
     int moe_idx = 0;
     for (int l = 0; l < m->L; l++) {
         moe_block_acts *a = &m->a[l];
         moe_block_params *p = &m->p[l];
         float *next = l + 1 < m->L ? m->a[l + 1].x : m->xf;
-        MOE_TRY(moe_cpu_rmsnorm_forward(a->ln1, a->rstd1, a->x, p->ln1, N, D, eps));
+        MOE_TRY(m->ops->rmsnorm_forward(a->ln1, a->rstd1, a->x, p->ln1, N, D, eps));
         MOE_TRY(ops->matmul(a->q, a->ln1, p->wq, N, QD, D, false, true, 1.0f, 0.0f));
         MOE_TRY(ops->matmul(a->k, a->ln1, p->wk, N, KD, D, false, true, 1.0f, 0.0f));
         MOE_TRY(ops->matmul(a->v, a->ln1, p->wv, N, KD, D, false, true, 1.0f, 0.0f));
-        MOE_TRY(moe_cpu_rope_forward(a->q, a->q, B, T, m->Hq, m->hd, theta));
-        MOE_TRY(moe_cpu_rope_forward(a->k, a->k, B, T, m->Hkv, m->hd, theta));
-        MOE_TRY(moe_cpu_attention_forward(a->atty, a->att, a->q, a->k, a->v, B, T, m->Hq, m->Hkv,
+        MOE_TRY(m->ops->rope_forward(a->q, a->q, B, T, m->Hq, m->hd, theta));
+        MOE_TRY(m->ops->rope_forward(a->k, a->k, B, T, m->Hkv, m->hd, theta));
+        MOE_TRY(m->ops->attention_forward(a->atty, a->att, a->q, a->k, a->v, B, T, m->Hq, m->Hkv,
                                           m->hd));
         MOE_TRY(ops->matmul(a->mid, a->atty, p->wo, N, D, QD, false, true, 1.0f, 0.0f));
         add_into(a->mid, a->x, (size_t)N * D);
-        MOE_TRY(moe_cpu_rmsnorm_forward(a->ln2, a->rstd2, a->mid, p->ln2, N, D, eps));
+        MOE_TRY(m->ops->rmsnorm_forward(a->ln2, a->rstd2, a->mid, p->ln2, N, D, eps));
         lap(m, m->timing ? &m->timing->attention : NULL, &t0);
         if (!m->is_moe[l]) {
             for (int r0 = 0; r0 < N; r0 += Nc) { // one chunk, or all N rows
@@ -471,7 +472,7 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
         add_into(next, a->mid, (size_t)N * D);
     }
     m->load_calls += training;
-    MOE_TRY(moe_cpu_rmsnorm_forward(m->lnf, m->rstdf, m->xf, m->norm, N, D, eps));
+    MOE_TRY(m->ops->rmsnorm_forward(m->lnf, m->rstdf, m->xf, m->norm, N, D, eps));
     const bool cce = !strcmp(m->cfg.loss.impl, "cce");
     m->ce = 0.0;
     if (cce && targets) {
@@ -493,7 +494,7 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
         MOE_TRY(ops->matmul(m->logits, m->lnf, m->lm_head, N, m->V, D, false, true, 1.0f, 0.0f));
         m->ce = 0.0;
         if (targets)
-            MOE_TRY(moe_cpu_crossentropy_forward(m->losses, &m->ce, m->logits, targets, N, m->V));
+            MOE_TRY(m->ops->crossentropy_forward(m->losses, &m->ce, m->logits, targets, N, m->V));
     }
     m->loss = m->ce + m->cfg.router.aux_loss_coef * m->aux + m->cfg.router.z_loss_coef * m->z;
     lap(m, m->timing ? &m->timing->head : NULL, &t0);
@@ -521,12 +522,12 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
         MOE_TRY(chunked_head_backward(m, targets, N));
     } else {
         MOE_TRY(ops->zero(m->dlogits, (size_t)N * m->V));
-        MOE_TRY(moe_cpu_crossentropy_backward(m->dlogits, m->logits, targets, N, m->V, 1.0f));
+        MOE_TRY(m->ops->crossentropy_backward(m->dlogits, m->logits, targets, N, m->V, 1.0f));
         MOE_TRY(ops->matmul(m->d_lm_head, m->dlogits, m->lnf, m->V, D, N, true, false, 1.0f, 1.0f));
         MOE_TRY(ops->matmul(m->dln, m->dlogits, m->lm_head, N, D, m->V, false, false, 1.0f, 0.0f));
     }
     MOE_TRY(ops->zero(m->dres, (size_t)N * D));
-    MOE_TRY(moe_cpu_rmsnorm_backward(m->dres, m->d_norm, m->dln, m->xf, m->norm, m->rstdf, N, D));
+    MOE_TRY(m->ops->rmsnorm_backward(m->dres, m->d_norm, m->dln, m->xf, m->norm, m->rstdf, N, D));
     lap(m, m->timing ? &m->timing->head : NULL, &t0);
     for (int l = m->L - 1; l >= 0; l--) {
         moe_block_acts *a = &m->a[l];
@@ -554,7 +555,7 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
             MOE_TRY(moe_layer_backward(m->dln, &g->moe, m->dres, a->ln2, m->task_tok, N, &p->moe,
                                        &a->moe, aux_c, z_c));
         }
-        MOE_TRY(moe_cpu_rmsnorm_backward(m->dres, g->ln2, m->dln, a->mid, p->ln2, a->rstd2, N, D));
+        MOE_TRY(m->ops->rmsnorm_backward(m->dres, g->ln2, m->dln, a->mid, p->ln2, a->rstd2, N, D));
         lap(m, m->timing ? (m->is_moe[l] ? &m->timing->moe : &m->timing->ffn) : NULL, &t0);
         // Attention block: mid = x + atty @ Wo^T; dres holds d mid.
         MOE_TRY(ops->matmul(g->wo, m->dres, a->atty, D, QD, N, true, false, 1.0f, 1.0f));
@@ -562,22 +563,22 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
         MOE_TRY(ops->zero(m->dq, (size_t)N * QD));
         MOE_TRY(ops->zero(m->dk, (size_t)N * KD));
         MOE_TRY(ops->zero(m->dv, (size_t)N * KD));
-        MOE_TRY(moe_cpu_attention_backward(m->dq, m->dk, m->dv, m->datt, m->datty, a->att, a->q,
+        MOE_TRY(m->ops->attention_backward(m->dq, m->dk, m->dv, m->datt, m->datty, a->att, a->q,
                                            a->k, a->v, B, T, m->Hq, m->Hkv, m->hd));
         MOE_TRY(ops->zero(m->dqr, (size_t)N * QD));
         MOE_TRY(ops->zero(m->dkr, (size_t)N * KD));
-        MOE_TRY(moe_cpu_rope_backward(m->dqr, m->dq, B, T, m->Hq, m->hd, theta));
-        MOE_TRY(moe_cpu_rope_backward(m->dkr, m->dk, B, T, m->Hkv, m->hd, theta));
+        MOE_TRY(m->ops->rope_backward(m->dqr, m->dq, B, T, m->Hq, m->hd, theta));
+        MOE_TRY(m->ops->rope_backward(m->dkr, m->dk, B, T, m->Hkv, m->hd, theta));
         MOE_TRY(ops->matmul(g->wq, m->dqr, a->ln1, QD, D, N, true, false, 1.0f, 1.0f));
         MOE_TRY(ops->matmul(g->wk, m->dkr, a->ln1, KD, D, N, true, false, 1.0f, 1.0f));
         MOE_TRY(ops->matmul(g->wv, m->dv, a->ln1, KD, D, N, true, false, 1.0f, 1.0f));
         MOE_TRY(ops->matmul(m->dln, m->dqr, p->wq, N, D, QD, false, false, 1.0f, 0.0f));
         MOE_TRY(ops->matmul(m->dln, m->dkr, p->wk, N, D, KD, false, false, 1.0f, 1.0f));
         MOE_TRY(ops->matmul(m->dln, m->dv, p->wv, N, D, KD, false, false, 1.0f, 1.0f));
-        MOE_TRY(moe_cpu_rmsnorm_backward(m->dres, g->ln1, m->dln, a->x, p->ln1, a->rstd1, N, D));
+        MOE_TRY(m->ops->rmsnorm_backward(m->dres, g->ln1, m->dln, a->x, p->ln1, a->rstd1, N, D));
         lap(m, m->timing ? &m->timing->attention : NULL, &t0);
     }
-    MOE_TRY(moe_cpu_embedding_backward(m->d_embed, m->dres, inputs, N, D));
+    MOE_TRY(m->ops->embedding_backward(m->d_embed, m->dres, inputs, N, D));
     lap(m, m->timing ? &m->timing->embed : NULL, &t0);
     return 0;
 }

@@ -85,6 +85,32 @@ START_TEST(test_cli_train_errors_and_success) {
 }
 END_TEST
 
+// --device cuda where the model cannot run on a GPU: exit 2 with the reason
+// (no CUDA in this build, no device, or the model not yet on the GPU), before
+// any run folder is written; --device with another name is a config error.
+START_TEST(test_cli_train_device_cuda_refused_with_reason) {
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    char args[4096];
+    write_text("small.json", small);
+    snprintf(args, sizeof args,
+             "train '%s/small.json' --device cuda --steps 2 --quiet --out '%s/g'", dir, dir);
+    ck_assert_int_eq(run_moe(args), 2);
+    const char *err = file_text("err.txt");
+#ifdef MOE_HAVE_CUDA
+    ck_assert_msg(strstr(err, "no CUDA device") || strstr(err, "does not run on the GPU yet"), "%s",
+                  err);
+#else
+    ck_assert_msg(strstr(err, "built without CUDA"), "%s", err);
+#endif
+    snprintf(args, sizeof args, "train '%s/small.json' --device tpu --out '%s/g'", dir, dir);
+    ck_assert_int_eq(run_moe(args), 2);
+    ck_assert_msg(strstr(file_text("err.txt"), "train.device"), "%s", file_text("err.txt"));
+    snprintf(args, sizeof args, "train '%s/small.json' --device cpu --steps 2 --quiet --out '%s/c'",
+             dir, dir);
+    ck_assert_int_eq(run_moe(args), 0);
+}
+END_TEST
+
 // SIGINT mid-run: the trainer finishes the step, writes a checkpoint and exits
 // with 130; --resume continues from it.
 START_TEST(test_cli_ctrl_c_saves_checkpoint) {
@@ -128,6 +154,7 @@ static Suite *cli_train_suite(void) {
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_cli_train_errors_and_success);
     tcase_add_test(tc, test_cli_ctrl_c_saves_checkpoint);
+    tcase_add_test(tc, test_cli_train_device_cuda_refused_with_reason);
     suite_add_tcase(s, tc);
     return s;
 }

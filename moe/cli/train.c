@@ -29,13 +29,14 @@ static int exit_code(int rc) {
 
 static const char *train_help =
     "usage: moe train CONFIG.json [--set key=value]... [--out DIR] [--resume CKPT_DIR]\n"
-    "                 [--steps N] [--quiet] [--dry-run]\n"
+    "                 [--steps N] [--device cpu|cuda] [--quiet] [--dry-run]\n"
     "       moe train --help-config      list every config key with its default\n"
     "\n"
     "Trains the model CONFIG describes (a JSON file of sections: model, moe, router,\n"
     "capacity, train, data, ...; keys not given take their defaults). --set overrides a\n"
     "key (typed by the key: --set router.top_k=1 --set moe.num_experts=[4,8]); --steps N\n"
-    "is --set train.steps=N. The run folder (default runs/<config name>) receives\n"
+    "is --set train.steps=N, --device D is --set train.device=D. The run folder (default "
+    "runs/<config name>) receives\n"
     "config.json (resolved), metrics.jsonl and checkpoint/. --resume continues from a\n"
     "checkpoint folder bit-exactly. Ctrl-C saves a checkpoint and exits with 130.\n"
     "--dry-run prints the memory plan (as moe plan) and exits. Under mpirun or srun\n"
@@ -67,6 +68,11 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, const char *
             static char buf[64];
             if (m < 0 || n_sets == 256) goto usage;
             snprintf(buf, sizeof buf, "train.steps=%s", v);
+            sets[n_sets++] = buf;
+        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--device", &v)) != 0) {
+            static char buf[64 + MOE_NAME_MAX];
+            if (m < 0 || n_sets == 256) goto usage;
+            snprintf(buf, sizeof buf, "train.device=%.*s", MOE_NAME_MAX, v);
             sets[n_sets++] = buf;
         } else if (!strcmp(argv[i], "--quiet")) {
             *quiet = true;

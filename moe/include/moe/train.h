@@ -54,4 +54,8 @@ typedef struct {
 
 int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *r);
 
+// Checks train.device: 0 for cpu; for cuda MOE_EINVAL when built without
+// CUDA, MOE_EDEVICE when no device is visible, each with the reason.
+int moe_device_check(const char *device);
+
 #endif

@@ -37,6 +37,20 @@ typedef struct moe_ops {
     int (*matmul)(float *c, const float *a, const float *b, int M, int N, int K, bool trans_a,
                   bool trans_b, float alpha, float beta);
 
+    // Grouped GEMMs over the G row segments of an expert-contiguous buffer,
+    // segment g = rows [offsets[g], offsets[g+1]) (offsets: host memory, G+1
+    // entries), n_g rows; a segment with n_g = 0 is skipped (c_g untouched).
+    // Expert weights are b_g = b + g * b_stride (or c_g = c + g * c_stride).
+    // matmul_grouped: c_g [n_g, N] = alpha * a_g [n_g, K] @ op(b_g) + beta * c_g,
+    //   op(b_g) = b_g^T with b_g [N, K] when trans_b, else b_g [K, N].
+    int (*matmul_grouped)(float *c, const float *a, const float *b, size_t b_stride,
+                          const int *offsets, int G, int N, int K, bool trans_b, float alpha,
+                          float beta);
+    // matmul_grouped_wgrad: c_g [M, N] = alpha * a_g^T @ b_g + beta * c_g with
+    //   a_g [n_g, M], b_g [n_g, N] (weight gradients: dW_g += dY_g^T X_g).
+    int (*matmul_grouped_wgrad)(float *c, size_t c_stride, const float *a, const float *b,
+                                const int *offsets, int G, int M, int N, float alpha, float beta);
+
     // SwiGLU on the fused projection ab [n, 2H] (row i = [a_i | b_i], a = w1 x,
     // b = w3 x): h [n, H] = silu(a) * b, silu(a) = a * sigmoid(a).
     int (*swiglu_forward)(float *h, const float *ab, int n, int H);

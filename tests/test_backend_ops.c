@@ -202,6 +202,51 @@ START_TEST(test_matmul_bf16_matches_cpu) {
 END_TEST
 #endif
 
+// Grouped GEMMs over uneven segments (an empty one included): the expert
+// GEMMs of the MoE layer forward and backward, and the weight gradients.
+static void grouped_case(const moe_ops *gpu, int G, int N, int K, double tol, uint64_t seed) {
+    tu_rng r;
+    tu_seed(&r, seed);
+    int offsets[17] = {0};
+    for (int g = 0; g < G; g++)
+        offsets[g + 1] = offsets[g] + (g == 1 ? 0 : (int)(tu_uniform(&r) * 40));
+    const int rows = offsets[G];
+    const size_t stride = (size_t)N * K + 3; // experts not packed back to back
+    fbuf a = fb_randn(&r, (size_t)rows * K, 1.0f), b = fb_randn(&r, stride * G, 1.0f);
+    fbuf c = fb_randn(&r, (size_t)rows * N, 1.0f);
+    char what[160];
+    for (int tb = 0; tb < 2; tb++) {
+        BOTH(CPU->matmul_grouped(c.h, a.h, b.h, stride, offsets, G, N, K, tb, 1.0f,
+                                 tb ? 0.5f : 0.0f),
+             gpu->matmul_grouped(c.d, a.d, b.d, stride, offsets, G, N, K, tb, 1.0f,
+                                 tb ? 0.5f : 0.0f));
+        snprintf(what, sizeof what, "%s matmul_grouped G=%d N=%d K=%d tb=%d", gpu->name, G, N, K,
+                 tb);
+        fb_check_norm(what, &c, tol, tol > TOL);
+    }
+    // weight gradients: w_g [K, N] += a_g^T c_g
+    const size_t wstride = (size_t)K * N + 5;
+    fbuf w = fb_randn(&r, wstride * G, 1.0f);
+    BOTH(CPU->matmul_grouped_wgrad(w.h, wstride, a.h, c.h, offsets, G, K, N, 1.0f, 1.0f),
+         gpu->matmul_grouped_wgrad(w.d, wstride, a.d, c.d, offsets, G, K, N, 1.0f, 1.0f));
+    snprintf(what, sizeof what, "%s matmul_grouped_wgrad G=%d M=%d N=%d", gpu->name, G, K, N);
+    fb_check_norm(what, &w, tol, tol > TOL);
+    fb_free(&a), fb_free(&b), fb_free(&c), fb_free(&w);
+}
+
+START_TEST(test_matmul_grouped_matches_cpu) {
+    const int shapes[][3] = {{1, 8, 8}, {4, 64, 32}, {8, 96, 200}, {16, 33, 17}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        grouped_case(GPU, shapes[s][0], shapes[s][1], shapes[s][2], TOL, 1500 + s);
+#ifdef MOE_HAVE_CUDA
+        if (!self_check)
+            grouped_case(&moe_ops_cuda_bf16, shapes[s][0], shapes[s][1], shapes[s][2], TOL_BF16,
+                         1600 + s);
+#endif
+    }
+}
+END_TEST
+
 // ---- SwiGLU -----------------------------------------------------------------------
 
 START_TEST(test_swiglu_matches_cpu) {
@@ -714,6 +759,7 @@ int main(int argc, char **argv) {
     TCase *tc = tcase_create(self_check ? "cpu_vs_cpu_harness" : "cuda_vs_cpu");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_matmul_fp32_matches_cpu);
+    tcase_add_test(tc, test_matmul_grouped_matches_cpu);
     tcase_add_test(tc, test_swiglu_matches_cpu);
     tcase_add_test(tc, test_permute_ops_match_cpu);
     tcase_add_test(tc, test_gather_scatter_rows_match_cpu);

@@ -28,6 +28,46 @@ START_TEST(test_cpu_table_has_every_op) {
 }
 END_TEST
 
+// The grouped GEMMs are the per-segment GEMMs the MoE layer makes, bit for
+// bit; an empty segment is skipped and decreasing offsets are an error.
+START_TEST(test_grouped_matmul_equals_per_segment_calls) {
+    const int G = 3, N = 5, K = 7, offsets[] = {0, 4, 4, 9};
+    const size_t stride = (size_t)N * K + 2;
+    tu_rng r;
+    tu_seed(&r, 11);
+    float a[9 * 7], b[3 * 37], c1[9 * 5], c2[9 * 5], w1[3 * 37], w2[3 * 37];
+    tu_fill_normal(&r, a, 9 * 7, 1.0f);
+    tu_fill_normal(&r, b, 3 * 37, 1.0f);
+    tu_fill_normal(&r, c1, 9 * 5, 1.0f);
+    memcpy(c2, c1, sizeof c1);
+    ck_assert_int_eq(ops->matmul_grouped(c1, a, b, stride, offsets, G, N, K, true, 1.0f, 0.5f), 0);
+    for (int g = 0; g < G; g++)
+        if (offsets[g + 1] > offsets[g])
+            ck_assert_int_eq(ops->matmul(c2 + offsets[g] * N, a + offsets[g] * K, b + g * stride,
+                                         offsets[g + 1] - offsets[g], N, K, false, true, 1.0f,
+                                         0.5f),
+                             0);
+    ck_assert_int_eq(memcmp(c1, c2, sizeof c1), 0);
+    tu_fill_normal(&r, w1, 3 * 37, 1.0f);
+    memcpy(w2, w1, sizeof w1);
+    const size_t ws = (size_t)K * N + 2;
+    ck_assert_int_eq(ops->matmul_grouped_wgrad(w1, ws, a, c1, offsets, G, K, N, 1.0f, 1.0f), 0);
+    for (int g = 0; g < G; g++) {
+        int n = offsets[g + 1] - offsets[g];
+        for (int i = 0; i < K; i++) // w_g[i][j] += sum_r a[r][i] c[r][j], in double here
+            for (int j = 0; j < N; j++) {
+                double s = 0.0;
+                for (int q = 0; q < n; q++)
+                    s += (double)a[(offsets[g] + q) * K + i] * c1[(offsets[g] + q) * N + j];
+                ck_assert_double_eq_tol(w1[g * ws + i * N + j], w2[g * ws + i * N + j] + s, 1e-5);
+            }
+    }
+    const int bad[] = {0, 5, 3, 9};
+    ck_assert_int_eq(ops->matmul_grouped(c1, a, b, stride, bad, G, N, K, true, 1.0f, 0.0f),
+                     MOE_EINVAL);
+}
+END_TEST
+
 START_TEST(test_adamw_op_equals_trainer_update_bitwise) {
     const size_t n = 1001;
     tu_rng r;
@@ -76,6 +116,7 @@ int main(void) {
     Suite *s = suite_create("ops_table");
     TCase *tc = tcase_create("cpu");
     tcase_add_test(tc, test_cpu_table_has_every_op);
+    tcase_add_test(tc, test_grouped_matmul_equals_per_segment_calls);
     tcase_add_test(tc, test_adamw_op_equals_trainer_update_bitwise);
     suite_add_tcase(s, tc);
     return tu_run(s);

@@ -17,6 +17,12 @@ int moe_cpu_mul_add(float *out, const float *a, const float *b, size_t n);
 int moe_cpu_matmul(float *c, const float *a, const float *b, int M, int N, int K, bool trans_a,
                    bool trans_b, float alpha, float beta);
 
+int moe_cpu_matmul_grouped(float *c, const float *a, const float *b, size_t b_stride,
+                           const int *offsets, int G, int N, int K, bool trans_b, float alpha,
+                           float beta);
+int moe_cpu_matmul_grouped_wgrad(float *c, size_t c_stride, const float *a, const float *b,
+                                 const int *offsets, int G, int M, int N, float alpha, float beta);
+
 int moe_cpu_swiglu_forward(float *h, const float *ab, int n, int H);
 int moe_cpu_swiglu_backward(float *dab, const float *dh, const float *ab, int n, int H);
 

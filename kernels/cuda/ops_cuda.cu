@@ -4,10 +4,11 @@
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/ops.h"
 
-#define MOE_CUDA_TABLE(NAME, MATMUL)                                                               \
+#define MOE_CUDA_TABLE(NAME, MATMUL, GROUPED, WGRAD)                                               \
     {                                                                                              \
         .name = NAME, .alloc = moe_cuda_alloc, .free = moe_cuda_free,                              \
         .alloc_size = moe_cuda_alloc_size, .zero = moe_cuda_zero, .matmul = MATMUL,                \
+        .matmul_grouped = GROUPED, .matmul_grouped_wgrad = WGRAD,                                  \
         .swiglu_forward = moe_cuda_swiglu_forward, .swiglu_backward = moe_cuda_swiglu_backward,    \
         .dispatch_rows = moe_cuda_dispatch_rows, .permute_forward = moe_cuda_permute_forward,      \
         .permute_backward = moe_cuda_permute_backward,                                             \
@@ -25,5 +26,8 @@
         .sumsq = moe_cuda_sumsq, .scale = moe_cuda_scale,                                          \
     }
 
-extern "C" const moe_ops moe_ops_cuda = MOE_CUDA_TABLE("cuda", moe_cuda_matmul);
-extern "C" const moe_ops moe_ops_cuda_bf16 = MOE_CUDA_TABLE("cuda-bf16", moe_cuda_matmul_bf16);
+extern "C" const moe_ops moe_ops_cuda =
+    MOE_CUDA_TABLE("cuda", moe_cuda_matmul, moe_cuda_matmul_grouped, moe_cuda_matmul_grouped_wgrad);
+extern "C" const moe_ops moe_ops_cuda_bf16 =
+    MOE_CUDA_TABLE("cuda-bf16", moe_cuda_matmul_bf16, moe_cuda_matmul_grouped_bf16,
+                   moe_cuda_matmul_grouped_wgrad_bf16);

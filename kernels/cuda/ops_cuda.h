@@ -24,6 +24,19 @@ int moe_cuda_matmul(float *c, const float *a, const float *b, int M, int N, int 
 int moe_cuda_matmul_bf16(float *c, const float *a, const float *b, int M, int N, int K,
                          bool trans_a, bool trans_b, float alpha, float beta);
 
+int moe_cuda_matmul_grouped(float *c, const float *a, const float *b, size_t b_stride,
+                            const int *offsets, int G, int N, int K, bool trans_b, float alpha,
+                            float beta);
+int moe_cuda_matmul_grouped_wgrad(float *c, size_t c_stride, const float *a, const float *b,
+                                  const int *offsets, int G, int M, int N, float alpha,
+                                  float beta);
+int moe_cuda_matmul_grouped_bf16(float *c, const float *a, const float *b, size_t b_stride,
+                                 const int *offsets, int G, int N, int K, bool trans_b,
+                                 float alpha, float beta);
+int moe_cuda_matmul_grouped_wgrad_bf16(float *c, size_t c_stride, const float *a, const float *b,
+                                       const int *offsets, int G, int M, int N, float alpha,
+                                       float beta);
+
 int moe_cuda_swiglu_forward(float *h, const float *ab, int n, int H);
 int moe_cuda_swiglu_backward(float *dab, const float *dh, const float *ab, int n, int H);
 

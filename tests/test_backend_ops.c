@@ -20,6 +20,7 @@
 #ifdef MOE_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/router_cuda.h"
+#include "moe/moe_layer_cuda.h"
 #include "moe/router.h"
 #endif
 
@@ -703,6 +704,76 @@ START_TEST(test_router_rejects_nonfinite_logits) {
 }
 END_TEST
 
+// ---- the MoE layer: GPU (grouped GEMMs, CUDA router) against moe_layer.c ------------
+
+static void moe_layer_case(const moe_ops *gpu, int T, int D, int H, int E, int k, double cf, int Hs,
+                           moe_slot_order order, double tol, uint64_t seed) {
+    moe_layer_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.T_max = T, cfg.D = D, cfg.H = H, cfg.E = E, cfg.H_shared = Hs;
+    moe_router_config_default(&cfg.router);
+    cfg.router.top_k = k;
+    cfg.router.capacity_factor = cf;
+    cfg.router.slot_order = order;
+    cfg.router.z_loss_coef = 1e-3;
+    tu_rng r;
+    tu_seed(&r, seed);
+    size_t np = moe_layer_num_params(&cfg);
+    fbuf par = fb_randn(&r, np, 1.0f / sqrtf((float)D)), grad = fb_randn(&r, np, 0.1f);
+    fbuf x = fb_randn(&r, (size_t)T * D, 1.0f), dy = fb_randn(&r, (size_t)T * D, 1.0f);
+    fbuf y = fb_make((size_t)T * D, NULL, NAN), dx = fb_randn(&r, (size_t)T * D, 1.0f);
+    moe_layer_params ph, pd, gh, gd;
+    ck_assert_int_eq(moe_layer_params_view(&ph, par.h, &cfg), 0);
+    ck_assert_int_eq(moe_layer_params_view(&pd, par.d, &cfg), 0);
+    ck_assert_int_eq(moe_layer_params_view(&gh, grad.h, &cfg), 0);
+    ck_assert_int_eq(moe_layer_params_view(&gd, grad.d, &cfg), 0);
+    moe_layer_acts ah;
+    moe_layer_cuda_acts ad;
+    ck_assert_msg(moe_layer_acts_alloc(&ah, &cfg, &moe_ops_cpu) == 0, "%s", moe_last_error());
+    ck_assert_msg(moe_layer_cuda_acts_alloc(&ad, &cfg, gpu) == 0, "%s", moe_last_error());
+    ck_assert_msg(moe_layer_forward(y.h, x.h, NULL, NULL, T, &ph, &ah, false, 0) == 0, "%s",
+                  moe_last_error());
+    ck_assert_msg(moe_layer_cuda_forward(y.d, x.d, NULL, T, &pd, &ad, false) == 0, "%s",
+                  moe_last_error());
+    char what[160];
+    snprintf(what, sizeof what, "%s moe layer T=%d D=%d H=%d E=%d k=%d cf=%g Hs=%d: y", gpu->name,
+             T, D, H, E, k, cf, Hs);
+    fb_check_norm(what, &y, tol, tol > TOL);
+    expect_ints("moe layer offsets", ad.plan.offsets, ah.plan.offsets, E + 1);
+    ck_assert_msg(moe_layer_backward(dx.h, &gh, dy.h, x.h, NULL, T, &ph, &ah, 0.01f, 0.001f) == 0,
+                  "%s", moe_last_error());
+    ck_assert_msg(moe_layer_cuda_backward(dx.d, &gd, dy.d, x.d, T, &pd, &ad, 0.01f, 0.001f) == 0,
+                  "%s", moe_last_error());
+    snprintf(what, sizeof what, "%s moe layer T=%d: dx", gpu->name, T);
+    fb_check_norm(what, &dx, tol, tol > TOL);
+    snprintf(what, sizeof what, "%s moe layer T=%d: parameter gradients", gpu->name, T);
+    fb_check_norm(what, &grad, tol, tol > TOL);
+    moe_layer_acts_free(&ah);
+    moe_layer_cuda_acts_free(&ad);
+    fb_free(&par), fb_free(&grad), fb_free(&x), fb_free(&dy), fb_free(&y), fb_free(&dx);
+}
+
+START_TEST(test_moe_layer_matches_cpu) {
+    // A composition of GEMMs: 1e-4 of max(1, |cpu|) in fp32 (the ops hold 1e-5).
+    moe_layer_case(GPU, 64, 32, 48, 4, 2, 1.25, 0, MOE_SLOT_POSITION, 1e-4, 1700);
+    moe_layer_case(GPU, 200, 64, 96, 8, 2, 0.5, 0, MOE_SLOT_PRIORITY, 1e-4, 1701); // drops
+    moe_layer_case(GPU, 97, 48, 40, 8, 1, 0.0, 24, MOE_SLOT_POSITION, 1e-4, 1702); // shared
+    moe_layer_case(&moe_ops_cuda_bf16, 128, 64, 128, 8, 2, 1.25, 0, MOE_SLOT_POSITION, TOL_BF16,
+                   1703);
+}
+END_TEST
+
+START_TEST(test_moe_layer_refuses_unsupported_configs) {
+    moe_layer_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.T_max = 8, cfg.D = 8, cfg.H = 8, cfg.E = 4, cfg.n_chunks = 2;
+    moe_router_config_default(&cfg.router);
+    moe_layer_cuda_acts ad;
+    ck_assert_int_eq(moe_layer_cuda_acts_alloc(&ad, &cfg, GPU), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "memory.mini_seq"), "%s", moe_last_error());
+}
+END_TEST
+
 // ---- errors -----------------------------------------------------------------------
 
 START_TEST(test_out_of_memory_names_size_and_config_key) {
@@ -775,6 +846,8 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_matmul_bf16_matches_cpu);
         tcase_add_test(tc, test_router_matches_cpu);
         tcase_add_test(tc, test_router_rejects_nonfinite_logits);
+        tcase_add_test(tc, test_moe_layer_matches_cpu);
+        tcase_add_test(tc, test_moe_layer_refuses_unsupported_configs);
         tcase_add_test(tc, test_out_of_memory_names_size_and_config_key);
         tcase_add_test(tc, test_device_errors_carry_file_and_line); // last: may poison the context
     }

@@ -1,0 +1,49 @@
+// The MoE layer on the GPU (the CUDA build only): the forward and backward of
+// moe_layer_forward/backward (moe/moe_layer.h) with every tensor in device
+// memory, routing by the CUDA router (kernels/cuda/router_cuda.h) and the
+// experts as grouped GEMMs over the expert segments (one cuBLAS grouped call
+// per projection instead of one GEMM per expert). The host reads back the
+// E + 1 segment offsets once per forward (the grouped GEMMs take host sizes)
+// plus the router's error flag and loss sums.
+//
+// Supported: the configurations of a single process without task routing or
+// chunking (n_tasks = 0, ep_size <= 1, n_chunks <= 1); router noise only when
+// not training. Others fail with MOE_EINVAL naming the key.
+#ifndef MOE_MOE_LAYER_CUDA_H
+#define MOE_MOE_LAYER_CUDA_H
+
+#include "moe/moe_layer.h"
+
+#ifdef MOE_HAVE_CUDA
+#include "kernels/cuda/router_cuda.h"
+
+typedef struct {
+    const moe_ops *ops; // moe_ops_cuda or moe_ops_cuda_bf16
+    moe_layer_config cfg;
+    int T; // tokens of the last forward, 0 before the first
+    moe_cuda_plan plan;
+    int *offsets_h;              // [E + 1] host copy of plan.offsets
+    float *logits;               // [T_max, E]
+    int *row;                    // [T_max * k]
+    float *xe, *ab, *h, *ye;     // [rows_max, D | 2H | H | D]
+    float *shared_ab, *shared_h; // [T_max, 2Hs | Hs]
+    float *dlogits, *dweight;    // [T_max, E], [T_max * k]
+    float *dye, *dxe, *dh, *dab; // [rows_max, D | D | H | 2H]
+    float *sdh, *sdab;           // [T_max, Hs | 2Hs] shared expert backward
+} moe_layer_cuda_acts;
+
+int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cfg,
+                              const moe_ops *ops);
+void moe_layer_cuda_acts_free(moe_layer_cuda_acts *a);
+
+// As moe_layer_forward: x, y and the parameter view p in device memory (a
+// moe_layer_params_view over a device buffer); capacity [E] host memory or NULL.
+int moe_layer_cuda_forward(float *y, const float *x, const int *capacity, int T,
+                           const moe_layer_params *p, moe_layer_cuda_acts *a, bool training);
+// As moe_layer_backward (ADDS into dx and dp), device memory throughout.
+int moe_layer_cuda_backward(float *dx, const moe_layer_params *dp, const float *dy, const float *x,
+                            int T, const moe_layer_params *p, moe_layer_cuda_acts *a,
+                            float aux_scale, float z_scale);
+#endif
+
+#endif

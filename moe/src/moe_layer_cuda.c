@@ -1,0 +1,163 @@
+// The MoE layer on the GPU (moe/moe_layer_cuda.h): gate GEMM, CUDA router,
+// permute, grouped expert GEMMs + SwiGLU, weighted combine, shared expert, and
+// the backward of each in reverse, with the same op sequence as the
+// single-process path of moe/src/moe_layer.c (so the CPU layer is its
+// reference, tests/test_backend_ops.c).
+#include "moe/moe_layer_cuda.h"
+#include "moe/error.h"
+
+#ifdef MOE_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cfg,
+                              const moe_ops *ops) {
+    memset(a, 0, sizeof *a);
+    MOE_TRY(moe_layer_config_check(cfg));
+    if (cfg->n_tasks > 0 || cfg->ep_size > 1 || cfg->n_chunks > 1)
+        return moe_fail(MOE_EINVAL, "moe layer on the GPU: task routing (moe.task_layers), "
+                                    "expert parallelism (parallel.ep) and memory.mini_seq are "
+                                    "not supported yet");
+    a->ops = ops;
+    a->cfg = *cfg;
+    const size_t T = (size_t)cfg->T_max, D = (size_t)cfg->D, H = (size_t)cfg->H;
+    const size_t E = (size_t)cfg->E, k = (size_t)cfg->router.top_k, Hs = (size_t)cfg->H_shared;
+    const size_t R = T * k; // rows_max: every assignment kept
+    int rc = 0;
+    MOE_TRY_GOTO(moe_cuda_plan_alloc(&a->plan, cfg->T_max, cfg->E, cfg->router.top_k), rc);
+    if (!(a->offsets_h = calloc(E + 1, sizeof(int)))) {
+        rc = moe_fail(MOE_ENOMEM, "moe layer offsets");
+        goto fail;
+    }
+    struct {
+        void **p;
+        size_t bytes;
+    } bufs[] = {
+        {(void **)&a->logits, T * E * 4},
+        {(void **)&a->row, R * 4},
+        {(void **)&a->xe, R * D * 4},
+        {(void **)&a->ab, R * 2 * H * 4},
+        {(void **)&a->h, R * H * 4},
+        {(void **)&a->ye, R * D * 4},
+        {(void **)&a->shared_ab, T * 2 * Hs * 4},
+        {(void **)&a->shared_h, T * Hs * 4},
+        {(void **)&a->dlogits, T * E * 4},
+        {(void **)&a->dweight, R * 4},
+        {(void **)&a->dye, R * D * 4},
+        {(void **)&a->dxe, R * D * 4},
+        {(void **)&a->dh, R * H * 4},
+        {(void **)&a->dab, R * 2 * H * 4},
+        {(void **)&a->sdh, T * Hs * 4},
+        {(void **)&a->sdab, T * 2 * Hs * 4},
+    };
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
+        if (!bufs[i].bytes) continue;
+        if (!(*bufs[i].p = ops->alloc(bufs[i].bytes))) {
+            rc = MOE_ENOMEM; // ops->alloc left the message (size and config keys)
+            goto fail;
+        }
+    }
+    return 0;
+fail:
+    moe_layer_cuda_acts_free(a);
+    return rc;
+}
+
+void moe_layer_cuda_acts_free(moe_layer_cuda_acts *a) {
+    if (a->ops) {
+        void *bufs[] = {a->logits,    a->row,      a->xe,      a->ab,      a->h,   a->ye,
+                        a->shared_ab, a->shared_h, a->dlogits, a->dweight, a->dye, a->dxe,
+                        a->dh,        a->dab,      a->sdh,     a->sdab};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            if (bufs[i]) a->ops->free(bufs[i]);
+    }
+    moe_cuda_plan_free(&a->plan); // NULL fields are skipped
+    free(a->offsets_h);
+    memset(a, 0, sizeof *a);
+}
+
+int moe_layer_cuda_forward(float *y, const float *x, const int *capacity, int T,
+                           const moe_layer_params *p, moe_layer_cuda_acts *a, bool training) {
+    const moe_layer_config *cfg = &a->cfg;
+    const moe_ops *ops = a->ops;
+    if (y == x) return moe_fail(MOE_EINVAL, "moe layer forward: y aliases x");
+    if (T < 1 || T > cfg->T_max)
+        return moe_fail(MOE_EINVAL, "moe layer forward: T = %d not in 1..T_max = %d", T,
+                        cfg->T_max);
+    if (training && cfg->router.noise != MOE_NOISE_NONE)
+        return moe_fail(MOE_EINVAL, "moe layer on the GPU: router.noise must be none");
+    const int D = cfg->D, H = cfg->H, E = cfg->E, k = cfg->router.top_k, Hs = cfg->H_shared;
+    a->T = 0;
+    MOE_TRY(ops->matmul(a->logits, x, p->gate, T, E, D, false, true, 1.0f, 0.0f));
+    MOE_TRY(
+        moe_cuda_router_forward(&a->plan, a->logits, NULL, capacity, T, E, &cfg->router, training));
+    MOE_TRY(moe_cuda_download(a->offsets_h, a->plan.offsets, sizeof(int) * (E + 1)));
+    const int rows = a->offsets_h[E];
+    MOE_TRY(ops->dispatch_rows(a->row, a->plan.expert, a->plan.slot, a->plan.offsets, T, k));
+    MOE_TRY(ops->permute_forward(a->xe, x, a->row, T, k, D));
+    // ab_e = xe_e [w1;w3]_e^T, h = SwiGLU(ab), ye_e = h_e w2_e^T over the segments
+    MOE_TRY(ops->matmul_grouped(a->ab, a->xe, p->experts, p->expert_numel, a->offsets_h, E, 2 * H,
+                                D, true, 1.0f, 0.0f));
+    MOE_TRY(ops->swiglu_forward(a->h, a->ab, rows, H));
+    MOE_TRY(ops->matmul_grouped(a->ye, a->h, p->experts + p->w2_offset, p->expert_numel,
+                                a->offsets_h, E, D, H, true, 1.0f, 0.0f));
+    MOE_TRY(ops->unpermute_forward(y, a->ye, a->row, a->plan.weight, T, k, D));
+    if (Hs) {
+        MOE_TRY(ops->matmul(a->shared_ab, x, p->shared_w13, T, 2 * Hs, D, false, true, 1.0f, 0.0f));
+        MOE_TRY(ops->swiglu_forward(a->shared_h, a->shared_ab, T, Hs));
+        MOE_TRY(ops->matmul(y, a->shared_h, p->shared_w2, T, D, Hs, false, true, 1.0f, 1.0f));
+    }
+    a->T = T;
+    return 0;
+}
+
+int moe_layer_cuda_backward(float *dx, const moe_layer_params *dp, const float *dy, const float *x,
+                            int T, const moe_layer_params *p, moe_layer_cuda_acts *a,
+                            float aux_scale, float z_scale) {
+    const moe_layer_config *cfg = &a->cfg;
+    const moe_ops *ops = a->ops;
+    if (dx == dy) return moe_fail(MOE_EINVAL, "moe layer backward: dx aliases dy");
+    if (a->T == 0 || T != a->T)
+        return moe_fail(MOE_EINVAL, "moe layer backward: T = %d, last forward T = %d", T, a->T);
+    const int D = cfg->D, H = cfg->H, E = cfg->E, k = cfg->router.top_k, Hs = cfg->H_shared;
+    const int rows = a->offsets_h[E];
+    const int *off = a->offsets_h;
+    float *w2 = p->experts + p->w2_offset, *dw2 = dp->experts + dp->w2_offset;
+
+    // combine: dye[row] = w dy[t], dweight = <dy[t], ye[row]>
+    MOE_TRY(ops->zero(a->dweight, (size_t)T * k));
+    MOE_TRY(ops->zero(a->dye, (size_t)rows * D));
+    MOE_TRY(
+        ops->unpermute_backward(a->dye, a->dweight, dy, a->ye, a->row, a->plan.weight, T, k, D));
+    // experts (moe_layer.c ffn_backward, every segment at once)
+    MOE_TRY(
+        ops->matmul_grouped(a->dh, a->dye, w2, p->expert_numel, off, E, H, D, false, 1.0f, 0.0f));
+    MOE_TRY(
+        ops->matmul_grouped_wgrad(dw2, dp->expert_numel, a->dye, a->h, off, E, D, H, 1.0f, 1.0f));
+    MOE_TRY(ops->zero(a->dab, (size_t)rows * 2 * H));
+    MOE_TRY(ops->swiglu_backward(a->dab, a->dh, a->ab, rows, H));
+    MOE_TRY(ops->matmul_grouped_wgrad(dp->experts, dp->expert_numel, a->dab, a->xe, off, E, 2 * H,
+                                      D, 1.0f, 1.0f));
+    MOE_TRY(ops->matmul_grouped(a->dxe, a->dab, p->experts, p->expert_numel, off, E, D, 2 * H,
+                                false, 1.0f, 0.0f));
+    MOE_TRY(ops->permute_backward(dx, a->dxe, a->row, T, k, D));
+    if (Hs) { // moe_layer.c ffn_backward with din_beta = 1
+        MOE_TRY(ops->matmul(a->sdh, dy, p->shared_w2, T, Hs, D, false, false, 1.0f, 0.0f));
+        MOE_TRY(ops->matmul(dp->shared_w2, dy, a->shared_h, D, Hs, T, true, false, 1.0f, 1.0f));
+        MOE_TRY(ops->zero(a->sdab, (size_t)T * 2 * Hs));
+        MOE_TRY(ops->swiglu_backward(a->sdab, a->sdh, a->shared_ab, T, Hs));
+        MOE_TRY(ops->matmul(dp->shared_w13, a->sdab, x, 2 * Hs, D, T, true, false, 1.0f, 1.0f));
+        MOE_TRY(ops->matmul(dx, a->sdab, p->shared_w13, T, D, 2 * Hs, false, false, 1.0f, 1.0f));
+    }
+    // router and gate: dWg += dlogits^T x, dx += dlogits Wg
+    MOE_TRY(ops->zero(a->dlogits, (size_t)T * E));
+    MOE_TRY(moe_cuda_router_backward(a->dlogits, a->dweight, &a->plan, &cfg->router, aux_scale,
+                                     z_scale));
+    MOE_TRY(ops->matmul(dp->gate, a->dlogits, x, E, D, T, true, false, 1.0f, 1.0f));
+    MOE_TRY(ops->matmul(dx, a->dlogits, p->gate, T, D, E, false, false, 1.0f, 1.0f));
+    return 0;
+}
+
+#endif

@@ -1,17 +1,19 @@
 // Token-choice top-k routing on the GPU, the twin of router/router.c and
 // router/priority.c for routing without Gumbel noise (kernels/cuda/router_cuda.h):
 //   1. one thread per token: softmax (double sum, as the CPU), lse, top-k with
-//      ties to the lower expert, pre-drop counts (integer atomics: exact)
-//   2. capacity per expert (static, dropless = max count, or given)
-//   3. slot order: position, or BPR keys (task rank, max prob desc) sorted by
+//      ties to the lower expert
+//   2. slot order: position, or BPR keys (task rank, max prob desc) sorted by
 //      a stable radix sort, so equal keys keep token order as the CPU's index
 //      tie-break does
-//   4. slots: the CPU visits (choice rank j, token in slot order) and gives a
+//   3. slots: the CPU visits (choice rank j, token in slot order) and gives a
 //      pair the next slot of its expert while slots last, so a pair's slot is
-//      its rank among the pairs of the same expert in that sequence and it is
-//      kept iff that rank < C_e. One block per expert computes the ranks with
-//      a block-wide exclusive scan over the sequence.
-//   5. offsets, combine weights, aux (E * sum f_e P_e) and z-loss.
+//      its rank among the pairs of the same expert in that sequence, and it is
+//      kept iff that rank < C_e. Ranks come from per-chunk expert histograms,
+//      a per-expert scan over the chunks and a per-chunk pass (see below);
+//      the pre-drop counts and the capacity (static, dropless = max count, or
+//      given) fall out of the scan.
+//   4. offsets, combine weights, aux (E * sum f_e P_e) and z-loss sums in a
+//      fixed order (deterministic).
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/router_cuda.h"
 
@@ -20,10 +22,10 @@
 #include <math.h>
 #include <string.h>
 
-// ---- 1. softmax, top-k, counts -------------------------------------------------------
+// ---- 1. softmax, top-k ----------------------------------------------------------------
 
-__global__ static void softmax_topk_kernel(float *probs, float *lse, int *choice, int *counts,
-                                           int *flags, const float *logits, int T, int E, int k) {
+__global__ static void softmax_topk_kernel(float *probs, float *lse, int *choice, int *flags,
+                                           const float *logits, int T, int E, int k) {
     for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < T; t += gridDim.x * blockDim.x) {
         const float *x = logits + (size_t)t * E;
         float *p = probs + (size_t)t * E;
@@ -36,8 +38,10 @@ __global__ static void softmax_topk_kernel(float *probs, float *lse, int *choice
         }
         if (!finite) {
             atomicMin(&flags[0], t);
+            for (int e = 0; e < E; e++)
+                p[e] = 0.0f;
             for (int j = 0; j < k; j++)
-                ch[j] = 0; // keeps later kernels in bounds; the call fails
+                ch[j] = j; // keeps later kernels in bounds; the call fails
             lse[t] = 0.0f;
             continue;
         }
@@ -62,22 +66,8 @@ __global__ static void softmax_topk_kernel(float *probs, float *lse, int *choice
                 if (best < 0 || p[e] > best_s) best = e, best_s = p[e];
             }
             ch[j] = best;
-            atomicAdd(&counts[best], 1);
         }
     }
-}
-
-// ---- 2. capacity ---------------------------------------------------------------------
-
-// c_static < 0: dropless (C_e = max count); given != 0: capacity already holds C_e.
-__global__ static void capacity_kernel(int *capacity, const int *counts, int E, int c_static,
-                                       int given) {
-    if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    int c_max = 0;
-    for (int e = 0; e < E; e++)
-        c_max = max(c_max, counts[e]);
-    for (int e = 0; e < E; e++)
-        capacity[e] = c_static < 0 ? c_max : given ? capacity[e] : c_static;
 }
 
 // ---- 3. slot order ---------------------------------------------------------------------
@@ -112,46 +102,131 @@ __global__ static void iota_kernel(int *order, int T) {
         order[t] = t;
 }
 
-// ---- 4. slots --------------------------------------------------------------------------
+// ---- 4. counts, capacity and slots ----------------------------------------------------
+// The sequence s = j * T + i (pair order[i], choice j), n = T k entries, is cut
+// into chunks of CHUNK. (a) per chunk, how many entries choose each expert
+// (all, and among the first choices s < T for the aux loss); (b) per expert,
+// an exclusive scan over the chunks gives each chunk's first rank, the totals
+// are the pre-drop counts; (c) per chunk, an entry's rank is its chunk's base
+// plus the entries of the same expert before it in the chunk (warp match +
+// per-warp counts, in sequence order). Integer counts: exact and deterministic.
 
-enum { SLOT_THREADS = 256 };
+enum { CHUNK_THREADS = 256, CHUNK_ITEMS = 4, CHUNK = CHUNK_THREADS * CHUNK_ITEMS };
+enum { CHUNK_WARPS = CHUNK_THREADS / 32 };
 
-// Block e walks the sequence s = j * T + i (pair order[i], choice j) in chunks,
-// ranking the pairs whose choice is e.
-__global__ static void slots_kernel(int *expert, int *slot, int *kept, const int *choice,
-                                    const int *order, const int *capacity, int T, int k) {
-    typedef cub::BlockScan<int, SLOT_THREADS> scan_t;
-    __shared__ typename scan_t::TempStorage tmp;
-    const int e = blockIdx.x, cap = capacity[e];
-    const long n = (long)T * k;
-    int base = 0;
-    for (long s0 = 0; s0 < n; s0 += SLOT_THREADS) {
-        long s = s0 + threadIdx.x;
-        size_t a = 0;
-        int mine = 0;
-        if (s < n) {
-            int j = (int)(s / T), i = (int)(s % T);
-            a = (size_t)order[i] * k + j;
-            mine = choice[a] == e;
-        }
-        int rank, total;
-        scan_t(tmp).ExclusiveSum(mine, rank, total);
-        __syncthreads(); // tmp is reused by the next chunk
-        if (mine) {
-            rank += base;
-            expert[a] = rank < cap ? e : -1;
-            slot[a] = rank < cap ? rank : -1;
-        }
-        base += total;
-    }
-    if (threadIdx.x == 0) kept[e] = min(base, cap);
+__device__ static inline int seq_choice(const int *choice, const int *order, long s, int T, int k,
+                                        size_t *a) {
+    int j = (int)(s / T), i = (int)(s % T);
+    *a = (size_t)order[i] * k + j;
+    return choice[*a];
 }
 
-__global__ static void offsets_kernel(int *offsets, const int *kept, int E) {
+// hist [C, E] and hist1 [C, E] (first choices only); shared: 2E ints.
+__global__ static void chunk_hist_kernel(int *hist, int *hist1, const int *choice, const int *order,
+                                         int T, int k, int E) {
+    extern __shared__ int sh[];
+    int *h = sh, *h1 = sh + E;
+    for (int e = threadIdx.x; e < 2 * E; e += blockDim.x)
+        sh[e] = 0;
+    __syncthreads();
+    const long n = (long)T * k, c = blockIdx.x;
+    for (int r = 0; r < CHUNK_ITEMS; r++) {
+        long s = c * CHUNK + (long)r * CHUNK_THREADS + threadIdx.x;
+        if (s >= n) break;
+        size_t a;
+        int e = seq_choice(choice, order, s, T, k, &a);
+        atomicAdd(&h[e], 1);
+        if (s < T) atomicAdd(&h1[e], 1);
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        hist[c * E + e] = h[e];
+        hist1[c * E + e] = h1[e];
+    }
+}
+
+// One block per expert: base [C, E] = exclusive scan over chunks, counts[e]
+// = total, aux_f[e] = (first choices or all) / T.
+__global__ static void chunk_scan_kernel(int *base, int *counts, float *aux_f, const int *hist,
+                                         const int *hist1, int C, int E, int T, int all_k) {
+    typedef cub::BlockScan<int, CHUNK_THREADS> scan_t;
+    __shared__ typename scan_t::TempStorage tmp;
+    __shared__ double sh[32];
+    const int e = blockIdx.x;
+    int running = 0;
+    double f1 = 0.0;
+    for (int c0 = 0; c0 < C; c0 += CHUNK_THREADS) {
+        int c = c0 + threadIdx.x;
+        int v = c < C ? hist[(size_t)c * E + e] : 0, ex, total;
+        if (c < C) f1 += hist1[(size_t)c * E + e];
+        scan_t(tmp).ExclusiveSum(v, ex, total);
+        __syncthreads();
+        if (c < C) base[(size_t)c * E + e] = running + ex;
+        running += total;
+    }
+    f1 = moe_block_sum(f1, sh);
+    if (threadIdx.x == 0) {
+        counts[e] = running;
+        float f = all_k ? (float)running : (float)f1; // exact: integers < 2^24
+        aux_f[e] = T ? f / T : 0.0f;
+    }
+}
+
+// Capacity (c_static < 0: dropless, C_e = max count; given: capacity holds C_e),
+// kept = min(count, C_e), offsets = exclusive sum of kept. E is small: one thread.
+__global__ static void capacity_kernel(int *capacity, int *kept, int *offsets, const int *counts,
+                                       int E, int c_static, int given) {
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
-    offsets[0] = 0;
+    int c_max = 0;
     for (int e = 0; e < E; e++)
+        c_max = max(c_max, counts[e]);
+    offsets[0] = 0;
+    for (int e = 0; e < E; e++) {
+        capacity[e] = c_static < 0 ? c_max : given ? capacity[e] : c_static;
+        kept[e] = min(counts[e], capacity[e]);
         offsets[e + 1] = offsets[e] + kept[e];
+    }
+}
+
+// One block per chunk; shared: per-warp counts [CHUNK_WARPS, E] and the
+// chunk's running counts [E].
+__global__ static void assign_kernel(int *expert, int *slot, const int *choice, const int *order,
+                                     const int *base, const int *capacity, int T, int k, int E) {
+    extern __shared__ int sh[];
+    int *wc = sh, *run = sh + CHUNK_WARPS * E;
+    for (int i = threadIdx.x; i < (CHUNK_WARPS + 1) * E; i += blockDim.x)
+        sh[i] = 0;
+    __syncthreads();
+    const long n = (long)T * k, c = blockIdx.x;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int r = 0; r < CHUNK_ITEMS; r++) {
+        long s = c * CHUNK + (long)r * CHUNK_THREADS + threadIdx.x;
+        bool valid = s < n;
+        size_t a = 0;
+        int e = valid ? seq_choice(choice, order, s, T, k, &a) : -1;
+        unsigned peers = __match_any_sync(0xffffffffu, e);
+        int rank_w = __popc(peers & ((1u << lane) - 1u)); // same expert, lower lanes
+        if (valid && rank_w == 0) wc[warp * E + e] = __popc(peers);
+        __syncthreads();
+        if (valid) {
+            int rank = base[c * E + e] + run[e] + rank_w;
+            for (int w = 0; w < warp; w++)
+                rank += wc[w * E + e];
+            bool keep = rank < capacity[e];
+            expert[a] = keep ? e : -1;
+            slot[a] = keep ? rank : -1;
+        }
+        __syncthreads();
+        for (int x = threadIdx.x; x < E; x += blockDim.x) {
+            int add = 0;
+            for (int w = 0; w < CHUNK_WARPS; w++) {
+                add += wc[w * E + x];
+                wc[w * E + x] = 0;
+            }
+            run[x] += add;
+        }
+        __syncthreads();
+    }
 }
 
 // ---- 5. weights and losses -------------------------------------------------------------
@@ -172,29 +247,48 @@ __global__ static void weights_kernel(float *weight, const float *probs, const i
     }
 }
 
-// Block e (< E): red[e] = sum_t p[t, e], aux_f[e] = (choices of e among the
-// first kf) / T. Block E: red[E] = sum_t lse_t^2.
-__global__ static void losses_kernel(double *red, float *aux_f, const float *probs,
-                                     const float *lse, const int *choice, int T, int E, int k,
-                                     int kf) {
+enum { LOSS_TILE = 1024 };
+
+// Block b sums tokens [b LOSS_TILE, (b+1) LOSS_TILE): part[b, e] = sum_t p[t, e]
+// (thread (g, e) reads row t = g, g + G, ...: coalesced over e), part[b, E] =
+// sum_t lse_t^2. Fixed order everywhere: deterministic. blockDim = G E.
+__global__ static void loss_part_kernel(double *part, const float *probs, const float *lse, int T,
+                                        int E) {
+    extern __shared__ double shd[];
+    const int e = threadIdx.x % E, g = threadIdx.x / E, G = blockDim.x / E;
+    const int t0 = blockIdx.x * LOSS_TILE, t1 = min(T, t0 + LOSS_TILE);
+    double acc = 0.0, z = 0.0;
+    for (int t = t0 + g; t < t1; t += G)
+        acc += probs[(size_t)t * E + e];
+    for (int t = t0 + threadIdx.x; t < t1; t += blockDim.x)
+        z += (double)lse[t] * lse[t];
+    shd[threadIdx.x] = acc;
+    shd[blockDim.x + threadIdx.x] = z;
+    __syncthreads();
+    double *out = part + (size_t)blockIdx.x * (E + 1);
+    if (g == 0) {
+        double s = 0.0;
+        for (int i = 0; i < G; i++)
+            s += shd[i * E + e];
+        out[e] = s;
+    }
+    if (threadIdx.x == 0) {
+        double s = 0.0;
+        for (int i = 0; i < (int)blockDim.x; i++)
+            s += shd[blockDim.x + i];
+        out[E] = s;
+    }
+}
+
+// Block e sums part[b, e] over the nb tiles: red[e] (e = E: the z sum).
+__global__ static void loss_final_kernel(double *red, const double *part, int nb, int E) {
     __shared__ double sh[32];
     const int e = blockIdx.x;
-    double acc = 0.0, cnt = 0.0;
-    for (int t = threadIdx.x; t < T; t += blockDim.x) {
-        if (e < E) {
-            acc += probs[(size_t)t * E + e];
-            for (int j = 0; j < kf; j++)
-                cnt += choice[(size_t)t * k + j] == e;
-        } else {
-            acc += (double)lse[t] * lse[t];
-        }
-    }
-    acc = moe_block_sum(acc, sh);
-    cnt = moe_block_sum(cnt, sh);
-    if (threadIdx.x == 0) {
-        red[e] = acc;
-        if (e < E) aux_f[e] = T ? (float)cnt / T : 0.0f;
-    }
+    double s = 0.0;
+    for (int b = threadIdx.x; b < nb; b += blockDim.x)
+        s += part[(size_t)b * (E + 1) + e];
+    s = moe_block_sum(s, sh);
+    if (threadIdx.x == 0) red[e] = s;
 }
 
 // ---- host side -------------------------------------------------------------------------
@@ -203,9 +297,12 @@ extern "C" int moe_cuda_plan_alloc(moe_cuda_plan *p, int T_max, int E, int k) {
     memset(p, 0, sizeof *p);
     if (T_max < 0 || E < 1 || k < 1 || k > E)
         return moe_fail(MOE_EINVAL, "cuda plan: T_max=%d E=%d k=%d", T_max, E, k);
+    if (E > 1024)
+        return moe_fail(MOE_EINVAL, "cuda router: %d experts (at most 1024 on the GPU)", E);
     p->T_max = T_max, p->E = E, p->k = k;
     size_t tk = (size_t)(T_max ? T_max : 1) * k, te = (size_t)(T_max ? T_max : 1) * E;
     size_t tm = T_max ? T_max : 1;
+    size_t chunks = (tk + CHUNK - 1) / CHUNK, tiles = (tm + LOSS_TILE - 1) / LOSS_TILE;
     CUDA_TRY(cub::DeviceRadixSort::SortPairs(nullptr, p->sort_tmp_bytes, (const uint64_t *)nullptr,
                                              (uint64_t *)nullptr, (const int *)nullptr,
                                              (int *)nullptr, (int)tm));
@@ -229,6 +326,10 @@ extern "C" int moe_cuda_plan_alloc(moe_cuda_plan *p, int T_max, int E, int k) {
         {(void **)&p->keys_alt, tm * sizeof(uint64_t)},
         {(void **)&p->order_alt, tm * sizeof(int)},
         {&p->sort_tmp, p->sort_tmp_bytes + 16},
+        {(void **)&p->hist, chunks * E * sizeof(int)},
+        {(void **)&p->hist1, chunks * E * sizeof(int)},
+        {(void **)&p->base, chunks * E * sizeof(int)},
+        {(void **)&p->part, tiles * (E + 1) * sizeof(double)},
         {(void **)&p->red, (E + 1) * sizeof(double)},
         {(void **)&p->flags, 2 * sizeof(int)},
         {(void **)&p->task_rank, MOE_MAX_TASKS * sizeof(int)},
@@ -247,10 +348,10 @@ extern "C" int moe_cuda_plan_alloc(moe_cuda_plan *p, int T_max, int E, int k) {
 }
 
 extern "C" void moe_cuda_plan_free(moe_cuda_plan *p) {
-    void *ptrs[] = {p->expert,   p->choice, p->slot,  p->weight,   p->probs,
-                    p->lse,      p->counts, p->kept,  p->capacity, p->offsets,
-                    p->aux_f,    p->order,  p->keys,  p->keys_alt, p->order_alt,
-                    p->sort_tmp, p->red,    p->flags, p->task_rank};
+    void *ptrs[] = {p->expert, p->choice,   p->slot,      p->weight,   p->probs,    p->lse,
+                    p->counts, p->kept,     p->capacity,  p->offsets,  p->aux_f,    p->order,
+                    p->keys,   p->keys_alt, p->order_alt, p->sort_tmp, p->hist,     p->hist1,
+                    p->base,   p->part,     p->red,       p->flags,    p->task_rank};
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
         if (ptrs[i]) cudaFree(ptrs[i]);
     memset(p, 0, sizeof *p);
@@ -294,21 +395,12 @@ extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, co
     const int no_error[2] = {INT32_MAX, INT32_MAX};
     CUDA_TRY(
         cudaMemcpyAsync(p->flags, no_error, sizeof no_error, cudaMemcpyHostToDevice, c.stream));
-    CUDA_TRY(cudaMemsetAsync(p->counts, 0, E * sizeof(int), c.stream));
 
-    // 1.
-    softmax_topk_kernel<<<blocks, threads, 0, c.stream>>>(p->probs, p->lse, p->choice, p->counts,
-                                                          p->flags, logits, T, E, k);
+    // 1. probabilities, lse, choices
+    softmax_topk_kernel<<<blocks, threads, 0, c.stream>>>(p->probs, p->lse, p->choice, p->flags,
+                                                          logits, T, E, k);
     CUDA_LAUNCH_CHECK();
-    // 2.
-    int given = capacity != NULL && cfg->capacity_factor > 0;
-    if (given)
-        CUDA_TRY(cudaMemcpyAsync(p->capacity, capacity, E * sizeof(int), cudaMemcpyHostToDevice,
-                                 c.stream));
-    capacity_kernel<<<1, 32, 0, c.stream>>>(p->capacity, p->counts, E,
-                                            moe_capacity_static(cfg, T, E), given);
-    CUDA_LAUNCH_CHECK();
-    // 3.
+    // 3. slot order (before the counts: the slot pass walks the sequence in it)
     if (priority) {
         int rank[MOE_MAX_TASKS] = {0};
         task_ranks(rank, cfg);
@@ -326,20 +418,43 @@ extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, co
         iota_kernel<<<blocks, threads, 0, c.stream>>>(p->order, T);
         CUDA_LAUNCH_CHECK();
     }
-    // 4.
-    slots_kernel<<<E, SLOT_THREADS, 0, c.stream>>>(p->expert, p->slot, p->kept, p->choice, p->order,
-                                                   p->capacity, T, k);
+    // 2 + 4. counts, capacity, slots
+    const long n = (long)T * k;
+    const unsigned chunks = (unsigned)((n + CHUNK - 1) / CHUNK);
+    if (chunks) {
+        chunk_hist_kernel<<<chunks, CHUNK_THREADS, 2 * E * sizeof(int), c.stream>>>(
+            p->hist, p->hist1, p->choice, p->order, T, k, E);
+        CUDA_LAUNCH_CHECK();
+    }
+    chunk_scan_kernel<<<E, CHUNK_THREADS, 0, c.stream>>>(
+        p->base, p->counts, p->aux_f, p->hist, p->hist1, (int)chunks, E, T, cfg->aux_counts_all_k);
     CUDA_LAUNCH_CHECK();
-    offsets_kernel<<<1, 32, 0, c.stream>>>(p->offsets, p->kept, E);
+    int given = capacity != NULL && cfg->capacity_factor > 0;
+    if (given)
+        CUDA_TRY(cudaMemcpyAsync(p->capacity, capacity, E * sizeof(int), cudaMemcpyHostToDevice,
+                                 c.stream));
+    capacity_kernel<<<1, 32, 0, c.stream>>>(p->capacity, p->kept, p->offsets, p->counts, E,
+                                            moe_capacity_static(cfg, T, E), given);
     CUDA_LAUNCH_CHECK();
-    // 5.
+    if (chunks) {
+        assign_kernel<<<chunks, CHUNK_THREADS, (CHUNK_WARPS + 1) * E * sizeof(int), c.stream>>>(
+            p->expert, p->slot, p->choice, p->order, p->base, p->capacity, T, k, E);
+        CUDA_LAUNCH_CHECK();
+    }
+    // 5. weights, loss sums
     if (T > 0) {
         weights_kernel<<<blocks, threads, 0, c.stream>>>(p->weight, p->probs, p->expert, T, E, k,
                                                          cfg->normalize_topk);
         CUDA_LAUNCH_CHECK();
     }
-    losses_kernel<<<E + 1, 256, 0, c.stream>>>(p->red, p->aux_f, p->probs, p->lse, p->choice, T, E,
-                                               k, cfg->aux_counts_all_k ? k : 1);
+    const int tiles = (T + LOSS_TILE - 1) / LOSS_TILE;
+    if (tiles) {
+        const int G = E >= 256 ? 1 : 256 / E, lt = G * E;
+        loss_part_kernel<<<tiles, lt, 2 * lt * sizeof(double), c.stream>>>(p->part, p->probs,
+                                                                           p->lse, T, E);
+        CUDA_LAUNCH_CHECK();
+    }
+    loss_final_kernel<<<E + 1, 256, 0, c.stream>>>(p->red, p->part, tiles, E);
     CUDA_LAUNCH_CHECK();
 
     // The one read-back: error flags and the loss sums.

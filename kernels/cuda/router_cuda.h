@@ -37,9 +37,11 @@ typedef struct {
     int *order_alt;
     void *sort_tmp;
     size_t sort_tmp_bytes;
-    double *red;    // [E + 1]: P_e sums, then sum of lse^2
-    int *flags;     // [2]: first token with a non-finite logit, first bad task id
-    int *task_rank; // [MOE_MAX_TASKS]
+    int *hist, *hist1, *base; // [chunks, E] per-chunk counts and first ranks
+    double *part;             // [tiles, E + 1] per-tile probability and lse^2 sums
+    double *red;              // [E + 1]: P_e sums, then sum of lse^2
+    int *flags;               // [2]: first token with a non-finite logit, first bad task id
+    int *task_rank;           // [MOE_MAX_TASKS]
 } moe_cuda_plan;
 
 int moe_cuda_plan_alloc(moe_cuda_plan *plan, int T_max, int E, int k);

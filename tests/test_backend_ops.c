@@ -795,11 +795,13 @@ END_TEST
 START_TEST(test_device_errors_carry_file_and_line) {
     ck_assert_int_eq(moe_cuda_init(1 << 20), MOE_EDEVICE);
     ck_assert_msg(strstr(moe_last_error(), "requested"), "%s", moe_last_error());
-    // A bad copy surfaces through CUDA_TRY with the call site and the CUDA string.
-    float host[4];
-    int rc = moe_cuda_download(host, (void *)(uintptr_t)16, sizeof host);
+    // A bad copy (to NULL) surfaces through CUDA_TRY with the call site and the
+    // CUDA error string.
+    float host[4] = {0};
+    int rc = moe_cuda_upload(NULL, host, sizeof host);
     ck_assert_int_eq(rc, MOE_EDEVICE);
-    ck_assert_msg(strstr(moe_last_error(), "context.cu:"), "%s", moe_last_error());
+    ck_assert_msg(strstr(moe_last_error(), "context.cu:") && strstr(moe_last_error(), "cudaMemcpy"),
+                  "%s", moe_last_error());
 }
 END_TEST
 
@@ -849,7 +851,7 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_moe_layer_matches_cpu);
         tcase_add_test(tc, test_moe_layer_refuses_unsupported_configs);
         tcase_add_test(tc, test_out_of_memory_names_size_and_config_key);
-        tcase_add_test(tc, test_device_errors_carry_file_and_line); // last: may poison the context
+        tcase_add_test(tc, test_device_errors_carry_file_and_line);
     }
 #endif
     suite_add_tcase(s, tc);

@@ -90,6 +90,7 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
     MPI_Comm_size(MPI_COMM_WORLD, &P);
 #ifndef MOE_HAVE_NCCL
+    (void)failures;
     if (wrank == 0) printf("SKIP: built without NCCL (needs CUDA, NCCL and MPI)\n");
     MPI_Finalize();
     return 77;

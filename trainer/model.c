@@ -301,6 +301,7 @@ void moe_model_free(moe_model *m) {
     moe_mfree(m->task_tok);
     moe_mfree(m->cap_all);
     moe_mfree(m->load);
+    free(m->task_share);
     moe_param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }

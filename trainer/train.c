@@ -10,6 +10,7 @@
 #include "moe/log.h"
 #include "moe/optim.h"
 #include "moe/parallel.h"
+#include "moe/task_experts.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -20,7 +21,9 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { EVAL_BATCHES = 8, EVAL_SAMPLES = 20 };
+// SHARE_BATCHES: validation batches behind the per-task expert load that each
+// checkpoint records for --expert-budget (moe/task_experts.h).
+enum { EVAL_BATCHES = 8, EVAL_SAMPLES = 20, SHARE_BATCHES = 4 };
 
 static double now(void) {
     struct timespec ts;
@@ -312,6 +315,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         if (stop || (cfg->train.ckpt_every > 0 && (step + 1) % cfg->train.ckpt_every == 0)) {
             st.cursor[0] = d.cursor[0];
             st.cursor[1] = d.cursor[1];
+            MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
             MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st, &par), rc);
         }
         if (stop) {
@@ -326,6 +330,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     if (!r->interrupted) {
         st.cursor[0] = d.cursor[0];
         st.cursor[1] = d.cursor[1];
+        MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
         MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st, &par), rc);
         MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &r->eval), rc);
         if (metrics)

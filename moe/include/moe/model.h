@@ -81,6 +81,11 @@ typedef struct {
     // eval: expert-usage counts [layer][task][expert] of first choices when set
     long *usage;
     int usage_E; // experts per row of usage (max over layers)
+    // checkpoints: share of each task's routed assignments per expert in the
+    // token-routed layers [n MoE layers][n_tasks][usage_E], measured on
+    // validation batches before a save (moe/task_experts.h); NULL: none
+    double *task_share;
+    long task_share_tokens;
 } moe_model;
 
 // Builds the model for cfg (checked) with room for B sequences of T tokens,

@@ -104,4 +104,11 @@ int moe_generate(moe_infer *m, int B, const int32_t *const *prompt, const int *n
 // Picks the next token from logits [V] (greedy or sampled, see moe_gen_opts).
 int moe_sample_token(const float *logits, int V, const moe_gen_opts *o, uint64_t b, uint64_t i);
 
+// Mean cross-entropy of m's task on n_batches validation batches of d (the
+// scored tokens of the sequences of that task; each sequence is one prefill).
+// *n gets the number of scored tokens. The inference engine's counterpart of
+// moe_eval's per-task loss, so partial, budgeted and int8 loads can be
+// compared with the full load.
+int moe_infer_val_loss(moe_infer *m, void *data, int n_batches, double *loss, long *n);
+
 #endif

@@ -29,6 +29,10 @@ typedef struct {
 int moe_eval(moe_model *m, moe_data *d, int n_batches, int n_samples, moe_eval_result *r);
 void moe_eval_result_free(moe_eval_result *r);
 void moe_eval_print(const moe_eval_result *r, FILE *f);
+// Writes the logits of validation batch 0 to path (safetensors: tokens I32
+// [B, T], task_ids I32 [B], logits F32 [B, T, V]), each sequence decoded
+// alone and without capacity limits, as Hugging Face Mixtral computes them.
+int moe_eval_dump_logits(moe_model *m, moe_data *d, const char *path);
 
 typedef struct {
     const char *out_dir;         // run folder: config.json, metrics.jsonl, checkpoint/

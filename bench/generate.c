@@ -26,10 +26,17 @@ static int make_config(moe_config *c) {
     moe_config_default(c);
     char ex[64];
     snprintf(ex, sizeof ex, "moe.num_experts=%d", E);
-    const char *sets[] = {"model.d_model=256",     "model.n_layers=4",   "model.n_heads=8",
-                          "model.n_kv_heads=2",    "model.d_ff=512",     "model.seq_len=192",
-                          ex,                      "moe.every=1",        "moe.task_layers=[0,1,2,3]",
-                          "router.top_k=2",        "router.capacity_factor=0",
+    const char *sets[] = {"model.d_model=256",
+                          "model.n_layers=4",
+                          "model.n_heads=8",
+                          "model.n_kv_heads=2",
+                          "model.d_ff=512",
+                          "model.seq_len=192",
+                          ex,
+                          "moe.every=1",
+                          "moe.task_layers=[0,1,2,3]",
+                          "router.top_k=2",
+                          "router.capacity_factor=0",
                           "train.batch_size=2"};
     for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
         MOE_TRY(moe_config_set(c, NULL, sets[i]));
@@ -129,11 +136,16 @@ static int in_child(const char *dir, const char *mode, long *rss_kb, size_t *exp
 int main(int argc, char **argv) {
     const char *dir = NULL;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--dir")) dir = argv[i + 1];
-        else if (!strcmp(argv[i], "--batch")) batch = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--prompt")) prompt = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--new")) n_new = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--experts")) E = atoi(argv[i + 1]);
+        if (!strcmp(argv[i], "--dir"))
+            dir = argv[i + 1];
+        else if (!strcmp(argv[i], "--batch"))
+            batch = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--prompt"))
+            prompt = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--new"))
+            n_new = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--experts"))
+            E = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "usage: generate [--dir DIR] [--batch B] [--prompt P] [--new N] "
                             "[--experts E]\n");
@@ -169,9 +181,8 @@ int main(int argc, char **argv) {
            "\"rss_task_MiB\": %.2f, \"rss_task_int8_MiB\": %.2f, \"expert_full_MiB\": %.2f, "
            "\"target_MiB\": %.2f, \"over_target_MiB\": %.2f, \"meets_target\": %s, "
            "\"ratio_task_to_full\": %.3f}\n",
-           E, full_mb, rss_task / 1024.0, rss_q / 1024.0, ex_mb, target,
-           rss_task / 1024.0 - target, rss_task / 1024.0 <= target + 0.25 ? "true" : "false",
-           (double)rss_task / rss_full);
+           E, full_mb, rss_task / 1024.0, rss_q / 1024.0, ex_mb, target, rss_task / 1024.0 - target,
+           rss_task / 1024.0 <= target + 0.25 ? "true" : "false", (double)rss_task / rss_full);
     if (tmp[0]) {
         const char *files[] = {"model.safetensors", "optimizer.safetensors", "config.json",
                                "trainer_state.json", "task_experts.json"};

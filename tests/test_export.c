@@ -128,7 +128,8 @@ START_TEST(test_dump_logits_matches_a_dropless_forward) {
     c.router.capacity_factor = 0.5; // the dump must ignore capacity
     save(&c, ck);
     snprintf(dump, sizeof dump, "%s/logits.safetensors", root);
-    snprintf(cmd, sizeof cmd, "'%s' eval '%s' --samples 0 --batches 1 --dump-logits '%s' >/dev/null",
+    snprintf(cmd, sizeof cmd,
+             "'%s' eval '%s' --samples 0 --batches 1 --dump-logits '%s' >/dev/null",
              getenv("MOE_BIN"), ck, dump);
     int st = system(cmd);
     ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
@@ -148,9 +149,9 @@ START_TEST(test_dump_logits_matches_a_dropless_forward) {
     ck_assert_int_eq(moe_ckpt_load(ck, &m, NULL, NULL), 0);
     m.dropless = true;
     for (int r = 0; r < 2; r++) {
-        ck_assert_int_eq(
-            moe_model_forward(&m, (int32_t *)tok + r * 16, NULL, (int32_t *)task + r, 1, 16, false, 0),
-            0);
+        ck_assert_int_eq(moe_model_forward(&m, (int32_t *)tok + r * 16, NULL, (int32_t *)task + r,
+                                           1, 16, false, 0),
+                         0);
         ck_assert_int_eq(memcmp(m.logits, (float *)lg + r * 16 * 256, 16 * 256 * sizeof(float)), 0);
     }
     moe_model_free(&m);

@@ -297,7 +297,9 @@ START_TEST(test_kv_cache_decode_matches_the_training_forward) {
             scale = fmax(scale, fabs(m.logits[(size_t)t * V + v]));
         }
     }
-    ck_assert_msg(worst <= 1e-5 * fmax(scale, 1.0), "max abs logit difference %g (scale %g)", worst,
+    if (getenv("MOE_TEST_VERBOSE"))
+        printf("kv decode vs forward: max abs %g, scale %g\n", worst, scale);
+    ck_assert_msg(worst <= 1e-6 * fmax(scale, 1.0), "max abs logit difference %g (scale %g)", worst,
                   scale);
     moe_infer_free(&e);
     moe_model_free(&m);

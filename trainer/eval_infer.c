@@ -59,7 +59,8 @@ int moe_eval_dump_logits(moe_model *m, moe_data *d, const char *path) {
     int32_t *task = moe_malloc(sizeof(int32_t) * B);
     float *logits = moe_malloc(sizeof(float) * B * T * V);
     int rc = 0;
-    if (!in || !tg || !task || !logits) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "eval: out of memory"), rc);
+    if (!in || !tg || !task || !logits)
+        MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "eval: out of memory"), rc);
     MOE_TRY_GOTO(moe_data_batch(d, MOE_SPLIT_VAL, 0, in, tg, task), rc);
     m->dropless = true; // Mixtral (and Hugging Face) route without capacity limits
     for (size_t r = 0; r < B; r++) {

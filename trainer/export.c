@@ -4,9 +4,9 @@
 // files. What Mixtral cannot express is refused, naming the feature: shared
 // experts, per-layer expert counts (pyramid), task-routed layers, dense
 // layers between MoE layers, unnormalised top-k weights.
+#include "moe/export.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
-#include "moe/export.h"
 #include "moe/safetensors.h"
 
 #include <errno.h>
@@ -28,7 +28,8 @@ static void unsupported(const moe_config *c, char *msg, size_t cap) {
         n = strlen(msg);                                                                           \
         snprintf(msg + n, cap - n, __VA_ARGS__);                                                   \
     } while (0)
-    if (c->moe.shared_experts) ADD("shared experts (moe.shared_experts = %d)", c->moe.shared_experts);
+    if (c->moe.shared_experts)
+        ADD("shared experts (moe.shared_experts = %d)", c->moe.shared_experts);
     bool pyramid = false;
     for (int i = 1; i < c->moe.n_num_experts; i++)
         pyramid |= c->moe.num_experts[i] != c->moe.num_experts[0];
@@ -118,11 +119,12 @@ int moe_export_hf(const char *ckpt, const char *out) {
             m++;
         }
     if (c.model.tie_embeddings) { // the tied head as its own tensor
-        if (!embed) MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: no model.embed_tokens.weight", ckpt), rc);
+        if (!embed)
+            MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: no model.embed_tokens.weight", ckpt), rc);
         for (int i = 0; i < m; i++)
             if (!strcmp(e[i].name, "model.embed_tokens.weight"))
-                e[m] = (moe_st_entry){"lm_head.weight", e[i].dtype, 2, {e[i].shape[0], e[i].shape[1]},
-                                      e[i].data};
+                e[m] = (moe_st_entry){
+                    "lm_head.weight", e[i].dtype, 2, {e[i].shape[0], e[i].shape[1]}, e[i].data};
         m++;
     }
     char p[PATH_MAX];

@@ -101,9 +101,10 @@ int moe_generate(moe_infer *m, int B, const int32_t *const *prompt, const int *n
         for (int n = 0; n < N; n++) {
             const int b = row[n];
             int32_t t = moe_sample_token(m->logits + (size_t)n * m->V, m->V, o, (uint64_t)b,
-                                   (uint64_t)n_out[b]);
+                                         (uint64_t)n_out[b]);
             out[(size_t)b * o->max_new + n_out[b]++] = t;
-            done[b] = t == o->stop || n_out[b] >= o->max_new || n_prompt[b] + n_out[b] >= m->max_seq;
+            done[b] =
+                t == o->stop || n_out[b] >= o->max_new || n_prompt[b] + n_out[b] >= m->max_seq;
         }
     }
     st->decode_s = now() - t0;

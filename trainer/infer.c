@@ -4,10 +4,10 @@
 // over the cached keys, SwiGLU FFN or the MoE block (gate GEMM, router with no
 // capacity limit and no noise, expert GEMMs on expert-contiguous rows,
 // weighted combine), final norm and LM head.
+#include "moe/infer.h"
 #include "kernels/cpu/nn.h"
 #include "kernels/ops.h"
 #include "moe/error.h"
-#include "moe/infer.h"
 
 #include <string.h>
 
@@ -56,7 +56,8 @@ static int moe_block(moe_infer *m, int l, float *y, const float *x, int N) {
                 if (!L->allowed[e]) m->mlogits[(size_t)n * E + e] = -1e30f;
     for (int e = 0; e < E; e++)
         m->cap[e] = N;
-    int rc = moe_router_forward(&m->plan, m->mlogits, m->task_tok, m->cap, N, E, &m->cfg.router, false, 0);
+    int rc = moe_router_forward(&m->plan, m->mlogits, m->task_tok, m->cap, N, E, &m->cfg.router,
+                                false, 0);
     if (rc < 0) return moe_fail(rc, "layer %d (MoE): %s", l, moe_last_error());
     const moe_plan *pl = &m->plan;
     MOE_TRY(ops->dispatch_rows(m->row, pl->expert, pl->slot, pl->offsets, N, k));
@@ -65,8 +66,9 @@ static int moe_block(moe_infer *m, int l, float *y, const float *x, int N) {
         const int n = pl->kept[e];
         if (n == 0) continue;
         if (L->slot[e] < 0)
-            return moe_fail(MOE_EINVAL, "layer %d routes %d tokens to expert %d, which was not loaded",
-                            l, n, e);
+            return moe_fail(MOE_EINVAL,
+                            "layer %d routes %d tokens to expert %d, which was not loaded", l, n,
+                            e);
         const float *w = expert_weights(m, L, L->slot[e]);
         const size_t r0 = (size_t)pl->offsets[e];
         float *ab = m->eab + r0 * 2 * H, *h = m->eh + r0 * H;

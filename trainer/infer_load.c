@@ -21,10 +21,10 @@
 #include <string.h>
 
 // Reads tensor name (F32, shape [d0] or [d0, d1]) into dst.
-static int load(moe_st_set *s, const char *dir, float *dst, int64_t d0, int64_t d1,
-                const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-static int load(moe_st_set *s, const char *dir, float *dst, int64_t d0, int64_t d1,
-                const char *fmt, ...) {
+static int load(moe_st_set *s, const char *dir, float *dst, int64_t d0, int64_t d1, const char *fmt,
+                ...) __attribute__((format(printf, 6, 7)));
+static int load(moe_st_set *s, const char *dir, float *dst, int64_t d0, int64_t d1, const char *fmt,
+                ...) {
     char name[MOE_PARAM_NAME_MAX];
     va_list ap;
     va_start(ap, fmt);
@@ -34,13 +34,13 @@ static int load(moe_st_set *s, const char *dir, float *dst, int64_t d0, int64_t 
     const moe_st_tensor *t = moe_st_set_find(s, name, &f);
     if (!t) return moe_fail(MOE_EFORMAT, "%s: missing tensor '%s'", dir, name);
     const int nd = d1 ? 2 : 1;
-    if (t->dtype != MOE_ST_F32 || t->ndim != nd || t->shape[0] != d0 || (nd == 2 && t->shape[1] != d1))
+    if (t->dtype != MOE_ST_F32 || t->ndim != nd || t->shape[0] != d0 ||
+        (nd == 2 && t->shape[1] != d1))
         return moe_fail(MOE_EFORMAT,
                         "%s: tensor '%s' is %s with %d dims [%lld, %lld], the config expects F32 "
                         "[%lld, %lld]",
-                        f->path, name, moe_st_dtype_name(t->dtype), t->ndim,
-                        (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 0),
-                        (long long)d0, (long long)d1);
+                        f->path, name, moe_st_dtype_name(t->dtype), t->ndim, (long long)t->shape[0],
+                        (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)d0, (long long)d1);
     return moe_st_read(f, t, dst, (size_t)t->numel * sizeof(float));
 }
 
@@ -103,13 +103,13 @@ static int load_dense(moe_infer *m, moe_st_set *s, const char *dir) {
         if (y->Hs) {
             const int Hs = y->Hs;
             TAKE(y->shared_w13, 2 * (size_t)Hs * D);
-            MOE_TRY(load(s, dir, y->shared_w13, Hs, D, "%s.%d.%s.shared_expert.w1.weight", pre, l,
-                         bs));
+            MOE_TRY(
+                load(s, dir, y->shared_w13, Hs, D, "%s.%d.%s.shared_expert.w1.weight", pre, l, bs));
             MOE_TRY(load(s, dir, y->shared_w13 + (size_t)Hs * D, Hs, D,
                          "%s.%d.%s.shared_expert.w3.weight", pre, l, bs));
             TAKE(y->shared_w2, (size_t)D * Hs);
-            MOE_TRY(load(s, dir, y->shared_w2, D, Hs, "%s.%d.%s.shared_expert.w2.weight", pre, l,
-                         bs));
+            MOE_TRY(
+                load(s, dir, y->shared_w2, D, Hs, "%s.%d.%s.shared_expert.w2.weight", pre, l, bs));
         }
     }
     TAKE(m->norm, D);
@@ -124,7 +124,8 @@ static int load_dense(moe_infer *m, moe_st_set *s, const char *dir) {
     return 0;
 }
 
-// Which experts each MoE layer keeps: y->slot, y->allowed, y->n_loaded.
+// Which experts each MoE layer keeps: y->slot, y->n_loaded, and y->allowed
+// (the router's mask) when an expert budget leaves experts out.
 static int choose_experts(moe_infer *m, const char *dir, const moe_infer_opts *o) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/task_experts.json", dir);
@@ -140,8 +141,9 @@ static int choose_experts(moe_infer *m, const char *dir, const moe_infer_opts *o
     }
     if (rc < 0) return rc;
     if (have && (te.n_tasks != m->n_tasks || te.top_k != m->k || strcmp(te.task[m->task], o->task)))
-        MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: lists %d tasks with top_k %d; config.json has %d "
-                                           "and %d",
+        MOE_TRY_GOTO(moe_fail(MOE_EFORMAT,
+                              "%s: lists %d tasks with top_k %d; config.json has %d "
+                              "and %d",
                               path, te.n_tasks, te.top_k, m->n_tasks, m->k),
                      rc);
     for (int l = 0; l < m->L; l++) {
@@ -151,8 +153,8 @@ static int choose_experts(moe_infer *m, const char *dir, const moe_infer_opts *o
         y->allowed = calloc((size_t)y->E, sizeof(bool));
         if (!y->slot || !y->allowed) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "out of memory"), rc);
         bool *keep = y->allowed;
-        if (have && (te.kind[l] != (y->task_routed ? MOE_LAYER_TASK : MOE_LAYER_TOKEN) ||
-                     te.E[l] != y->E))
+        if (have &&
+            (te.kind[l] != (y->task_routed ? MOE_LAYER_TASK : MOE_LAYER_TOKEN) || te.E[l] != y->E))
             MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: layer %d does not match config.json", path, l),
                          rc);
         if (y->task_routed) {
@@ -209,7 +211,9 @@ static int choose_experts(moe_infer *m, const char *dir, const moe_infer_opts *o
         int n_keep = 0;
         for (int e = 0; e < y->E; e++)
             n_keep += keep[e];
-        if (n_keep == y->E) { // the router is unrestricted
+        // Only a budget restricts the router; a task-routed layer picks the
+        // task's experts by itself, with the full softmax over all E.
+        if (n_keep == y->E || y->task_routed) {
             free(y->allowed);
             y->allowed = NULL;
         }

@@ -122,7 +122,8 @@ int moe_task_share_measure(moe_model *m, moe_data *d, int n_batches) {
     size_t n_moe = moe_model_load_len(m) / (m->usage_E ? m->usage_E : 1);
     size_t n = n_moe * m->n_tasks * m->usage_E;
     double *share = calloc(n ? n : 1, sizeof(double));
-    int32_t *in = malloc(sizeof(int32_t) * d->B * d->T), *tg = malloc(sizeof(int32_t) * d->B * d->T);
+    int32_t *in = malloc(sizeof(int32_t) * d->B * d->T),
+            *tg = malloc(sizeof(int32_t) * d->B * d->T);
     int32_t *task = malloc(sizeof(int32_t) * d->B);
     int rc = 0;
     if (!share || !in || !tg || !task)
@@ -188,8 +189,7 @@ int moe_task_experts_write(const char *path, const moe_task_experts *te) {
             json_t *row = json_array();
             if (te->kind[l] == MOE_LAYER_TASK && te->set[l])
                 for (int j = 0; j < te->top_k; j++)
-                    json_array_append_new(row,
-                                          json_integer(te->set[l][(size_t)t * te->top_k + j]));
+                    json_array_append_new(row, json_integer(te->set[l][(size_t)t * te->top_k + j]));
             else if (te->share[l])
                 for (int e = 0; e < te->E[l]; e++)
                     json_array_append_new(row, json_real(te->share[l][(size_t)t * te->E[l] + e]));
@@ -209,7 +209,8 @@ int moe_task_experts_write(const char *path, const moe_task_experts *te) {
     if (!f) {
         rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
     } else {
-        int bad = json_dumpf(doc, f, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+        int bad =
+            json_dumpf(doc, f, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
         bad |= fputc('\n', f) == EOF || fflush(f) || fsync(fileno(f));
         bad |= fclose(f) != 0;
         if (bad) rc = moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
@@ -241,8 +242,7 @@ static int read_layer(const char *path, json_t *o, moe_task_experts *te) {
         te->set[l] = malloc(sizeof(int) * (size_t)te->n_tasks * width);
     else
         te->share[l] = malloc(sizeof(double) * (size_t)te->n_tasks * width);
-    if (task ? !te->set[l] : !te->share[l])
-        return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+    if (task ? !te->set[l] : !te->share[l]) return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
     for (int t = 0; t < te->n_tasks; t++) {
         json_t *row = json_array_get(rows, (size_t)t);
         if (!json_is_array(row) || json_array_size(row) != (size_t)width)
@@ -252,8 +252,9 @@ static int read_layer(const char *path, json_t *o, moe_task_experts *te) {
             json_t *v = json_array_get(row, (size_t)j);
             if (task) {
                 if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= E)
-                    return moe_fail(MOE_EFORMAT, "%s: layer %d task '%s': expert index not in 0..%d",
-                                    path, l, te->task[t], E - 1);
+                    return moe_fail(MOE_EFORMAT,
+                                    "%s: layer %d task '%s': expert index not in 0..%d", path, l,
+                                    te->task[t], E - 1);
                 te->set[l][(size_t)t * width + j] = (int)json_integer_value(v);
             } else {
                 if (!json_is_number(v))

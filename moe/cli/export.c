@@ -1,8 +1,8 @@
 // `moe export CKPT --hf DIR`: a folder Hugging Face transformers loads as
 // MixtralForCausalLM; features Mixtral cannot express are refused by name.
+#include "moe/export.h"
 #include "moe/cli/cli.h"
 #include "moe/error.h"
-#include "moe/export.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -45,8 +45,8 @@ int moe_cli_export(int argc, char **argv) {
         return moe_cli_fail("export", MOE_EXIT_USAGE, "usage: moe export CKPT_DIR --hf OUT_DIR");
     int rc = moe_export_hf(dir, out);
     if (rc < 0)
-        return moe_cli_fail("export", rc == MOE_EIO || rc == MOE_ENOMEM ? MOE_EXIT_RUNTIME
-                                                                         : MOE_EXIT_USAGE,
+        return moe_cli_fail("export",
+                            rc == MOE_EIO || rc == MOE_ENOMEM ? MOE_EXIT_RUNTIME : MOE_EXIT_USAGE,
                             "%s", moe_last_error());
     printf("exported %s to %s (MixtralForCausalLM)\n", dir, out);
     return MOE_EXIT_OK;

@@ -153,9 +153,8 @@ static int parse(int argc, char **argv, gen_args *a) {
 
 static void print_stats(const moe_infer *m, const moe_gen_stats *gs) {
     const moe_infer_stats *s = &m->stats;
-    fprintf(stderr, "moe generate: task %s; experts loaded per MoE layer:", m->cfg.data.kind[0] == 's'
-                                                                                ? m->cfg.data.tasks[m->task]
-                                                                                : "all");
+    fprintf(stderr, "moe generate: task %s; experts loaded per MoE layer:",
+            m->cfg.data.kind[0] == 's' ? m->cfg.data.tasks[m->task] : "all");
     for (int l = 0; l < m->L; l++)
         if (s->experts[l])
             fprintf(stderr, " %d: %d/%d%s", l, s->loaded[l], s->experts[l],
@@ -217,7 +216,8 @@ int moe_cli_generate(int argc, char **argv) {
             if (synth && !a.raw) prompt[b][j++] = 128 + m.task; // the task's marker byte
             for (int i = 0; i < n; i++) {
                 if (s[i] >= m.V) {
-                    rc = moe_fail(MOE_EINVAL, "prompt %d: byte %d is %u, beyond the vocabulary of %d",
+                    rc = moe_fail(MOE_EINVAL,
+                                  "prompt %d: byte %d is %u, beyond the vocabulary of %d",
                                   b0 + b + 1, i, s[i], m.V);
                 }
                 prompt[b][j++] = s[i];

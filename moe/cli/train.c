@@ -241,7 +241,8 @@ int moe_cli_eval(int argc, char **argv) {
             char *end;
             budget = m > 0 ? strtod(v, &end) : -1;
             if (m < 0 || *end || !(budget > 0 && budget <= 1))
-                return moe_cli_fail("eval", MOE_EXIT_USAGE, "--expert-budget needs a share in (0, 1]");
+                return moe_cli_fail("eval", MOE_EXIT_USAGE,
+                                    "--expert-budget needs a share in (0, 1]");
         } else if ((m = moe_cli_opt_value(argc, argv, &i, "--quantize", &v)) != 0) {
             if (m < 0 || strcmp(v, "int8"))
                 return moe_cli_fail("eval", MOE_EXIT_USAGE, "--quantize: only int8 is supported");

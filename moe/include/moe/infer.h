@@ -16,20 +16,20 @@
 #include <stdint.h>
 
 typedef struct {
-    const char *task;      // task name (the checkpoint's data.tasks; "all" for bin/text data)
-    bool full_load;        // load every expert (the reference for partial loads)
-    double expert_budget;  // > 0: token-routed layers keep only experts with at least this
-                           // share of the task's routed assignments (task_experts.json)
-    bool quantize_int8;    // experts stored int8 (per-output-channel symmetric scales)
-    int max_batch;         // sequences decoded together (KV cache rows), default 1
-    int max_seq;           // positions per sequence, default model.seq_len
+    const char *task;     // task name (the checkpoint's data.tasks; "all" for bin/text data)
+    bool full_load;       // load every expert (the reference for partial loads)
+    double expert_budget; // > 0: token-routed layers keep only experts with at least this
+                          // share of the task's routed assignments (task_experts.json)
+    bool quantize_int8;   // experts stored int8 (per-output-channel symmetric scales)
+    int max_batch;        // sequences decoded together (KV cache rows), default 1
+    int max_seq;          // positions per sequence, default model.seq_len
 } moe_infer_opts;
 
 typedef struct {
-    uint64_t bytes_read; // safetensors bytes read: index, headers and the tensors loaded
-    uint64_t ckpt_bytes; // size of the checkpoint's safetensors files (and index)
-    size_t dense_bytes;  // resident non-expert weights
-    size_t expert_bytes; // resident expert weights (int8 + scales when quantized)
+    uint64_t bytes_read;      // safetensors bytes read: index, headers and the tensors loaded
+    uint64_t ckpt_bytes;      // size of the checkpoint's safetensors files (and index)
+    size_t dense_bytes;       // resident non-expert weights
+    size_t expert_bytes;      // resident expert weights (int8 + scales when quantized)
     size_t expert_bytes_fp32; // the same experts in fp32
     size_t cache_bytes;       // KV cache and scratch
     int n_moe, loaded[MOE_MAX_LAYERS], experts[MOE_MAX_LAYERS]; // per layer (0 for dense)
@@ -44,8 +44,8 @@ typedef struct {
     bool is_moe, task_routed;
     int E, H, Hs;
     float *gate, *task_emb, *shared_w13, *shared_w2;
-    int *slot;      // [E] loaded slot of each expert, -1 when not loaded
-    bool *allowed;  // [E] experts the router may pick (NULL: all)
+    int *slot;     // [E] loaded slot of each expert, -1 when not loaded
+    bool *allowed; // [E] experts the router may pick (NULL: all)
     int n_loaded;
     float *experts; // [n_loaded][3 H D] fp32 blocks ([w1; w3] then w2), or NULL
     int8_t *q;      // int8: [n_loaded][3 H D]

@@ -59,7 +59,7 @@ typedef struct {
     int n_meta;
     char **meta_keys; // "__metadata__" entries, in header order
     char **meta_values;
-    uint64_t bytes_read; // tensor bytes read so far by moe_st_read/moe_st_load
+    uint64_t bytes_read;   // tensor bytes read so far by moe_st_read/moe_st_load
     uint64_t header_bytes; // bytes read by moe_st_open: 8 + header length
 } moe_st_file;
 

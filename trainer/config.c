@@ -120,9 +120,9 @@ static const key_def keys[] = {
      "cce backward skips vocabulary tiles whose probabilities are below float epsilon"},
     {"memory.mini_seq", K_INT, F(memory.mini_seq), NO, "1", NULL,
      "chunks per sequence in MLP/MoE and LM head"},
-    {"memory.recompute", K_STR, F(memory.recompute), NO, "none", "none|moe",
+    {"memory.recompute", K_STR, F(memory.recompute), NO, "none", "none|moe|all",
      "moe: FFN/MoE blocks and the LM head keep one chunk and recompute it in backward "
-     "(needs memory.mini_seq > 1)"},
+     "(needs memory.mini_seq > 1); all: also attention, from each layer's input"},
 };
 #undef F
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
@@ -529,12 +529,12 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
                         "%s: train.lr > 0, betas in [0, 1), grad_clip and "
                         "weight_decay >= 0",
                         src_where(src, "train.lr"));
-    int chunked = c->memory.mini_seq > 1, recompute = !strcmp(c->memory.recompute, "moe");
+    int chunked = c->memory.mini_seq > 1, recompute = strcmp(c->memory.recompute, "none") != 0;
     if (chunked != recompute)
         return moe_fail(MOE_EINVAL,
                         "%s: memory.mini_seq = %d with memory.recompute = %s: chunks are "
-                        "recomputed in backward, so mini_seq > 1 goes with recompute = moe and "
-                        "recompute = moe with mini_seq > 1",
+                        "recomputed in backward, so mini_seq > 1 goes with recompute = moe or all, "
+                        "and recompute = moe or all with mini_seq > 1",
                         src_where(src, chunked ? "memory.recompute" : "memory.mini_seq"),
                         c->memory.mini_seq, c->memory.recompute);
     if (chunked && (c->memory.mini_seq > c->model.seq_len || c->parallel.ep > 1))

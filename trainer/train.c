@@ -173,7 +173,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     if (rc == 0) rc = moe_data_open(&d, cfg);
     if (rc == 0)
         rc = moe_model_init_ep(&m, cfg, d.B, d.T, d.n_tasks, par.ep_size > 1 ? &par.group : NULL);
-    if (rc == 0) rc = moe_adamw_init(&opt, &m.table);
+    if (rc == 0) rc = moe_adamw_init(&opt, &m.table, cfg->train.decay_all);
     moe_train_state st = {0, {0, 0}};
     if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
     rc = moe_comm_agree(world, rc);

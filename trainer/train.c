@@ -10,6 +10,7 @@
 #include "moe/log.h"
 #include "moe/optim.h"
 #include "moe/parallel.h"
+#include "moe/plan.h"
 #include "moe/task_experts.h"
 
 #include <errno.h>
@@ -175,7 +176,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     if (rc == 0) rc = moe_data_open(&d, cfg);
     if (rc == 0)
         rc = moe_model_init_ep(&m, cfg, d.B, d.T, d.n_tasks, par.ep_size > 1 ? &par.group : NULL);
-    if (rc == 0) rc = moe_adamw_init(&opt, &m.table);
+    if (rc == 0) rc = moe_adamw_init(&opt, &m.table, cfg->train.decay_all);
     moe_train_state st = {0, {0, 0}};
     if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
     rc = moe_comm_agree(world, rc);
@@ -327,6 +328,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     r->steps = st.step;
     r->tokens_per_s = steps_run ? tokens / (now() - t_start) : 0;
     r->drop_rate = steps_run ? drop_sum / steps_run : 0;
+    r->mem_peak = moe_mem_peak();
     if (!r->interrupted) {
         st.cursor[0] = d.cursor[0];
         st.cursor[1] = d.cursor[1];
@@ -340,6 +342,11 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
             fprintf(o->report, "\ntrained %ld steps: %.0f tokens/s, mean drop rate %.2f%%\n",
                     r->steps, r->tokens_per_s, 100 * r->drop_rate);
             moe_eval_print(&r->eval, o->report);
+            moe_mem_plan mp; // rank 0's buffers against the planner's prediction
+            if (moe_plan_memory(cfg, W, 0, &mp) == 0)
+                fprintf(o->report,
+                        "\nmemory: allocation peak %.1f MiB (moe plan predicted %.1f MiB)\n",
+                        r->mem_peak / 1048576.0, mp.total / 1048576.0);
             fprintf(o->report, "\ncheckpoint: %s\n", ckpt);
         }
     }

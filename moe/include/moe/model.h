@@ -50,6 +50,7 @@ typedef struct {
     int V, D, L, Hq, Hkv, hd, F, B, T, n_tasks;
     const moe_ep_group *ep; // expert-parallel group, NULL in a single process
     int chunks;             // memory.mini_seq: FFN, MoE and LM head run in this many chunks
+    bool recompute_attn;    // memory.recompute = all: one set of attention buffers, recomputed
     moe_param_table table;
     float *params, *grads;
     float *embed, *norm, *lm_head;       // into params
@@ -68,7 +69,7 @@ typedef struct {
     float *lse, *cce_scratch;
     float *ffn_ab, *ffn_h; // chunks > 1: one chunk's dense-FFN intermediates, all layers //
                            // loss.impl = cce: [N], one tile
-    int32_t *task_tok; // [N] task id of every token
+    int32_t *task_tok;     // [N] task id of every token
     float *dres, *dln, *dq, *dk, *dv, *dqr, *dkr, *datty, *datt, *dab, *dh, *dlogits;
     // results of the last forward
     double ce, aux, z, loss;

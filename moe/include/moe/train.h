@@ -53,6 +53,7 @@ typedef struct {
     double tokens_per_s;      // mean over the run
     double drop_rate;         // mean over the run
     long a2a_bytes, a2a_msgs; // all-to-all payload this rank sent over the run
+    size_t mem_peak;          // high-water mark of the library's allocations (moe/alloc.h)
     moe_eval_result eval;     // final evaluation (caller frees)
 } moe_train_result;
 

@@ -58,7 +58,7 @@ static int write_ckpt(const char *dir) {
     MOE_TRY(make_config(&c));
     MOE_TRY(moe_data_open(&d, &c));
     MOE_TRY(moe_model_init(&m, &c, d.B, d.T, d.n_tasks));
-    MOE_TRY(moe_adamw_init(&opt, &m.table));
+    MOE_TRY(moe_adamw_init(&opt, &m.table, false));
     MOE_TRY(moe_task_share_measure(&m, &d, 1));
     moe_train_state st = {0};
     MOE_TRY(moe_ckpt_save(dir, &m, &opt, &st, NULL));

@@ -35,7 +35,7 @@ static void save(const moe_config *c, const char *dir) {
     moe_model m;
     moe_adamw opt;
     ck_assert_int_eq(moe_model_init(&m, c, 2, 16, 5), 0);
-    ck_assert_int_eq(moe_adamw_init(&opt, &m.table), 0);
+    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
     moe_train_state st = {0};
     ck_assert_int_eq(moe_ckpt_save(dir, &m, &opt, &st, NULL), 0);
     moe_adamw_free(&opt);

@@ -52,7 +52,7 @@ static void make_ckpt(const moe_config *c, const char *dir) {
     moe_adamw opt;
     ck_assert_int_eq(moe_data_open(&d, c), 0);
     ck_assert_int_eq(moe_model_init(&m, c, d.B, d.T, d.n_tasks), 0);
-    ck_assert_int_eq(moe_adamw_init(&opt, &m.table), 0);
+    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
     ck_assert_int_eq(moe_task_share_measure(&m, &d, 2), 0);
     moe_train_state st = {0};
     ck_assert_int_eq(moe_ckpt_save(dir, &m, &opt, &st, NULL), 0);

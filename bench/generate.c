@@ -158,6 +158,8 @@ int main(int argc, char **argv) {
             n_new = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--experts"))
             E = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--reps"))
+            reps = atoi(argv[i + 1]);
         else {
             fprintf(stderr, "usage: generate [--dir DIR] [--batch B] [--prompt P] [--new N] "
                             "[--experts E] [--reps R]\n");

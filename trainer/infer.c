@@ -9,7 +9,23 @@
 #include "kernels/ops.h"
 #include "moe/error.h"
 
+#include <cblas.h>
 #include <string.h>
+
+// c [n, out] = a [n, in] @ w^T (w [out, in]) + beta * c. Decoding feeds a
+// few rows at a time; a GEMM would then spend its time packing w, so up to
+// GEMV_ROWS rows go through one GEMV each. Partial and full loads take the
+// same path for the same rows, so they stay bit-identical.
+enum { GEMV_ROWS = 4 };
+static int linear(float *c, const float *a, const float *w, int n, int out, int in, float beta) {
+    if (n > GEMV_ROWS) return moe_ops_cpu.matmul(c, a, w, n, out, in, false, true, 1.0f, beta);
+    for (int r = 0; r < n; r++) {
+        if (beta == 0.0f) memset(c + (size_t)r * out, 0, sizeof(float) * out);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, a + (size_t)r * in, 1, beta,
+                    c + (size_t)r * out, 1);
+    }
+    return 0;
+}
 
 static void add_into(float *y, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++)
@@ -48,7 +64,7 @@ static int moe_block(moe_infer *m, int l, float *y, const float *x, int N) {
         for (int n = 0; n < N; n++)
             memcpy(m->mlogits + (size_t)n * E, row, sizeof row);
     } else {
-        MOE_TRY(ops->matmul(m->mlogits, x, L->gate, N, E, D, false, true, 1.0f, 0.0f));
+        MOE_TRY(linear(m->mlogits, x, L->gate, N, E, D, 0.0f));
     }
     if (L->allowed) // expert budget: the router never picks an expert left out
         for (int n = 0; n < N; n++)
@@ -72,17 +88,16 @@ static int moe_block(moe_infer *m, int l, float *y, const float *x, int N) {
         const float *w = expert_weights(m, L, L->slot[e]);
         const size_t r0 = (size_t)pl->offsets[e];
         float *ab = m->eab + r0 * 2 * H, *h = m->eh + r0 * H;
-        MOE_TRY(ops->matmul(ab, m->xe + r0 * D, w, n, 2 * H, D, false, true, 1.0f, 0.0f));
+        MOE_TRY(linear(ab, m->xe + r0 * D, w, n, 2 * H, D, 0.0f));
         MOE_TRY(ops->swiglu_forward(h, ab, n, H));
-        MOE_TRY(ops->matmul(m->ye + r0 * D, h, w + 2 * (size_t)H * D, n, D, H, false, true, 1.0f,
-                            0.0f));
+        MOE_TRY(linear(m->ye + r0 * D, h, w + 2 * (size_t)H * D, n, D, H, 0.0f));
     }
     MOE_TRY(ops->unpermute_forward(y, m->ye, m->row, pl->weight, N, k, D));
     if (L->Hs) {
         const int Hs = L->Hs;
-        MOE_TRY(ops->matmul(m->ab, x, L->shared_w13, N, 2 * Hs, D, false, true, 1.0f, 0.0f));
+        MOE_TRY(linear(m->ab, x, L->shared_w13, N, 2 * Hs, D, 0.0f));
         MOE_TRY(ops->swiglu_forward(m->h, m->ab, N, Hs));
-        MOE_TRY(ops->matmul(y, m->h, L->shared_w2, N, D, Hs, false, true, 1.0f, 1.0f));
+        MOE_TRY(linear(y, m->h, L->shared_w2, N, D, Hs, 1.0f));
     }
     return 0;
 }
@@ -105,9 +120,9 @@ int moe_infer_forward(moe_infer *m, const int32_t *tok, const int *seq, const in
     for (int l = 0; l < m->L; l++) {
         moe_infer_layer *y = &m->layer[l];
         MOE_TRY(moe_cpu_rmsnorm_forward(m->ln, m->rstd, m->x, y->ln1, N, D, eps));
-        MOE_TRY(ops->matmul(m->q, m->ln, y->wq, N, QD, D, false, true, 1.0f, 0.0f));
-        MOE_TRY(ops->matmul(m->kk, m->ln, y->wk, N, KD, D, false, true, 1.0f, 0.0f));
-        MOE_TRY(ops->matmul(m->vv, m->ln, y->wv, N, KD, D, false, true, 1.0f, 0.0f));
+        MOE_TRY(linear(m->q, m->ln, y->wq, N, QD, D, 0.0f));
+        MOE_TRY(linear(m->kk, m->ln, y->wk, N, KD, D, 0.0f));
+        MOE_TRY(linear(m->vv, m->ln, y->wv, N, KD, D, 0.0f));
         MOE_TRY(moe_cpu_rope_at(m->q, m->q, pos, N, m->Hq, m->hd, theta));
         MOE_TRY(moe_cpu_rope_at(m->kk, m->kk, pos, N, m->Hkv, m->hd, theta));
         // every new key/value enters the cache before any query reads it
@@ -122,18 +137,18 @@ int moe_infer_forward(moe_infer *m, const int32_t *tok, const int *seq, const in
                                              m->q + (size_t)n * QD, y->kc + c, y->vc + c, pos[n],
                                              m->Hq, m->Hkv, m->hd));
         }
-        MOE_TRY(ops->matmul(m->mid, m->atty, y->wo, N, D, QD, false, true, 1.0f, 0.0f));
+        MOE_TRY(linear(m->mid, m->atty, y->wo, N, D, QD, 0.0f));
         add_into(m->mid, m->x, (size_t)N * D);
         MOE_TRY(moe_cpu_rmsnorm_forward(m->ln, m->rstd, m->mid, y->ln2, N, D, eps));
         if (!y->is_moe) {
-            MOE_TRY(ops->matmul(m->ab, m->ln, y->w13, N, 2 * m->F, D, false, true, 1.0f, 0.0f));
+            MOE_TRY(linear(m->ab, m->ln, y->w13, N, 2 * m->F, D, 0.0f));
             MOE_TRY(ops->swiglu_forward(m->h, m->ab, N, m->F));
-            MOE_TRY(ops->matmul(m->x, m->h, y->w2, N, D, m->F, false, true, 1.0f, 0.0f));
+            MOE_TRY(linear(m->x, m->h, y->w2, N, D, m->F, 0.0f));
         } else {
             MOE_TRY(moe_block(m, l, m->x, m->ln, N));
         }
         add_into(m->x, m->mid, (size_t)N * D); // next layer's input = mid + ffn
     }
     MOE_TRY(moe_cpu_rmsnorm_forward(m->ln, m->rstd, m->x, m->norm, N, D, eps));
-    return ops->matmul(m->logits, m->ln, m->lm_head, N, m->V, D, false, true, 1.0f, 0.0f);
+    return linear(m->logits, m->ln, m->lm_head, N, m->V, D, 0.0f);
 }

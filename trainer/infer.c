@@ -27,6 +27,29 @@ static int linear(float *c, const float *a, const float *w, int n, int out, int 
     return 0;
 }
 
+// The same for int8 weights q [out, in] with one scale per output row, for
+// a few rows: c[r, o] = scale[o] * sum_i q[o, i] * a[r, i], dequantised on
+// the fly with fp32 accumulation in 16 lanes (so the compiler vectorises it).
+static void qlinear(float *c, const float *a, const int8_t *q, const float *scale, int n, int out,
+                    int in) {
+    for (int r = 0; r < n; r++) {
+        const float *x = a + (size_t)r * in;
+        for (int o = 0; o < out; o++) {
+            const int8_t *qo = q + (size_t)o * in;
+            float lane[16] = {0}, acc = 0.0f;
+            int i = 0;
+            for (; i + 16 <= in; i += 16)
+                for (int j = 0; j < 16; j++)
+                    lane[j] += (float)qo[i + j] * x[i + j];
+            for (; i < in; i++)
+                acc += (float)qo[i] * x[i];
+            for (int j = 0; j < 16; j++)
+                acc += lane[j];
+            c[(size_t)r * out + o] = acc * scale[o];
+        }
+    }
+}
+
 static void add_into(float *y, const float *x, size_t n) {
     for (size_t i = 0; i < n; i++)
         y[i] += x[i];
@@ -85,9 +108,18 @@ static int moe_block(moe_infer *m, int l, float *y, const float *x, int N) {
             return moe_fail(MOE_EINVAL,
                             "layer %d routes %d tokens to expert %d, which was not loaded", l, n,
                             e);
-        const float *w = expert_weights(m, L, L->slot[e]);
         const size_t r0 = (size_t)pl->offsets[e];
         float *ab = m->eab + r0 * 2 * H, *h = m->eh + r0 * H;
+        if (L->q && n <= GEMV_ROWS) { // decode rows: int8 GEMV, no dequantised copy
+            const size_t s = (size_t)L->slot[e], blk = 3 * (size_t)H * D;
+            const int8_t *q = L->q + s * blk;
+            const float *sc = L->q_scale + s * (2 * (size_t)H + D);
+            qlinear(ab, m->xe + r0 * D, q, sc, n, 2 * H, D);
+            MOE_TRY(ops->swiglu_forward(h, ab, n, H));
+            qlinear(m->ye + r0 * D, h, q + 2 * (size_t)H * D, sc + 2 * H, n, D, H);
+            continue;
+        }
+        const float *w = expert_weights(m, L, L->slot[e]);
         MOE_TRY(linear(ab, m->xe + r0 * D, w, n, 2 * H, D, 0.0f));
         MOE_TRY(ops->swiglu_forward(h, ab, n, H));
         MOE_TRY(linear(m->ye + r0 * D, h, w + 2 * (size_t)H * D, n, D, H, 0.0f));

@@ -401,6 +401,15 @@ START_TEST(test_expert_budget_and_int8_load_less) {
     for (int i = 0; i < 6 * full.V; i++)
         diff = fmax(diff, fabs(full.logits[i] - q8.logits[i]));
     ck_assert_msg(diff > 0 && diff < 1e-2, "int8 logit difference %g", diff);
+    // a decode step: int8 rows go through the int8 GEMV
+    int32_t next = 'o';
+    int p6 = 6;
+    ck_assert_int_eq(moe_infer_forward(&full, &next, seq, &p6, 1), 0);
+    ck_assert_int_eq(moe_infer_forward(&q8, &next, seq, &p6, 1), 0);
+    diff = 0;
+    for (int i = 0; i < full.V; i++)
+        diff = fmax(diff, fabs(full.logits[i] - q8.logits[i]));
+    ck_assert_msg(diff > 0 && diff < 1e-2, "int8 decode logit difference %g", diff);
     moe_infer_free(&full);
     moe_infer_free(&bud);
     moe_infer_free(&q8);

@@ -481,6 +481,11 @@ START_TEST(test_cli_generate) {
     snprintf(args, sizeof args, "generate '%s' --prompt abc=", ckpt);
     ck_assert_int_eq(run_moe(args), 2);
     ck_assert_ptr_nonnull(strstr(text("err.txt"), "--task"));
+    snprintf(args, sizeof args,
+             "eval '%s' --samples 0 --batches 2 --expert-budget 0.2 --quantize int8", ckpt);
+    ck_assert_int_eq(run_moe(args), 0);
+    ck_assert_ptr_nonnull(strstr(text("out.txt"), "expert budget + int8 experts"));
+    ck_assert_ptr_nonnull(strstr(text("out.txt"), "caesar"));
     ck_assert_int_eq(run_moe("generate --help"), 0);
     ck_assert_ptr_nonnull(strstr(text("out.txt"), "usage: moe generate"));
 }

@@ -260,14 +260,19 @@ START_TEST(test_partial_load_generates_the_full_load_output_bit_for_bit) {
 }
 END_TEST
 
-START_TEST(test_kv_cache_decode_matches_the_training_forward) {
+// Max abs difference between the KV-cache decode of checkpoint dir (prefill
+// 7 tokens, then one per forward) and the training forward on the same 20
+// tokens of task `name`; *scale gets the largest logit.
+static double kv_vs_forward(const char *dir, const char *name, double *scale) {
     moe_config c;
-    ck_assert_int_eq(moe_ckpt_config(ckpt, &c), 0);
+    ck_assert_int_eq(moe_ckpt_config(dir, &c), 0);
+    const int task = moe_config_task_index(&c, name);
+    ck_assert_int_ge(task, 0);
     moe_model m;
     ck_assert_int_eq(moe_model_init(&m, &c, 1, c.model.seq_len, 5), 0);
-    ck_assert_int_eq(moe_ckpt_load(ckpt, &m, NULL, NULL), 0);
+    ck_assert_int_eq(moe_ckpt_load(dir, &m, NULL, NULL), 0);
     m.dropless = true;
-    const int T = 20, task = 2, V = m.V;
+    const int T = 20, V = m.V;
     int32_t tok[20];
     tu_rng r;
     tu_seed(&r, 5);
@@ -277,32 +282,71 @@ START_TEST(test_kv_cache_decode_matches_the_training_forward) {
     int32_t tid = task;
     ck_assert_int_eq(moe_model_forward(&m, tok, NULL, &tid, 1, T, false, 0), 0);
     moe_infer e;
-    moe_infer_opts o = {.task = "sort"};
-    ck_assert_int_eq(moe_infer_open(&e, ckpt, &o), 0);
-    // prefill 7 tokens, then one token per forward
+    moe_infer_opts o = {.task = name};
+    ck_assert_int_eq(moe_infer_open(&e, dir, &o), 0);
     int seq[20] = {0}, pos[20];
     for (int i = 0; i < 7; i++)
         pos[i] = i;
-    ck_assert_int_eq(moe_infer_forward(&e, tok, seq, pos, 7), 0);
-    double worst = 0, scale = 0;
+    ck_assert_msg(moe_infer_forward(&e, tok, seq, pos, 7) == 0, "%s", moe_last_error());
+    double worst = 0;
+    *scale = 0;
     for (int i = 0; i < 7 * V; i++) {
         worst = fmax(worst, fabs(e.logits[i] - m.logits[i]));
-        scale = fmax(scale, fabs(m.logits[i]));
+        *scale = fmax(*scale, fabs(m.logits[i]));
     }
     for (int t = 7; t < T; t++) {
         int p = t;
         ck_assert_int_eq(moe_infer_forward(&e, tok + t, seq, &p, 1), 0);
         for (int v = 0; v < V; v++) {
             worst = fmax(worst, fabs(e.logits[v] - m.logits[(size_t)t * V + v]));
-            scale = fmax(scale, fabs(m.logits[(size_t)t * V + v]));
+            *scale = fmax(*scale, fabs(m.logits[(size_t)t * V + v]));
         }
     }
     if (getenv("MOE_TEST_VERBOSE"))
-        printf("kv decode vs forward: max abs %g, scale %g\n", worst, scale);
-    ck_assert_msg(worst <= 1e-6 * fmax(scale, 1.0), "max abs logit difference %g (scale %g)", worst,
-                  scale);
+        printf("%s: kv decode vs forward: max abs %g, scale %g\n", dir, worst, *scale);
     moe_infer_free(&e);
     moe_model_free(&m);
+    return worst;
+}
+
+START_TEST(test_kv_cache_decode_matches_the_training_forward) {
+    double scale, worst = kv_vs_forward(ckpt, "sort", &scale);
+    ck_assert_msg(worst <= 1e-6 * fmax(scale, 1.0), "max abs logit difference %g (scale %g)", worst,
+                  scale);
+}
+END_TEST
+
+// Shared expert, a pyramid of expert counts, dense layers between MoE layers,
+// untied head, one kv head, Switch-style raw top-1 weights: the same checks.
+START_TEST(test_other_architectures_decode_and_load_exactly) {
+    moe_config c = small();
+    const char *sets[] = {
+        "model.n_layers=4",     "moe.every=2",         "moe.num_experts=[4,8]",
+        "moe.shared_experts=1", "moe.task_layers=[3]", "model.tie_embeddings=false",
+        "model.n_kv_heads=1",   "router.top_k=1",      "router.normalize_topk=false"};
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+        ck_assert_int_eq(moe_config_set(&c, NULL, sets[i]), 0);
+    char dir[800];
+    snprintf(dir, sizeof dir, "%s/arch", root);
+    make_ckpt(&c, dir);
+    double scale, worst = kv_vs_forward(dir, "caesar", &scale);
+    ck_assert_msg(worst <= 1e-6 * fmax(scale, 1.0), "max abs logit difference %g (scale %g)", worst,
+                  scale);
+    moe_infer m;
+    moe_infer_opts o = {.task = "caesar"};
+    ck_assert_int_eq(moe_infer_open(&m, dir, &o), 0);
+    ck_assert_int_eq(m.stats.loaded[1], 4); // token-routed: all
+    ck_assert_int_eq(m.stats.loaded[3], 1); // task-routed top-1
+    ck_assert_int_eq(m.stats.experts[0], 0);
+    moe_infer_free(&m);
+    moe_gen_opts g = {.max_new = 10, .stop = -1, .temperature = 1.0, .seed = 4};
+    int32_t a[30], b[30];
+    int na[3], nb[3];
+    float la[256], lb[256];
+    gen(dir, "caesar", false, &g, a, na, la);
+    gen(dir, "caesar", true, &g, b, nb, lb);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    ck_assert_int_eq(memcmp(la, lb, sizeof la), 0);
 }
 END_TEST
 
@@ -500,6 +544,7 @@ int main(void) {
     tcase_add_test(tc, test_sharded_load_reads_index_headers_and_tensors);
     tcase_add_test(tc, test_partial_load_generates_the_full_load_output_bit_for_bit);
     tcase_add_test(tc, test_kv_cache_decode_matches_the_training_forward);
+    tcase_add_test(tc, test_other_architectures_decode_and_load_exactly);
     tcase_add_test(tc, test_bad_checkpoints_and_tasks_fail_clearly);
     tcase_add_test(tc, test_older_checkpoint_without_task_experts_derives_the_sets);
     tcase_add_test(tc, test_expert_budget_and_int8_load_less);

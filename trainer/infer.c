@@ -95,10 +95,10 @@ static int moe_block(moe_infer *m, int l, float *y, const float *x, int N) {
                 if (!L->allowed[e]) m->mlogits[(size_t)n * E + e] = -1e30f;
     for (int e = 0; e < E; e++)
         m->cap[e] = N;
-    int rc = moe_router_forward(&m->plan, m->mlogits, m->task_tok, m->cap, N, E, &m->cfg.router,
+    int rc = moe_router_forward(&L->plan, m->mlogits, m->task_tok, m->cap, N, E, &m->cfg.router,
                                 false, 0);
     if (rc < 0) return moe_fail(rc, "layer %d (MoE): %s", l, moe_last_error());
-    const moe_plan *pl = &m->plan;
+    const moe_plan *pl = &L->plan;
     MOE_TRY(ops->dispatch_rows(m->row, pl->expert, pl->slot, pl->offsets, N, k));
     MOE_TRY(ops->permute_forward(m->xe, x, m->row, N, k, D));
     for (int e = 0; e < E; e++) {

@@ -355,7 +355,10 @@ static int alloc_scratch(moe_infer *m) {
     m->task_tok = moe_malloc(sizeof(int) * N);
     if (!m->row || !m->cap || !m->task_tok)
         return moe_fail(MOE_ENOMEM, "inference scratch: out of memory");
-    return moe_plan_alloc(&m->plan, (int)N, (int)Emax, m->k);
+    for (int l = 0; l < m->L; l++)
+        if (m->layer[l].is_moe)
+            MOE_TRY(moe_plan_alloc(&m->layer[l].plan, (int)N, m->layer[l].E, m->k));
+    return 0;
 }
 
 int moe_infer_open(moe_infer *m, const char *dir, const moe_infer_opts *o) {
@@ -417,6 +420,7 @@ void moe_infer_free(moe_infer *m) {
     for (int l = 0; l < MOE_MAX_LAYERS; l++) {
         free(m->layer[l].slot);
         free(m->layer[l].allowed);
+        moe_plan_free(&m->layer[l].plan);
     }
     moe_mfree(m->dense_block);
     moe_mfree(m->expert_block);
@@ -424,6 +428,5 @@ void moe_infer_free(moe_infer *m) {
     moe_mfree(m->row);
     moe_mfree(m->cap);
     moe_mfree(m->task_tok);
-    moe_plan_free(&m->plan);
     memset(m, 0, sizeof *m);
 }

@@ -51,6 +51,7 @@ typedef struct {
     int8_t *q;      // int8: [n_loaded][3 H D]
     float *q_scale; // int8: [n_loaded][2H + D] one scale per output row
     float *kc, *vc; // [max_batch, max_seq, Hkv * hd]
+    moe_plan plan;  // routing of the last forward (MoE layers)
 } moe_infer_layer;
 
 typedef struct {
@@ -59,7 +60,6 @@ typedef struct {
     int max_batch, max_seq, N_max; // N_max: rows per forward
     float *embed, *norm, *lm_head;
     moe_infer_layer layer[MOE_MAX_LAYERS];
-    moe_plan plan;
     // scratch for N_max rows
     float *x, *ln, *rstd, *q, *kk, *vv, *atty, *mid, *ab, *h, *logits, *scores;
     float *mlogits, *xe, *eab, *eh, *ye, *deq;

@@ -1,9 +1,10 @@
 // The inference forward with a KV cache: N new tokens, each at its own
 // (cache row, position), through the training forward's math (moe/model.h):
-// RMSNorm, q/k/v GEMMs, RoPE at the token's position, causal GQA attention
-// over the cached keys, SwiGLU FFN or the MoE block (gate GEMM, router with no
-// capacity limit and no noise, expert GEMMs on expert-contiguous rows,
-// weighted combine), final norm and LM head.
+// RMSNorm, q/k/v projections, RoPE at the token's position, causal GQA
+// attention over the cached keys, SwiGLU FFN or the MoE block (gate, router
+// with no capacity limit and no noise, experts on expert-contiguous rows,
+// weighted combine), final norm and LM head. Projections are GEMMs, or GEMVs
+// for the few rows of a decode step.
 #include "moe/infer.h"
 #include "kernels/cpu/nn.h"
 #include "kernels/ops.h"

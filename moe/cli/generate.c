@@ -4,6 +4,7 @@
 #include "moe/cli/cli.h"
 #include "moe/error.h"
 #include "moe/infer.h"
+#include "moe/task_experts.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -153,8 +154,9 @@ static int parse(int argc, char **argv, gen_args *a) {
 
 static void print_stats(const moe_infer *m, const moe_gen_stats *gs) {
     const moe_infer_stats *s = &m->stats;
-    fprintf(stderr, "moe generate: task %s; experts loaded per MoE layer:",
-            m->cfg.data.kind[0] == 's' ? m->cfg.data.tasks[m->task] : "all");
+    char names[MOE_MAX_TASKS][MOE_NAME_MAX];
+    moe_config_task_names(&m->cfg, names);
+    fprintf(stderr, "moe generate: task %s; experts loaded per MoE layer:", names[m->task]);
     for (int l = 0; l < m->L; l++)
         if (s->experts[l])
             fprintf(stderr, " %d: %d/%d%s", l, s->loaded[l], s->experts[l],

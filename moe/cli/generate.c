@@ -166,7 +166,7 @@ static void print_stats(const moe_infer *m, const moe_gen_stats *gs) {
     getrusage(RUSAGE_SELF, &ru);
     fprintf(stderr,
             "moe generate: read %llu of %llu checkpoint bytes (%.1f%%); resident weights %.2f MB "
-            "dense + %.2f MB experts%s; peak RSS %.1f MB\n",
+            "dense + %.2f MB experts%s; peak RSS %.1f MiB\n",
             (unsigned long long)s->bytes_read, (unsigned long long)s->ckpt_bytes,
             s->ckpt_bytes ? 100.0 * s->bytes_read / s->ckpt_bytes : 0.0, s->dense_bytes / 1e6,
             s->expert_bytes / 1e6, s->expert_bytes < s->expert_bytes_fp32 ? " (int8)" : "",

@@ -32,6 +32,7 @@ static const char *configs[][3] = {
     {"pyramid+shared", "moe.num_experts=[4,4,8,8]", "moe.shared_experts=1"},
     {"mini_seq=4", "memory.mini_seq=4", "memory.recompute=moe"},
     {"mini_seq=8", "memory.mini_seq=8", "memory.recompute=moe"},
+    {"mini_seq=8,all", "memory.mini_seq=8", "memory.recompute=all"},
 };
 
 int main(int argc, char **argv) {

@@ -35,7 +35,7 @@ int main(int argc, char **argv) {
     moe_adamw opt;
     if (moe_config_load(&cfg, NULL, config) || moe_config_check(&cfg, NULL) ||
         moe_data_open(&d, &cfg) || moe_model_init(&m, &cfg, d.B, d.T, d.n_tasks) ||
-        moe_adamw_init(&opt, &m.table)) {
+        moe_adamw_init(&opt, &m.table, cfg.train.decay_all)) {
         fprintf(stderr, "train_step: %s\n", moe_last_error());
         return 1;
     }

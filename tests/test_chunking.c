@@ -1,7 +1,8 @@
-// Mini-sequence chunking (memory.mini_seq with memory.recompute = moe): the
-// same losses and gradients as the unchunked model (within 1e-5 relative:
+// Mini-sequence chunking (memory.mini_seq with memory.recompute = moe | all):
+// the same losses and gradients as the unchunked model (within 1e-5 relative:
 // weight gradients add up chunk by chunk instead of in one GEMM), for dense,
-// MoE (drops, shared expert, task routing, jitter) and both losses; less
+// MoE (drops, shared expert, task routing, jitter) and both losses; recompute
+// = all (attention recomputed too) bit-identical to recompute = moe; less
 // activation memory; and the bad flag combinations fail clearly.
 #include "moe/error.h"
 #include "moe/model.h"
@@ -27,11 +28,13 @@ static moe_config base(void) {
     return c;
 }
 
-static void compare(moe_config c, int chunks, const char *what) {
+// a: c as given; b: c with `chunks` chunks and `recompute`. exact: bit for bit.
+static void compare(moe_config c, int chunks, const char *recompute, bool exact, const char *what) {
     moe_model a, b;
     ck_assert_int_eq(moe_model_init(&a, &c, B, T, 3), 0);
-    char s1[32], s2[] = "memory.recompute=moe";
+    char s1[32], s2[48];
     snprintf(s1, sizeof s1, "memory.mini_seq=%d", chunks);
+    snprintf(s2, sizeof s2, "memory.recompute=%s", recompute);
     ck_assert_int_eq(moe_config_set(&c, NULL, s1), 0);
     ck_assert_int_eq(moe_config_set(&c, NULL, s2), 0);
     ck_assert_msg(moe_model_init(&b, &c, B, T, 3) == 0, "%s: %s", what, moe_last_error());
@@ -43,7 +46,8 @@ static void compare(moe_config c, int chunks, const char *what) {
         memset(b.grads, 0, sizeof(float) * moe_model_numel(&b));
         ck_assert_int_eq(moe_model_forward(&a, in, tg, task, B, T, true, step), 0);
         ck_assert_int_eq(moe_model_forward(&b, in, tg, task, B, T, true, step), 0);
-        ck_assert_msg(fabs(a.loss - b.loss) <= 1e-5 * fabs(a.loss), "%s: loss %.9g vs %.9g", what,
+        const double tol = exact ? 0 : 1e-5;
+        ck_assert_msg(fabs(a.loss - b.loss) <= tol * fabs(a.loss), "%s: loss %.9g vs %.9g", what,
                       a.loss, b.loss);
         ck_assert_int_eq(moe_model_backward(&a, in, tg, task), 0);
         ck_assert_int_eq(moe_model_backward(&b, in, tg, task), 0);
@@ -55,8 +59,8 @@ static void compare(moe_config c, int chunks, const char *what) {
                 worst =
                     fmax(worst, fabs((double)a.grads[pv->offset + i] - b.grads[pv->offset + i]));
             }
-            ck_assert_msg(worst <= 1e-5 * scale + 1e-9, "%s: %s differs by %.3g of %.3g", what,
-                          pv->name, worst, scale);
+            ck_assert_msg(worst <= (exact ? 0 : 1e-5 * scale + 1e-9),
+                          "%s: %s differs by %.3g of %.3g", what, pv->name, worst, scale);
         }
     }
     moe_model_free(&a);
@@ -65,22 +69,36 @@ static void compare(moe_config c, int chunks, const char *what) {
 
 START_TEST(test_chunked_equals_unchunked) {
     moe_config c = base();
-    compare(c, 3, "moe, 3 chunks");
-    compare(c, 5, "moe, 5 uneven chunks");
+    compare(c, 3, "moe", false, "moe, 3 chunks");
+    compare(c, 5, "moe", false, "moe, 5 uneven chunks");
+    compare(c, 3, "all", false, "moe, 3 chunks, recompute all");
     moe_config_set(&c, NULL, "moe.every=2");
-    compare(c, 4, "dense + moe");
+    compare(c, 4, "moe", false, "dense + moe");
+    compare(c, 4, "all", false, "dense + moe, recompute all");
     c = base();
     moe_config_set(&c, NULL, "moe.shared_experts=1");
     moe_config_set(&c, NULL, "router.noise=jitter");
-    compare(c, 4, "shared expert, jitter");
+    compare(c, 4, "moe", false, "shared expert, jitter");
     c = base();
     moe_config_set(&c, NULL, "moe.task_layers=[0]");
     moe_config_set(&c, NULL, "loss.impl=cce");
-    compare(c, 2, "task routing, cce");
+    compare(c, 2, "moe", false, "task routing, cce");
     c = base();
     moe_config_set(&c, NULL, "router.capacity_factor=0");
     moe_config_set(&c, NULL, "router.top_k=1");
-    compare(c, 6, "dropless top-1");
+    compare(c, 6, "moe", false, "dropless top-1");
+}
+END_TEST
+
+// Recomputing attention from the layer input replays the same operations on
+// the same inputs: recompute = all equals recompute = moe bit for bit.
+START_TEST(test_recompute_all_is_exact) {
+    moe_config c = base();
+    moe_config_set(&c, NULL, "model.n_layers=3");
+    moe_config_set(&c, NULL, "moe.every=2");
+    moe_config_set(&c, NULL, "memory.mini_seq=3");
+    moe_config_set(&c, NULL, "memory.recompute=moe");
+    compare(c, 3, "all", true, "recompute all vs moe");
 }
 END_TEST
 
@@ -96,6 +114,14 @@ START_TEST(test_chunking_saves_activation_memory) {
            chunked.moe, plain.activations, chunked.activations);
     ck_assert(chunked.moe < plain.moe / 2);
     ck_assert(chunked.activations < plain.activations);
+    // recompute = all keeps one layer's attention buffers instead of n_layers
+    moe_mem_plan all;
+    moe_config_set(&c, NULL, "memory.recompute=all");
+    ck_assert_int_eq(moe_plan_memory(&c, 1, 0, &all), 0);
+    const size_t N = 16 * 64 /* default batch */,
+                 att = (size_t)16 * 4 * 64 * 64 + N * (16 + 1 + 16 + 8 + 8 + 16);
+    printf("recompute = all: dense activations %zu bytes\n", all.activations);
+    ck_assert_uint_eq(chunked.activations - all.activations, sizeof(float) * att);
 }
 END_TEST
 
@@ -110,7 +136,9 @@ START_TEST(test_chunking_flag_errors) {
     ck_assert_int_eq(moe_config_check(&c, NULL), MOE_EINVAL);
     moe_config_set(&c, NULL, "memory.mini_seq=1");
     ck_assert_int_eq(moe_config_check(&c, NULL), MOE_EINVAL); // recompute without chunks
-    ck_assert_int_eq(moe_config_set(&c, NULL, "memory.recompute=all"), MOE_EINVAL);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "memory.recompute=some"), MOE_EINVAL);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "memory.recompute=all"), 0);
+    ck_assert_int_eq(moe_config_check(&c, NULL), MOE_EINVAL); // all without chunks too
     c = base();
     moe_config_set(&c, NULL, "memory.mini_seq=4");
     moe_config_set(&c, NULL, "memory.recompute=moe");
@@ -124,6 +152,7 @@ static Suite *chunking_suite(void) {
     TCase *tc = tcase_create("chunking");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_chunked_equals_unchunked);
+    tcase_add_test(tc, test_recompute_all_is_exact);
     tcase_add_test(tc, test_chunking_saves_activation_memory);
     tcase_add_test(tc, test_chunking_flag_errors);
     suite_add_tcase(s, tc);

@@ -1,8 +1,8 @@
 // The memory estimate (moe plan, moe train --dry-run) against the measured
 // high-water mark of the library's allocations during training, over configs
 // that vary sequence length, batch, experts, top-k, capacity, loss, dense
-// layers and accumulation: within 3% (the layouts are shared, so it is exact
-// up to small untracked buffers).
+// layers, accumulation, chunking and recompute: within 3% (the layouts are
+// shared, so it is exact up to small untracked buffers).
 #include "moe/alloc.h"
 #include "moe/error.h"
 #include "moe/plan.h"
@@ -28,6 +28,7 @@ static const char *variants[][4] = {
     {"moe.num_experts=[4,8]", "moe.d_expert=64", "", ""},
     {"memory.mini_seq=4", "memory.recompute=moe", "", ""},
     {"memory.mini_seq=8", "memory.recompute=moe", "moe.every=2", "loss.impl=cce"},
+    {"memory.mini_seq=4", "memory.recompute=all", "model.seq_len=64", ""},
 };
 
 START_TEST(test_estimate_matches_measured_peak) {

@@ -4,6 +4,7 @@
 #include "moe/checkpoint.h"
 #include "moe/error.h"
 #include "moe/safetensors.h"
+#include "moe/task_experts.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -16,8 +17,8 @@
 #include <unistd.h>
 
 static const char *const files[] = {"model.safetensors", "optimizer.safetensors", "config.json",
-                                    "trainer_state.json"};
-#define N_FILES 4
+                                    "trainer_state.json", "task_experts.json"};
+#define N_FILES 5
 
 // out[PATH_MAX] = dir + suffix; MOE_EINVAL if it does not fit.
 static int join(char *out, const char *dir, const char *suffix) {
@@ -221,6 +222,12 @@ static int save_files(const char *tmp, const moe_model *m, const moe_adamw *opt,
     rc = moe_config_write(&m->cfg, f);
     if (rc == 0 && (fflush(f) || fsync(fileno(f)))) rc = moe_fail(MOE_EIO, "%s: write failed", p);
     if (fclose(f) && rc == 0) rc = moe_fail(MOE_EIO, "%s: write failed", p);
+    if (rc < 0) return rc;
+    join(p, tmp, "/task_experts.json");
+    moe_task_experts te;
+    MOE_TRY(moe_task_experts_from_model(&te, m));
+    rc = moe_task_experts_write(p, &te);
+    moe_task_experts_free(&te);
     if (rc < 0) return rc;
     join(p, tmp, "/trainer_state.json");
     return write_state(p, m, opt, st);

@@ -88,7 +88,9 @@ static const key_def keys[] = {
      "cosine schedule floor as a fraction of lr"},
     {"train.warmup_steps", K_INT, F(train.warmup_steps), NO, "30", NULL, "linear warmup steps"},
     {"train.weight_decay", K_DBL, F(train.weight_decay), NO, "0.1", NULL,
-     "AdamW decay (not on norms and embeddings)"},
+     "AdamW decay (not on norms and embeddings unless train.decay_all)"},
+    {"train.decay_all", K_BOOL, F(train.decay_all), NO, "false", NULL,
+     "apply train.weight_decay to norm weights and embeddings too"},
     {"train.beta1", K_DBL, F(train.beta1), NO, "0.9", NULL, "AdamW beta1"},
     {"train.beta2", K_DBL, F(train.beta2), NO, "0.95", NULL, "AdamW beta2"},
     {"train.grad_clip", K_DBL, F(train.grad_clip), NO, "1.0", NULL,
@@ -122,9 +124,9 @@ static const key_def keys[] = {
      "cce backward skips vocabulary tiles whose probabilities are below float epsilon"},
     {"memory.mini_seq", K_INT, F(memory.mini_seq), NO, "1", NULL,
      "chunks per sequence in MLP/MoE and LM head"},
-    {"memory.recompute", K_STR, F(memory.recompute), NO, "none", "none|moe",
+    {"memory.recompute", K_STR, F(memory.recompute), NO, "none", "none|moe|all",
      "moe: FFN/MoE blocks and the LM head keep one chunk and recompute it in backward "
-     "(needs memory.mini_seq > 1)"},
+     "(needs memory.mini_seq > 1); all: also attention, from each layer's input"},
 };
 #undef F
 #define N_KEYS ((int)(sizeof keys / sizeof keys[0]))
@@ -531,12 +533,12 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
                         "%s: train.lr > 0, betas in [0, 1), grad_clip and "
                         "weight_decay >= 0",
                         src_where(src, "train.lr"));
-    int chunked = c->memory.mini_seq > 1, recompute = !strcmp(c->memory.recompute, "moe");
+    int chunked = c->memory.mini_seq > 1, recompute = strcmp(c->memory.recompute, "none") != 0;
     if (chunked != recompute)
         return moe_fail(MOE_EINVAL,
                         "%s: memory.mini_seq = %d with memory.recompute = %s: chunks are "
-                        "recomputed in backward, so mini_seq > 1 goes with recompute = moe and "
-                        "recompute = moe with mini_seq > 1",
+                        "recomputed in backward, so mini_seq > 1 goes with recompute = moe or all, "
+                        "and recompute = moe or all with mini_seq > 1",
                         src_where(src, chunked ? "memory.recompute" : "memory.mini_seq"),
                         c->memory.mini_seq, c->memory.recompute);
     if (chunked && (c->memory.mini_seq > c->model.seq_len || c->parallel.ep > 1))

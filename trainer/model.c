@@ -96,13 +96,15 @@ static size_t layout_acts(moe_model *m, float *base) {
     for (int l = 0; l < m->L; l++) {
         moe_block_acts *a = &m->a[l];
         TAKE(a->x, N * D);
-        TAKE(a->ln1, N * D);
-        TAKE(a->rstd1, N);
-        TAKE(a->q, N * QD);
-        TAKE(a->k, N * KD);
-        TAKE(a->v, N * KD);
-        TAKE(a->att, (size_t)m->B * m->Hq * m->T * m->T);
-        TAKE(a->atty, N * QD);
+        if (l == 0 || !m->recompute_attn) { // else layer 0's, set below
+            TAKE(a->ln1, N * D);
+            TAKE(a->rstd1, N);
+            TAKE(a->q, N * QD);
+            TAKE(a->k, N * KD);
+            TAKE(a->v, N * KD);
+            TAKE(a->att, (size_t)m->B * m->Hq * m->T * m->T);
+            TAKE(a->atty, N * QD);
+        }
         TAKE(a->mid, N * D);
         TAKE(a->ln2, N * D);
         TAKE(a->rstd2, N);
@@ -110,6 +112,11 @@ static size_t layout_acts(moe_model *m, float *base) {
             TAKE(a->ab, N * 2 * m->F);
             TAKE(a->h, N * m->F);
         }
+    }
+    for (int l = 1; base && m->recompute_attn && l < m->L; l++) {
+        moe_block_acts *a = &m->a[l], *a0 = &m->a[0];
+        a->ln1 = a0->ln1, a->rstd1 = a0->rstd1, a->q = a0->q, a->k = a0->k, a->v = a0->v;
+        a->att = a0->att, a->atty = a0->atty;
     }
     TAKE(m->xf, N * D);
     TAKE(m->lnf, N * D);
@@ -174,6 +181,7 @@ static int model_setup(moe_model *m, const moe_config *cfg, int B, int T, int n_
     m->T = T;
     m->n_tasks = n_tasks < 1 ? 1 : n_tasks;
     m->chunks = cfg->memory.mini_seq > 1 ? cfg->memory.mini_seq : 1;
+    m->recompute_attn = !strcmp(cfg->memory.recompute, "all");
     if (B < 1 || T < 1) return moe_fail(MOE_EINVAL, "model: batch %d x %d tokens", B, T);
     int rc = 0;
     moe_param_table_init(&m->table);
@@ -302,6 +310,7 @@ void moe_model_free(moe_model *m) {
     moe_mfree(m->task_tok);
     moe_mfree(m->cap_all);
     moe_mfree(m->load);
+    free(m->task_share);
     moe_param_table_free(&m->table);
     memset(m, 0, sizeof *m);
 }
@@ -395,14 +404,32 @@ static void add_into(float *y, const float *x, size_t n) {
         y[i] += x[i];
 }
 
+// Layer l's attention up to its output before o_proj: ln1, rstd1, q, k, v
+// (after RoPE), att and atty from the layer input x. The backward pass calls
+// it again under memory.recompute = all (same inputs, same bits).
+static int attention_inner(moe_model *m, int l, int B, int T) {
+    const moe_ops *ops = m->ops;
+    moe_block_acts *a = &m->a[l];
+    const moe_block_params *p = &m->p[l];
+    const int N = B * T, D = m->D, QD = m->Hq * m->hd, KD = m->Hkv * m->hd;
+    const float eps = (float)m->cfg.model.norm_eps, theta = (float)m->cfg.model.rope_theta;
+    MOE_TRY(m->ops->rmsnorm_forward(a->ln1, a->rstd1, a->x, p->ln1, N, D, eps));
+    MOE_TRY(ops->matmul(a->q, a->ln1, p->wq, N, QD, D, false, true, 1.0f, 0.0f));
+    MOE_TRY(ops->matmul(a->k, a->ln1, p->wk, N, KD, D, false, true, 1.0f, 0.0f));
+    MOE_TRY(ops->matmul(a->v, a->ln1, p->wv, N, KD, D, false, true, 1.0f, 0.0f));
+    MOE_TRY(m->ops->rope_forward(a->q, a->q, B, T, m->Hq, m->hd, theta));
+    MOE_TRY(m->ops->rope_forward(a->k, a->k, B, T, m->Hkv, m->hd, theta));
+    return m->ops->attention_forward(a->atty, a->att, a->q, a->k, a->v, B, T, m->Hq, m->Hkv, m->hd);
+}
+
 int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *targets,
                       const int32_t *task, int B, int T, bool training, uint64_t step) {
     if (B < 1 || T < 1 || B > m->B || T > m->T)
         return moe_fail(MOE_EINVAL, "model forward: batch %d x %d exceeds %d x %d", B, T, m->B,
                         m->T);
     const moe_ops *ops = m->ops;
-    const int N = B * T, D = m->D, QD = m->Hq * m->hd, KD = m->Hkv * m->hd;
-    const float eps = (float)m->cfg.model.norm_eps, theta = (float)m->cfg.model.rope_theta;
+    const int N = B * T, D = m->D, QD = m->Hq * m->hd;
+    const float eps = (float)m->cfg.model.norm_eps;
     const int Nc = (N + m->chunks - 1) / m->chunks; // FFN rows at a time
     m->cur_B = B, m->cur_T = T;
     for (int n = 0; n < N; n++) {
@@ -423,14 +450,7 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
         moe_block_acts *a = &m->a[l];
         moe_block_params *p = &m->p[l];
         float *next = l + 1 < m->L ? m->a[l + 1].x : m->xf;
-        MOE_TRY(m->ops->rmsnorm_forward(a->ln1, a->rstd1, a->x, p->ln1, N, D, eps));
-        MOE_TRY(ops->matmul(a->q, a->ln1, p->wq, N, QD, D, false, true, 1.0f, 0.0f));
-        MOE_TRY(ops->matmul(a->k, a->ln1, p->wk, N, KD, D, false, true, 1.0f, 0.0f));
-        MOE_TRY(ops->matmul(a->v, a->ln1, p->wv, N, KD, D, false, true, 1.0f, 0.0f));
-        MOE_TRY(m->ops->rope_forward(a->q, a->q, B, T, m->Hq, m->hd, theta));
-        MOE_TRY(m->ops->rope_forward(a->k, a->k, B, T, m->Hkv, m->hd, theta));
-        MOE_TRY(m->ops->attention_forward(a->atty, a->att, a->q, a->k, a->v, B, T, m->Hq, m->Hkv,
-                                          m->hd));
+        MOE_TRY(attention_inner(m, l, B, T));
         MOE_TRY(ops->matmul(a->mid, a->atty, p->wo, N, D, QD, false, true, 1.0f, 0.0f));
         add_into(a->mid, a->x, (size_t)N * D);
         MOE_TRY(m->ops->rmsnorm_forward(a->ln2, a->rstd2, a->mid, p->ln2, N, D, eps));
@@ -558,6 +578,7 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
         MOE_TRY(m->ops->rmsnorm_backward(m->dres, g->ln2, m->dln, a->mid, p->ln2, a->rstd2, N, D));
         lap(m, m->timing ? (m->is_moe[l] ? &m->timing->moe : &m->timing->ffn) : NULL, &t0);
         // Attention block: mid = x + atty @ Wo^T; dres holds d mid.
+        if (m->recompute_attn) MOE_TRY(attention_inner(m, l, B, T));
         MOE_TRY(ops->matmul(g->wo, m->dres, a->atty, D, QD, N, true, false, 1.0f, 1.0f));
         MOE_TRY(ops->matmul(m->datty, m->dres, p->wo, N, QD, D, false, false, 1.0f, 0.0f));
         MOE_TRY(ops->zero(m->dq, (size_t)N * QD));

@@ -1,8 +1,8 @@
 // AdamW with bias correction and decoupled weight decay, the learning-rate
 // schedule and gradient clipping. Everything is elementwise over the flat
 // buffers, so the same code serves every parameter.
-#include "moe/alloc.h"
 #include "moe/optim.h"
+#include "moe/alloc.h"
 #include "moe/error.h"
 
 #include <math.h>
@@ -14,7 +14,7 @@ static int ends_with(const char *s, const char *suffix) {
     return n >= m && !strcmp(s + n - m, suffix);
 }
 
-int moe_adamw_init(moe_adamw *opt, const moe_param_table *table) {
+int moe_adamw_init(moe_adamw *opt, const moe_param_table *table, bool decay_all) {
     memset(opt, 0, sizeof *opt);
     size_t n = table->numel;
     opt->m = moe_calloc(n ? n : 1, sizeof(float));
@@ -27,8 +27,9 @@ int moe_adamw_init(moe_adamw *opt, const moe_param_table *table) {
     opt->n = n;
     for (int i = 0; i < table->count; i++) {
         const moe_param_view *v = &table->views[i];
-        int decay = !ends_with(v->name, "norm.weight") && !strstr(v->name, "embed_tokens") &&
-                    !strstr(v->name, "task_embedding");
+        int decay =
+            decay_all || (!ends_with(v->name, "norm.weight") && !strstr(v->name, "embed_tokens") &&
+                          !strstr(v->name, "task_embedding"));
         memset(opt->decay + v->offset, decay, v->numel);
     }
     return 0;

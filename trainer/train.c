@@ -10,6 +10,8 @@
 #include "moe/log.h"
 #include "moe/optim.h"
 #include "moe/parallel.h"
+#include "moe/plan.h"
+#include "moe/task_experts.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -20,7 +22,9 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { EVAL_BATCHES = 8, EVAL_SAMPLES = 20 };
+// SHARE_BATCHES: validation batches behind the per-task expert load that each
+// checkpoint records for --expert-budget (moe/task_experts.h).
+enum { EVAL_BATCHES = 8, EVAL_SAMPLES = 20, SHARE_BATCHES = 4 };
 
 static double now(void) {
     struct timespec ts;
@@ -173,7 +177,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     if (rc == 0) rc = moe_data_open(&d, cfg);
     if (rc == 0)
         rc = moe_model_init_ep(&m, cfg, d.B, d.T, d.n_tasks, par.ep_size > 1 ? &par.group : NULL);
-    if (rc == 0) rc = moe_adamw_init(&opt, &m.table);
+    if (rc == 0) rc = moe_adamw_init(&opt, &m.table, cfg->train.decay_all);
     moe_train_state st = {0, {0, 0}};
     if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
     rc = moe_comm_agree(world, rc);
@@ -313,6 +317,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         if (stop || (cfg->train.ckpt_every > 0 && (step + 1) % cfg->train.ckpt_every == 0)) {
             st.cursor[0] = d.cursor[0];
             st.cursor[1] = d.cursor[1];
+            MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
             MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st, &par), rc);
         }
         if (stop) {
@@ -324,9 +329,11 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     r->steps = st.step;
     r->tokens_per_s = steps_run ? tokens / (now() - t_start) : 0;
     r->drop_rate = steps_run ? drop_sum / steps_run : 0;
+    r->mem_peak = moe_mem_peak();
     if (!r->interrupted) {
         st.cursor[0] = d.cursor[0];
         st.cursor[1] = d.cursor[1];
+        MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
         MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st, &par), rc);
         MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &r->eval), rc);
         if (metrics)
@@ -336,6 +343,11 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
             fprintf(o->report, "\ntrained %ld steps: %.0f tokens/s, mean drop rate %.2f%%\n",
                     r->steps, r->tokens_per_s, 100 * r->drop_rate);
             moe_eval_print(&r->eval, o->report);
+            moe_mem_plan mp; // rank 0's buffers against the planner's prediction
+            if (moe_plan_memory(cfg, W, 0, &mp) == 0)
+                fprintf(o->report,
+                        "\nmemory: allocation peak %.1f MiB (moe plan predicted %.1f MiB)\n",
+                        r->mem_peak / 1048576.0, mp.total / 1048576.0);
             fprintf(o->report, "\ncheckpoint: %s\n", ckpt);
         }
     }

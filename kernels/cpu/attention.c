@@ -81,3 +81,28 @@ int moe_cpu_attention_backward(float *dq, float *dk, float *dv, float *datt, con
     }
     return 0;
 }
+
+int moe_cpu_attention_cached(float *out, float *scores, const float *q, const float *kc,
+                             const float *vc, int pos, int Hq, int Hkv, int hd) {
+    MOE_TRY(check_dims(1, pos + 1, Hq, Hkv, hd));
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int ldk = Hkv * hd, group = Hq / Hkv, n = pos + 1;
+    for (int h = 0; h < Hq; h++) {
+        const float *kg = kc + (size_t)(h / group) * hd, *vg = vc + (size_t)(h / group) * hd;
+        // scores [n] = scale * K[0..pos] q_h, as the forward's scaled GEMM row
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, hd, scale, kg, ldk, q + (size_t)h * hd, 1, 0.0f,
+                    scores, 1);
+        float m = scores[0];
+        for (int s = 1; s < n; s++)
+            if (scores[s] > m) m = scores[s];
+        double sum = 0.0;
+        for (int s = 0; s < n; s++)
+            sum += exp((double)scores[s] - m);
+        for (int s = 0; s < n; s++)
+            scores[s] = (float)(exp((double)scores[s] - m) / sum);
+        // out_h [hd] = P V = V[0..pos]^T p
+        cblas_sgemv(CblasRowMajor, CblasTrans, n, hd, 1.0f, vg, ldk, scores, 1, 0.0f,
+                    out + (size_t)h * hd, 1);
+    }
+    return 0;
+}

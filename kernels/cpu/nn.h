@@ -19,6 +19,9 @@ int moe_cpu_rmsnorm_backward(float *dx, float *dw, const float *dout, const floa
 // In place is allowed (out == x).
 int moe_cpu_rope_forward(float *out, const float *x, int B, int T, int H, int hd, float theta);
 int moe_cpu_rope_backward(float *dx, const float *dout, int B, int T, int H, int hd, float theta);
+// The forward at explicit positions: row n of x [N, H, hd] sits at pos[n]
+// (KV-cache decoding); the same rotation bit for bit as moe_cpu_rope_forward.
+int moe_cpu_rope_at(float *out, const float *x, const int *pos, int N, int H, int hd, float theta);
 
 // Causal self-attention with grouped-query heads: q [B, T, Hq, hd],
 // k, v [B, T, Hkv, hd] (Hq % Hkv == 0; query head h reads kv head h / (Hq/Hkv)).
@@ -26,6 +29,12 @@ int moe_cpu_rope_backward(float *dx, const float *dout, int B, int T, int H, int
 // (upper triangle left 0).
 int moe_cpu_attention_forward(float *out, float *att, const float *q, const float *k,
                               const float *v, int B, int T, int Hq, int Hkv, int hd);
+// One query row against a KV cache (incremental decoding): q [Hq, hd] of the
+// token at position pos attends to keys/values 0..pos of kc, vc [>= pos+1,
+// Hkv, hd]; out [Hq, hd]; scores [pos + 1] is scratch. The softmax is the
+// forward's (max-subtracted, double sum).
+int moe_cpu_attention_cached(float *out, float *scores, const float *q, const float *kc,
+                             const float *vc, int pos, int Hq, int Hkv, int hd);
 // datt [T, T] is scratch for one (b, h) at a time.
 int moe_cpu_attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
                                const float *att, const float *q, const float *k, const float *v,

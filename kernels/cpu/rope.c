@@ -6,12 +6,13 @@
 
 #include <math.h>
 
-static int rope(float *out, const float *x, int B, int T, int H, int hd, float theta, float sign,
-                int accumulate) {
+// positions: pos_of[row], or row % T when pos_of is NULL (training layout).
+static int rope(float *out, const float *x, int B, int T, const int *pos_of, int H, int hd,
+                float theta, float sign, int accumulate) {
     if (hd % 2) return moe_fail(MOE_EINVAL, "rope: head_dim %d is odd", hd);
     int half = hd / 2;
     for (int bt = 0; bt < B * T; bt++) {
-        int pos = bt % T;
+        int pos = pos_of ? pos_of[bt] : bt % T;
         for (int i = 0; i < half; i++) {
             double ang = pos * pow(theta, -2.0 * i / hd);
             float c = (float)cos(ang), s = sign * (float)sin(ang);
@@ -33,9 +34,13 @@ static int rope(float *out, const float *x, int B, int T, int H, int hd, float t
 }
 
 int moe_cpu_rope_forward(float *out, const float *x, int B, int T, int H, int hd, float theta) {
-    return rope(out, x, B, T, H, hd, theta, 1.0f, 0);
+    return rope(out, x, B, T, NULL, H, hd, theta, 1.0f, 0);
+}
+
+int moe_cpu_rope_at(float *out, const float *x, const int *pos, int N, int H, int hd, float theta) {
+    return rope(out, x, 1, N, pos, H, hd, theta, 1.0f, 0);
 }
 
 int moe_cpu_rope_backward(float *dx, const float *dout, int B, int T, int H, int hd, float theta) {
-    return rope(dx, dout, B, T, H, hd, theta, -1.0f, 1);
+    return rope(dx, dout, B, T, NULL, H, hd, theta, -1.0f, 1);
 }

@@ -18,6 +18,9 @@ typedef struct {
 static const command commands[] = {
     {"train", moe_cli_train, "train a model from a JSON config"},
     {"eval", moe_cli_eval, "evaluate a checkpoint: loss and accuracy per task, expert usage"},
+    {"generate", moe_cli_generate,
+     "generate for one task, loading only the experts it routes to (KV cache)"},
+    {"export", moe_cli_export, "write a Hugging Face Mixtral folder from a checkpoint"},
     {"ablate", moe_cli_ablate, "train a grid of config variants and tabulate the results"},
     {"plan", moe_cli_plan, "memory per rank and all-to-all traffic of a config on a machine"},
     {"route", moe_cli_route, "route logits from a safetensors file into a dispatch plan"},

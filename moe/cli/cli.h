@@ -21,6 +21,8 @@ int moe_cli_train(int argc, char **argv);
 int moe_cli_eval(int argc, char **argv);
 int moe_cli_ablate(int argc, char **argv);
 int moe_cli_plan(int argc, char **argv);
+int moe_cli_generate(int argc, char **argv);
+int moe_cli_export(int argc, char **argv);
 
 // Prints "moe CMD: message" (one line) to stderr, records the message as the
 // last error (moe_last_error) and returns exit_code.

@@ -5,6 +5,7 @@
 #include "moe/cli/cli.h"
 #include "moe/comm.h"
 #include "moe/error.h"
+#include "moe/infer.h"
 #include "moe/plan.h"
 
 #include <limits.h>
@@ -171,15 +172,62 @@ int moe_cli_train(int argc, char **argv) {
 }
 
 static const char *eval_help =
-    "usage: moe eval CKPT_DIR [--batches N] [--samples N]\n"
+    "usage: moe eval CKPT_DIR [--batches N] [--samples N] [--dump-logits FILE]\n"
+    "                [--expert-budget P] [--quantize int8]\n"
     "\n"
     "Prints validation loss per task, exact-match accuracy of greedy answers per task\n"
     "(synthetic data) and the expert-usage matrix per task of every MoE layer, for the\n"
-    "checkpoint folder CKPT_DIR (it holds config.json and model.safetensors).\n";
+    "checkpoint folder CKPT_DIR (it holds config.json and model.safetensors).\n"
+    "--dump-logits FILE writes the tokens and logits of validation batch 0 (safetensors:\n"
+    "tokens, task_ids, logits; dropless routing) for scripts/hf_check.py.\n"
+    "--expert-budget P and --quantize int8 add a table of the per-task validation loss of\n"
+    "the inference engine (moe generate) loaded with that option against its exact task-\n"
+    "routed load, with the experts and expert bytes each keeps.\n";
+
+// Per task: validation loss of the exact task-routed load and of the load with
+// the given budget / int8, through the inference engine.
+static int eval_infer_table(const char *dir, const moe_config *cfg, moe_data *d, int batches,
+                            double budget, bool int8) {
+    printf("\ninference engine, validation loss per task (%d batches): exact task-routed load vs "
+           "%s%s%s\n",
+           batches, budget > 0 ? "expert budget" : "", budget > 0 && int8 ? " + " : "",
+           int8 ? "int8 experts" : "");
+    if (budget > 0) printf("  (expert budget %g)\n", budget);
+    printf("  %-10s %10s %10s %10s %8s %14s %14s\n", "task", "exact", "variant", "delta", "tokens",
+           "expert MB", "variant MB");
+    for (int t = 0; t < d->n_tasks; t++) {
+        moe_infer a, b;
+        moe_infer_opts oa = {.task = d->task_names[t]}, ob = oa;
+        ob.expert_budget = budget, ob.quantize_int8 = int8;
+        double la, lb;
+        long na, nb;
+        int rc = moe_infer_open(&a, dir, &oa);
+        if (rc < 0) return rc;
+        rc = moe_infer_val_loss(&a, d, batches, &la, &na);
+        if (rc == 0) rc = moe_infer_open(&b, dir, &ob);
+        if (rc < 0) {
+            moe_infer_free(&a);
+            return rc;
+        }
+        rc = moe_infer_val_loss(&b, d, batches, &lb, &nb);
+        printf("  %-10s %10.5f %10.5f %+10.6f %8ld %14.2f %14.2f   experts:", d->task_names[t], la,
+               lb, lb - la, na, a.stats.expert_bytes / 1e6, b.stats.expert_bytes / 1e6);
+        for (int l = 0; l < a.L; l++)
+            if (b.stats.experts[l]) printf(" %d/%d", b.stats.loaded[l], b.stats.experts[l]);
+        putchar('\n');
+        moe_infer_free(&a);
+        moe_infer_free(&b);
+        if (rc < 0) return rc;
+    }
+    (void)cfg;
+    return 0;
+}
 
 int moe_cli_eval(int argc, char **argv) {
-    const char *dir = NULL;
+    const char *dir = NULL, *dump = NULL;
     long long batches = 8, samples = 20;
+    double budget = 0;
+    bool int8 = false;
     for (int i = 1; i < argc; i++) {
         const char *v;
         int m;
@@ -192,6 +240,19 @@ int moe_cli_eval(int argc, char **argv) {
         } else if ((m = moe_cli_opt_value(argc, argv, &i, "--samples", &v)) != 0) {
             if (m < 0 || !moe_cli_parse_long(v, 0, 1 << 20, &samples))
                 return moe_cli_fail("eval", MOE_EXIT_USAGE, "--samples needs an integer >= 0");
+        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--dump-logits", &v)) != 0) {
+            if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "--dump-logits needs a file");
+            dump = v;
+        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--expert-budget", &v)) != 0) {
+            char *end;
+            budget = m > 0 ? strtod(v, &end) : -1;
+            if (m < 0 || *end || !(budget > 0 && budget <= 1))
+                return moe_cli_fail("eval", MOE_EXIT_USAGE,
+                                    "--expert-budget needs a share in (0, 1]");
+        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--quantize", &v)) != 0) {
+            if (m < 0 || strcmp(v, "int8"))
+                return moe_cli_fail("eval", MOE_EXIT_USAGE, "--quantize: only int8 is supported");
+            int8 = true;
         } else if (argv[i][0] == '-') {
             return moe_cli_fail("eval", MOE_EXIT_USAGE, "unknown option '%s'", argv[i]);
         } else {
@@ -212,6 +273,10 @@ int moe_cli_eval(int argc, char **argv) {
         (rc = moe_eval(&m, &d, (int)batches, (int)samples, &r)) == 0) {
         moe_eval_print(&r, stdout);
         moe_eval_result_free(&r);
+        if (dump && (rc = moe_eval_dump_logits(&m, &d, dump)) == 0)
+            printf("\nlogits of validation batch 0 written to %s\n", dump);
+        if (rc == 0 && (budget > 0 || int8))
+            rc = eval_infer_table(dir, &cfg, &d, (int)batches, budget, int8);
     }
     int code = rc < 0 ? moe_cli_fail("eval", exit_code(rc), "%s", moe_last_error()) : 0;
     moe_model_free(&m);

@@ -260,6 +260,7 @@ int moe_st_open(const char *path, moe_st_file **out) {
                               path, (unsigned long long)n, MOE_ST_MAX_HEADER),
                      rc);
     f->data_start = 8 + n;
+    f->header_bytes = 8 + n;
     f->data_size = f->file_size - f->data_start;
 
     if (!(hdr = malloc(n ? n : 1)))

@@ -1,8 +1,8 @@
 // Checkpoints: a folder with model.safetensors (Hugging Face Mixtral tensor
 // names), optimizer.safetensors (AdamW moments per tensor, NAME.exp_avg and
 // NAME.exp_avg_sq), config.json (the resolved
-// run config) and trainer_state.json (step, data cursors, dynamic-capacity
-// state). Written as DIR.tmp and swapped in by rename, so a crash leaves
+// run config), trainer_state.json (step, data cursors, dynamic-capacity
+// state) and task_experts.json (each task's experts, moe/task_experts.h). Written as DIR.tmp and swapped in by rename, so a crash leaves
 // either the old or the new checkpoint, never a mix.
 #ifndef MOE_CHECKPOINT_H
 #define MOE_CHECKPOINT_H

@@ -34,6 +34,7 @@ typedef struct {
     struct {
         int steps, batch_size, warmup_steps, grad_accum, eval_every, ckpt_every, log_every;
         double lr, min_lr_ratio, weight_decay, grad_clip, beta1, beta2;
+        bool decay_all; // weight decay on norm weights and embeddings too
         uint64_t seed;
         char device[MOE_NAME_MAX]; // cpu | cuda
     } train;

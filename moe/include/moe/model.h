@@ -50,6 +50,7 @@ typedef struct {
     int V, D, L, Hq, Hkv, hd, F, B, T, n_tasks;
     const moe_ep_group *ep; // expert-parallel group, NULL in a single process
     int chunks;             // memory.mini_seq: FFN, MoE and LM head run in this many chunks
+    bool recompute_attn;    // memory.recompute = all: one set of attention buffers, recomputed
     moe_param_table table;
     float *params, *grads;
     float *embed, *norm, *lm_head;       // into params
@@ -68,7 +69,7 @@ typedef struct {
     float *lse, *cce_scratch;
     float *ffn_ab, *ffn_h; // chunks > 1: one chunk's dense-FFN intermediates, all layers //
                            // loss.impl = cce: [N], one tile
-    int32_t *task_tok; // [N] task id of every token
+    int32_t *task_tok;     // [N] task id of every token
     float *dres, *dln, *dq, *dk, *dv, *dqr, *dkr, *datty, *datt, *dab, *dh, *dlogits;
     // results of the last forward
     double ce, aux, z, loss;
@@ -81,6 +82,11 @@ typedef struct {
     // eval: expert-usage counts [layer][task][expert] of first choices when set
     long *usage;
     int usage_E; // experts per row of usage (max over layers)
+    // checkpoints: share of each task's routed assignments per expert in the
+    // token-routed layers [n MoE layers][n_tasks][usage_E], measured on
+    // validation batches before a save (moe/task_experts.h); NULL: none
+    double *task_share;
+    long task_share_tokens;
 } moe_model;
 
 // Builds the model for cfg (checked) with room for B sequences of T tokens,

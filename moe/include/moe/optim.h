@@ -6,6 +6,7 @@
 
 #include "moe/params.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct {
@@ -16,8 +17,9 @@ typedef struct {
 } moe_adamw;
 
 // decay: a view gets weight decay unless its name ends in "norm.weight" or it
-// is an embedding (embed_tokens, task_embedding); that is the GPT-2/llm.c rule.
-int moe_adamw_init(moe_adamw *opt, const moe_param_table *table);
+// is an embedding (embed_tokens, task_embedding), the GPT-2/llm.c rule;
+// decay_all (train.decay_all) gives every view weight decay.
+int moe_adamw_init(moe_adamw *opt, const moe_param_table *table, bool decay_all);
 void moe_adamw_free(moe_adamw *opt);
 void moe_adamw_update(moe_adamw *opt, float *params, const float *grads, float lr, float beta1,
                       float beta2, float eps, float weight_decay);

@@ -59,7 +59,8 @@ typedef struct {
     int n_meta;
     char **meta_keys; // "__metadata__" entries, in header order
     char **meta_values;
-    uint64_t bytes_read; // tensor bytes read so far by moe_st_read/moe_st_load
+    uint64_t bytes_read;   // tensor bytes read so far by moe_st_read/moe_st_load
+    uint64_t header_bytes; // bytes read by moe_st_open: 8 + header length
 } moe_st_file;
 
 // Opens path and validates its header (sizes against the file length, dtypes,
@@ -101,5 +102,27 @@ typedef struct {
 // path is untouched. The header is padded with spaces to a multiple of 8 bytes.
 // The file gets mode 0644. Errors: MOE_EINVAL (bad entry), MOE_EIO, MOE_ENOMEM.
 int moe_st_write(const char *path, const moe_st_entry *entries, int n, const char *const *metadata);
+
+// A checkpoint's tensors: one model.safetensors, or shards listed by
+// model.safetensors.index.json ({"weight_map": {tensor: shard file}}, the
+// Hugging Face layout). Opening reads the index and every shard's header,
+// nothing else; tensors are then read one by one, so a caller that needs a
+// few experts reads only their byte ranges.
+typedef struct {
+    int n_files;
+    moe_st_file **files;
+    uint64_t index_bytes; // bytes of the index file read (0: single file)
+    uint64_t total_bytes; // size of every file (index and shards): the checkpoint's size
+} moe_st_set;
+
+// dir holds model.safetensors.index.json (preferred) or model.safetensors.
+// Errors: MOE_ENOTFOUND (neither file), MOE_EFORMAT (bad index, a tensor the
+// index maps to a shard that lacks it, bad shard), MOE_EIO, MOE_ENOMEM.
+int moe_st_set_open(const char *dir, moe_st_set **out);
+void moe_st_set_close(moe_st_set *s);
+// The tensor called name and its file, or NULL (*file untouched).
+const moe_st_tensor *moe_st_set_find(const moe_st_set *s, const char *name, moe_st_file **file);
+// Bytes read so far: the index, every shard's header, and the tensors read.
+uint64_t moe_st_set_bytes_read(const moe_st_set *s);
 
 #endif

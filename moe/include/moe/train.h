@@ -29,6 +29,10 @@ typedef struct {
 int moe_eval(moe_model *m, moe_data *d, int n_batches, int n_samples, moe_eval_result *r);
 void moe_eval_result_free(moe_eval_result *r);
 void moe_eval_print(const moe_eval_result *r, FILE *f);
+// Writes the logits of validation batch 0 to path (safetensors: tokens I32
+// [B, T], task_ids I32 [B], logits F32 [B, T, V]), each sequence decoded
+// alone and without capacity limits, as Hugging Face Mixtral computes them.
+int moe_eval_dump_logits(moe_model *m, moe_data *d, const char *path);
 
 typedef struct {
     const char *out_dir;         // run folder: config.json, metrics.jsonl, checkpoint/
@@ -49,6 +53,7 @@ typedef struct {
     double tokens_per_s;      // mean over the run
     double drop_rate;         // mean over the run
     long a2a_bytes, a2a_msgs; // all-to-all payload this rank sent over the run
+    size_t mem_peak;          // high-water mark of the library's allocations (moe/alloc.h)
     moe_eval_result eval;     // final evaluation (caller frees)
 } moe_train_result;
 

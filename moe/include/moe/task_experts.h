@@ -1,0 +1,55 @@
+// Which experts each task needs, recorded in every checkpoint as
+// task_experts.json so task-routed inference can load only those. In a
+// task-routed layer (moe.task_layers) the gate input is the task's embedding,
+// so the task's k experts are a function of the weights: the router's top-k of
+// task_embedding[task] @ gate^T (the layer's own GEMM and router, no noise).
+// In a token-routed layer every expert may be used; the file records the share
+// of each task's routed assignments (all k choices, before dropping) that
+// each expert received on validation batches, which --expert-budget uses.
+#ifndef MOE_TASK_EXPERTS_H
+#define MOE_TASK_EXPERTS_H
+
+#include "moe/config.h"
+#include "moe/data.h"
+#include "moe/model.h"
+
+enum { MOE_LAYER_DENSE = 0, MOE_LAYER_TOKEN = 1, MOE_LAYER_TASK = 2 };
+
+typedef struct {
+    int n_tasks, top_k, L;
+    char task[MOE_MAX_TASKS][MOE_NAME_MAX];
+    int kind[MOE_MAX_LAYERS]; // MOE_LAYER_*
+    int E[MOE_MAX_LAYERS];    // experts of each MoE layer
+    // task layers: [n_tasks][top_k] experts of each task, ascending
+    int *set[MOE_MAX_LAYERS];
+    // token layers: [n_tasks][E] share of the task's routed assignments per
+    // expert on validation data, or NULL when not measured
+    double *share[MOE_MAX_LAYERS];
+    long val_tokens; // validation tokens behind the shares (0: not measured)
+} moe_task_experts;
+
+// The task names of a config: data.tasks for synthetic data, else "all".
+int moe_config_task_names(const moe_config *cfg, char names[][MOE_NAME_MAX]);
+// Index of task `name` in cfg's tasks, or MOE_EINVAL naming the known ones.
+int moe_config_task_index(const moe_config *cfg, const char *name);
+
+// set [n_tasks * k]: each task's experts (ascending) from gate [E, D] and
+// task_emb [n_tasks, D], with the layer's GEMM and router (dropless, no noise).
+int moe_task_expert_set(int *set, const float *gate, const float *task_emb, int E, int D,
+                        int n_tasks, const moe_router_config *router);
+
+// Fills te from the model: layer kinds, the task layers' sets, and the token
+// layers' shares when m->task_share holds a measurement.
+int moe_task_experts_from_model(moe_task_experts *te, const moe_model *m);
+// Measures the token layers' shares on n_batches validation batches into
+// m->task_share (moe_model_free frees it). Collective under expert
+// parallelism: every rank runs the same batches.
+int moe_task_share_measure(moe_model *m, moe_data *d, int n_batches);
+
+int moe_task_experts_write(const char *path, const moe_task_experts *te);
+// Reads path; MOE_ENOTFOUND if it does not exist, MOE_EFORMAT naming the key
+// at fault otherwise.
+int moe_task_experts_read(const char *path, moe_task_experts *te);
+void moe_task_experts_free(moe_task_experts *te);
+
+#endif

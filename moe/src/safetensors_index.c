@@ -1,0 +1,133 @@
+// Checkpoint tensor sets: a single model.safetensors or the Hugging Face
+// sharded layout (model.safetensors.index.json naming each tensor's shard).
+// Only headers are read at open; the byte counters let callers prove that a
+// partial load read nothing but the headers and the tensors it asked for.
+#include "moe/error.h"
+#include "moe/safetensors.h"
+
+#include <jansson.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+void moe_st_set_close(moe_st_set *s) {
+    if (!s) return;
+    for (int i = 0; i < s->n_files; i++)
+        moe_st_close(s->files[i]);
+    free(s->files);
+    free(s);
+}
+
+static int add_file(moe_st_set *s, const char *path) {
+    moe_st_file *f;
+    MOE_TRY(moe_st_open(path, &f));
+    moe_st_file **grown = realloc(s->files, sizeof *grown * (size_t)(s->n_files + 1));
+    if (!grown) {
+        moe_st_close(f);
+        return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+    }
+    s->files = grown;
+    s->files[s->n_files++] = f;
+    s->total_bytes += f->file_size;
+    return 0;
+}
+
+// A shard name must be a plain file name in the checkpoint folder.
+static int check_shard_name(const char *index, const char *tensor, const char *shard) {
+    size_t n = strlen(shard);
+    if (!n || strchr(shard, '/') || !strcmp(shard, ".") || !strcmp(shard, "..") ||
+        n < strlen(".safetensors") || strcmp(shard + n - strlen(".safetensors"), ".safetensors"))
+        return moe_fail(MOE_EFORMAT,
+                        "%s: tensor '%s' maps to '%s', expected a .safetensors file name in the "
+                        "same folder",
+                        index, tensor, shard);
+    return 0;
+}
+
+static int open_index(moe_st_set *s, const char *dir, const char *index) {
+    json_error_t jerr;
+    json_t *doc = json_load_file(index, JSON_REJECT_DUPLICATES, &jerr);
+    if (!doc)
+        return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", index, jerr.line, jerr.column, jerr.text);
+    int rc = 0;
+    struct stat sb;
+    if (stat(index, &sb) == 0) s->index_bytes = (uint64_t)sb.st_size;
+    s->total_bytes += s->index_bytes;
+    json_t *map = json_object_get(doc, "weight_map");
+    if (!json_is_object(map) || json_object_size(map) == 0)
+        MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: 'weight_map' missing or empty", index), rc);
+    const char *name;
+    json_t *v;
+    json_object_foreach(map, name, v) { // open each shard once, in order of first mention
+        if (!json_is_string(v))
+            MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: weight_map '%s' is not a string", index, name),
+                         rc);
+        const char *shard = json_string_value(v);
+        MOE_TRY_GOTO(check_shard_name(index, name, shard), rc);
+        char path[PATH_MAX];
+        if (snprintf(path, sizeof path, "%s/%s", dir, shard) >= (int)sizeof path)
+            MOE_TRY_GOTO(moe_fail(MOE_EINVAL, "%s: path too long", dir), rc);
+        int known = 0;
+        for (int i = 0; i < s->n_files && !known; i++)
+            known = !strcmp(s->files[i]->path, path);
+        if (!known) MOE_TRY_GOTO(add_file(s, path), rc);
+        moe_st_file *f = NULL;
+        for (int i = 0; i < s->n_files; i++)
+            if (!strcmp(s->files[i]->path, path)) f = s->files[i];
+        if (!moe_st_find(f, name))
+            MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: tensor '%s' is mapped to %s, which lacks it",
+                                  index, name, shard),
+                         rc);
+    }
+fail:
+    json_decref(doc);
+    return rc;
+}
+
+int moe_st_set_open(const char *dir, moe_st_set **out) {
+    *out = NULL;
+    moe_st_set *s = calloc(1, sizeof *s);
+    if (!s) return moe_fail(MOE_ENOMEM, "%s: out of memory", dir);
+    char index[PATH_MAX], single[PATH_MAX];
+    int rc = 0;
+    if (snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir) >=
+            (int)sizeof index ||
+        snprintf(single, sizeof single, "%s/model.safetensors", dir) >= (int)sizeof single)
+        MOE_TRY_GOTO(moe_fail(MOE_EINVAL, "%s: path too long", dir), rc);
+    struct stat sb;
+    if (stat(index, &sb) == 0)
+        MOE_TRY_GOTO(open_index(s, dir, index), rc);
+    else if (stat(single, &sb) == 0)
+        MOE_TRY_GOTO(add_file(s, single), rc);
+    else
+        MOE_TRY_GOTO(moe_fail(MOE_ENOTFOUND,
+                              "%s: no checkpoint here (neither model.safetensors nor "
+                              "model.safetensors.index.json)",
+                              dir),
+                     rc);
+    *out = s;
+    return 0;
+fail:
+    moe_st_set_close(s);
+    return rc;
+}
+
+const moe_st_tensor *moe_st_set_find(const moe_st_set *s, const char *name, moe_st_file **file) {
+    for (int i = 0; i < s->n_files; i++) {
+        const moe_st_tensor *t = moe_st_find(s->files[i], name);
+        if (t) {
+            if (file) *file = s->files[i];
+            return t;
+        }
+    }
+    return NULL;
+}
+
+uint64_t moe_st_set_bytes_read(const moe_st_set *s) {
+    uint64_t n = s->index_bytes;
+    for (int i = 0; i < s->n_files; i++)
+        n += s->files[i]->header_bytes + s->files[i]->bytes_read;
+    return n;
+}

@@ -1,0 +1,554 @@
+// Task-routed inference: a partial load reads exactly the headers and the
+// tensors the task needs (single file and shards), generates the same tokens
+// and logits bit for bit as a full load, the KV-cache decode matches the
+// training forward, and bad checkpoints or tasks fail with clear errors.
+#include "kernels/cpu/nn.h"
+#include "moe/checkpoint.h"
+#include "moe/data.h"
+#include "moe/error.h"
+#include "moe/infer.h"
+#include "moe/model.h"
+#include "moe/optim.h"
+#include "moe/safetensors.h"
+#include "moe/task_experts.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char root[600], ckpt[700];
+
+static moe_config small(void) {
+    moe_config c;
+    moe_config_default(&c);
+    c.model.d_model = 32;
+    c.model.n_layers = 3;
+    c.model.n_heads = 4;
+    c.model.n_kv_heads = 2;
+    c.model.d_ff = 48;
+    c.model.seq_len = 32;
+    c.moe.n_num_experts = 1;
+    c.moe.num_experts[0] = 8;
+    c.moe.every = 1;
+    c.moe.n_task_layers = 2;
+    c.moe.task_layers[0] = 1;
+    c.moe.task_layers[1] = 2;
+    c.router.top_k = 2;
+    c.router.capacity_factor = 0;
+    c.train.batch_size = 4;
+    c.train.seed = 7;
+    return c;
+}
+
+// A checkpoint of freshly initialised weights with measured task shares.
+static void make_ckpt(const moe_config *c, const char *dir) {
+    moe_data d;
+    moe_model m;
+    moe_adamw opt;
+    ck_assert_int_eq(moe_data_open(&d, c), 0);
+    ck_assert_int_eq(moe_model_init(&m, c, d.B, d.T, d.n_tasks), 0);
+    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
+    ck_assert_int_eq(moe_task_share_measure(&m, &d, 2), 0);
+    moe_train_state st = {0};
+    ck_assert_int_eq(moe_ckpt_save(dir, &m, &opt, &st, NULL), 0);
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+    moe_data_close(&d);
+}
+
+static void setup(void) {
+    snprintf(root, sizeof root, "%s", tu_tmpdir());
+    snprintf(ckpt, sizeof ckpt, "%s/ckpt", root);
+    moe_config c = small();
+    make_ckpt(&c, ckpt);
+}
+
+static void copy_file(const char *from, const char *to) {
+    FILE *a = fopen(from, "rb"), *b = fopen(to, "wb");
+    ck_assert(a && b);
+    char buf[65536];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, a)) > 0)
+        ck_assert_uint_eq(fwrite(buf, 1, n, b), n);
+    fclose(a);
+    fclose(b);
+}
+
+// Copies the checkpoint to dst: config and task_experts.json as they are, the
+// tensors without `skip` (may be NULL), in one file or in two shards with an
+// index.
+static void rewrite_ckpt(const char *dst, const char *skip, bool shards) {
+    char p[900], q[900];
+    mkdir(dst, 0755);
+    const char *keep[] = {"config.json", "task_experts.json"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(p, sizeof p, "%s/%s", ckpt, keep[i]);
+        snprintf(q, sizeof q, "%s/%s", dst, keep[i]);
+        copy_file(p, q);
+    }
+    snprintf(p, sizeof p, "%s/model.safetensors", ckpt);
+    moe_st_file *f;
+    ck_assert_int_eq(moe_st_open(p, &f), 0);
+    moe_st_entry *e = calloc((size_t)f->n_tensors, sizeof *e);
+    void **data = calloc((size_t)f->n_tensors, sizeof *data);
+    int n = 0;
+    for (int i = 0; i < f->n_tensors; i++) {
+        const moe_st_tensor *t = &f->tensors[i];
+        if (skip && !strcmp(t->name, skip)) continue;
+        ck_assert_int_eq(moe_st_load(f, t->name, t->dtype, -1, NULL, &data[n]), 0);
+        e[n] = (moe_st_entry){t->name, t->dtype, t->ndim, {0}, data[n]};
+        memcpy(e[n].shape, t->shape, sizeof(int64_t) * t->ndim);
+        n++;
+    }
+    if (!shards) {
+        snprintf(q, sizeof q, "%s/model.safetensors", dst);
+        ck_assert_int_eq(moe_st_write(q, e, n, NULL), 0);
+    } else {
+        const int half = n / 2;
+        snprintf(q, sizeof q, "%s/model-00001-of-00002.safetensors", dst);
+        ck_assert_int_eq(moe_st_write(q, e, half, NULL), 0);
+        snprintf(q, sizeof q, "%s/model-00002-of-00002.safetensors", dst);
+        ck_assert_int_eq(moe_st_write(q, e + half, n - half, NULL), 0);
+        snprintf(q, sizeof q, "%s/model.safetensors.index.json", dst);
+        FILE *ix = fopen(q, "w");
+        fprintf(ix, "{\"metadata\": {}, \"weight_map\": {");
+        for (int i = 0; i < n; i++)
+            fprintf(ix, "%s\"%s\": \"model-0000%d-of-00002.safetensors\"", i ? ", " : "", e[i].name,
+                    i < half ? 1 : 2);
+        fprintf(ix, "}}\n");
+        fclose(ix);
+    }
+    for (int i = 0; i < n; i++)
+        free(data[i]);
+    free(data);
+    free(e);
+    moe_st_close(f);
+}
+
+static long file_size(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 ? (long)sb.st_size : -1;
+}
+
+// The bytes a load of `task` must read from one safetensors file: its 8-byte
+// length and header, every non-expert tensor, and the experts it keeps (all of
+// a token-routed layer, the recorded set of a task-routed one).
+static uint64_t expected_bytes(const char *file, const moe_task_experts *te, int task) {
+    moe_st_file *f;
+    ck_assert_int_eq(moe_st_open(file, &f), 0);
+    uint64_t n = f->data_start;
+    for (int i = 0; i < f->n_tensors; i++) {
+        const char *nm = f->tensors[i].name;
+        int l, e;
+        if (sscanf(nm, "model.layers.%d.block_sparse_moe.experts.%d.", &l, &e) == 2 &&
+            te->kind[l] == MOE_LAYER_TASK) {
+            bool in = false;
+            for (int j = 0; j < te->top_k; j++)
+                in |= te->set[l][task * te->top_k + j] == e;
+            if (!in) continue;
+        }
+        n += f->tensors[i].nbytes;
+    }
+    moe_st_close(f);
+    return n;
+}
+
+START_TEST(test_task_load_reads_exactly_the_needed_tensors) {
+    char p[900];
+    moe_task_experts te;
+    snprintf(p, sizeof p, "%s/task_experts.json", ckpt);
+    ck_assert_int_eq(moe_task_experts_read(p, &te), 0);
+    ck_assert_int_eq(te.kind[0], MOE_LAYER_TOKEN);
+    ck_assert_int_eq(te.kind[1], MOE_LAYER_TASK);
+    snprintf(p, sizeof p, "%s/model.safetensors", ckpt);
+    for (int task = 0; task < te.n_tasks; task++) {
+        moe_infer m;
+        moe_infer_opts o = {.task = te.task[task]};
+        ck_assert_int_eq(moe_infer_open(&m, ckpt, &o), 0);
+        ck_assert_uint_eq(m.stats.bytes_read, expected_bytes(p, &te, task));
+        ck_assert_uint_eq(m.stats.ckpt_bytes, (uint64_t)file_size(p));
+        ck_assert_int_eq(m.stats.loaded[0], 8);
+        ck_assert_int_eq(m.stats.loaded[1], 2);
+        ck_assert_int_eq(m.stats.loaded[2], 2);
+        ck_assert(!m.stats.derived_sets);
+        moe_infer_free(&m);
+    }
+    // full load: the whole file
+    moe_infer m;
+    moe_infer_opts o = {.task = "sort", .full_load = true};
+    ck_assert_int_eq(moe_infer_open(&m, ckpt, &o), 0);
+    ck_assert_uint_eq(m.stats.bytes_read, (uint64_t)file_size(p));
+    moe_infer_free(&m);
+    moe_task_experts_free(&te);
+}
+END_TEST
+
+START_TEST(test_sharded_load_reads_index_headers_and_tensors) {
+    char sh[800], p[900];
+    snprintf(sh, sizeof sh, "%s/sharded", root);
+    rewrite_ckpt(sh, NULL, true);
+    moe_task_experts te;
+    snprintf(p, sizeof p, "%s/task_experts.json", ckpt);
+    ck_assert_int_eq(moe_task_experts_read(p, &te), 0);
+    const int task = 3;
+    uint64_t want = 0, size = 0;
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", sh);
+    want += (uint64_t)file_size(p), size += (uint64_t)file_size(p);
+    for (int s = 1; s <= 2; s++) {
+        snprintf(p, sizeof p, "%s/model-0000%d-of-00002.safetensors", sh, s);
+        want += expected_bytes(p, &te, task);
+        size += (uint64_t)file_size(p);
+    }
+    moe_infer a, b;
+    moe_infer_opts o = {.task = te.task[task]};
+    ck_assert_int_eq(moe_infer_open(&a, sh, &o), 0);
+    ck_assert_uint_eq(a.stats.bytes_read, want);
+    ck_assert_uint_eq(a.stats.ckpt_bytes, size);
+    ck_assert_int_eq(moe_infer_open(&b, ckpt, &o), 0);
+    int32_t tok[5] = {128 + task, 'a', 'b', 'c', '='};
+    int seq[5] = {0}, pos[5] = {0, 1, 2, 3, 4};
+    ck_assert_int_eq(moe_infer_forward(&a, tok, seq, pos, 5), 0);
+    ck_assert_int_eq(moe_infer_forward(&b, tok, seq, pos, 5), 0);
+    ck_assert_int_eq(memcmp(a.logits, b.logits, sizeof(float) * 5 * a.V), 0);
+    moe_infer_free(&a);
+    moe_infer_free(&b);
+    moe_task_experts_free(&te);
+}
+END_TEST
+
+// Generates for three prompts of `task` with the given options.
+static void gen(const char *dir, const char *task, bool full, const moe_gen_opts *g, int32_t *out,
+                int *n_out, float *logits) {
+    moe_infer m;
+    moe_infer_opts o = {.task = task, .full_load = full, .max_batch = 3};
+    ck_assert_int_eq(moe_infer_open(&m, dir, &o), 0);
+    int32_t p0[] = {128, 'a', 'b', 'c', 'd', '='}, p1[] = {128, 'q', '='},
+            p2[] = {128, 'x', 'y', 'z', 'w', 'v', 'u', '='};
+    const int32_t *pr[3] = {p0, p1, p2};
+    int np[3] = {6, 3, 8};
+    moe_gen_stats st;
+    ck_assert_int_eq(moe_generate(&m, 3, pr, np, g, out, n_out, &st), 0);
+    ck_assert_int_eq(st.prefill_tokens, 17);
+    memcpy(logits, m.logits, sizeof(float) * m.V); // the last decode step's first row
+    moe_infer_free(&m);
+}
+
+START_TEST(test_partial_load_generates_the_full_load_output_bit_for_bit) {
+    const char *tasks[] = {"copy", "reverse", "sort", "caesar", "add"};
+    for (int t = 0; t < 5; t++) {
+        for (int sampled = 0; sampled < 2; sampled++) {
+            moe_gen_opts g = {.max_new = 12, .stop = -1};
+            if (sampled) g.temperature = 0.8, g.top_k = 20, g.seed = 11;
+            int32_t a[36], b[36];
+            int na[3], nb[3];
+            float la[256], lb[256];
+            gen(ckpt, tasks[t], false, &g, a, na, la);
+            gen(ckpt, tasks[t], true, &g, b, nb, lb);
+            for (int s = 0; s < 3; s++) {
+                ck_assert_int_eq(na[s], 12);
+                ck_assert_int_eq(nb[s], 12);
+            }
+            ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+            ck_assert_int_eq(memcmp(la, lb, sizeof la), 0);
+        }
+    }
+}
+END_TEST
+
+// Max abs difference between the KV-cache decode of checkpoint dir (prefill
+// 7 tokens, then one per forward) and the training forward on the same 20
+// tokens of task `name`; *scale gets the largest logit.
+static double kv_vs_forward(const char *dir, const char *name, double *scale) {
+    moe_config c;
+    ck_assert_int_eq(moe_ckpt_config(dir, &c), 0);
+    const int task = moe_config_task_index(&c, name);
+    ck_assert_int_ge(task, 0);
+    moe_model m;
+    ck_assert_int_eq(moe_model_init(&m, &c, 1, c.model.seq_len, 5), 0);
+    ck_assert_int_eq(moe_ckpt_load(dir, &m, NULL, NULL), 0);
+    m.dropless = true;
+    const int T = 20, V = m.V;
+    int32_t tok[20];
+    tu_rng r;
+    tu_seed(&r, 5);
+    tok[0] = 128 + task;
+    for (int i = 1; i < T; i++)
+        tok[i] = 'a' + (int)(tu_uniform(&r) * 26);
+    int32_t tid = task;
+    ck_assert_int_eq(moe_model_forward(&m, tok, NULL, &tid, 1, T, false, 0), 0);
+    moe_infer e;
+    moe_infer_opts o = {.task = name};
+    ck_assert_int_eq(moe_infer_open(&e, dir, &o), 0);
+    int seq[20] = {0}, pos[20];
+    for (int i = 0; i < 7; i++)
+        pos[i] = i;
+    ck_assert_msg(moe_infer_forward(&e, tok, seq, pos, 7) == 0, "%s", moe_last_error());
+    double worst = 0;
+    *scale = 0;
+    for (int i = 0; i < 7 * V; i++) {
+        worst = fmax(worst, fabs(e.logits[i] - m.logits[i]));
+        *scale = fmax(*scale, fabs(m.logits[i]));
+    }
+    for (int t = 7; t < T; t++) {
+        int p = t;
+        ck_assert_int_eq(moe_infer_forward(&e, tok + t, seq, &p, 1), 0);
+        for (int v = 0; v < V; v++) {
+            worst = fmax(worst, fabs(e.logits[v] - m.logits[(size_t)t * V + v]));
+            *scale = fmax(*scale, fabs(m.logits[(size_t)t * V + v]));
+        }
+    }
+    if (getenv("MOE_TEST_VERBOSE"))
+        printf("%s: kv decode vs forward: max abs %g, scale %g\n", dir, worst, *scale);
+    moe_infer_free(&e);
+    moe_model_free(&m);
+    return worst;
+}
+
+START_TEST(test_kv_cache_decode_matches_the_training_forward) {
+    double scale, worst = kv_vs_forward(ckpt, "sort", &scale);
+    ck_assert_msg(worst <= 1e-6 * fmax(scale, 1.0), "max abs logit difference %g (scale %g)", worst,
+                  scale);
+}
+END_TEST
+
+// Shared expert, a pyramid of expert counts, dense layers between MoE layers,
+// untied head, one kv head, Switch-style raw top-1 weights: the same checks.
+START_TEST(test_other_architectures_decode_and_load_exactly) {
+    moe_config c = small();
+    const char *sets[] = {
+        "model.n_layers=4",     "moe.every=2",         "moe.num_experts=[4,8]",
+        "moe.shared_experts=1", "moe.task_layers=[3]", "model.tie_embeddings=false",
+        "model.n_kv_heads=1",   "router.top_k=1",      "router.normalize_topk=false"};
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+        ck_assert_int_eq(moe_config_set(&c, NULL, sets[i]), 0);
+    char dir[800];
+    snprintf(dir, sizeof dir, "%s/arch", root);
+    make_ckpt(&c, dir);
+    double scale, worst = kv_vs_forward(dir, "caesar", &scale);
+    ck_assert_msg(worst <= 1e-6 * fmax(scale, 1.0), "max abs logit difference %g (scale %g)", worst,
+                  scale);
+    moe_infer m;
+    moe_infer_opts o = {.task = "caesar"};
+    ck_assert_int_eq(moe_infer_open(&m, dir, &o), 0);
+    ck_assert_int_eq(m.stats.loaded[1], 4); // token-routed: all
+    ck_assert_int_eq(m.stats.loaded[3], 1); // task-routed top-1
+    ck_assert_int_eq(m.stats.experts[0], 0);
+    moe_infer_free(&m);
+    moe_gen_opts g = {.max_new = 10, .stop = -1, .temperature = 1.0, .seed = 4};
+    int32_t a[30], b[30];
+    int na[3], nb[3];
+    float la[256], lb[256];
+    gen(dir, "caesar", false, &g, a, na, la);
+    gen(dir, "caesar", true, &g, b, nb, lb);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    ck_assert_int_eq(memcmp(la, lb, sizeof la), 0);
+}
+END_TEST
+
+START_TEST(test_bad_checkpoints_and_tasks_fail_clearly) {
+    moe_infer m;
+    moe_infer_opts o = {.task = "juggle"};
+    ck_assert_int_eq(moe_infer_open(&m, ckpt, &o), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "unknown task 'juggle'"));
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "copy, reverse, sort"));
+    // a missing expert tensor of the task's set
+    char dir[800], p[900], q[900];
+    moe_task_experts te;
+    snprintf(p, sizeof p, "%s/task_experts.json", ckpt);
+    ck_assert_int_eq(moe_task_experts_read(p, &te), 0);
+    char name[128];
+    snprintf(name, sizeof name, "model.layers.2.block_sparse_moe.experts.%d.w2.weight",
+             te.set[2][0 * te.top_k + 1]);
+    snprintf(dir, sizeof dir, "%s/missing", root);
+    rewrite_ckpt(dir, name, false);
+    o.task = "copy";
+    ck_assert_int_eq(moe_infer_open(&m, dir, &o), MOE_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "missing tensor"));
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), name));
+    // a task that does not route to the missing expert still loads
+    int other = -1;
+    for (int t = 1; t < te.n_tasks && other < 0; t++) {
+        bool uses = false;
+        for (int j = 0; j < te.top_k; j++)
+            uses |= te.set[2][t * te.top_k + j] == te.set[2][1];
+        if (!uses) other = t;
+    }
+    if (other > 0) {
+        o.task = te.task[other];
+        ck_assert_int_eq(moe_infer_open(&m, dir, &o), 0);
+        moe_infer_free(&m);
+    }
+    // truncated model file
+    snprintf(dir, sizeof dir, "%s/truncated", root);
+    rewrite_ckpt(dir, NULL, false);
+    snprintf(q, sizeof q, "%s/model.safetensors", dir);
+    ck_assert_int_eq(truncate(q, file_size(q) - 100), 0);
+    o.task = "copy";
+    ck_assert_int_eq(moe_infer_open(&m, dir, &o), MOE_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "truncated"));
+    // no checkpoint at all
+    ck_assert_int_eq(moe_infer_open(&m, root, &o) < 0, 1);
+    moe_task_experts_free(&te);
+}
+END_TEST
+
+START_TEST(test_older_checkpoint_without_task_experts_derives_the_sets) {
+    char dir[800], p[900];
+    snprintf(dir, sizeof dir, "%s/old", root);
+    rewrite_ckpt(dir, NULL, false);
+    snprintf(p, sizeof p, "%s/task_experts.json", dir);
+    ck_assert_int_eq(unlink(p), 0);
+    moe_gen_opts g = {.max_new = 8, .stop = -1};
+    int32_t a[24], b[24];
+    int na[3], nb[3];
+    float la[256], lb[256];
+    gen(dir, "reverse", false, &g, a, na, la);
+    gen(ckpt, "reverse", false, &g, b, nb, lb);
+    ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+    moe_infer m;
+    moe_infer_opts o = {.task = "reverse"};
+    ck_assert_int_eq(moe_infer_open(&m, dir, &o), 0);
+    ck_assert(m.stats.derived_sets);
+    ck_assert_int_eq(m.stats.loaded[1], 2);
+    moe_infer_free(&m);
+    o.expert_budget = 0.1; // needs the recorded shares
+    ck_assert_int_eq(moe_infer_open(&m, dir, &o), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "task_experts.json"));
+}
+END_TEST
+
+START_TEST(test_expert_budget_and_int8_load_less) {
+    moe_infer full, bud, q8;
+    moe_infer_opts o = {.task = "add"};
+    ck_assert_int_eq(moe_infer_open(&full, ckpt, &o), 0);
+    o.expert_budget = 0.2;
+    ck_assert_int_eq(moe_infer_open(&bud, ckpt, &o), 0);
+    ck_assert_int_lt(bud.stats.loaded[0], 8);
+    ck_assert_int_ge(bud.stats.loaded[0], 2);
+    ck_assert_uint_lt(bud.stats.bytes_read, full.stats.bytes_read);
+    o.expert_budget = 0;
+    o.quantize_int8 = true;
+    ck_assert_int_eq(moe_infer_open(&q8, ckpt, &o), 0);
+    ck_assert_uint_eq(q8.stats.bytes_read, full.stats.bytes_read);
+    ck_assert_uint_lt(q8.stats.expert_bytes * 3, full.stats.expert_bytes);
+    int32_t tok[6] = {131, 'k', 'l', 'm', 'n', '='};
+    int seq[6] = {0}, pos[6] = {0, 1, 2, 3, 4, 5};
+    ck_assert_int_eq(moe_infer_forward(&full, tok, seq, pos, 6), 0);
+    ck_assert_int_eq(moe_infer_forward(&q8, tok, seq, pos, 6), 0);
+    ck_assert_int_eq(moe_infer_forward(&bud, tok, seq, pos, 6), 0);
+    double diff = 0;
+    for (int i = 0; i < 6 * full.V; i++)
+        diff = fmax(diff, fabs(full.logits[i] - q8.logits[i]));
+    ck_assert_msg(diff > 0 && diff < 1e-2, "int8 logit difference %g", diff);
+    // a decode step: int8 rows go through the int8 GEMV
+    int32_t next = 'o';
+    int p6 = 6;
+    ck_assert_int_eq(moe_infer_forward(&full, &next, seq, &p6, 1), 0);
+    ck_assert_int_eq(moe_infer_forward(&q8, &next, seq, &p6, 1), 0);
+    diff = 0;
+    for (int i = 0; i < full.V; i++)
+        diff = fmax(diff, fabs(full.logits[i] - q8.logits[i]));
+    ck_assert_msg(diff > 0 && diff < 1e-2, "int8 decode logit difference %g", diff);
+    moe_infer_free(&full);
+    moe_infer_free(&bud);
+    moe_infer_free(&q8);
+}
+END_TEST
+
+// The moe binary: answers on stdout, what it loaded on stderr, exit 2 on bad input.
+static int run_moe(const char *args) {
+    const char *bin = getenv("MOE_BIN");
+    ck_assert_msg(bin != NULL, "MOE_BIN is not set (run under ctest)");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' %s >'%s/out.txt' 2>'%s/err.txt'", bin, args, root, root);
+    int st = system(cmd);
+    ck_assert(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+static const char *text(const char *name) {
+    static char buf[65536];
+    char p[900];
+    snprintf(p, sizeof p, "%s/%s", root, name);
+    FILE *f = fopen(p, "r");
+    if (!f) return "";
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+START_TEST(test_cli_generate) {
+    char args[2048], p[900];
+    static char out1[65536];
+    snprintf(p, sizeof p, "%s/prompts.txt", root);
+    FILE *f = fopen(p, "w");
+    fputs("abcd=\nzz=\nqwerty=\n", f);
+    fclose(f);
+    snprintf(args, sizeof args, "generate '%s' --task sort --input '%s' --max-new 6", ckpt, p);
+    ck_assert_int_eq(run_moe(args), 0);
+    snprintf(out1, sizeof out1, "%s", text("out.txt"));
+    int lines = 0;
+    for (const char *s = out1; *s; s++)
+        lines += *s == '\n';
+    ck_assert_int_eq(lines, 3);
+    ck_assert_ptr_nonnull(strstr(text("err.txt"), "1: 2/8 (task)"));
+    ck_assert_ptr_nonnull(strstr(text("err.txt"), "checkpoint bytes"));
+    ck_assert_ptr_nonnull(strstr(text("err.txt"), "peak RSS"));
+    snprintf(args, sizeof args, "generate '%s' --task sort --input '%s' --max-new 6 --full-load",
+             ckpt, p);
+    ck_assert_int_eq(run_moe(args), 0);
+    ck_assert_str_eq(text("out.txt"), out1);
+    ck_assert_ptr_nonnull(strstr(text("err.txt"), "1: 8/8 (task)"));
+
+    snprintf(args, sizeof args, "generate '%s' --task nosuch --prompt abc=", ckpt);
+    ck_assert_int_eq(run_moe(args), 2);
+    ck_assert_ptr_nonnull(strstr(text("err.txt"), "unknown task 'nosuch'"));
+    char dir[800];
+    snprintf(dir, sizeof dir, "%s/cli_trunc", root);
+    rewrite_ckpt(dir, NULL, false);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    ck_assert_int_eq(truncate(p, file_size(p) / 2), 0);
+    snprintf(args, sizeof args, "generate '%s' --task sort --prompt abc=", dir);
+    ck_assert_int_eq(run_moe(args), 2);
+    ck_assert_ptr_nonnull(strstr(text("err.txt"), "truncated"));
+    snprintf(dir, sizeof dir, "%s/cli_missing", root);
+    rewrite_ckpt(dir, "model.layers.0.block_sparse_moe.experts.5.w1.weight", false);
+    snprintf(args, sizeof args, "generate '%s' --task sort --prompt abc=", dir);
+    ck_assert_int_eq(run_moe(args), 2);
+    ck_assert_ptr_nonnull(strstr(text("err.txt"), "missing tensor"));
+    snprintf(args, sizeof args, "generate '%s' --prompt abc=", ckpt);
+    ck_assert_int_eq(run_moe(args), 2);
+    ck_assert_ptr_nonnull(strstr(text("err.txt"), "--task"));
+    snprintf(args, sizeof args,
+             "eval '%s' --samples 0 --batches 2 --expert-budget 0.2 --quantize int8", ckpt);
+    ck_assert_int_eq(run_moe(args), 0);
+    ck_assert_ptr_nonnull(strstr(text("out.txt"), "expert budget + int8 experts"));
+    ck_assert_ptr_nonnull(strstr(text("out.txt"), "caesar"));
+    ck_assert_int_eq(run_moe("generate --help"), 0);
+    ck_assert_ptr_nonnull(strstr(text("out.txt"), "usage: moe generate"));
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("infer");
+    TCase *tc = tcase_create("infer");
+    tcase_add_unchecked_fixture(tc, setup, NULL);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_task_load_reads_exactly_the_needed_tensors);
+    tcase_add_test(tc, test_sharded_load_reads_index_headers_and_tensors);
+    tcase_add_test(tc, test_partial_load_generates_the_full_load_output_bit_for_bit);
+    tcase_add_test(tc, test_kv_cache_decode_matches_the_training_forward);
+    tcase_add_test(tc, test_other_architectures_decode_and_load_exactly);
+    tcase_add_test(tc, test_bad_checkpoints_and_tasks_fail_clearly);
+    tcase_add_test(tc, test_older_checkpoint_without_task_experts_derives_the_sets);
+    tcase_add_test(tc, test_expert_budget_and_int8_load_less);
+    tcase_add_test(tc, test_cli_generate);
+    suite_add_tcase(s, tc);
+    return tu_run(s);
+}

@@ -1,0 +1,118 @@
+// Generation over the KV-cache forward: each prompt is prefilled by one
+// forward, then every unfinished sequence advances one token per forward
+// (batched decode). Greedy or temperature/top-k sampling; sample i of prompt b
+// draws from hash(seed, b, i), so results do not depend on the batch.
+#include "moe/error.h"
+#include "moe/infer.h"
+#include "moe/rng.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+int moe_sample_token(const float *logits, int V, const moe_gen_opts *o, uint64_t b, uint64_t i) {
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (logits[v] > logits[best]) best = v;
+    if (o->temperature <= 0) return best;
+    // the top_k largest logits (ties to the lower id); then softmax(l / T)
+    int k = o->top_k > 0 && o->top_k < V ? o->top_k : V;
+    int idx[V];
+    for (int v = 0; v < V; v++)
+        idx[v] = v;
+    if (k < V)
+        for (int a = 0; a < k; a++)
+            for (int c = a + 1; c < V; c++)
+                if (logits[idx[c]] > logits[idx[a]] ||
+                    (logits[idx[c]] == logits[idx[a]] && idx[c] < idx[a])) {
+                    int t = idx[a];
+                    idx[a] = idx[c], idx[c] = t;
+                }
+    double p[k], sum = 0.0;
+    for (int j = 0; j < k; j++) {
+        p[j] = exp(((double)logits[idx[j]] - logits[best]) / o->temperature);
+        sum += p[j];
+    }
+    double u = moe_u01(moe_hash4(o->seed, b, i, 0x53414D504C45ull)) * sum, acc = 0.0;
+    for (int j = 0; j < k; j++) {
+        acc += p[j];
+        if (u < acc) return idx[j];
+    }
+    return idx[k - 1];
+}
+
+int moe_generate(moe_infer *m, int B, const int32_t *const *prompt, const int *n_prompt,
+                 const moe_gen_opts *o, int32_t *out, int *n_out, moe_gen_stats *st) {
+    memset(st, 0, sizeof *st);
+    if (B < 1 || B > m->max_batch)
+        return moe_fail(MOE_EINVAL, "generate: %d prompts, the cache holds %d", B, m->max_batch);
+    if (o->max_new < 0) return moe_fail(MOE_EINVAL, "generate: max_new %d < 0", o->max_new);
+    int *pos = malloc(sizeof(int) * m->N_max), *seq = malloc(sizeof(int) * m->N_max);
+    int32_t *tok = malloc(sizeof(int32_t) * m->N_max);
+    bool *done = calloc((size_t)B, sizeof(bool));
+    int *row = malloc(sizeof(int) * B);
+    int rc = 0;
+    if (!pos || !seq || !tok || !done || !row)
+        MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "generate: out of memory"), rc);
+    for (int b = 0; b < B; b++) {
+        n_out[b] = 0;
+        if (n_prompt[b] < 1 || n_prompt[b] > m->max_seq)
+            MOE_TRY_GOTO(moe_fail(MOE_EINVAL, "prompt %d has %d tokens; 1..%d fit the context", b,
+                                  n_prompt[b], m->max_seq),
+                         rc);
+    }
+    double t0 = now();
+    for (int b = 0; b < B; b++) { // prefill: one forward per prompt
+        for (int i = 0; i < n_prompt[b]; i++)
+            seq[i] = b, pos[i] = i;
+        MOE_TRY_GOTO(moe_infer_forward(m, prompt[b], seq, pos, n_prompt[b]), rc);
+        st->prefill_tokens += n_prompt[b];
+        if (o->max_new == 0) {
+            done[b] = true;
+            continue;
+        }
+        const float *last = m->logits + (size_t)(n_prompt[b] - 1) * m->V;
+        int32_t t = moe_sample_token(last, m->V, o, (uint64_t)b, 0);
+        out[(size_t)b * o->max_new] = t;
+        n_out[b] = 1;
+        done[b] = t == o->stop || o->max_new == 1 || n_prompt[b] >= m->max_seq;
+    }
+    st->prefill_s = now() - t0;
+    t0 = now();
+    for (;;) { // decode: every unfinished sequence feeds its last token
+        int N = 0;
+        for (int b = 0; b < B; b++) {
+            if (done[b]) continue;
+            tok[N] = out[(size_t)b * o->max_new + n_out[b] - 1];
+            seq[N] = b;
+            pos[N] = n_prompt[b] + n_out[b] - 1;
+            row[N++] = b;
+        }
+        if (N == 0) break;
+        MOE_TRY_GOTO(moe_infer_forward(m, tok, seq, pos, N), rc);
+        st->decode_tokens += N;
+        for (int n = 0; n < N; n++) {
+            const int b = row[n];
+            int32_t t = moe_sample_token(m->logits + (size_t)n * m->V, m->V, o, (uint64_t)b,
+                                         (uint64_t)n_out[b]);
+            out[(size_t)b * o->max_new + n_out[b]++] = t;
+            done[b] =
+                t == o->stop || n_out[b] >= o->max_new || n_prompt[b] + n_out[b] >= m->max_seq;
+        }
+    }
+    st->decode_s = now() - t0;
+fail:
+    free(pos);
+    free(seq);
+    free(tok);
+    free(done);
+    free(row);
+    return rc;
+}

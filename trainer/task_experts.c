@@ -1,0 +1,301 @@
+// Per-task expert sets (Task-MoE, arXiv 2110.03742: a task-routed layer sends
+// every token of a task to the same k experts) and per-task expert load of
+// token-routed layers, as recorded in task_experts.json (moe/task_experts.h).
+#include "moe/task_experts.h"
+#include "moe/error.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int moe_config_task_names(const moe_config *cfg, char names[][MOE_NAME_MAX]) {
+    if (strcmp(cfg->data.kind, "synthetic") != 0) {
+        snprintf(names[0], MOE_NAME_MAX, "all");
+        return 1;
+    }
+    for (int i = 0; i < cfg->data.n_tasks; i++)
+        snprintf(names[i], MOE_NAME_MAX, "%s", cfg->data.tasks[i]);
+    return cfg->data.n_tasks;
+}
+
+int moe_config_task_index(const moe_config *cfg, const char *name) {
+    char names[MOE_MAX_TASKS][MOE_NAME_MAX], known[MOE_MAX_TASKS * (MOE_NAME_MAX + 2)] = "";
+    int n = moe_config_task_names(cfg, names);
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(names[i], name)) return i;
+        strcat(known, i ? ", " : "");
+        strcat(known, names[i]);
+    }
+    return moe_fail(MOE_EINVAL, "unknown task '%s' (this checkpoint's tasks: %s)", name, known);
+}
+
+static int cmp_int(const void *a, const void *b) {
+    return *(const int *)a - *(const int *)b;
+}
+
+int moe_task_expert_set(int *set, const float *gate, const float *task_emb, int E, int D,
+                        int n_tasks, const moe_router_config *router) {
+    const int k = router->top_k;
+    float *logits = malloc(sizeof(float) * (size_t)n_tasks * E);
+    int *cap = malloc(sizeof(int) * (size_t)E);
+    moe_plan plan = {0};
+    int rc = 0;
+    if (!logits || !cap) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "task experts: out of memory"), rc);
+    for (int e = 0; e < E; e++)
+        cap[e] = n_tasks;
+    // the MoE layer's own gate GEMM and router: bit-identical choices
+    MOE_TRY_GOTO(moe_ops_cpu.matmul(logits, task_emb, gate, n_tasks, E, D, false, true, 1.0f, 0.0f),
+                 rc);
+    MOE_TRY_GOTO(moe_plan_alloc(&plan, n_tasks, E, k), rc);
+    MOE_TRY_GOTO(moe_router_forward(&plan, logits, NULL, cap, n_tasks, E, router, false, 0), rc);
+    for (int t = 0; t < n_tasks; t++) {
+        memcpy(set + (size_t)t * k, plan.choice + (size_t)t * k, sizeof(int) * k);
+        qsort(set + (size_t)t * k, (size_t)k, sizeof(int), cmp_int);
+    }
+fail:
+    moe_plan_free(&plan);
+    free(logits);
+    free(cap);
+    return rc;
+}
+
+void moe_task_experts_free(moe_task_experts *te) {
+    for (int l = 0; l < MOE_MAX_LAYERS; l++) {
+        free(te->set[l]);
+        free(te->share[l]);
+    }
+    memset(te, 0, sizeof *te);
+}
+
+int moe_task_experts_from_model(moe_task_experts *te, const moe_model *m) {
+    memset(te, 0, sizeof *te);
+    te->n_tasks = moe_config_task_names(&m->cfg, te->task);
+    te->top_k = m->cfg.router.top_k;
+    te->L = m->L;
+    te->val_tokens = m->task_share ? m->task_share_tokens : 0;
+    int idx = 0, rc = 0;
+    for (int l = 0; l < m->L; l++) {
+        if (!m->is_moe[l]) continue;
+        const moe_layer_config *c = &m->moe_cfg[l];
+        te->E[l] = c->E;
+        if (c->n_tasks > 0) {
+            te->kind[l] = MOE_LAYER_TASK;
+            if (c->n_tasks < te->n_tasks)
+                MOE_TRY_GOTO(moe_fail(MOE_EINVAL, "layer %d routes %d tasks, the data has %d", l,
+                                      c->n_tasks, te->n_tasks),
+                             rc);
+            te->set[l] = malloc(sizeof(int) * (size_t)te->n_tasks * te->top_k);
+            if (!te->set[l]) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "task experts: out of memory"), rc);
+            rc = moe_task_expert_set(te->set[l], m->p[l].moe.gate, m->p[l].moe.task_emb, c->E, c->D,
+                                     te->n_tasks, &c->router);
+            if (rc == MOE_ENUMERIC) { // weights went non-finite: the trainer reports it
+                free(te->set[l]);
+                te->set[l] = NULL;
+                rc = 0;
+            }
+            if (rc < 0) goto fail;
+        } else {
+            te->kind[l] = MOE_LAYER_TOKEN;
+            if (m->task_share) {
+                te->share[l] = malloc(sizeof(double) * (size_t)te->n_tasks * c->E);
+                if (!te->share[l])
+                    MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "task experts: out of memory"), rc);
+                for (int t = 0; t < te->n_tasks; t++)
+                    memcpy(te->share[l] + (size_t)t * c->E,
+                           m->task_share + ((size_t)idx * m->n_tasks + t) * m->usage_E,
+                           sizeof(double) * c->E);
+            }
+        }
+        idx++;
+    }
+    return 0;
+fail:
+    moe_task_experts_free(te);
+    return rc;
+}
+
+int moe_task_share_measure(moe_model *m, moe_data *d, int n_batches) {
+    size_t n_moe = moe_model_load_len(m) / (m->usage_E ? m->usage_E : 1);
+    size_t n = n_moe * m->n_tasks * m->usage_E;
+    double *share = calloc(n ? n : 1, sizeof(double));
+    int32_t *in = malloc(sizeof(int32_t) * d->B * d->T),
+            *tg = malloc(sizeof(int32_t) * d->B * d->T);
+    int32_t *task = malloc(sizeof(int32_t) * d->B);
+    int rc = 0;
+    if (!share || !in || !tg || !task)
+        MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "task experts: out of memory"), rc);
+    long tokens = 0;
+    for (int b = 0; b < n_batches; b++) {
+        MOE_TRY_GOTO(moe_data_batch(d, MOE_SPLIT_VAL, (uint64_t)b, in, tg, task), rc);
+        MOE_TRY_GOTO(moe_model_forward(m, in, tg, task, d->B, d->T, false, 0), rc);
+        tokens += (long)d->B * d->T;
+        int idx = 0;
+        for (int l = 0; l < m->L; l++) {
+            if (!m->is_moe[l]) continue;
+            const moe_plan *pl = &m->a[l].moe.plan;
+            for (int i = 0; i < pl->T * pl->k; i++) {
+                int t = m->task_tok[i / pl->k];
+                share[((size_t)idx * m->n_tasks + t) * m->usage_E + pl->choice[i]] += 1.0;
+            }
+            idx++;
+        }
+    }
+    for (size_t r = 0; r < n_moe * m->n_tasks; r++) { // counts -> shares per (layer, task)
+        double tot = 0;
+        for (int e = 0; e < m->usage_E; e++)
+            tot += share[r * m->usage_E + e];
+        for (int e = 0; e < m->usage_E && tot > 0; e++)
+            share[r * m->usage_E + e] /= tot;
+    }
+    free(m->task_share);
+    m->task_share = share;
+    m->task_share_tokens = tokens;
+    share = NULL;
+fail:
+    if (rc == MOE_ENUMERIC) { // non-finite weights: no shares; the trainer names the step
+        free(m->task_share);
+        m->task_share = NULL;
+        rc = 0;
+    }
+    free(share);
+    free(in);
+    free(tg);
+    free(task);
+    return rc;
+}
+
+// ---- task_experts.json --------------------------------------------------------------
+
+int moe_task_experts_write(const char *path, const moe_task_experts *te) {
+    json_t *doc = json_object(), *tasks = json_array(), *layers = json_array();
+    json_object_set_new(doc, "format", json_integer(1));
+    json_object_set_new(doc, "top_k", json_integer(te->top_k));
+    for (int t = 0; t < te->n_tasks; t++)
+        json_array_append_new(tasks, json_string(te->task[t]));
+    json_object_set_new(doc, "tasks", tasks);
+    json_object_set_new(doc, "val_tokens", json_integer(te->val_tokens));
+    for (int l = 0; l < te->L; l++) {
+        if (te->kind[l] == MOE_LAYER_DENSE) continue;
+        json_t *o = json_object(), *rows = json_array();
+        json_object_set_new(o, "layer", json_integer(l));
+        json_object_set_new(o, "routing",
+                            json_string(te->kind[l] == MOE_LAYER_TASK ? "task" : "token"));
+        json_object_set_new(o, "num_experts", json_integer(te->E[l]));
+        for (int t = 0; t < te->n_tasks; t++) {
+            json_t *row = json_array();
+            if (te->kind[l] == MOE_LAYER_TASK && te->set[l])
+                for (int j = 0; j < te->top_k; j++)
+                    json_array_append_new(row, json_integer(te->set[l][(size_t)t * te->top_k + j]));
+            else if (te->share[l])
+                for (int e = 0; e < te->E[l]; e++)
+                    json_array_append_new(row, json_real(te->share[l][(size_t)t * te->E[l] + e]));
+            json_array_append_new(rows, row);
+        }
+        if (te->kind[l] == MOE_LAYER_TASK && te->set[l])
+            json_object_set_new(o, "experts", rows);
+        else if (te->kind[l] == MOE_LAYER_TOKEN && te->share[l])
+            json_object_set_new(o, "share", rows);
+        else
+            json_decref(rows);
+        json_array_append_new(layers, o);
+    }
+    json_object_set_new(doc, "layers", layers);
+    FILE *f = fopen(path, "w");
+    int rc = 0;
+    if (!f) {
+        rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+    } else {
+        int bad =
+            json_dumpf(doc, f, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+        bad |= fputc('\n', f) == EOF || fflush(f) || fsync(fileno(f));
+        bad |= fclose(f) != 0;
+        if (bad) rc = moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
+    }
+    json_decref(doc);
+    return rc;
+}
+
+static int read_layer(const char *path, json_t *o, moe_task_experts *te) {
+    json_t *jl = json_object_get(o, "layer"), *jr = json_object_get(o, "routing"),
+           *je = json_object_get(o, "num_experts");
+    if (!json_is_integer(jl) || json_integer_value(jl) < 0 ||
+        json_integer_value(jl) >= MOE_MAX_LAYERS || !json_is_string(jr) || !json_is_integer(je) ||
+        json_integer_value(je) < 1 || json_integer_value(je) > 1 << 20)
+        return moe_fail(MOE_EFORMAT, "%s: a layer entry lacks 'layer', 'routing' or 'num_experts'",
+                        path);
+    const int l = (int)json_integer_value(jl), E = (int)json_integer_value(je);
+    const bool task = !strcmp(json_string_value(jr), "task");
+    te->E[l] = E;
+    te->kind[l] = task ? MOE_LAYER_TASK : MOE_LAYER_TOKEN;
+    if (l >= te->L) te->L = l + 1;
+    json_t *rows = json_object_get(o, task ? "experts" : "share");
+    if (!rows) return 0; // not measured (token layers) or not derivable (non-finite weights)
+    if (!json_is_array(rows) || json_array_size(rows) != (size_t)te->n_tasks)
+        return moe_fail(MOE_EFORMAT, "%s: layer %d '%s' must have one row per task (%d)", path, l,
+                        task ? "experts" : "share", te->n_tasks);
+    const int width = task ? te->top_k : E;
+    if (task)
+        te->set[l] = malloc(sizeof(int) * (size_t)te->n_tasks * width);
+    else
+        te->share[l] = malloc(sizeof(double) * (size_t)te->n_tasks * width);
+    if (task ? !te->set[l] : !te->share[l]) return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+    for (int t = 0; t < te->n_tasks; t++) {
+        json_t *row = json_array_get(rows, (size_t)t);
+        if (!json_is_array(row) || json_array_size(row) != (size_t)width)
+            return moe_fail(MOE_EFORMAT, "%s: layer %d task '%s' needs %d entries", path, l,
+                            te->task[t], width);
+        for (int j = 0; j < width; j++) {
+            json_t *v = json_array_get(row, (size_t)j);
+            if (task) {
+                if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= E)
+                    return moe_fail(MOE_EFORMAT,
+                                    "%s: layer %d task '%s': expert index not in 0..%d", path, l,
+                                    te->task[t], E - 1);
+                te->set[l][(size_t)t * width + j] = (int)json_integer_value(v);
+            } else {
+                if (!json_is_number(v))
+                    return moe_fail(MOE_EFORMAT, "%s: layer %d task '%s': share is not a number",
+                                    path, l, te->task[t]);
+                te->share[l][(size_t)t * width + j] = json_number_value(v);
+            }
+        }
+    }
+    return 0;
+}
+
+int moe_task_experts_read(const char *path, moe_task_experts *te) {
+    memset(te, 0, sizeof *te);
+    struct stat sb;
+    if (stat(path, &sb) != 0) return moe_fail(MOE_ENOTFOUND, "%s: not found", path);
+    json_error_t jerr;
+    json_t *doc = json_load_file(path, 0, &jerr);
+    if (!doc) return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
+    int rc = 0;
+    json_t *tasks = json_object_get(doc, "tasks"), *layers = json_object_get(doc, "layers"),
+           *k = json_object_get(doc, "top_k"), *vt = json_object_get(doc, "val_tokens");
+    if (!json_is_array(tasks) || json_array_size(tasks) < 1 ||
+        json_array_size(tasks) > MOE_MAX_TASKS || !json_is_array(layers) || !json_is_integer(k) ||
+        json_integer_value(k) < 1 || json_integer_value(k) > 1 << 20)
+        MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: needs 'tasks', 'top_k' and 'layers'", path), rc);
+    te->top_k = (int)json_integer_value(k);
+    te->val_tokens = json_is_integer(vt) ? (long)json_integer_value(vt) : 0;
+    te->n_tasks = (int)json_array_size(tasks);
+    for (int t = 0; t < te->n_tasks; t++) {
+        json_t *s = json_array_get(tasks, (size_t)t);
+        if (!json_is_string(s))
+            MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: tasks[%d] is not a string", path, t), rc);
+        snprintf(te->task[t], MOE_NAME_MAX, "%s", json_string_value(s));
+    }
+    for (size_t i = 0; i < json_array_size(layers); i++)
+        MOE_TRY_GOTO(read_layer(path, json_array_get(layers, i), te), rc);
+    json_decref(doc);
+    return 0;
+fail:
+    json_decref(doc);
+    moe_task_experts_free(te);
+    return rc;
+}

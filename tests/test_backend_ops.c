@@ -766,6 +766,89 @@ START_TEST(test_moe_layer_matches_cpu) {
 }
 END_TEST
 
+// 20 training steps of one MoE layer (regression to a fixed target: forward,
+// backward, gradient-norm clipping, AdamW) on the CPU and on the GPU from the
+// same initial parameters: the losses must agree step by step. Small
+// differences compound through the optimizer, so 1e-3 relative.
+START_TEST(test_moe_layer_training_matches_cpu) {
+    const int T = 96, D = 32, H = 64, E = 8, k = 2, steps = 20;
+    moe_layer_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.T_max = T, cfg.D = D, cfg.H = H, cfg.E = E, cfg.H_shared = 16;
+    moe_router_config_default(&cfg.router);
+    cfg.router.top_k = k;
+    cfg.router.capacity_factor = 1.5;
+    tu_rng r;
+    tu_seed(&r, 1800);
+    const size_t np = moe_layer_num_params(&cfg), nx = (size_t)T * D;
+    fbuf par = fb_randn(&r, np, 1.0f / sqrtf((float)D)), grad = fb_make(np, NULL, 0.0f);
+    fbuf m = fb_make(np, NULL, 0.0f), v = fb_make(np, NULL, 0.0f);
+    fbuf x = fb_randn(&r, nx, 1.0f), y = fb_make(nx, NULL, 0.0f), dy = fb_make(nx, NULL, 0.0f);
+    fbuf dx = fb_make(nx, NULL, 0.0f);
+    float *target = malloc(sizeof(float) * nx), *yg = malloc(sizeof(float) * nx);
+    tu_fill_normal(&r, target, nx, 0.5f);
+    uint8_t *decay = malloc(np), *ddecay = GPU->alloc(np);
+    memset(decay, 1, np);
+    upload(ddecay, decay, np);
+    moe_layer_params ph, pd, gh, gd;
+    moe_layer_params_view(&ph, par.h, &cfg), moe_layer_params_view(&pd, par.d, &cfg);
+    moe_layer_params_view(&gh, grad.h, &cfg), moe_layer_params_view(&gd, grad.d, &cfg);
+    moe_layer_acts ah;
+    moe_layer_cuda_acts ad;
+    ck_assert_int_eq(moe_layer_acts_alloc(&ah, &cfg, CPU), 0);
+    ck_assert_msg(moe_layer_cuda_acts_alloc(&ad, &cfg, GPU) == 0, "%s", moe_last_error());
+    for (int step = 1; step <= steps; step++) {
+        double loss[2];
+        for (int side = 0; side < 2; side++) { // 0: CPU, 1: GPU
+            const moe_ops *o = side ? GPU : CPU;
+            float *P = side ? par.d : par.h, *Gr = side ? grad.d : grad.h;
+            float *X = side ? x.d : x.h, *Y = side ? y.d : y.h, *DY = side ? dy.d : dy.h;
+            float *DX = side ? dx.d : dx.h, *M = side ? m.d : m.h, *V = side ? v.d : v.h;
+            ck_assert_int_eq(o->zero(Gr, np), 0);
+            ck_assert_int_eq(o->zero(DX, nx), 0);
+            int rc = side ? moe_layer_cuda_forward(Y, X, NULL, T, &pd, &ad, true)
+                          : moe_layer_forward(Y, X, NULL, NULL, T, &ph, &ah, true, step);
+            ck_assert_msg(rc == 0, "forward: %s", moe_last_error());
+            // L = sum (y - target)^2 / (2 T D), dL/dy = (y - target) / (T D)
+            float *yh = side ? yg : y.h;
+            if (side) download(yg, y.d, sizeof(float) * nx);
+            double l = 0.0;
+            float *g = malloc(sizeof(float) * nx);
+            for (size_t i = 0; i < nx; i++) {
+                double e = (double)yh[i] - target[i];
+                l += e * e;
+                g[i] = (float)(e / nx);
+            }
+            loss[side] = l / (2.0 * nx);
+            if (side)
+                upload(dy.d, g, sizeof(float) * nx);
+            else
+                memcpy(dy.h, g, sizeof(float) * nx);
+            free(g);
+            rc = side ? moe_layer_cuda_backward(DX, &gd, DY, X, T, &pd, &ad, 0.01f, 0.001f)
+                      : moe_layer_backward(DX, &gh, DY, X, NULL, T, &ph, &ah, 0.01f, 0.001f);
+            ck_assert_msg(rc == 0, "backward: %s", moe_last_error());
+            double ss = 0.0;
+            ck_assert_int_eq(o->sumsq(&ss, Gr, np), 0);
+            double norm = sqrt(ss), max_norm = 0.5;
+            if (norm > max_norm)
+                ck_assert_int_eq(o->scale(Gr, np, (float)(max_norm / (norm + 1e-6))), 0);
+            ck_assert_int_eq(o->adamw(P, M, V, Gr, side ? ddecay : decay, np, step, 3e-3f, 0.9f,
+                                      0.95f, 1e-8f, 0.01f),
+                             0);
+        }
+        ck_assert_msg(fabs(loss[1] - loss[0]) <= 1e-3 * fabs(loss[0]),
+                      "step %d: gpu loss %.9g, cpu loss %.9g", step, loss[1], loss[0]);
+    }
+    moe_layer_acts_free(&ah);
+    moe_layer_cuda_acts_free(&ad);
+    GPU->free(ddecay);
+    free(decay), free(target), free(yg);
+    fb_free(&par), fb_free(&grad), fb_free(&m), fb_free(&v), fb_free(&x), fb_free(&y);
+    fb_free(&dy), fb_free(&dx);
+}
+END_TEST
+
 START_TEST(test_moe_layer_refuses_unsupported_configs) {
     moe_layer_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -852,6 +935,7 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_router_matches_cpu);
         tcase_add_test(tc, test_router_rejects_nonfinite_logits);
         tcase_add_test(tc, test_moe_layer_matches_cpu);
+        tcase_add_test(tc, test_moe_layer_training_matches_cpu);
         tcase_add_test(tc, test_moe_layer_refuses_unsupported_configs);
         tcase_add_test(tc, test_out_of_memory_names_size_and_config_key);
         tcase_add_test(tc, test_device_errors_carry_file_and_line);

@@ -69,6 +69,29 @@ int moe_comm_check_counts(const int *counts, int n, const char *what, long *tota
 // Checks the counts rank `rank` receives against its capacity; *total = sum.
 int moe_comm_check_recv(const int *recv_counts, int n, int rank, size_t recv_cap, long *total);
 
+// The copies, sends and receives of one variable all-to-all on a
+// point-to-point transport (comm/a2a_schedule.c; NCCL runs them). Buffers:
+// the caller's send and recv, and a staging buffer of *stage_bytes.
+// Operations of one phase are independent; phases run in order. A send and a
+// receive between two ranks in one phase pair up (one each per peer and phase).
+typedef enum { MOE_A2A_BUF_SEND, MOE_A2A_BUF_RECV, MOE_A2A_BUF_STAGE } moe_a2a_buf;
+enum { MOE_A2A_COPY, MOE_A2A_SEND, MOE_A2A_RECV };
+typedef struct {
+    int phase, kind, peer; // peer -1 for copies
+    moe_a2a_buf src;       // copy and send
+    size_t src_off;        // bytes
+    moe_a2a_buf dst;       // copy and recv
+    size_t dst_off, bytes;
+} moe_a2a_op;
+// Room for every schedule of P ranks.
+static inline int moe_a2a_schedule_max_ops(int P) {
+    return 4 * P + 4;
+}
+// C [P * P]: C[s * P + d] elements of es bytes from rank s to rank d.
+// Hierarchical with G == 1 or G == P is flat. MOE_EINVAL on bad sizes.
+int moe_a2a_schedule(moe_a2a_op *ops, int *n_ops, size_t *stage_bytes, const int *C, int P, int G,
+                     int me, size_t es, bool hierarchical);
+
 // Local backend (size 1).
 int moe_comm_local_alltoallv(moe_comm *c, const void *send, const int *send_counts, void *recv,
                              int *recv_counts, size_t recv_cap, size_t elem_size);

@@ -1,10 +1,12 @@
 // NCCL communicator (moe/comm_nccl.h): unique id over the host communicator,
-// all-to-all as grouped ncclSend/ncclRecv (flat: one send and one receive per
-// peer; hierarchical: the two steps and block transposes of
-// comm/alltoall_hier.c with device copies), all-reduce with ncclAllReduce.
-// The full count matrix is all-gathered over the host communicator, so every
-// rank derives the sizes of both hierarchical steps locally.
+// all-to-all as grouped ncclSend/ncclRecv following the schedule of
+// comm/a2a_schedule.c (flat: one send and one receive per peer; hierarchical:
+// the two steps and block transposes of comm/alltoall_hier.c with device
+// copies), all-reduce with ncclAllReduce. The full count matrix is
+// all-gathered over the host communicator, so every rank derives its schedule
+// locally.
 #include "moe/comm_nccl.h"
+#include "comm/comm_internal.h"
 #include "moe/error.h"
 
 #ifdef MOE_HAVE_NCCL
@@ -35,12 +37,12 @@ struct moe_nccl_comm {
     moe_comm *host;
     ncclComm_t nccl;
     int rank, size, G, device;
-    cudaStream_t a2a, ar;            // communication streams
+    cudaStream_t a2a, ar; // communication streams
     cudaEvent_t ready, done_a2a, done_ar;
-    int *C;                          // [size * size] count matrix of one call
-    size_t *displ;                   // [size + 1] work offsets
-    char *stage;                     // device staging of the hierarchical all-to-all
-    size_t stage_cap;                // bytes
+    int *C;           // [size * size] count matrix of one call
+    moe_a2a_op *ops;  // one call's schedule
+    char *stage;      // device staging of the hierarchical all-to-all
+    size_t stage_cap; // bytes
 };
 
 int moe_nccl_comm_init(moe_nccl_comm **out, moe_comm *host, int device) {
@@ -70,8 +72,8 @@ int moe_nccl_comm_init(moe_nccl_comm **out, moe_comm *host, int device) {
     }
     MOE_TRY_GOTO(moe_comm_agree(host, status), rc);
     c->C = malloc(sizeof(int) * (size_t)c->size * c->size);
-    c->displ = malloc(sizeof(size_t) * ((size_t)c->size + 1));
-    if (!c->C || !c->displ) {
+    c->ops = malloc(sizeof(moe_a2a_op) * moe_a2a_schedule_max_ops(c->size));
+    if (!c->C || !c->ops) {
         rc = moe_fail(MOE_ENOMEM, "NCCL communicator of %d ranks", c->size);
         goto fail;
     }
@@ -102,7 +104,7 @@ void moe_nccl_comm_free(moe_nccl_comm *c) {
     if (c->done_ar) cudaEventDestroy(c->done_ar);
     if (c->stage) cudaFree(c->stage);
     free(c->C);
-    free(c->displ);
+    free(c->ops);
     free(c);
 }
 
@@ -138,114 +140,41 @@ static int grow_stage(moe_nccl_comm *c, size_t bytes) {
     return 0;
 }
 
-// Rows of elem_size bytes from `from` to `to` (skipped when empty). A
-// self-block is a device copy: no NCCL message to oneself.
-static int exchange(moe_nccl_comm *c, const char *sbuf, size_t sbytes, char *rbuf, size_t rbytes,
-                    int peer) {
-    if (peer == c->rank) {
-        if (sbytes) CUDA_TRY(cudaMemcpyAsync(rbuf, sbuf, sbytes, cudaMemcpyDeviceToDevice, c->a2a));
-        return 0;
-    }
-    if (sbytes) NCCL_TRY(ncclSend(sbuf, sbytes, ncclChar, peer, c->nccl, c->a2a));
-    if (rbytes) NCCL_TRY(ncclRecv(rbuf, rbytes, ncclChar, peer, c->nccl, c->a2a));
-    return 0;
-}
-
-// Flat: send block d to rank d, receive block s from rank s (source order).
-static int a2a_flat(moe_nccl_comm *c, const char *send, char *recv, size_t es) {
-    const int P = c->size, me = c->rank;
-    const int *C = c->C;
-    size_t soff = 0, roff = 0;
-    int rc = 0;
-    NCCL_TRY(ncclGroupStart());
-    for (int p = 0; p < P && !rc; p++) {
-        size_t sb = (size_t)C[me * P + p] * es, rb = (size_t)C[p * P + me] * es;
-        rc = exchange(c, send + soff, sb, recv + roff, rb, p);
-        soff += sb, roff += rb;
-    }
-    ncclResult_t nr = ncclGroupEnd();
-    MOE_TRY(rc);
-    NCCL_TRY(nr);
-    return 0;
-}
-
-// Hierarchical, ranks r = n G + l on N nodes (layouts as comm/alltoall_hier.c):
-//   step 1, local peer l': pack[l'] = blocks send[(m, l')] over m; receive
-//           fwd[j] = blocks C[(n, j)][(m, l)] over m from local peer j
-//   step 2, node m: fwd2[m] = blocks fwd[j][m] over j, to rank (m, l); receive
-//           from rank (m, l) the blocks C[(m, j)][me] over j: recv in source order
-static int a2a_hier(moe_nccl_comm *c, const char *send, char *recv, size_t es) {
-    const int P = c->size, G = c->G, N = P / G, me = c->rank, n = me / G, l = me % G;
-    const int *C = c->C;
-    size_t stotal = 0, ftotal = 0;
-    for (int d = 0; d < P; d++)
-        stotal += (size_t)C[me * P + d];
-    for (int j = 0; j < G; j++)
-        for (int m = 0; m < N; m++)
-            ftotal += (size_t)C[(n * G + j) * P + m * G + l];
-    MOE_TRY(grow_stage(c, (stotal + 2 * ftotal) * es + 1));
-    char *pack = c->stage, *fwd = pack + stotal * es, *fwd2 = fwd + ftotal * es;
-
-    // send offsets of the caller's blocks, destination order
-    size_t *sd = c->displ;
-    sd[0] = 0;
-    for (int d = 0; d < P; d++)
-        sd[d + 1] = sd[d] + (size_t)C[me * P + d] * es;
-    // pack [l'][m] from send [m][l']
-    size_t off = 0;
-    for (int lp = 0; lp < G; lp++)
-        for (int m = 0; m < N; m++) {
-            int d = m * G + lp;
-            size_t b = sd[d + 1] - sd[d];
-            if (b) CUDA_TRY(cudaMemcpyAsync(pack + off, send + sd[d], b, cudaMemcpyDeviceToDevice,
-                                            c->a2a));
-            off += b;
+// Runs one rank's schedule (comm/a2a_schedule.c): each phase is one NCCL
+// group (copies are device copies enqueued before the group's transfers);
+// phases run in stream order.
+static int run_schedule(moe_nccl_comm *c, const moe_a2a_op *ops, int n, const char *send,
+                        char *recv) {
+    char *bufs[3] = {(char *)send, recv, c->stage};
+    for (int i = 0; i < n;) {
+        const int phase = ops[i].phase;
+        int rc = 0;
+        NCCL_TRY(ncclGroupStart());
+        for (; i < n && ops[i].phase == phase && !rc; i++) {
+            const moe_a2a_op *o = &ops[i];
+            cudaError_t e = cudaSuccess;
+            ncclResult_t r = ncclSuccess;
+            if (o->kind == MOE_A2A_COPY)
+                e = cudaMemcpyAsync(bufs[o->dst] + o->dst_off, bufs[o->src] + o->src_off, o->bytes,
+                                    cudaMemcpyDeviceToDevice, c->a2a);
+            else if (o->kind == MOE_A2A_SEND)
+                r = ncclSend(bufs[o->src] + o->src_off, o->bytes, ncclChar, o->peer, c->nccl,
+                             c->a2a);
+            else
+                r = ncclRecv(bufs[o->dst] + o->dst_off, o->bytes, ncclChar, o->peer, c->nccl,
+                             c->a2a);
+            if (e != cudaSuccess)
+                rc = moe_fail(MOE_EDEVICE, "%s:%d: cudaMemcpyAsync: %s", __FILE__, __LINE__,
+                              cudaGetErrorString(e));
+            else if (r != ncclSuccess)
+                rc = moe_fail(MOE_EDEVICE, "%s:%d: %s to/from rank %d: %s", __FILE__, __LINE__,
+                              o->kind == MOE_A2A_SEND ? "ncclSend" : "ncclRecv", o->peer,
+                              ncclGetErrorString(r));
         }
-    // step 1
-    int rc = 0;
-    size_t soff = 0, roff = 0;
-    NCCL_TRY(ncclGroupStart());
-    for (int lp = 0; lp < G && !rc; lp++) {
-        size_t sb = 0, rb = 0;
-        for (int m = 0; m < N; m++) {
-            sb += (size_t)C[me * P + m * G + lp] * es;
-            rb += (size_t)C[(n * G + lp) * P + m * G + l] * es;
-        }
-        rc = exchange(c, pack + soff, sb, fwd + roff, rb, n * G + lp);
-        soff += sb, roff += rb;
+        ncclResult_t end = ncclGroupEnd();
+        MOE_TRY(rc);
+        NCCL_TRY(end);
     }
-    ncclResult_t nr = ncclGroupEnd();
-    MOE_TRY(rc);
-    NCCL_TRY(nr);
-    // fwd [j][m] -> fwd2 [m][j]: offsets of fwd blocks first
-    size_t *fd = c->displ; // [G * N + 1] fits: G N = P
-    fd[0] = 0;
-    for (int j = 0; j < G; j++)
-        for (int m = 0; m < N; m++)
-            fd[j * N + m + 1] = fd[j * N + m] + (size_t)C[(n * G + j) * P + m * G + l] * es;
-    off = 0;
-    for (int m = 0; m < N; m++)
-        for (int j = 0; j < G; j++) {
-            size_t b = fd[j * N + m + 1] - fd[j * N + m];
-            if (b) CUDA_TRY(cudaMemcpyAsync(fwd2 + off, fwd + fd[j * N + m], b,
-                                            cudaMemcpyDeviceToDevice, c->a2a));
-            off += b;
-        }
-    // step 2
-    soff = 0, roff = 0;
-    NCCL_TRY(ncclGroupStart());
-    for (int m = 0; m < N && !rc; m++) {
-        size_t sb = 0, rb = 0;
-        for (int j = 0; j < G; j++) {
-            sb += (size_t)C[(n * G + j) * P + m * G + l] * es;
-            rb += (size_t)C[(m * G + j) * P + me] * es;
-        }
-        rc = exchange(c, fwd2 + soff, sb, recv + roff, rb, m * G + l);
-        soff += sb, roff += rb;
-    }
-    nr = ncclGroupEnd();
-    MOE_TRY(rc);
-    NCCL_TRY(nr);
     return 0;
 }
 
@@ -260,25 +189,26 @@ int moe_nccl_alltoallv(moe_nccl_comm *c, moe_a2a_algo algo, const void *send,
     for (int s = 0; s < P && !status; s++)
         for (int d = 0; d < P && !status; d++)
             if (c->C[s * P + d] < 0)
-                status = moe_fail(MOE_EINVAL, "all-to-all: rank %d sends %d elements to rank %d",
-                                  s, c->C[s * P + d], d);
+                status = moe_fail(MOE_EINVAL, "all-to-all: rank %d sends %d elements to rank %d", s,
+                                  c->C[s * P + d], d);
     for (int s = 0; s < P && !status; s++) {
         recv_counts[s] = c->C[s * P + me];
         total += recv_counts[s];
     }
     if (!status && (total > INT_MAX || (size_t)total > recv_cap))
-        status = moe_fail(MOE_EINVAL,
-                          "all-to-all: rank %d receives %ld elements, its buffer holds %zu", me,
-                          total, recv_cap);
+        status =
+            moe_fail(MOE_EINVAL, "all-to-all: rank %d receives %ld elements, its buffer holds %zu",
+                     me, total, recv_cap);
     MOE_TRY(moe_comm_agree(c->host, status));
 
+    int n = 0;
+    size_t stage = 0;
+    MOE_TRY(moe_a2a_schedule(c->ops, &n, &stage, c->C, P, c->G, me, elem_size,
+                             algo == MOE_A2A_HIERARCHICAL));
+    MOE_TRY(grow_stage(c, stage + 1));
     cudaStream_t caller = (cudaStream_t)stream;
     MOE_TRY(follow(c, caller, c->a2a));
-    int G = c->G;
-    if (algo == MOE_A2A_HIERARCHICAL && G > 1 && G < P)
-        MOE_TRY(a2a_hier(c, send, recv, elem_size));
-    else
-        MOE_TRY(a2a_flat(c, send, recv, elem_size));
+    MOE_TRY(run_schedule(c, c->ops, n, send, recv));
     return join(c->done_a2a, c->a2a, caller);
 }
 
@@ -297,8 +227,7 @@ int moe_nccl_comm_init(moe_nccl_comm **out, moe_comm *host, int device) {
     return moe_fail(MOE_EINVAL, "built without NCCL (needs CUDA, NCCL and MPI)");
 }
 
-void moe_nccl_comm_free(moe_nccl_comm *c) {
-}
+void moe_nccl_comm_free(moe_nccl_comm *c) {}
 
 int moe_nccl_alltoallv(moe_nccl_comm *c, moe_a2a_algo algo, const void *send,
                        const int *send_counts, void *recv, int *recv_counts, size_t recv_cap,

@@ -339,6 +339,106 @@ START_TEST(test_allreduce_predict_hand_computed) {
 }
 END_TEST
 
+// The point-to-point schedule of the NCCL all-to-all (comm/a2a_schedule.c)
+// run for every rank on the CPU: copies as memcpy, each send paired with the
+// receive its peer posts in the same phase. Flat and hierarchical must deliver
+// what every rank sends to every other, in source-rank order, for uneven and
+// zero counts, several node sizes and element sizes.
+static unsigned char sched_byte(int s, int d, size_t i) {
+    return (unsigned char)(s * 31 + d * 7 + i * 13 + 1);
+}
+
+static void run_schedule_on_cpu(const int *C, int P, int G, size_t es, bool hier) {
+    moe_a2a_op *ops[16];
+    int n_ops[16];
+    size_t stage_bytes[16];
+    unsigned char *send[16], *recv[16], *stage[16];
+    for (int r = 0; r < P; r++) {
+        ops[r] = malloc(sizeof(moe_a2a_op) * moe_a2a_schedule_max_ops(P));
+        ck_assert_int_eq(moe_a2a_schedule(ops[r], &n_ops[r], &stage_bytes[r], C, P, G, r, es, hier),
+                         0);
+        ck_assert_int_le(n_ops[r], moe_a2a_schedule_max_ops(P));
+        size_t sb = 0, rb = 0;
+        for (int p = 0; p < P; p++)
+            sb += (size_t)C[r * P + p] * es, rb += (size_t)C[p * P + r] * es;
+        send[r] = malloc(sb + 1), recv[r] = malloc(rb + 1), stage[r] = malloc(stage_bytes[r] + 1);
+        memset(recv[r], 0xEE, rb + 1);
+        size_t o = 0;
+        for (int d = 0; d < P; d++)
+            for (size_t i = 0; i < (size_t)C[r * P + d] * es; i++)
+                send[r][o++] = sched_byte(r, d, i);
+    }
+    int *matched = calloc((size_t)P * moe_a2a_schedule_max_ops(P), sizeof(int));
+    for (int phase = 0; phase < 4; phase++) {
+        for (int r = 0; r < P; r++) { // copies
+            unsigned char *b[3] = {send[r], recv[r], stage[r]};
+            for (int i = 0; i < n_ops[r]; i++) {
+                const moe_a2a_op *o = &ops[r][i];
+                if (o->phase == phase && o->kind == MOE_A2A_COPY)
+                    memcpy(b[o->dst] + o->dst_off, b[o->src] + o->src_off, o->bytes);
+            }
+        }
+        for (int r = 0; r < P; r++) // sends, each to the matching receive
+            for (int i = 0; i < n_ops[r]; i++) {
+                const moe_a2a_op *o = &ops[r][i];
+                if (o->phase != phase || o->kind != MOE_A2A_SEND) continue;
+                int q = o->peer, found = -1;
+                for (int x = 0; x < n_ops[q]; x++)
+                    if (ops[q][x].phase == phase && ops[q][x].kind == MOE_A2A_RECV &&
+                        ops[q][x].peer == r)
+                        found = x;
+                ck_assert_msg(found >= 0, "P=%d G=%d: rank %d sends to %d in phase %d, no recv", P,
+                              G, r, q, phase);
+                ck_assert_uint_eq(ops[q][found].bytes, o->bytes);
+                matched[q * moe_a2a_schedule_max_ops(P) + found]++;
+                unsigned char *sb[3] = {send[r], recv[r], stage[r]};
+                unsigned char *db[3] = {send[q], recv[q], stage[q]};
+                memcpy(db[ops[q][found].dst] + ops[q][found].dst_off, sb[o->src] + o->src_off,
+                       o->bytes);
+            }
+    }
+    for (int r = 0; r < P; r++) {
+        for (int i = 0; i < n_ops[r]; i++)
+            if (ops[r][i].kind == MOE_A2A_RECV)
+                ck_assert_int_eq(matched[r * moe_a2a_schedule_max_ops(P) + i], 1);
+        size_t o = 0;
+        for (int s = 0; s < P; s++)
+            for (size_t i = 0; i < (size_t)C[s * P + r] * es; i++, o++)
+                ck_assert_msg(recv[r][o] == sched_byte(s, r, i),
+                              "P=%d G=%d hier=%d es=%zu: rank %d byte %zu from rank %d", P, G, hier,
+                              es, r, i, s);
+        free(ops[r]), free(send[r]), free(recv[r]), free(stage[r]);
+    }
+    free(matched);
+}
+
+START_TEST(test_p2p_schedule_delivers_like_flat) {
+    tu_rng rng;
+    tu_seed(&rng, 99);
+    const int sizes[] = {1, 2, 3, 4, 6, 8, 12, 16};
+    for (size_t si = 0; si < sizeof sizes / sizeof *sizes; si++) {
+        const int P = sizes[si];
+        int *C = malloc(sizeof(int) * P * P);
+        for (int trial = 0; trial < 3; trial++) {
+            for (int i = 0; i < P * P; i++) // ~1/3 zeros; trial 2: all zero but self
+                C[i] = trial == 2 ? (i / P == i % P) * 3
+                                  : (tu_uniform(&rng) < 0.33f ? 0 : (int)(tu_uniform(&rng) * 9));
+            for (int G = 1; G <= P; G++) {
+                if (P % G) continue;
+                for (int hier = 0; hier < 2; hier++)
+                    for (size_t es = 1; es <= 8; es += 7)
+                        run_schedule_on_cpu(C, P, G, es, hier);
+            }
+        }
+        free(C);
+    }
+    moe_a2a_op ops[8];
+    int n;
+    size_t st;
+    ck_assert_int_eq(moe_a2a_schedule(ops, &n, &st, NULL, 4, 3, 0, 4, true), MOE_EINVAL);
+}
+END_TEST
+
 static Suite *comm_suite(void) {
     Suite *s = suite_create("comm");
     TCase *tc = tcase_create("local");
@@ -352,6 +452,7 @@ static Suite *comm_suite(void) {
     tcase_add_test(tc, test_layout_ranks_per_node);
     tcase_add_test(tc, test_block_transpose);
     tcase_add_test(tc, test_hierarchical_index_math_matches_flat);
+    tcase_add_test(tc, test_p2p_schedule_delivers_like_flat);
     tcase_add_test(tc, test_sum_rows_in_rank_order);
     tcase_add_test(tc, test_predict_hand_computed);
     tcase_add_test(tc, test_allreduce_predict_hand_computed);

@@ -199,8 +199,10 @@ int moe_cli_generate(int argc, char **argv) {
     moe_infer m;
     int rc = 0, synth = 0;
     a.io.max_batch = n_lines < BATCH ? (n_lines > 0 ? n_lines : 1) : BATCH;
+    // A checkpoint that cannot be read (missing, truncated) is bad input.
     if ((rc = moe_infer_open(&m, a.dir, &a.io)) < 0) {
-        code = moe_cli_fail("generate", exit_code(rc), "%s", moe_last_error());
+        code = moe_cli_fail("generate", rc == MOE_ENOMEM ? MOE_EXIT_RUNTIME : MOE_EXIT_USAGE, "%s",
+                            moe_last_error());
         goto done;
     }
     synth = !strcmp(m.cfg.data.kind, "synthetic");

@@ -36,10 +36,10 @@ static const char *train_help =
     "Trains the model CONFIG describes (a JSON file of sections: model, moe, router,\n"
     "capacity, train, data, ...; keys not given take their defaults). --set overrides a\n"
     "key (typed by the key: --set router.top_k=1 --set moe.num_experts=[4,8]); --steps N\n"
-    "is --set train.steps=N, --device D is --set train.device=D. The run folder (default "
-    "runs/<config name>) receives\n"
-    "config.json (resolved), metrics.jsonl and checkpoint/. --resume continues from a\n"
-    "checkpoint folder bit-exactly. Ctrl-C saves a checkpoint and exits with 130.\n"
+    "is --set train.steps=N, --device D is --set train.device=D. The run folder\n"
+    "(default runs/<config name>) receives config.json (resolved), metrics.jsonl and\n"
+    "checkpoint/. --resume continues from a checkpoint folder bit-exactly. Ctrl-C saves\n"
+    "a checkpoint and exits with 130.\n"
     "--dry-run prints the memory plan (as moe plan) and exits. Under mpirun or srun\n"
     "every rank trains (parallel.ep experts-parallel ranks x data parallel).\n";
 

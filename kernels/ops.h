@@ -81,6 +81,8 @@ typedef struct moe_ops {
     int (*mul)(float *out, const float *a, const float *b, size_t n);
     // out[i] += a[i] * b[i].
     int (*mul_add)(float *out, const float *a, const float *b, size_t n);
+    // out[i] += x[i] (residual connections).
+    int (*add)(float *out, const float *x, size_t n);
 
     // ---- decoder ops: semantics and shapes as kernels/cpu/nn.h ---------------------
     int (*rmsnorm_forward)(float *out, float *rstd, const float *x, const float *w, int N, int C,

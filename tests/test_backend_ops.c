@@ -390,6 +390,8 @@ START_TEST(test_elementwise_ops_match_cpu) {
         fbuf a = fb_randn(&r, n, 1.0f), b = fb_randn(&r, n, 1.0f), o = fb_randn(&r, n, 1.0f);
         BOTH(CPU->mul_add(o.h, a.h, b.h, n), GPU->mul_add(o.d, a.d, b.d, n));
         fb_check("mul_add", &o, TOL);
+        BOTH(CPU->add(o.h, a.h, n), GPU->add(o.d, a.d, n));
+        fb_check("add", &o, 0.0);
         BOTH(CPU->mul(a.h, a.h, b.h, n), GPU->mul(a.d, a.d, b.d, n)); // aliased output
         fb_check("mul (in place)", &a, 0.0);
         BOTH(CPU->scale(b.h, n, 0.37f), GPU->scale(b.d, n, 0.37f));

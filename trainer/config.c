@@ -100,6 +100,8 @@ static const key_def keys[] = {
     {"train.seed", K_U64, F(train.seed), NO, "1337", NULL, "seed of init and data order"},
     {"train.device", K_STR, F(train.device), NO, "cpu", "cpu|cuda",
      "compute device (moe train --device); cuda needs a CUDA build and a GPU"},
+    {"train.compute", K_STR, F(train.compute), NO, "fp32", "fp32|bf16",
+     "GEMM precision on the GPU: bf16 tensor cores with fp32 weights and accumulation"},
     {"train.eval_every", K_INT, F(train.eval_every), NO, "100", NULL,
      "steps between validation passes (0: only at the end)"},
     {"train.ckpt_every", K_INT, F(train.ckpt_every), NO, "0", NULL,

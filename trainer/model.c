@@ -7,6 +7,10 @@
 #include "moe/alloc.h"
 #include "moe/error.h"
 #include "moe/rng.h"
+#ifdef MOE_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+#include "moe/moe_layer_cuda.h"
+#endif
 
 #include <float.h>
 #include <math.h>
@@ -399,10 +403,121 @@ static int chunked_head_backward(moe_model *m, const int32_t *targets, int N) {
     return 0;
 }
 
-static void add_into(float *y, const float *x, size_t n) {
-    for (size_t i = 0; i < n; i++)
-        y[i] += x[i];
+#ifdef MOE_HAVE_CUDA
+struct moe_model_gpu {
+    moe_layer_cuda_acts moe[MOE_MAX_LAYERS];
+    float *acts;
+};
+
+// The MoE layer of a device model: the CUDA layer, then the routing
+// statistics the host code reads (counts, kept, capacity, losses) copied into
+// the layer's host plan.
+static int gpu_moe_forward(moe_model *m, int l, float *y, const int *cap, int N, bool training) {
+    moe_layer_cuda_acts *g = &m->gpu->moe[l];
+    MOE_TRY(moe_layer_cuda_forward(y, m->a[l].ln2, cap, N, &m->p[l].moe, g, training));
+    moe_plan *plan = &m->a[l].moe.plan;
+    const int E = g->plan.E;
+    plan->T = N;
+    MOE_TRY(moe_cuda_download(plan->counts, g->plan.counts, sizeof(int) * E));
+    MOE_TRY(moe_cuda_download(plan->kept, g->plan.kept, sizeof(int) * E));
+    MOE_TRY(moe_cuda_download(plan->capacity, g->plan.capacity, sizeof(int) * E));
+    memcpy(plan->offsets, g->offsets_h, sizeof(int) * (E + 1));
+    plan->aux_loss = g->plan.aux_loss;
+    plan->z_loss = g->plan.z_loss;
+    return 0;
 }
+
+static int gpu_moe_backward(moe_model *m, int l, int N, float aux_scale, float z_scale) {
+    return moe_layer_cuda_backward(m->dln, &m->g[l].moe, m->dres, m->a[l].ln2, N, &m->p[l].moe,
+                                   &m->gpu->moe[l], aux_scale, z_scale);
+}
+
+int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
+    memset(g, 0, sizeof *g);
+    const moe_config *cfg = &h->cfg;
+    const char *no = h->ep                                 ? "parallel.ep > 1"
+                     : h->chunks > 1                       ? "memory.mini_seq > 1"
+                     : !strcmp(cfg->loss.impl, "cce")      ? "loss.impl = cce"
+                     : cfg->moe.n_task_layers > 0          ? "moe.task_layers"
+                     : cfg->router.noise != MOE_NOISE_NONE ? "router.noise other than none"
+                     : cfg->router.n_task_priority > 0     ? "router.task_priority"
+                                                           : NULL;
+    if (no) return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet", no);
+    *g = *h; // sizes, config, table and the host-side statistics arrays (shared)
+    g->ops = ops;
+    g->timing = NULL;
+    g->usage = NULL;
+    g->task_share = NULL;
+    g->params = g->grads = NULL;
+    g->gpu = calloc(1, sizeof *g->gpu);
+    if (!g->gpu) return moe_fail(MOE_ENOMEM, "device model");
+    const size_t n = h->table.numel, n_acts = layout_acts(g, NULL);
+    int rc = 0;
+    if (!(g->params = ops->alloc(n * sizeof(float))) ||
+        !(g->grads = ops->alloc(n * sizeof(float))) ||
+        !(g->gpu->acts = ops->alloc((n_acts ? n_acts : 1) * sizeof(float)))) {
+        rc = MOE_ENOMEM; // ops->alloc left the message (size and config keys)
+        goto fail;
+    }
+    MOE_TRY_GOTO(moe_cuda_upload(g->params, h->params, n * sizeof(float)), rc);
+    MOE_TRY_GOTO(ops->zero(g->grads, n), rc);
+    layout_acts(g, g->gpu->acts);
+    g->embed = g->params + (h->embed - h->params);
+    g->d_embed = g->grads + (h->embed - h->params);
+    g->norm = g->params + (h->norm - h->params);
+    g->d_norm = g->grads + (h->norm - h->params);
+    g->lm_head = g->params + (h->lm_head - h->params);
+    g->d_lm_head = g->grads + (h->lm_head - h->params);
+    for (int l = 0; l < g->L; l++) {
+        size_t moe_off = h->is_moe[l] ? (size_t)(h->p[l].moe.gate - h->params) : 0;
+        bind_block(g, &g->p[l], g->params, l, moe_off);
+        bind_block(g, &g->g[l], g->grads, l, moe_off);
+        if (g->is_moe[l])
+            MOE_TRY_GOTO(moe_layer_cuda_acts_alloc(&g->gpu->moe[l], &g->moe_cfg[l], ops), rc);
+    }
+    return 0;
+fail:
+    moe_model_gpu_free(g);
+    return rc;
+}
+
+void moe_model_gpu_free(moe_model *g) {
+    if (!g->gpu) return;
+    for (int l = 0; l < g->L; l++)
+        if (g->is_moe[l]) moe_layer_cuda_acts_free(&g->gpu->moe[l]);
+    if (g->gpu->acts) g->ops->free(g->gpu->acts);
+    if (g->params) g->ops->free(g->params);
+    if (g->grads) g->ops->free(g->grads);
+    free(g->gpu);
+    memset(g, 0, sizeof *g); // the shared host arrays belong to the host model
+}
+
+int moe_model_gpu_download(moe_model *h, const moe_model *g) {
+    for (int l = 0; l < h->L; l++)
+        h->cap[l] = g->cap[l]; // controller counters (its arrays are shared)
+    h->load_calls = g->load_calls;
+    return moe_cuda_download(h->params, g->params, h->table.numel * sizeof(float));
+}
+#else
+static int gpu_moe_forward(moe_model *m, int l, float *y, const int *cap, int N, bool training) {
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+}
+
+static int gpu_moe_backward(moe_model *m, int l, int N, float aux_scale, float z_scale) {
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+}
+
+int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
+    memset(g, 0, sizeof *g);
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+}
+
+void moe_model_gpu_free(moe_model *g) {}
+
+int moe_model_gpu_download(moe_model *h, const moe_model *g) {
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+}
+#endif
 
 // Layer l's attention up to its output before o_proj: ln1, rstd1, q, k, v
 // (after RoPE), att and atty from the layer input x. The backward pass calls
@@ -452,7 +567,7 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
         float *next = l + 1 < m->L ? m->a[l + 1].x : m->xf;
         MOE_TRY(attention_inner(m, l, B, T));
         MOE_TRY(ops->matmul(a->mid, a->atty, p->wo, N, D, QD, false, true, 1.0f, 0.0f));
-        add_into(a->mid, a->x, (size_t)N * D);
+        MOE_TRY(ops->add(a->mid, a->x, (size_t)N * D));
         MOE_TRY(m->ops->rmsnorm_forward(a->ln2, a->rstd2, a->mid, p->ln2, N, D, eps));
         lap(m, m->timing ? &m->timing->attention : NULL, &t0);
         if (!m->is_moe[l]) {
@@ -472,8 +587,9 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
                     m->cap_all[e] = N;
                 cap = m->cap_all;
             }
-            int rc = moe_layer_forward(next, a->ln2, m->task_tok, cap, N, &p->moe, &a->moe,
-                                       training, step);
+            int rc = m->gpu ? gpu_moe_forward(m, l, next, cap, N, training)
+                            : moe_layer_forward(next, a->ln2, m->task_tok, cap, N, &p->moe, &a->moe,
+                                                training, step);
             if (rc < 0) return moe_fail(rc, "layer %d (MoE): %s", l, moe_last_error());
             const moe_plan *plan = &a->moe.plan;
             m->aux += plan->aux_loss;
@@ -489,7 +605,7 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
             moe_idx++;
         }
         lap(m, m->timing ? (m->is_moe[l] ? &m->timing->moe : &m->timing->ffn) : NULL, &t0);
-        add_into(next, a->mid, (size_t)N * D);
+        MOE_TRY(ops->add(next, a->mid, (size_t)N * D));
     }
     m->load_calls += training;
     MOE_TRY(m->ops->rmsnorm_forward(m->lnf, m->rstdf, m->xf, m->norm, N, D, eps));
@@ -572,8 +688,11 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
                                     false, 1.0f, 0.0f));
             }
         } else {
-            MOE_TRY(moe_layer_backward(m->dln, &g->moe, m->dres, a->ln2, m->task_tok, N, &p->moe,
-                                       &a->moe, aux_c, z_c));
+            if (m->gpu)
+                MOE_TRY(gpu_moe_backward(m, l, N, aux_c, z_c));
+            else
+                MOE_TRY(moe_layer_backward(m->dln, &g->moe, m->dres, a->ln2, m->task_tok, N,
+                                           &p->moe, &a->moe, aux_c, z_c));
         }
         MOE_TRY(m->ops->rmsnorm_backward(m->dres, g->ln2, m->dln, a->mid, p->ln2, a->rstd2, N, D));
         lap(m, m->timing ? (m->is_moe[l] ? &m->timing->moe : &m->timing->ffn) : NULL, &t0);

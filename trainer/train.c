@@ -12,6 +12,7 @@
 #include "moe/parallel.h"
 #include "moe/plan.h"
 #include "moe/task_experts.h"
+#include "trainer/train_gpu.h"
 
 #include <errno.h>
 #include <limits.h>
@@ -165,12 +166,18 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     memset(&opt, 0, sizeof opt);
     FILE *metrics = NULL;
     int32_t *in = NULL, *tg = NULL, *task = NULL;
-    float *acc = NULL; // gradient sum over micro-batches
+    float *acc = NULL;   // gradient sum over micro-batches
+    moe_gpu_trainer gpu; // train.device = cuda: the device copy that trains
+    memset(&gpu, 0, sizeof gpu);
+    const bool on_gpu = !strcmp(cfg->train.device, "cuda");
     char path[PATH_MAX], ckpt[PATH_MAX];
     // Setup: every rank checks; all agree on the first failure (lowest rank),
     // so an invalid config or file on one rank ends every rank cleanly.
     int rc = moe_config_check(cfg, NULL);
     if (rc == 0) rc = moe_device_check(cfg->train.device);
+    if (rc == 0 && on_gpu && moe_comm_size(world) > 1)
+        rc = moe_fail(MOE_EINVAL, "train.device = cuda trains in one process (not under mpirun "
+                                  "yet)");
     if (rc == 0) rc = moe_parallel_init(&par, world, cfg);
     const bool lead = moe_comm_rank(world) == 0;
     if (rc == 0 && lead) rc = make_dirs(o->out_dir);
@@ -180,6 +187,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     if (rc == 0) rc = moe_adamw_init(&opt, &m.table, cfg->train.decay_all);
     moe_train_state st = {0, {0, 0}};
     if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
+    if (rc == 0 && on_gpu) rc = moe_gpu_trainer_init(&gpu, &m, &opt, cfg, (size_t)d.B * d.T);
     rc = moe_comm_agree(world, rc);
     r->agreed = rc < 0;
     if (rc < 0) goto fail;
@@ -222,6 +230,32 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     for (long step = st.step; step < total; step++) {
         double t0 = now(), parts[4] = {0, 0, 0, 0}; // loss, ce, aux, z
         const comm_step c0 = comm_now(&par);
+        double gnorm;
+        float lr = moe_lr_schedule((int)step, (int)total, cfg->train.warmup_steps,
+                                   (float)cfg->train.lr, (float)cfg->train.min_lr_ratio);
+        moe_model *fm = on_gpu ? &gpu.m : &m; // the model that trains (its routing statistics)
+        if (on_gpu) { // trainer/train_gpu.c: the same step on the device, one process
+            MOE_TRY_GOTO(moe_gpu_zero_grads(&gpu), rc);
+            for (int a = 0; a < accum; a++) {
+                uint64_t idx = d.cursor[MOE_SPLIT_TRAIN] + (uint64_t)a;
+                MOE_TRY_GOTO(moe_data_batch(&d, MOE_SPLIT_TRAIN, idx, in, tg, task), rc);
+                rc = moe_gpu_micro_batch(&gpu, in, tg, task, d.B, d.T, (uint64_t)step);
+                if (rc < 0) {
+                    rc = moe_fail(rc, "step %ld: %s", step, moe_last_error());
+                    goto fail;
+                }
+                parts[0] += gpu.m.loss / accum, parts[1] += gpu.m.ce / accum;
+                parts[2] += gpu.m.aux / accum, parts[3] += gpu.m.z / accum;
+            }
+            d.cursor[MOE_SPLIT_TRAIN] += (uint64_t)accum;
+            moe_model_capacity_step(&gpu.m);
+            rc = moe_gpu_optimizer_step(&gpu, &opt, accum, lr, cfg, &gnorm);
+            if (rc < 0) {
+                rc = moe_fail(rc, "step %ld: %s", step, moe_last_error());
+                goto fail;
+            }
+            goto stepped;
+        }
         if (accum > 1) memset(acc, 0, sizeof(float) * n);
         for (int a = 0; a < accum; a++) {
             // Each micro-batch's gradient starts from zero and is added to
@@ -267,7 +301,6 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         MOE_TRY_GOTO(moe_comm_allreduce_i64(world, &calls, 1), rc);
         m.load_calls = (long)calls;
         moe_model_capacity_step(&m);
-        double gnorm;
         MOE_TRY_GOTO(moe_parallel_grad_norm(&par, &m, &gnorm), rc);
         if (!isfinite(gnorm)) {
             rc = moe_fail(MOE_ENUMERIC, "step %ld: non-finite gradient in %s", step,
@@ -275,13 +308,12 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
             goto fail;
         }
         moe_grad_clip(m.grads, n, gnorm, cfg->train.grad_clip);
-        float lr = moe_lr_schedule((int)step, (int)total, cfg->train.warmup_steps,
-                                   (float)cfg->train.lr, (float)cfg->train.min_lr_ratio);
         moe_adamw_update(&opt, m.params, m.grads, lr, (float)cfg->train.beta1,
                          (float)cfg->train.beta2, 1e-8f, (float)cfg->train.weight_decay);
+    stepped:
         st.step = step + 1;
         const double loss = parts[0];
-        double dt = now() - t0, tps = (double)nt * accum * W / dt, drop = mean_drop_rate(&m);
+        double dt = now() - t0, tps = (double)nt * accum * W / dt, drop = mean_drop_rate(fm);
         tokens += (double)nt * accum * W;
         drop_sum += drop;
         steps_run++;
@@ -293,7 +325,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         c.ar_bytes -= c0.ar_bytes, c.ar_s -= c0.ar_s;
         r->a2a_bytes += c.a2a_bytes, r->a2a_msgs += c.a2a_msgs;
         if (metrics)
-            write_metrics(metrics, step + 1, &m, loss, parts[1], parts[2], parts[3], lr, gnorm, tps,
+            write_metrics(metrics, step + 1, fm, loss, parts[1], parts[2], parts[3], lr, gnorm, tps,
                           drop, c);
         double eta = (now() - t_start) / steps_run * (total - step - 1);
         if (!quiet && (tty || (step + 1) % cfg->train.log_every == 0 || step + 1 == total))
@@ -301,6 +333,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         if (cfg->train.eval_every > 0 && (step + 1) % cfg->train.eval_every == 0 &&
             step + 1 < total) {
             moe_eval_result ev; // every rank evaluates the same batches in step
+            if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc); // eval on the host
             MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, 0, &ev), rc);
             if (metrics)
                 fprintf(metrics, "{\"eval_step\": %ld, \"val_loss\": %.6f}\n", step + 1,
@@ -317,6 +350,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         if (stop || (cfg->train.ckpt_every > 0 && (step + 1) % cfg->train.ckpt_every == 0)) {
             st.cursor[0] = d.cursor[0];
             st.cursor[1] = d.cursor[1];
+            if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc);
             MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
             MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st, &par), rc);
         }
@@ -333,6 +367,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     if (!r->interrupted) {
         st.cursor[0] = d.cursor[0];
         st.cursor[1] = d.cursor[1];
+        if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc);
         MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
         MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st, &par), rc);
         MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &r->eval), rc);
@@ -352,6 +387,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         }
     }
 fail:
+    moe_gpu_trainer_free(&gpu);
     if (metrics) fclose(metrics);
     moe_mfree(in);
     moe_mfree(tg);

@@ -13,6 +13,7 @@ size_t moe_cpu_alloc_size(size_t bytes);
 int moe_cpu_zero(float *x, size_t n);
 int moe_cpu_mul(float *out, const float *a, const float *b, size_t n);
 int moe_cpu_mul_add(float *out, const float *a, const float *b, size_t n);
+int moe_cpu_add(float *out, const float *x, size_t n);
 
 int moe_cpu_matmul(float *c, const float *a, const float *b, int M, int N, int K, bool trans_a,
                    bool trans_b, float alpha, float beta);

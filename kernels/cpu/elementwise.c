@@ -53,3 +53,9 @@ int moe_cpu_mul_add(float *restrict out, const float *restrict a, const float *r
         out[i] += a[i] * b[i];
     return 0;
 }
+
+int moe_cpu_add(float *restrict out, const float *restrict x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        out[i] += x[i];
+    return 0;
+}

@@ -24,6 +24,7 @@ const moe_ops moe_ops_cpu = {
     .scatter_add_rows = moe_cpu_scatter_add_rows,
     .mul = moe_cpu_mul,
     .mul_add = moe_cpu_mul_add,
+    .add = moe_cpu_add,
     .rmsnorm_forward = moe_cpu_rmsnorm_forward,
     .rmsnorm_backward = moe_cpu_rmsnorm_backward,
     .rope_forward = moe_cpu_rope_forward,

@@ -18,6 +18,10 @@ __global__ static void mul_add_kernel(float *out, const float *a, const float *b
     GRID_STRIDE(i, n) out[i] += a[i] * b[i];
 }
 
+__global__ static void add_kernel(float *out, const float *x, size_t n) {
+    GRID_STRIDE(i, n) out[i] += x[i];
+}
+
 __global__ static void scale_kernel(float *x, size_t n, float s) {
     GRID_STRIDE(i, n) x[i] *= s;
 }
@@ -60,6 +64,15 @@ extern "C" int moe_cuda_mul_add(float *out, const float *a, const float *b, size
     moe_cuda_ctx c = {};
     MOE_TRY(moe_cuda_ctx_get(&c));
     mul_add_kernel<<<moe_cuda_blocks(n, 256), 256, 0, c.stream>>>(out, a, b, n);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
+extern "C" int moe_cuda_add(float *out, const float *x, size_t n) {
+    if (!n) return 0;
+    moe_cuda_ctx c = {};
+    MOE_TRY(moe_cuda_ctx_get(&c));
+    add_kernel<<<moe_cuda_blocks(n, 256), 256, 0, c.stream>>>(out, x, n);
     CUDA_LAUNCH_CHECK();
     return 0;
 }

@@ -15,7 +15,8 @@
         .unpermute_forward = moe_cuda_unpermute_forward,                                           \
         .unpermute_backward = moe_cuda_unpermute_backward, .gather_rows = moe_cuda_gather_rows,    \
         .scatter_add_rows = moe_cuda_scatter_add_rows, .mul = moe_cuda_mul,                        \
-        .mul_add = moe_cuda_mul_add, .rmsnorm_forward = moe_cuda_rmsnorm_forward,                  \
+        .mul_add = moe_cuda_mul_add, .add = moe_cuda_add,                                          \
+        .rmsnorm_forward = moe_cuda_rmsnorm_forward,                                               \
         .rmsnorm_backward = moe_cuda_rmsnorm_backward, .rope_forward = moe_cuda_rope_forward,      \
         .rope_backward = moe_cuda_rope_backward, .attention_forward = moe_cuda_attention_forward,  \
         .attention_backward = moe_cuda_attention_backward,                                         \

@@ -18,6 +18,7 @@ size_t moe_cuda_alloc_size(size_t bytes);
 int moe_cuda_zero(float *x, size_t n);
 int moe_cuda_mul(float *out, const float *a, const float *b, size_t n);
 int moe_cuda_mul_add(float *out, const float *a, const float *b, size_t n);
+int moe_cuda_add(float *out, const float *x, size_t n);
 
 int moe_cuda_matmul(float *c, const float *a, const float *b, int M, int N, int K, bool trans_a,
                     bool trans_b, float alpha, float beta);

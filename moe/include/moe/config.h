@@ -36,7 +36,8 @@ typedef struct {
         double lr, min_lr_ratio, weight_decay, grad_clip, beta1, beta2;
         bool decay_all; // weight decay on norm weights and embeddings too
         uint64_t seed;
-        char device[MOE_NAME_MAX]; // cpu | cuda
+        char device[MOE_NAME_MAX];  // cpu | cuda
+        char compute[MOE_NAME_MAX]; // fp32 | bf16 (GEMMs on the GPU)
     } train;
     struct {
         char kind[MOE_NAME_MAX]; // synthetic | bin | text

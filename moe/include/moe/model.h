@@ -87,6 +87,9 @@ typedef struct {
     // validation batches before a save (moe/task_experts.h); NULL: none
     double *task_share;
     long task_share_tokens;
+    // a device copy made by moe_model_gpu_init: its MoE layers' CUDA state;
+    // NULL for a host model
+    struct moe_model_gpu *gpu;
 } moe_model;
 
 // Builds the model for cfg (checked) with room for B sequences of T tokens,
@@ -120,6 +123,18 @@ typedef struct {
 } moe_model_mem;
 int moe_model_memory(const moe_config *cfg, int B, int T, int n_tasks, int ep_size, int ep_rank,
                      moe_model_mem *out);
+
+// A device copy of host model h for training on the GPU (CUDA builds): the
+// same sizes and config, parameters uploaded from h, buffers from ops
+// (moe_ops_cuda or moe_ops_cuda_bf16), MoE layers on the CUDA router and
+// grouped GEMMs. Forward and backward take device token arrays and write the
+// routing statistics into the host arrays g shares with h (load, capacities,
+// plan counts). Single process, plain loss, no task routing, router noise or
+// chunking: others fail with MOE_EINVAL naming the key. h must outlive g.
+int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops);
+void moe_model_gpu_free(moe_model *g);
+// Copies g's parameters into h (before checkpoints and evaluation on the host).
+int moe_model_gpu_download(moe_model *h, const moe_model *g);
 
 // Doubles in m->load (MoE layers x usage_E).
 size_t moe_model_load_len(const moe_model *m);

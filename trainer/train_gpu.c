@@ -1,0 +1,114 @@
+// Training steps on the GPU (trainer/train_gpu.h): the optimizer step of
+// trainer/train.c (mean over micro-batches, global-norm clipping, AdamW) with
+// the op table's device kernels. The CPU reference is moe_adamw_update and
+// moe_grad_clip; the op table's AdamW is tested equal to it bit for bit.
+#include "trainer/train_gpu.h"
+#include "moe/error.h"
+
+#include <math.h>
+#include <string.h>
+
+#ifdef MOE_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+
+int moe_gpu_trainer_init(moe_gpu_trainer *g, const moe_model *host, const moe_adamw *opt,
+                         const moe_config *cfg, size_t tokens) {
+    memset(g, 0, sizeof *g);
+    g->ops = !strcmp(cfg->train.compute, "bf16") ? &moe_ops_cuda_bf16 : &moe_ops_cuda;
+    const moe_ops *ops = g->ops;
+    int rc = 0;
+    MOE_TRY(moe_model_gpu_init(&g->m, host, ops));
+    g->n = host->table.numel;
+    g->tokens = tokens;
+    if (!(g->adam_m = ops->alloc(g->n * sizeof(float))) ||
+        !(g->adam_v = ops->alloc(g->n * sizeof(float))) || !(g->decay = ops->alloc(g->n)) ||
+        !(g->in = ops->alloc(tokens * sizeof(int32_t))) ||
+        !(g->tg = ops->alloc(tokens * sizeof(int32_t)))) {
+        rc = MOE_ENOMEM; // ops->alloc left the message
+        goto fail;
+    }
+    MOE_TRY_GOTO(moe_cuda_upload(g->adam_m, opt->m, g->n * sizeof(float)), rc);
+    MOE_TRY_GOTO(moe_cuda_upload(g->adam_v, opt->v, g->n * sizeof(float)), rc);
+    MOE_TRY_GOTO(moe_cuda_upload(g->decay, opt->decay, g->n), rc);
+    return 0;
+fail:
+    moe_gpu_trainer_free(g);
+    return rc;
+}
+
+void moe_gpu_trainer_free(moe_gpu_trainer *g) {
+    const moe_ops *ops = g->ops;
+    if (ops) {
+        void *bufs[] = {g->adam_m, g->adam_v, g->decay, g->in, g->tg};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
+            if (bufs[i]) ops->free(bufs[i]);
+    }
+    moe_model_gpu_free(&g->m);
+    memset(g, 0, sizeof *g);
+}
+
+int moe_gpu_zero_grads(moe_gpu_trainer *g) {
+    return g->ops->zero(g->m.grads, g->n);
+}
+
+int moe_gpu_micro_batch(moe_gpu_trainer *g, const int32_t *in, const int32_t *tg,
+                        const int32_t *task, int B, int T, uint64_t step) {
+    const size_t nt = (size_t)B * T;
+    if (nt > g->tokens)
+        return moe_fail(MOE_EINVAL, "GPU batch of %zu tokens exceeds %zu", nt, g->tokens);
+    MOE_TRY(moe_cuda_upload(g->in, in, nt * sizeof(int32_t)));
+    MOE_TRY(moe_cuda_upload(g->tg, tg, nt * sizeof(int32_t)));
+    MOE_TRY(moe_model_forward(&g->m, g->in, g->tg, task, B, T, true, step));
+    if (!isfinite(g->m.loss))
+        return moe_fail(MOE_ENUMERIC, "loss is %g (ce %g, aux %g, z %g) on the GPU", g->m.loss,
+                        g->m.ce, g->m.aux, g->m.z);
+    return moe_model_backward(&g->m, g->in, g->tg, task);
+}
+
+int moe_gpu_optimizer_step(moe_gpu_trainer *g, moe_adamw *opt, int accum, float lr,
+                           const moe_config *cfg, double *gnorm) {
+    const moe_ops *ops = g->ops;
+    if (accum > 1) MOE_TRY(ops->scale(g->m.grads, g->n, 1.0f / (float)accum));
+    double ss = 0.0;
+    MOE_TRY(ops->sumsq(&ss, g->m.grads, g->n));
+    *gnorm = sqrt(ss);
+    if (!isfinite(*gnorm)) return moe_fail(MOE_ENUMERIC, "non-finite gradient (on the GPU)");
+    const double max_norm = cfg->train.grad_clip;
+    if (max_norm > 0 && *gnorm > max_norm) // moe_grad_clip
+        MOE_TRY(ops->scale(g->m.grads, g->n, (float)(max_norm / (*gnorm + 1e-6))));
+    opt->step++;
+    return ops->adamw(g->m.params, g->adam_m, g->adam_v, g->m.grads, g->decay, g->n, opt->step, lr,
+                      (float)cfg->train.beta1, (float)cfg->train.beta2, 1e-8f,
+                      (float)cfg->train.weight_decay);
+}
+
+int moe_gpu_trainer_sync(moe_gpu_trainer *g, moe_model *host, moe_adamw *opt) {
+    MOE_TRY(moe_model_gpu_download(host, &g->m));
+    MOE_TRY(moe_cuda_download(opt->m, g->adam_m, g->n * sizeof(float)));
+    return moe_cuda_download(opt->v, g->adam_v, g->n * sizeof(float));
+}
+
+#else
+
+int moe_gpu_trainer_init(moe_gpu_trainer *g, const moe_model *host, const moe_adamw *opt,
+                         const moe_config *cfg, size_t tokens) {
+    memset(g, 0, sizeof *g);
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+}
+void moe_gpu_trainer_free(moe_gpu_trainer *g) {}
+int moe_gpu_zero_grads(moe_gpu_trainer *g) {
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+}
+int moe_gpu_micro_batch(moe_gpu_trainer *g, const int32_t *in, const int32_t *tg,
+                        const int32_t *task, int B, int T, uint64_t step) {
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+}
+int moe_gpu_optimizer_step(moe_gpu_trainer *g, moe_adamw *opt, int accum, float lr,
+                           const moe_config *cfg, double *gnorm) {
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+}
+int moe_gpu_trainer_sync(moe_gpu_trainer *g, moe_model *host, moe_adamw *opt) {
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+}
+
+#endif

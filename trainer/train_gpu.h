@@ -1,0 +1,42 @@
+// Training steps on the GPU for trainer/train.c (train.device = cuda): a
+// device copy of the model (moe_model_gpu_init), the AdamW moments and decay
+// mask in device memory, and device token buffers. The host model stays the
+// master for checkpoints and evaluation: moe_gpu_trainer_sync copies the
+// parameters and moments back before those run.
+#ifndef MOE_TRAINER_TRAIN_GPU_H
+#define MOE_TRAINER_TRAIN_GPU_H
+
+#include "moe/config.h"
+#include "moe/model.h"
+#include "moe/optim.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct {
+    moe_model m; // the device copy
+    const moe_ops *ops;
+    float *adam_m, *adam_v;
+    uint8_t *decay;
+    int32_t *in, *tg; // [B * T]
+    size_t n, tokens;
+} moe_gpu_trainer;
+
+// Single process only (world size 1 is the caller's check).
+int moe_gpu_trainer_init(moe_gpu_trainer *g, const moe_model *host, const moe_adamw *opt,
+                         const moe_config *cfg, size_t tokens);
+void moe_gpu_trainer_free(moe_gpu_trainer *g);
+// Zeroes the gradients (start of an optimizer step).
+int moe_gpu_zero_grads(moe_gpu_trainer *g);
+// One micro-batch: tokens to the device, forward, backward (gradients add up).
+int moe_gpu_micro_batch(moe_gpu_trainer *g, const int32_t *in, const int32_t *tg,
+                        const int32_t *task, int B, int T, uint64_t step);
+// Mean over accum micro-batches, global norm (*gnorm), clipping to
+// train.grad_clip, one AdamW step at lr (opt->step advances, as
+// moe_adamw_update). A non-finite norm fails before the update.
+int moe_gpu_optimizer_step(moe_gpu_trainer *g, moe_adamw *opt, int accum, float lr,
+                           const moe_config *cfg, double *gnorm);
+// Parameters and AdamW moments back into the host model and optimizer.
+int moe_gpu_trainer_sync(moe_gpu_trainer *g, moe_model *host, moe_adamw *opt);
+
+#endif

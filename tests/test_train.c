@@ -183,11 +183,51 @@ START_TEST(test_checkpoint_mismatch_and_corruption) {
 }
 END_TEST
 
+// The GPU training path (a device copy of the model, the optimizer step on
+// the op table: trainer/train_gpu.c) run on the CPU table: the same losses as
+// the host trainer step by step, and a checkpoint that holds its parameters.
+START_TEST(test_device_training_path_on_cpu_matches_host) {
+    moe_config c = small();
+    c.train.steps = 20;
+    c.router.capacity_factor = 1.0; // drops on some steps
+    double host[20], dev[20];
+    char out[600];
+    moe_train_result r;
+    moe_train_opts o = {0};
+    o.quiet = true;
+    snprintf(out, sizeof out, "%s/host", tu_tmpdir());
+    o.out_dir = out;
+    o.losses = host;
+    ck_assert_msg(moe_train(&c, &o, &r) == 0, "%s", moe_last_error());
+    double val_host = r.eval.val_loss;
+    moe_eval_result_free(&r.eval);
+    snprintf(out, sizeof out, "%s/dev", tu_tmpdir());
+    o.out_dir = out;
+    o.losses = dev;
+    o.device_ops = &moe_ops_cpu;
+    ck_assert_msg(moe_train(&c, &o, &r) == 0, "%s", moe_last_error());
+    for (int s = 0; s < 20; s++)
+        ck_assert_msg(fabs(dev[s] - host[s]) <= 1e-6 * fabs(host[s]), "step %d: %.9g vs %.9g", s,
+                      dev[s], host[s]);
+    // the evaluation runs on the host model refreshed from the copy
+    ck_assert_msg(fabs(r.eval.val_loss - val_host) <= 1e-6 * fabs(val_host), "val %.9g vs %.9g",
+                  r.eval.val_loss, val_host);
+    moe_eval_result_free(&r.eval);
+    c.moe.n_task_layers = 1; // not on the device path yet: refused by name
+    c.moe.task_layers[0] = 1;
+    snprintf(out, sizeof out, "%s/task", tu_tmpdir());
+    o.out_dir = out;
+    ck_assert_int_eq(moe_train(&c, &o, &r), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "moe.task_layers"), "%s", moe_last_error());
+}
+END_TEST
+
 static Suite *train_suite(void) {
     Suite *s = suite_create("train");
     TCase *tc = tcase_create("train");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_loss_falls_below_baseline);
+    tcase_add_test(tc, test_device_training_path_on_cpu_matches_host);
     tcase_add_test(tc, test_resume_is_bit_exact);
     tcase_add_test(tc, test_nonfinite_loss_stops_and_keeps_checkpoint);
     tcase_add_test(tc, test_checkpoint_mismatch_and_corruption);

@@ -403,12 +403,30 @@ static int chunked_head_backward(moe_model *m, const int32_t *targets, int N) {
     return 0;
 }
 
-#ifdef MOE_HAVE_CUDA
+// ---- the device copy (moe_model_gpu_init) ----------------------------------------------
+
 struct moe_model_gpu {
+    bool cuda;   // MoE layers on the CUDA router and grouped GEMMs (else the CPU layers)
+    float *acts; // the activation block, from ops->alloc
+#ifdef MOE_HAVE_CUDA
     moe_layer_cuda_acts moe[MOE_MAX_LAYERS];
-    float *acts;
+#endif
 };
 
+// Host <-> copy transfers: device copies on a CUDA table, memcpy on the CPU one.
+static int copy_bytes(const moe_model *g, void *dst, const void *src, size_t bytes, bool up) {
+    if (!g->gpu->cuda) {
+        if (bytes) memcpy(dst, src, bytes);
+        return 0;
+    }
+#ifdef MOE_HAVE_CUDA
+    return up ? moe_cuda_upload(dst, src, bytes) : moe_cuda_download(dst, src, bytes);
+#else
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+#endif
+}
+
+#ifdef MOE_HAVE_CUDA
 // The MoE layer of a device model: the CUDA layer, then the routing
 // statistics the host code reads (counts, kept, capacity, losses) copied into
 // the layer's host plan.
@@ -431,10 +449,23 @@ static int gpu_moe_backward(moe_model *m, int l, int N, float aux_scale, float z
     return moe_layer_cuda_backward(m->dln, &m->g[l].moe, m->dres, m->a[l].ln2, N, &m->p[l].moe,
                                    &m->gpu->moe[l], aux_scale, z_scale);
 }
+#else
+static int gpu_moe_forward(moe_model *m, int l, float *y, const int *cap, int N, bool training) {
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+}
+
+static int gpu_moe_backward(moe_model *m, int l, int N, float aux_scale, float z_scale) {
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+}
+#endif
 
 int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
     memset(g, 0, sizeof *g);
     const moe_config *cfg = &h->cfg;
+    const bool cuda = !strncmp(ops->name, "cuda", 4);
+#ifndef MOE_HAVE_CUDA
+    if (cuda) return moe_fail(MOE_EINVAL, "built without CUDA");
+#endif
     const char *no = h->ep                                 ? "parallel.ep > 1"
                      : h->chunks > 1                       ? "memory.mini_seq > 1"
                      : !strcmp(cfg->loss.impl, "cce")      ? "loss.impl = cce"
@@ -451,6 +482,7 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
     g->params = g->grads = NULL;
     g->gpu = calloc(1, sizeof *g->gpu);
     if (!g->gpu) return moe_fail(MOE_ENOMEM, "device model");
+    g->gpu->cuda = cuda;
     const size_t n = h->table.numel, n_acts = layout_acts(g, NULL);
     int rc = 0;
     if (!(g->params = ops->alloc(n * sizeof(float))) ||
@@ -459,7 +491,7 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
         rc = MOE_ENOMEM; // ops->alloc left the message (size and config keys)
         goto fail;
     }
-    MOE_TRY_GOTO(moe_cuda_upload(g->params, h->params, n * sizeof(float)), rc);
+    MOE_TRY_GOTO(copy_bytes(g, g->params, h->params, n * sizeof(float), true), rc);
     MOE_TRY_GOTO(ops->zero(g->grads, n), rc);
     layout_acts(g, g->gpu->acts);
     g->embed = g->params + (h->embed - h->params);
@@ -472,8 +504,12 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
         size_t moe_off = h->is_moe[l] ? (size_t)(h->p[l].moe.gate - h->params) : 0;
         bind_block(g, &g->p[l], g->params, l, moe_off);
         bind_block(g, &g->g[l], g->grads, l, moe_off);
-        if (g->is_moe[l])
+#ifdef MOE_HAVE_CUDA
+        if (g->is_moe[l] && cuda)
             MOE_TRY_GOTO(moe_layer_cuda_acts_alloc(&g->gpu->moe[l], &g->moe_cfg[l], ops), rc);
+#endif
+        // on the CPU table the copy's MoE layers use the host model's layer
+        // buffers (g->a[l].moe is a copy of h's): only one of the two runs
     }
     return 0;
 fail:
@@ -483,8 +519,10 @@ fail:
 
 void moe_model_gpu_free(moe_model *g) {
     if (!g->gpu) return;
+#ifdef MOE_HAVE_CUDA
     for (int l = 0; l < g->L; l++)
-        if (g->is_moe[l]) moe_layer_cuda_acts_free(&g->gpu->moe[l]);
+        if (g->is_moe[l] && g->gpu->cuda) moe_layer_cuda_acts_free(&g->gpu->moe[l]);
+#endif
     if (g->gpu->acts) g->ops->free(g->gpu->acts);
     if (g->params) g->ops->free(g->params);
     if (g->grads) g->ops->free(g->grads);
@@ -496,28 +534,8 @@ int moe_model_gpu_download(moe_model *h, const moe_model *g) {
     for (int l = 0; l < h->L; l++)
         h->cap[l] = g->cap[l]; // controller counters (its arrays are shared)
     h->load_calls = g->load_calls;
-    return moe_cuda_download(h->params, g->params, h->table.numel * sizeof(float));
+    return copy_bytes(g, h->params, g->params, h->table.numel * sizeof(float), false);
 }
-#else
-static int gpu_moe_forward(moe_model *m, int l, float *y, const int *cap, int N, bool training) {
-    return moe_fail(MOE_EINVAL, "built without CUDA");
-}
-
-static int gpu_moe_backward(moe_model *m, int l, int N, float aux_scale, float z_scale) {
-    return moe_fail(MOE_EINVAL, "built without CUDA");
-}
-
-int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
-    memset(g, 0, sizeof *g);
-    return moe_fail(MOE_EINVAL, "built without CUDA");
-}
-
-void moe_model_gpu_free(moe_model *g) {}
-
-int moe_model_gpu_download(moe_model *h, const moe_model *g) {
-    return moe_fail(MOE_EINVAL, "built without CUDA");
-}
-#endif
 
 // Layer l's attention up to its output before o_proj: ln1, rstd1, q, k, v
 // (after RoPE), att and atty from the layer input x. The backward pass calls
@@ -587,9 +605,9 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
                     m->cap_all[e] = N;
                 cap = m->cap_all;
             }
-            int rc = m->gpu ? gpu_moe_forward(m, l, next, cap, N, training)
-                            : moe_layer_forward(next, a->ln2, m->task_tok, cap, N, &p->moe, &a->moe,
-                                                training, step);
+            int rc = m->gpu && m->gpu->cuda ? gpu_moe_forward(m, l, next, cap, N, training)
+                                            : moe_layer_forward(next, a->ln2, m->task_tok, cap, N,
+                                                                &p->moe, &a->moe, training, step);
             if (rc < 0) return moe_fail(rc, "layer %d (MoE): %s", l, moe_last_error());
             const moe_plan *plan = &a->moe.plan;
             m->aux += plan->aux_loss;
@@ -688,7 +706,7 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
                                     false, 1.0f, 0.0f));
             }
         } else {
-            if (m->gpu)
+            if (m->gpu && m->gpu->cuda)
                 MOE_TRY(gpu_moe_backward(m, l, N, aux_c, z_c));
             else
                 MOE_TRY(moe_layer_backward(m->dln, &g->moe, m->dres, a->ln2, m->task_tok, N,

@@ -169,7 +169,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     float *acc = NULL;   // gradient sum over micro-batches
     moe_gpu_trainer gpu; // train.device = cuda: the device copy that trains
     memset(&gpu, 0, sizeof gpu);
-    const bool on_gpu = !strcmp(cfg->train.device, "cuda");
+    const bool on_gpu = o->device_ops || !strcmp(cfg->train.device, "cuda");
     char path[PATH_MAX], ckpt[PATH_MAX];
     // Setup: every rank checks; all agree on the first failure (lowest rank),
     // so an invalid config or file on one rank ends every rank cleanly.
@@ -187,7 +187,8 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     if (rc == 0) rc = moe_adamw_init(&opt, &m.table, cfg->train.decay_all);
     moe_train_state st = {0, {0, 0}};
     if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
-    if (rc == 0 && on_gpu) rc = moe_gpu_trainer_init(&gpu, &m, &opt, cfg, (size_t)d.B * d.T);
+    if (rc == 0 && on_gpu)
+        rc = moe_gpu_trainer_init(&gpu, &m, &opt, cfg, (size_t)d.B * d.T, o->device_ops);
     rc = moe_comm_agree(world, rc);
     r->agreed = rc < 0;
     if (rc < 0) goto fail;

@@ -1,7 +1,8 @@
 // Training steps on the GPU (trainer/train_gpu.h): the optimizer step of
 // trainer/train.c (mean over micro-batches, global-norm clipping, AdamW) with
 // the op table's device kernels. The CPU reference is moe_adamw_update and
-// moe_grad_clip; the op table's AdamW is tested equal to it bit for bit.
+// moe_grad_clip; the op table's AdamW is tested equal to it bit for bit, and
+// the whole path runs on moe_ops_cpu in tests/test_train.c.
 #include "trainer/train_gpu.h"
 #include "moe/error.h"
 
@@ -10,12 +11,48 @@
 
 #ifdef MOE_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
+#endif
+
+static bool on_cuda(const moe_ops *ops) {
+    return !strncmp(ops->name, "cuda", 4);
+}
+
+// Host to device (or to the host copy on the CPU table).
+static int up(const moe_ops *ops, void *dst, const void *src, size_t bytes) {
+    if (!on_cuda(ops)) {
+        if (bytes) memcpy(dst, src, bytes);
+        return 0;
+    }
+#ifdef MOE_HAVE_CUDA
+    return moe_cuda_upload(dst, src, bytes);
+#else
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+#endif
+}
+
+static int down(const moe_ops *ops, void *dst, const void *src, size_t bytes) {
+    if (!on_cuda(ops)) {
+        if (bytes) memcpy(dst, src, bytes);
+        return 0;
+    }
+#ifdef MOE_HAVE_CUDA
+    return moe_cuda_download(dst, src, bytes);
+#else
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+#endif
+}
 
 int moe_gpu_trainer_init(moe_gpu_trainer *g, const moe_model *host, const moe_adamw *opt,
-                         const moe_config *cfg, size_t tokens) {
+                         const moe_config *cfg, size_t tokens, const moe_ops *ops) {
     memset(g, 0, sizeof *g);
-    g->ops = !strcmp(cfg->train.compute, "bf16") ? &moe_ops_cuda_bf16 : &moe_ops_cuda;
-    const moe_ops *ops = g->ops;
+    if (!ops) {
+#ifdef MOE_HAVE_CUDA
+        ops = !strcmp(cfg->train.compute, "bf16") ? &moe_ops_cuda_bf16 : &moe_ops_cuda;
+#else
+        return moe_fail(MOE_EINVAL, "built without CUDA");
+#endif
+    }
+    g->ops = ops;
     int rc = 0;
     MOE_TRY(moe_model_gpu_init(&g->m, host, ops));
     g->n = host->table.numel;
@@ -27,9 +64,9 @@ int moe_gpu_trainer_init(moe_gpu_trainer *g, const moe_model *host, const moe_ad
         rc = MOE_ENOMEM; // ops->alloc left the message
         goto fail;
     }
-    MOE_TRY_GOTO(moe_cuda_upload(g->adam_m, opt->m, g->n * sizeof(float)), rc);
-    MOE_TRY_GOTO(moe_cuda_upload(g->adam_v, opt->v, g->n * sizeof(float)), rc);
-    MOE_TRY_GOTO(moe_cuda_upload(g->decay, opt->decay, g->n), rc);
+    MOE_TRY_GOTO(up(ops, g->adam_m, opt->m, g->n * sizeof(float)), rc);
+    MOE_TRY_GOTO(up(ops, g->adam_v, opt->v, g->n * sizeof(float)), rc);
+    MOE_TRY_GOTO(up(ops, g->decay, opt->decay, g->n), rc);
     return 0;
 fail:
     moe_gpu_trainer_free(g);
@@ -56,8 +93,8 @@ int moe_gpu_micro_batch(moe_gpu_trainer *g, const int32_t *in, const int32_t *tg
     const size_t nt = (size_t)B * T;
     if (nt > g->tokens)
         return moe_fail(MOE_EINVAL, "GPU batch of %zu tokens exceeds %zu", nt, g->tokens);
-    MOE_TRY(moe_cuda_upload(g->in, in, nt * sizeof(int32_t)));
-    MOE_TRY(moe_cuda_upload(g->tg, tg, nt * sizeof(int32_t)));
+    MOE_TRY(up(g->ops, g->in, in, nt * sizeof(int32_t)));
+    MOE_TRY(up(g->ops, g->tg, tg, nt * sizeof(int32_t)));
     MOE_TRY(moe_model_forward(&g->m, g->in, g->tg, task, B, T, true, step));
     if (!isfinite(g->m.loss))
         return moe_fail(MOE_ENUMERIC, "loss is %g (ce %g, aux %g, z %g) on the GPU", g->m.loss,
@@ -84,31 +121,6 @@ int moe_gpu_optimizer_step(moe_gpu_trainer *g, moe_adamw *opt, int accum, float 
 
 int moe_gpu_trainer_sync(moe_gpu_trainer *g, moe_model *host, moe_adamw *opt) {
     MOE_TRY(moe_model_gpu_download(host, &g->m));
-    MOE_TRY(moe_cuda_download(opt->m, g->adam_m, g->n * sizeof(float)));
-    return moe_cuda_download(opt->v, g->adam_v, g->n * sizeof(float));
+    MOE_TRY(down(g->ops, opt->m, g->adam_m, g->n * sizeof(float)));
+    return down(g->ops, opt->v, g->adam_v, g->n * sizeof(float));
 }
-
-#else
-
-int moe_gpu_trainer_init(moe_gpu_trainer *g, const moe_model *host, const moe_adamw *opt,
-                         const moe_config *cfg, size_t tokens) {
-    memset(g, 0, sizeof *g);
-    return moe_fail(MOE_EINVAL, "built without CUDA");
-}
-void moe_gpu_trainer_free(moe_gpu_trainer *g) {}
-int moe_gpu_zero_grads(moe_gpu_trainer *g) {
-    return moe_fail(MOE_EINVAL, "built without CUDA");
-}
-int moe_gpu_micro_batch(moe_gpu_trainer *g, const int32_t *in, const int32_t *tg,
-                        const int32_t *task, int B, int T, uint64_t step) {
-    return moe_fail(MOE_EINVAL, "built without CUDA");
-}
-int moe_gpu_optimizer_step(moe_gpu_trainer *g, moe_adamw *opt, int accum, float lr,
-                           const moe_config *cfg, double *gnorm) {
-    return moe_fail(MOE_EINVAL, "built without CUDA");
-}
-int moe_gpu_trainer_sync(moe_gpu_trainer *g, moe_model *host, moe_adamw *opt) {
-    return moe_fail(MOE_EINVAL, "built without CUDA");
-}
-
-#endif

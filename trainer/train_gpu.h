@@ -22,9 +22,11 @@ typedef struct {
     size_t n, tokens;
 } moe_gpu_trainer;
 
-// Single process only (world size 1 is the caller's check).
+// Single process only (world size 1 is the caller's check). ops NULL: the
+// CUDA table train.compute names; moe_ops_cpu runs the same path on the host
+// (tests).
 int moe_gpu_trainer_init(moe_gpu_trainer *g, const moe_model *host, const moe_adamw *opt,
-                         const moe_config *cfg, size_t tokens);
+                         const moe_config *cfg, size_t tokens, const moe_ops *ops);
 void moe_gpu_trainer_free(moe_gpu_trainer *g);
 // Zeroes the gradients (start of an optimizer step).
 int moe_gpu_zero_grads(moe_gpu_trainer *g);

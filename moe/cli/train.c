@@ -137,7 +137,7 @@ int moe_cli_train(int argc, char **argv) {
     }
     interrupted = 0;
     void (*old)(int) = signal(SIGINT, on_sigint);
-    moe_train_opts o = {out, resume, &interrupted, stdout, quiet, NULL, 0, NULL};
+    moe_train_opts o = {out, resume, &interrupted, stdout, quiet, NULL, 0, NULL, NULL};
     moe_train_result r;
     moe_comm *world = NULL;
     int rank = 0, rc = 0;

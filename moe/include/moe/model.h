@@ -124,13 +124,15 @@ typedef struct {
 int moe_model_memory(const moe_config *cfg, int B, int T, int n_tasks, int ep_size, int ep_rank,
                      moe_model_mem *out);
 
-// A device copy of host model h for training on the GPU (CUDA builds): the
-// same sizes and config, parameters uploaded from h, buffers from ops
-// (moe_ops_cuda or moe_ops_cuda_bf16), MoE layers on the CUDA router and
-// grouped GEMMs. Forward and backward take device token arrays and write the
-// routing statistics into the host arrays g shares with h (load, capacities,
-// plan counts). Single process, plain loss, no task routing, router noise or
-// chunking: others fail with MOE_EINVAL naming the key. h must outlive g.
+// A device copy of host model h for training on the GPU: the same sizes and
+// config, parameters copied from h, buffers from ops. On a CUDA table
+// (moe_ops_cuda, moe_ops_cuda_bf16) the MoE layers run on the CUDA router and
+// grouped GEMMs and write their routing statistics into the host arrays g
+// shares with h (load, capacities, plan counts); forward and backward then
+// take device token arrays. On moe_ops_cpu the same code makes a host copy
+// (tests check the device path with it). Single process, plain loss, no task
+// routing, router noise or chunking: others fail with MOE_EINVAL naming the
+// key. h must outlive g.
 int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops);
 void moe_model_gpu_free(moe_model *g);
 // Copies g's parameters into h (before checkpoints and evaluation on the host).

@@ -4,6 +4,7 @@
 #ifndef MOE_TRAIN_H
 #define MOE_TRAIN_H
 
+#include "kernels/ops.h"
 #include "moe/config.h"
 #include "moe/data.h"
 #include "moe/model.h"
@@ -43,6 +44,10 @@ typedef struct {
     double *losses;              // optional [train.steps]: loss of each step
     long stop_after;             // > 0: checkpoint and stop once this many steps are done
     struct moe_comm *world;      // every rank of the job; NULL: this process alone
+    // Train through the device copy of the model (trainer/train_gpu.c) on this
+    // op table instead of the one train.device selects: tests pass
+    // &moe_ops_cpu to check the GPU training path on a machine without one.
+    const moe_ops *device_ops;
 } moe_train_opts;
 
 typedef struct {

@@ -96,8 +96,8 @@ typedef struct moe_ops {
     int (*attention_backward)(float *dq, float *dk, float *dv, float *datt, const float *dout,
                               const float *att, const float *q, const float *k, const float *v,
                               int B, int T, int Hq, int Hkv, int hd);
-    // tok/target are backend memory; a token outside [0, V) fails (CPU) or is
-    // reported after the kernel (CUDA, one flag read back).
+    // tok/target are backend memory; an id outside the vocabulary fails with
+    // the same message on both (CUDA copies the ids to the host to check them).
     int (*embedding_forward)(float *out, const int32_t *tok, const float *table, int N, int C,
                              int V);
     int (*embedding_backward)(float *dtable, const float *dout, const int32_t *tok, int N, int C);

@@ -176,6 +176,35 @@ static void scenario(const char *dir, int ep, int ranks_per_node, const char *a2
     moe_comm_free(world);
 }
 
+// Data parallelism (parallel.ep = 1) through the GPU training path
+// (trainer/train_gpu.c) run on the CPU op table: the device copy's gradients
+// summed over the ranks give the losses of the host trainer on 4 ranks.
+static void device_path_data_parallel(const char *dir) {
+    moe_comm *world;
+    if (moe_comm_mpi_world(&world, 0)) {
+        CHECK(0, "world: %s", moe_last_error());
+        return;
+    }
+    moe_config c = base(1, "flat");
+    moe_config_set(&c, NULL, "router.noise=none"); // not on the device path yet
+    double host[STEPS] = {0}, dev[STEPS] = {0};
+    char out[800];
+    snprintf(out, sizeof out, "%s/dp-host", dir);
+    train_dist(world, c, out, NULL, 0, host);
+    snprintf(out, sizeof out, "%s/dp-device", dir);
+    moe_train_opts o = {
+        .out_dir = out, .quiet = true, .losses = dev, .world = world, .device_ops = &moe_ops_cpu};
+    moe_train_result r;
+    int rc = moe_train(&c, &o, &r);
+    CHECK(rc == 0, "device path, data parallel: %s", moe_last_error());
+    if (rc == 0) moe_eval_result_free(&r.eval);
+    for (int s = 0; s < STEPS; s++)
+        CHECK(fabs(dev[s] - host[s]) <= 1e-6 * fabs(host[s]), "dp step %d: %.9g vs %.9g", s, dev[s],
+              host[s]);
+    MPI_Barrier(MPI_COMM_WORLD);
+    moe_comm_free(world);
+}
+
 // moe plan's all-to-all bytes and messages equal the measured counters when
 // every expert overflows its capacity (then every count is the capacity).
 static void plan_matches_counters(const char *dir, moe_a2a_algo algo) {
@@ -229,6 +258,7 @@ int main(int argc, char **argv) {
     scenario(dir, 2, 0, "flat", 1e-6);
     plan_matches_counters(dir, MOE_A2A_FLAT);
     plan_matches_counters(dir, MOE_A2A_HIERARCHICAL);
+    device_path_data_parallel(dir);
     int total[2] = {failures, checks};
     MPI_Allreduce(MPI_IN_PLACE, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (rank == 0) printf("mpi_train: %d passed, %d failed\n", total[1] - total[0], total[0]);

@@ -175,9 +175,6 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     // so an invalid config or file on one rank ends every rank cleanly.
     int rc = moe_config_check(cfg, NULL);
     if (rc == 0) rc = moe_device_check(cfg->train.device);
-    if (rc == 0 && on_gpu && moe_comm_size(world) > 1)
-        rc = moe_fail(MOE_EINVAL, "train.device = cuda trains in one process (not under mpirun "
-                                  "yet)");
     if (rc == 0) rc = moe_parallel_init(&par, world, cfg);
     const bool lead = moe_comm_rank(world) == 0;
     if (rc == 0 && lead) rc = make_dirs(o->out_dir);
@@ -192,6 +189,11 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     rc = moe_comm_agree(world, rc);
     r->agreed = rc < 0;
     if (rc < 0) goto fail;
+    if (on_gpu) { // collective: every rank got here
+        rc = moe_comm_agree(world, moe_gpu_trainer_connect(&gpu, world));
+        r->agreed = rc < 0;
+        if (rc < 0) goto fail;
+    }
     if (o->resume_dir) {
         d.cursor[0] = st.cursor[0];
         d.cursor[1] = st.cursor[1];
@@ -237,20 +239,27 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         moe_model *fm = on_gpu ? &gpu.m : &m; // the model that trains (its routing statistics)
         if (on_gpu) { // trainer/train_gpu.c: the same step on the device, one process
             MOE_TRY_GOTO(moe_gpu_zero_grads(&gpu), rc);
+            const double div = (double)accum * W;
             for (int a = 0; a < accum; a++) {
-                uint64_t idx = d.cursor[MOE_SPLIT_TRAIN] + (uint64_t)a;
+                uint64_t idx = d.cursor[MOE_SPLIT_TRAIN] + (uint64_t)a * W + par.rank;
                 MOE_TRY_GOTO(moe_data_batch(&d, MOE_SPLIT_TRAIN, idx, in, tg, task), rc);
                 rc = moe_gpu_micro_batch(&gpu, in, tg, task, d.B, d.T, (uint64_t)step);
                 if (rc < 0) {
                     rc = moe_fail(rc, "step %ld: %s", step, moe_last_error());
                     goto fail;
                 }
-                parts[0] += gpu.m.loss / accum, parts[1] += gpu.m.ce / accum;
-                parts[2] += gpu.m.aux / accum, parts[3] += gpu.m.z / accum;
+                parts[0] += gpu.m.loss / div, parts[1] += gpu.m.ce / div;
+                parts[2] += gpu.m.aux / div, parts[3] += gpu.m.z / div;
             }
-            d.cursor[MOE_SPLIT_TRAIN] += (uint64_t)accum;
+            d.cursor[MOE_SPLIT_TRAIN] += (uint64_t)accum * W;
+            MOE_TRY_GOTO(moe_gpu_allreduce_grads(&gpu), rc); // data parallel (parallel.ep = 1)
+            MOE_TRY_GOTO(moe_comm_allreduce_f64(world, parts, 4), rc);
+            int64_t gcalls = gpu.m.load_calls;
+            MOE_TRY_GOTO(moe_comm_allreduce_f64(world, gpu.m.load, moe_model_load_len(&gpu.m)), rc);
+            MOE_TRY_GOTO(moe_comm_allreduce_i64(world, &gcalls, 1), rc);
+            gpu.m.load_calls = (long)gcalls;
             moe_model_capacity_step(&gpu.m);
-            rc = moe_gpu_optimizer_step(&gpu, &opt, accum, lr, cfg, &gnorm);
+            rc = moe_gpu_optimizer_step(&gpu, &opt, accum * W, lr, cfg, &gnorm);
             if (rc < 0) {
                 rc = moe_fail(rc, "step %ld: %s", step, moe_last_error());
                 goto fail;

@@ -7,6 +7,7 @@
 #include "moe/error.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef MOE_HAVE_CUDA
@@ -54,6 +55,9 @@ int moe_gpu_trainer_init(moe_gpu_trainer *g, const moe_model *host, const moe_ad
     }
     g->ops = ops;
     int rc = 0;
+#ifdef MOE_HAVE_CUDA
+    if (on_cuda(ops)) MOE_TRY(moe_cuda_init(moe_gpu_local_device())); // before any allocation
+#endif
     MOE_TRY(moe_model_gpu_init(&g->m, host, ops));
     g->n = host->table.numel;
     g->tokens = tokens;
@@ -73,7 +77,53 @@ fail:
     return rc;
 }
 
+int moe_gpu_local_device(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                          "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"};
+    int local = 0;
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) {
+            local = atoi(v);
+            break;
+        }
+    }
+#ifdef MOE_HAVE_CUDA
+    int n = moe_cuda_device_count(NULL, 0);
+    return n > 0 ? local % n : 0;
+#else
+    (void)local;
+    return 0;
+#endif
+}
+
+int moe_gpu_trainer_connect(moe_gpu_trainer *g, moe_comm *world) {
+    g->world = world;
+    if (!world || moe_comm_size(world) == 1 || !on_cuda(g->ops)) return 0;
+#ifdef MOE_HAVE_CUDA
+    int device = moe_gpu_local_device();
+    return moe_nccl_comm_init(&g->nccl, world, device);
+#else
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+#endif
+}
+
+int moe_gpu_allreduce_grads(moe_gpu_trainer *g) {
+    if (!g->world || moe_comm_size(g->world) == 1) return 0;
+    if (!on_cuda(g->ops)) return moe_comm_allreduce_f32(g->world, g->m.grads, g->n);
+#ifdef MOE_HAVE_CUDA
+    if (!g->nccl)
+        return moe_fail(MOE_EINVAL, "data-parallel training on the GPU needs NCCL (built without "
+                                    "it, or not connected)");
+    MOE_TRY(moe_nccl_allreduce_f32(g->nccl, g->m.grads, g->n, moe_cuda_stream()));
+    return 0;
+#else
+    return moe_fail(MOE_EINVAL, "built without CUDA");
+#endif
+}
+
 void moe_gpu_trainer_free(moe_gpu_trainer *g) {
+    moe_nccl_comm_free(g->nccl);
     const moe_ops *ops = g->ops;
     if (ops) {
         void *bufs[] = {g->adam_m, g->adam_v, g->decay, g->in, g->tg};

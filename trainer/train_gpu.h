@@ -6,6 +6,8 @@
 #ifndef MOE_TRAINER_TRAIN_GPU_H
 #define MOE_TRAINER_TRAIN_GPU_H
 
+#include "moe/comm.h"
+#include "moe/comm_nccl.h"
 #include "moe/config.h"
 #include "moe/model.h"
 #include "moe/optim.h"
@@ -20,7 +22,13 @@ typedef struct {
     uint8_t *decay;
     int32_t *in, *tg; // [B * T]
     size_t n, tokens;
+    moe_comm *world;     // data-parallel ranks (NULL or size 1: one process)
+    moe_nccl_comm *nccl; // their gradient all-reduce on CUDA tables
 } moe_gpu_trainer;
+
+// The CUDA device of this rank: the launcher's node-local rank (Open MPI,
+// MPICH, MVAPICH, Slurm or LOCAL_RANK) modulo the devices present, else 0.
+int moe_gpu_local_device(void);
 
 // Single process only (world size 1 is the caller's check). ops NULL: the
 // CUDA table train.compute names; moe_ops_cpu runs the same path on the host
@@ -28,12 +36,19 @@ typedef struct {
 int moe_gpu_trainer_init(moe_gpu_trainer *g, const moe_model *host, const moe_adamw *opt,
                          const moe_config *cfg, size_t tokens, const moe_ops *ops);
 void moe_gpu_trainer_free(moe_gpu_trainer *g);
+// Data parallelism over world (collective; every rank calls it after agreeing
+// that init succeeded): on a CUDA table an NCCL communicator for the gradient
+// all-reduce, on the CPU table the host communicator's rank-order sum.
+int moe_gpu_trainer_connect(moe_gpu_trainer *g, moe_comm *world);
+// Sums the gradients over the data-parallel ranks (no-op in one process).
+int moe_gpu_allreduce_grads(moe_gpu_trainer *g);
+
 // Zeroes the gradients (start of an optimizer step).
 int moe_gpu_zero_grads(moe_gpu_trainer *g);
 // One micro-batch: tokens to the device, forward, backward (gradients add up).
 int moe_gpu_micro_batch(moe_gpu_trainer *g, const int32_t *in, const int32_t *tg,
                         const int32_t *task, int B, int T, uint64_t step);
-// Mean over accum micro-batches, global norm (*gnorm), clipping to
+// Mean over accum micro-batches (all ranks' included), global norm (*gnorm), clipping to
 // train.grad_clip, one AdamW step at lr (opt->step advances, as
 // moe_adamw_update). A non-finite norm fails before the update.
 int moe_gpu_optimizer_step(moe_gpu_trainer *g, moe_adamw *opt, int accum, float lr,

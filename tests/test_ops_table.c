@@ -16,12 +16,22 @@
 
 static const moe_ops *ops = &moe_ops_cpu;
 
-START_TEST(test_cpu_table_has_every_op) {
-    // Every slot filled: a NULL entry would crash a caller, not fail a test.
-    const void *const *slot = (const void *const *)((const char *)ops + sizeof(const char *));
-    size_t n = (sizeof *ops - sizeof(const char *)) / sizeof(void *);
+// Every slot filled: a NULL entry would crash a caller, not fail a test.
+static void assert_complete(const moe_ops *t) {
+    const void *const *slot = (const void *const *)((const char *)t + sizeof(const char *));
+    size_t n = (sizeof *t - sizeof(const char *)) / sizeof(void *);
     for (size_t i = 0; i < n; i++)
-        ck_assert_msg(slot[i] != NULL, "moe_ops_cpu entry %zu is NULL", i);
+        ck_assert_msg(slot[i] != NULL, "moe_ops %s entry %zu is NULL", t->name, i);
+}
+
+START_TEST(test_cpu_table_has_every_op) {
+    assert_complete(ops);
+#ifdef MOE_HAVE_CUDA // the CUDA tables are complete too (no device needed to look)
+    assert_complete(&moe_ops_cuda);
+    assert_complete(&moe_ops_cuda_bf16);
+    ck_assert_str_eq(moe_ops_cuda.name, "cuda");
+    ck_assert_ptr_ne((void *)moe_ops_cuda.matmul, (void *)moe_ops_cuda_bf16.matmul);
+#endif
     ck_assert_ptr_eq((void *)ops->rmsnorm_forward, (void *)moe_cpu_rmsnorm_forward);
     ck_assert_ptr_eq((void *)ops->attention_backward, (void *)moe_cpu_attention_backward);
     ck_assert_ptr_eq((void *)ops->crossentropy_forward, (void *)moe_cpu_crossentropy_forward);

@@ -225,9 +225,12 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     const bool quiet = o->quiet || !lead, tty = !quiet && isatty(fileno(stderr));
     if (!quiet)
         fprintf(stderr,
-                "training %zu parameters%s, %ld steps of %d x %d tokens x %d micro-batches x %d "
-                "ranks\n",
-                n, par.ep_size > 1 ? " (this rank's shard)" : "", total, d.B, d.T, accum, W);
+                "training %zu parameters%s%s, %ld steps of %d x %d tokens x %d micro-batches x "
+                "%d ranks\n",
+                n, par.ep_size > 1 ? " (this rank's shard)" : "",
+                on_gpu ? (gpu.ops == &moe_ops_cpu ? " (device path on the CPU)" : " on the GPU")
+                       : "",
+                total, d.B, d.T, accum, W);
     double t_start = now(), tokens = 0, drop_sum = 0;
     long steps_run = 0;
     for (long step = st.step; step < total; step++) {

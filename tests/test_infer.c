@@ -378,11 +378,10 @@ START_TEST(test_bad_checkpoints_and_tasks_fail_clearly) {
             uses |= te.set[2][t * te.top_k + j] == te.set[2][1];
         if (!uses) other = t;
     }
-    if (other > 0) {
-        o.task = te.task[other];
-        ck_assert_int_eq(moe_infer_open(&m, dir, &o), 0);
-        moe_infer_free(&m);
-    }
+    ck_assert_int_gt(other, 0);
+    o.task = te.task[other];
+    ck_assert_int_eq(moe_infer_open(&m, dir, &o), 0);
+    moe_infer_free(&m);
     // truncated model file
     snprintf(dir, sizeof dir, "%s/truncated", root);
     rewrite_ckpt(dir, NULL, false);
@@ -393,6 +392,24 @@ START_TEST(test_bad_checkpoints_and_tasks_fail_clearly) {
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "truncated"));
     // no checkpoint at all
     ck_assert_int_eq(moe_infer_open(&m, root, &o) < 0, 1);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "config.json"));
+    // a config.json with an impossible shape is refused before anything is sized by it
+    snprintf(dir, sizeof dir, "%s/badconfig", root);
+    rewrite_ckpt(dir, NULL, false);
+    snprintf(q, sizeof q, "%s/config.json", dir);
+    FILE *f = fopen(q, "r");
+    char text[8192];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = 0;
+    char *h = strstr(text, "\"n_heads\": 4");
+    ck_assert_ptr_nonnull(h);
+    h[strlen("\"n_heads\": ")] = '0';
+    f = fopen(q, "w");
+    fputs(text, f);
+    fclose(f);
+    ck_assert_int_eq(moe_infer_open(&m, dir, &o), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "n_heads"));
     moe_task_experts_free(&te);
 }
 END_TEST

@@ -479,25 +479,11 @@ END_TEST
 
 // The moe binary: answers on stdout, what it loaded on stderr, exit 2 on bad input.
 static int run_moe(const char *args) {
-    const char *bin = getenv("MOE_BIN");
-    ck_assert_msg(bin != NULL, "MOE_BIN is not set (run under ctest)");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' %s >'%s/out.txt' 2>'%s/err.txt'", bin, args, root, root);
-    int st = system(cmd);
-    ck_assert(WIFEXITED(st));
-    return WEXITSTATUS(st);
+    return tu_run_moe(root, args);
 }
 
 static const char *text(const char *name) {
-    static char buf[65536];
-    char p[900];
-    snprintf(p, sizeof p, "%s/%s", root, name);
-    FILE *f = fopen(p, "r");
-    if (!f) return "";
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = 0;
-    fclose(f);
-    return buf;
+    return tu_file_text(root, name);
 }
 
 START_TEST(test_cli_generate) {

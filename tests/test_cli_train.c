@@ -17,27 +17,13 @@
 static char dir[600];
 
 // Runs the moe binary with args (a shell word list); returns its exit status
-// and leaves stderr in dir/err.txt.
+// and leaves stdout and stderr in dir/out.txt and dir/err.txt.
 static int run_moe(const char *args) {
-    const char *bin = getenv("MOE_BIN");
-    ck_assert_msg(bin != NULL, "MOE_BIN is not set (run under ctest)");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' %s >'%s/out.txt' 2>'%s/err.txt'", bin, args, dir, dir);
-    int st = system(cmd);
-    ck_assert(WIFEXITED(st));
-    return WEXITSTATUS(st);
+    return tu_run_moe(dir, args);
 }
 
 static const char *file_text(const char *name) {
-    static char buf[65536];
-    char p[800];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *f = fopen(p, "r");
-    if (!f) return "";
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = 0;
-    fclose(f);
-    return buf;
+    return tu_file_text(dir, name);
 }
 
 static void write_text(const char *name, const char *text) {

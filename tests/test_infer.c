@@ -378,11 +378,10 @@ START_TEST(test_bad_checkpoints_and_tasks_fail_clearly) {
             uses |= te.set[2][t * te.top_k + j] == te.set[2][1];
         if (!uses) other = t;
     }
-    if (other > 0) {
-        o.task = te.task[other];
-        ck_assert_int_eq(moe_infer_open(&m, dir, &o), 0);
-        moe_infer_free(&m);
-    }
+    ck_assert_int_gt(other, 0);
+    o.task = te.task[other];
+    ck_assert_int_eq(moe_infer_open(&m, dir, &o), 0);
+    moe_infer_free(&m);
     // truncated model file
     snprintf(dir, sizeof dir, "%s/truncated", root);
     rewrite_ckpt(dir, NULL, false);
@@ -393,6 +392,24 @@ START_TEST(test_bad_checkpoints_and_tasks_fail_clearly) {
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "truncated"));
     // no checkpoint at all
     ck_assert_int_eq(moe_infer_open(&m, root, &o) < 0, 1);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "config.json"));
+    // a config.json with an impossible shape is refused before anything is sized by it
+    snprintf(dir, sizeof dir, "%s/badconfig", root);
+    rewrite_ckpt(dir, NULL, false);
+    snprintf(q, sizeof q, "%s/config.json", dir);
+    FILE *f = fopen(q, "r");
+    char text[8192];
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[len] = 0;
+    char *h = strstr(text, "\"n_heads\": 4");
+    ck_assert_ptr_nonnull(h);
+    h[strlen("\"n_heads\": ")] = '0';
+    f = fopen(q, "w");
+    fputs(text, f);
+    fclose(f);
+    ck_assert_int_eq(moe_infer_open(&m, dir, &o), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "n_heads"));
     moe_task_experts_free(&te);
 }
 END_TEST
@@ -462,25 +479,11 @@ END_TEST
 
 // The moe binary: answers on stdout, what it loaded on stderr, exit 2 on bad input.
 static int run_moe(const char *args) {
-    const char *bin = getenv("MOE_BIN");
-    ck_assert_msg(bin != NULL, "MOE_BIN is not set (run under ctest)");
-    char cmd[4096];
-    snprintf(cmd, sizeof cmd, "'%s' %s >'%s/out.txt' 2>'%s/err.txt'", bin, args, root, root);
-    int st = system(cmd);
-    ck_assert(WIFEXITED(st));
-    return WEXITSTATUS(st);
+    return tu_run_moe(root, args);
 }
 
 static const char *text(const char *name) {
-    static char buf[65536];
-    char p[900];
-    snprintf(p, sizeof p, "%s/%s", root, name);
-    FILE *f = fopen(p, "r");
-    if (!f) return "";
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    buf[n] = 0;
-    fclose(f);
-    return buf;
+    return tu_file_text(root, name);
 }
 
 START_TEST(test_cli_generate) {

@@ -461,6 +461,33 @@ START_TEST(test_failed_write_midway_leaves_old_file) {
 }
 END_TEST
 
+// Sharded sets: a name stored in two shards is refused (readers would pick
+// one silently); an index naming a missing shard fails naming it.
+START_TEST(test_shard_set_refuses_duplicates_and_missing_shards) {
+    float a[2] = {1, 2}, b[2] = {3, 4};
+    moe_st_entry one[2] = {{"x", MOE_ST_F32, 1, {2}, a}, {"y", MOE_ST_F32, 1, {2}, b}};
+    moe_st_entry two[1] = {{"y", MOE_ST_F32, 1, {2}, a}};
+    ck_assert_int_eq(moe_st_write(in_dir("s1.safetensors"), one, 2, NULL), 0);
+    ck_assert_int_eq(moe_st_write(in_dir("s2.safetensors"), two, 1, NULL), 0);
+    FILE *f = fopen(in_dir("model.safetensors.index.json"), "w");
+    fputs("{\"weight_map\": {\"x\": \"s1.safetensors\", \"y\": \"s2.safetensors\"}}", f);
+    fclose(f);
+    moe_st_set *s;
+    ck_assert_int_eq(moe_st_set_open(dir, &s), MOE_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "'y' is stored in 2 shards"));
+    ck_assert_int_eq(moe_st_write(in_dir("s1.safetensors"), one, 1, NULL), 0); // x only
+    ck_assert_int_eq(moe_st_set_open(dir, &s), 0);
+    const moe_st_tensor *t = moe_st_set_find(s, "y", NULL);
+    ck_assert(t != NULL && t->shape[0] == 2);
+    moe_st_set_close(s);
+    f = fopen(in_dir("model.safetensors.index.json"), "w");
+    fputs("{\"weight_map\": {\"x\": \"s1.safetensors\", \"y\": \"s3.safetensors\"}}", f);
+    fclose(f);
+    ck_assert_int_lt(moe_st_set_open(dir, &s), 0);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "s3.safetensors"));
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("safetensors");
     TCase *tc = tcase_create("core");
@@ -478,6 +505,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_missing_file_is_eio_with_reason);
     tcase_add_test(tc, test_writer_into_missing_dir_leaves_nothing);
     tcase_add_test(tc, test_writer_rejects_bad_entries_and_keeps_old_file);
+    tcase_add_test(tc, test_shard_set_refuses_duplicates_and_missing_shards);
     tcase_add_test(tc, test_failed_write_midway_leaves_old_file);
     suite_add_tcase(s, tc);
     return s;

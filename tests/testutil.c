@@ -5,11 +5,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #define TU_GUARD 64
 static const uint32_t tu_sentinel = 0x7fbadbadu; // a NaN pattern no op writes
 
-void tu_seed(tu_rng *r, uint64_t seed) { r->s = seed * 0x9E3779B97F4A7C15ull + 1; }
+void tu_seed(tu_rng *r, uint64_t seed) {
+    r->s = seed * 0x9E3779B97F4A7C15ull + 1;
+}
 
 static uint64_t tu_next(tu_rng *r) {
     r->s ^= r->s << 13;
@@ -18,7 +21,9 @@ static uint64_t tu_next(tu_rng *r) {
     return r->s;
 }
 
-float tu_uniform(tu_rng *r) { return (float)((tu_next(r) >> 40) * (1.0 / 16777216.0)); }
+float tu_uniform(tu_rng *r) {
+    return (float)((tu_next(r) >> 40) * (1.0 / 16777216.0));
+}
 
 float tu_normal(tu_rng *r) {
     double u1 = ((tu_next(r) >> 11) + 1.0) * (1.0 / 9007199254740993.0);
@@ -27,13 +32,15 @@ float tu_normal(tu_rng *r) {
 }
 
 void tu_fill_normal(tu_rng *r, float *x, size_t n, float scale) {
-    for (size_t i = 0; i < n; i++) x[i] = scale * tu_normal(r);
+    for (size_t i = 0; i < n; i++)
+        x[i] = scale * tu_normal(r);
 }
 
 float *tu_guarded_alloc(size_t n) {
     uint32_t *b = malloc((n + 2 * TU_GUARD) * sizeof(float));
     if (!b) return NULL;
-    for (size_t i = 0; i < TU_GUARD; i++) b[i] = b[TU_GUARD + n + i] = tu_sentinel;
+    for (size_t i = 0; i < TU_GUARD; i++)
+        b[i] = b[TU_GUARD + n + i] = tu_sentinel;
     memset(b + TU_GUARD, 0, n * sizeof(float));
     return (float *)(b + TU_GUARD);
 }
@@ -64,4 +71,26 @@ int tu_run(Suite *s) {
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed == 0 ? 0 : 1;
+}
+
+int tu_run_moe(const char *dir, const char *args) {
+    const char *bin = getenv("MOE_BIN");
+    ck_assert_msg(bin != NULL, "MOE_BIN is not set (run under ctest)");
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' %s >'%s/out.txt' 2>'%s/err.txt'", bin, args, dir, dir);
+    int st = system(cmd);
+    ck_assert(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+const char *tu_file_text(const char *dir, const char *name) {
+    static char buf[65536];
+    char p[1024];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "r");
+    if (!f) return "";
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
 }

@@ -8,10 +8,12 @@
 #include <stdint.h>
 
 // Deterministic xorshift generator for test data.
-typedef struct { uint64_t s; } tu_rng;
+typedef struct {
+    uint64_t s;
+} tu_rng;
 void tu_seed(tu_rng *r, uint64_t seed);
-float tu_uniform(tu_rng *r);              // [0, 1)
-float tu_normal(tu_rng *r);               // N(0, 1)
+float tu_uniform(tu_rng *r); // [0, 1)
+float tu_normal(tu_rng *r);  // N(0, 1)
 void tu_fill_normal(tu_rng *r, float *x, size_t n, float scale);
 
 // n floats between two guard regions filled with a sentinel pattern.
@@ -21,6 +23,12 @@ void tu_guarded_free(float *p, size_t n);
 
 // mkdtemp under $TMPDIR (or /tmp); returns a static path buffer.
 const char *tu_tmpdir(void);
+
+// Runs the moe binary ($MOE_BIN, set by ctest) with args (a shell word list),
+// stdout to dir/out.txt and stderr to dir/err.txt; returns its exit status.
+int tu_run_moe(const char *dir, const char *args);
+// The text of dir/name (up to 64 KiB; "" when missing), in a static buffer.
+const char *tu_file_text(const char *dir, const char *name);
 
 // Runs one suite with CK_NORMAL output, returns the process exit status.
 int tu_run(Suite *s);

@@ -287,7 +287,9 @@ int moe_ckpt_config(const char *dir, moe_config *cfg) {
     dir = resolve(dir, buf);
     MOE_TRY(join(p, dir, "/config.json"));
     moe_config_default(cfg);
-    return moe_config_load(cfg, NULL, p);
+    MOE_TRY(moe_config_load(cfg, NULL, p));
+    int rc = moe_config_check(cfg, NULL); // readers size arrays by it: check before use
+    return rc < 0 ? moe_fail(rc, "%s: %s", p, moe_last_error()) : 0;
 }
 
 // Reads this model's tensors (each view's name + suffix) into buf. With

@@ -7,6 +7,7 @@
 #include "moe/export.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
+#include "moe/model.h"
 #include "moe/safetensors.h"
 
 #include <errno.h>
@@ -89,6 +90,28 @@ static int write_config(const char *path, const moe_config *c) {
     return rc;
 }
 
+// Every tensor the config's model has must be in the checkpoint with its
+// shape: a folder transformers cannot load is not an export.
+static int check_tensors(const char *ckpt, const moe_config *c, const moe_st_set *s) {
+    moe_model m;
+    MOE_TRY(moe_model_init(&m, c, 1, 1, c->data.n_tasks));
+    int rc = 0;
+    for (int i = 0; i < m.table.count && rc == 0; i++) {
+        const moe_param_view *v = &m.table.views[i];
+        const moe_st_tensor *t = moe_st_set_find(s, v->name, NULL);
+        if (!t) {
+            rc = moe_fail(MOE_ENOTFOUND, "%s: missing tensor '%s'", ckpt, v->name);
+            break;
+        }
+        int same = t->ndim == v->ndim;
+        for (int d = 0; same && d < v->ndim; d++)
+            same = t->shape[d] == v->shape[d];
+        if (!same) rc = moe_fail(MOE_EFORMAT, "%s: tensor '%s' has the wrong shape", ckpt, v->name);
+    }
+    moe_model_free(&m);
+    return rc;
+}
+
 int moe_export_hf(const char *ckpt, const char *out) {
     moe_config c;
     MOE_TRY(moe_ckpt_config(ckpt, &c));
@@ -96,16 +119,18 @@ int moe_export_hf(const char *ckpt, const char *out) {
     unsupported(&c, msg, sizeof msg);
     if (msg[0])
         return moe_fail(MOE_EINVAL, "%s: Mixtral cannot express %s; not exported", ckpt, msg);
-    if (mkdir(out, 0755) != 0 && errno != EEXIST)
-        return moe_fail(MOE_EIO, "%s: cannot create: %s", out, strerror(errno));
     moe_st_set *s;
     MOE_TRY(moe_st_set_open(ckpt, &s));
-    int n = 0, rc = 0;
+    int n = 0, m = 0, rc = 0;
+    moe_st_entry *e = NULL;
+    void **data = NULL;
+    MOE_TRY_GOTO(check_tensors(ckpt, &c, s), rc);
+    if (mkdir(out, 0755) != 0 && errno != EEXIST)
+        MOE_TRY_GOTO(moe_fail(MOE_EIO, "%s: cannot create: %s", out, strerror(errno)), rc);
     for (int i = 0; i < s->n_files; i++)
         n += s->files[i]->n_tensors;
-    moe_st_entry *e = calloc((size_t)n + 1, sizeof *e);
-    void **data = calloc((size_t)n + 1, sizeof *data);
-    int m = 0;
+    e = calloc((size_t)n + 1, sizeof *e);
+    data = calloc((size_t)n + 1, sizeof *data);
     if (!e || !data) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "export: out of memory"), rc);
     const moe_st_tensor *embed = NULL;
     for (int i = 0; i < s->n_files; i++)

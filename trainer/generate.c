@@ -17,14 +17,14 @@ static double now(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
-int moe_sample_token(const float *logits, int V, const moe_gen_opts *o, uint64_t b, uint64_t i) {
+int moe_sample_token(const float *logits, int V, const moe_gen_opts *o, uint64_t b, uint64_t i,
+                     int *idx) {
     int best = 0;
     for (int v = 1; v < V; v++)
         if (logits[v] > logits[best]) best = v;
     if (o->temperature <= 0) return best;
     // the top_k largest logits (ties to the lower id); then softmax(l / T)
     int k = o->top_k > 0 && o->top_k < V ? o->top_k : V;
-    int idx[V];
     for (int v = 0; v < V; v++)
         idx[v] = v;
     if (k < V)
@@ -35,14 +35,12 @@ int moe_sample_token(const float *logits, int V, const moe_gen_opts *o, uint64_t
                     int t = idx[a];
                     idx[a] = idx[c], idx[c] = t;
                 }
-    double p[k], sum = 0.0;
-    for (int j = 0; j < k; j++) {
-        p[j] = exp(((double)logits[idx[j]] - logits[best]) / o->temperature);
-        sum += p[j];
-    }
+    double sum = 0.0; // two passes over the same exp() values: no [k] buffer
+    for (int j = 0; j < k; j++)
+        sum += exp(((double)logits[idx[j]] - logits[best]) / o->temperature);
     double u = moe_u01(moe_hash4(o->seed, b, i, 0x53414D504C45ull)) * sum, acc = 0.0;
     for (int j = 0; j < k; j++) {
-        acc += p[j];
+        acc += exp(((double)logits[idx[j]] - logits[best]) / o->temperature);
         if (u < acc) return idx[j];
     }
     return idx[k - 1];
@@ -57,9 +55,9 @@ int moe_generate(moe_infer *m, int B, const int32_t *const *prompt, const int *n
     int *pos = malloc(sizeof(int) * m->N_max), *seq = malloc(sizeof(int) * m->N_max);
     int32_t *tok = malloc(sizeof(int32_t) * m->N_max);
     bool *done = calloc((size_t)B, sizeof(bool));
-    int *row = malloc(sizeof(int) * B);
+    int *row = malloc(sizeof(int) * B), *idx = malloc(sizeof(int) * m->V);
     int rc = 0;
-    if (!pos || !seq || !tok || !done || !row)
+    if (!pos || !seq || !tok || !done || !row || !idx)
         MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "generate: out of memory"), rc);
     for (int b = 0; b < B; b++) {
         n_out[b] = 0;
@@ -79,7 +77,7 @@ int moe_generate(moe_infer *m, int B, const int32_t *const *prompt, const int *n
             continue;
         }
         const float *last = m->logits + (size_t)(n_prompt[b] - 1) * m->V;
-        int32_t t = moe_sample_token(last, m->V, o, (uint64_t)b, 0);
+        int32_t t = moe_sample_token(last, m->V, o, (uint64_t)b, 0, idx);
         out[(size_t)b * o->max_new] = t;
         n_out[b] = 1;
         done[b] = t == o->stop || o->max_new == 1 || n_prompt[b] >= m->max_seq;
@@ -101,7 +99,7 @@ int moe_generate(moe_infer *m, int B, const int32_t *const *prompt, const int *n
         for (int n = 0; n < N; n++) {
             const int b = row[n];
             int32_t t = moe_sample_token(m->logits + (size_t)n * m->V, m->V, o, (uint64_t)b,
-                                         (uint64_t)n_out[b]);
+                                         (uint64_t)n_out[b], idx);
             out[(size_t)b * o->max_new + n_out[b]++] = t;
             done[b] =
                 t == o->stop || n_out[b] >= o->max_new || n_prompt[b] + n_out[b] >= m->max_seq;
@@ -114,5 +112,6 @@ fail:
     free(tok);
     free(done);
     free(row);
+    free(idx);
     return rc;
 }

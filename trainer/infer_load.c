@@ -279,7 +279,14 @@ static int load_experts(moe_infer *m, moe_st_set *s, const char *dir, bool int8)
                 float amax = 0;
                 for (size_t c = 0; c < w; c++)
                     amax = fmaxf(amax, fabsf(stage[off + c]));
-                const float sc = amax > 0 ? amax / 127.0f : 1.0f;
+                for (size_t c = 0; c < w; c++) // fmaxf skips NaN: test every weight
+                    if (!isfinite(stage[off + c]))
+                        MOE_TRY_GOTO(moe_fail(MOE_ENUMERIC,
+                                              "%s: expert %d of layer %d has non-finite weights",
+                                              dir, e, l),
+                                     rc);
+                float sc = amax / 127.0f; // zero (or subnormal) rows: every q is 0
+                if (!(sc > 0)) sc = 1.0f;
                 se[r] = sc;
                 for (size_t c = 0; c < w; c++)
                     qe[off + c] = (int8_t)lrintf(stage[off + c] / sc);

@@ -229,6 +229,7 @@ static int read_layer(const char *path, json_t *o, moe_task_experts *te) {
                         path);
     const int l = (int)json_integer_value(jl), E = (int)json_integer_value(je);
     const bool task = !strcmp(json_string_value(jr), "task");
+    if (te->kind[l]) return moe_fail(MOE_EFORMAT, "%s: layer %d is listed twice", path, l);
     te->E[l] = E;
     te->kind[l] = task ? MOE_LAYER_TASK : MOE_LAYER_TOKEN;
     if (l >= te->L) te->L = l + 1;

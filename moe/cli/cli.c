@@ -40,6 +40,11 @@ static void usage(FILE *fp) {
                 "exit status: 0 ok, 1 runtime failure, 2 bad usage or input\n");
 }
 
+int moe_cli_exit_code(int rc) {
+    return rc == MOE_ENUMERIC || rc == MOE_ENOMEM || rc == MOE_EIO ? MOE_EXIT_RUNTIME
+                                                                   : MOE_EXIT_USAGE;
+}
+
 int moe_cli_fail(const char *cmd, int exit_code, const char *fmt, ...) {
     // Format first: fmt's arguments may point into the last-error buffer.
     char msg[1024];

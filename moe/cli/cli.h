@@ -24,6 +24,9 @@ int moe_cli_plan(int argc, char **argv);
 int moe_cli_generate(int argc, char **argv);
 int moe_cli_export(int argc, char **argv);
 
+// Library status -> exit code: numeric failure, memory and I/O at run time 1,
+// anything else (bad input, config, file contents) 2.
+int moe_cli_exit_code(int rc);
 // Prints "moe CMD: message" (one line) to stderr, records the message as the
 // last error (moe_last_error) and returns exit_code.
 int moe_cli_fail(const char *cmd, int exit_code, const char *fmt, ...)

@@ -1,6 +1,7 @@
 // `moe export CKPT --hf DIR`: a folder Hugging Face transformers loads as
 // MixtralForCausalLM; features Mixtral cannot express are refused by name.
 #include "moe/export.h"
+#include "moe/checkpoint.h"
 #include "moe/cli/cli.h"
 #include "moe/error.h"
 
@@ -43,11 +44,11 @@ int moe_cli_export(int argc, char **argv) {
     }
     if (!dir || !out)
         return moe_cli_fail("export", MOE_EXIT_USAGE, "usage: moe export CKPT_DIR --hf OUT_DIR");
+    moe_config cfg; // a checkpoint that cannot be read is bad input
+    if (moe_ckpt_config(dir, &cfg) < 0)
+        return moe_cli_fail("export", MOE_EXIT_USAGE, "%s", moe_last_error());
     int rc = moe_export_hf(dir, out);
-    if (rc < 0)
-        return moe_cli_fail("export",
-                            rc == MOE_EIO || rc == MOE_ENOMEM ? MOE_EXIT_RUNTIME : MOE_EXIT_USAGE,
-                            "%s", moe_last_error());
+    if (rc < 0) return moe_cli_fail("export", moe_cli_exit_code(rc), "%s", moe_last_error());
     printf("exported %s to %s (MixtralForCausalLM)\n", dir, out);
     return MOE_EXIT_OK;
 }

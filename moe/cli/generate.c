@@ -39,10 +39,6 @@ static const char *generate_help =
     "exit status: 0 ok, 1 runtime failure, 2 bad usage or input (unknown task, missing\n"
     "or truncated checkpoint, missing expert tensor)\n";
 
-static int exit_code(int rc) {
-    return rc == MOE_ENOMEM || rc == MOE_EIO ? MOE_EXIT_RUNTIME : MOE_EXIT_USAGE;
-}
-
 static void print_answer(FILE *f, const int32_t *t, int n, int stop) {
     if (n > 0 && t[n - 1] == stop) n--; // the newline that ends an answer
     for (int i = 0; i < n; i++) {
@@ -63,13 +59,18 @@ static int read_lines(const char *path, char **lines, int cap) {
     size_t bcap = 0;
     ssize_t len;
     while ((len = getline(&buf, &bcap, f)) >= 0) {
-        if (n == cap) {
-            n = moe_fail(MOE_EINVAL, "%s: more than %d lines", path, cap);
-            break;
-        }
+        int rc = n == cap ? moe_fail(MOE_EINVAL, "%s: more than %d lines", path, cap) : 0;
         while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
             buf[--len] = 0;
-        lines[n++] = strdup(buf);
+        if (rc == 0 && !(lines[n] = strdup(buf)))
+            rc = moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+        if (rc < 0) {
+            while (n > 0)
+                free(lines[--n]);
+            n = rc;
+            break;
+        }
+        n++;
     }
     free(buf);
     fclose(f);
@@ -194,7 +195,8 @@ int moe_cli_generate(int argc, char **argv) {
         n_lines = read_lines(a.input, lines, MAX_LINES);
         if (n_lines < 0) return moe_cli_fail("generate", MOE_EXIT_USAGE, "%s", moe_last_error());
     } else {
-        lines[0] = strdup(a.prompt);
+        if (!(lines[0] = strdup(a.prompt)))
+            return moe_cli_fail("generate", MOE_EXIT_RUNTIME, "out of memory");
     }
     moe_infer m;
     int rc = 0, synth = 0;
@@ -210,13 +212,17 @@ int moe_cli_generate(int argc, char **argv) {
     moe_gen_stats total = {0};
     for (int b0 = 0; b0 < n_lines && rc == 0; b0 += BATCH) {
         const int B = n_lines - b0 < BATCH ? n_lines - b0 : BATCH;
-        int32_t *prompt[BATCH], *out = malloc(sizeof(int32_t) * B * (a.go.max_new + 1));
+        int32_t *prompt[BATCH] = {0}, *out = malloc(sizeof(int32_t) * B * (a.go.max_new + 1));
         int n_prompt[BATCH], n_out[BATCH];
         const int32_t *cp[BATCH];
-        for (int b = 0; b < B; b++) {
+        if (!out) rc = moe_fail(MOE_ENOMEM, "out of memory");
+        for (int b = 0; b < B && rc == 0; b++) {
             const unsigned char *s = (const unsigned char *)lines[b0 + b];
             int n = (int)strlen((const char *)s), j = 0;
-            prompt[b] = malloc(sizeof(int32_t) * (n + 1));
+            if (!(prompt[b] = malloc(sizeof(int32_t) * (n + 1)))) {
+                rc = moe_fail(MOE_ENOMEM, "out of memory");
+                break;
+            }
             if (synth && !a.raw) prompt[b][j++] = 128 + m.task; // the task's marker byte
             for (int i = 0; i < n; i++) {
                 if (s[i] >= m.V) {
@@ -245,7 +251,7 @@ int moe_cli_generate(int argc, char **argv) {
         free(out);
     }
     if (rc < 0)
-        code = moe_cli_fail("generate", exit_code(rc), "%s", moe_last_error());
+        code = moe_cli_fail("generate", moe_cli_exit_code(rc), "%s", moe_last_error());
     else if (!a.quiet)
         print_stats(&m, &total);
     moe_infer_free(&m);

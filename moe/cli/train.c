@@ -22,12 +22,6 @@ static void on_sigint(int sig) {
     signal(SIGINT, SIG_DFL); // a second Ctrl-C ends the process at once
 }
 
-// Library status -> exit code: bad input or config 2, anything at run time 1.
-static int exit_code(int rc) {
-    return rc == MOE_ENUMERIC || rc == MOE_ENOMEM || rc == MOE_EIO ? MOE_EXIT_RUNTIME
-                                                                   : MOE_EXIT_USAGE;
-}
-
 static const char *train_help =
     "usage: moe train CONFIG.json [--set key=value]... [--out DIR] [--resume CKPT_DIR]\n"
     "                 [--steps N] [--device cpu|cuda] [--quiet] [--dry-run]\n"
@@ -150,7 +144,7 @@ int moe_cli_train(int argc, char **argv) {
     rc = moe_train(&cfg, &o, &r);
     signal(SIGINT, old);
     if (rc < 0) {
-        int code = exit_code(rc);
+        int code = moe_cli_exit_code(rc);
         // A failure every rank agreed on is reported once; a failure of one
         // rank (its peers may wait in a collective) ends the whole job.
         if (!world || rank == 0 || !r.agreed) moe_cli_fail("train", code, "%s", moe_last_error());
@@ -210,11 +204,13 @@ static int eval_infer_table(const char *dir, const moe_config *cfg, moe_data *d,
             return rc;
         }
         rc = moe_infer_val_loss(&b, d, batches, &lb, &nb);
-        printf("  %-10s %10.5f %10.5f %+10.6f %8ld %14.2f %14.2f   experts:", d->task_names[t], la,
-               lb, lb - la, na, a.stats.expert_bytes / 1e6, b.stats.expert_bytes / 1e6);
-        for (int l = 0; l < a.L; l++)
-            if (b.stats.experts[l]) printf(" %d/%d", b.stats.loaded[l], b.stats.experts[l]);
-        putchar('\n');
+        if (rc == 0) {
+            printf("  %-10s %10.5f %10.5f %+10.6f %8ld %14.2f %14.2f   experts:", d->task_names[t],
+                   la, lb, lb - la, na, a.stats.expert_bytes / 1e6, b.stats.expert_bytes / 1e6);
+            for (int l = 0; l < a.L; l++)
+                if (b.stats.experts[l]) printf(" %d/%d", b.stats.loaded[l], b.stats.experts[l]);
+            putchar('\n');
+        }
         moe_infer_free(&a);
         moe_infer_free(&b);
         if (rc < 0) return rc;
@@ -267,7 +263,7 @@ int moe_cli_eval(int argc, char **argv) {
     int rc = moe_ckpt_config(dir, &cfg);
     if (rc < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
     if ((rc = moe_data_open(&d, &cfg)) < 0)
-        return moe_cli_fail("eval", exit_code(rc), "%s", moe_last_error());
+        return moe_cli_fail("eval", moe_cli_exit_code(rc), "%s", moe_last_error());
     if ((rc = moe_model_init(&m, &cfg, d.B, d.T, d.n_tasks)) == 0 &&
         (rc = moe_ckpt_load(dir, &m, NULL, NULL)) == 0 &&
         (rc = moe_eval(&m, &d, (int)batches, (int)samples, &r)) == 0) {
@@ -278,7 +274,7 @@ int moe_cli_eval(int argc, char **argv) {
         if (rc == 0 && (budget > 0 || int8))
             rc = eval_infer_table(dir, &cfg, &d, (int)batches, budget, int8);
     }
-    int code = rc < 0 ? moe_cli_fail("eval", exit_code(rc), "%s", moe_last_error()) : 0;
+    int code = rc < 0 ? moe_cli_fail("eval", moe_cli_exit_code(rc), "%s", moe_last_error()) : 0;
     moe_model_free(&m);
     moe_data_close(&d);
     return code;

@@ -81,6 +81,15 @@ static int open_index(moe_st_set *s, const char *dir, const char *index) {
                                   index, name, shard),
                          rc);
     }
+    json_object_foreach(map, name, v) { // readers find a name in any shard: it must be in one
+        int holders = 0;
+        for (int i = 0; i < s->n_files; i++)
+            holders += moe_st_find(s->files[i], name) != NULL;
+        if (holders > 1)
+            MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: tensor '%s' is stored in %d shards", index,
+                                  name, holders),
+                         rc);
+    }
 fail:
     json_decref(doc);
     return rc;

@@ -101,8 +101,10 @@ typedef struct {
 int moe_generate(moe_infer *m, int B, const int32_t *const *prompt, const int *n_prompt,
                  const moe_gen_opts *o, int32_t *out, int *n_out, moe_gen_stats *st);
 
-// Picks the next token from logits [V] (greedy or sampled, see moe_gen_opts).
-int moe_sample_token(const float *logits, int V, const moe_gen_opts *o, uint64_t b, uint64_t i);
+// Picks the next token from logits [V] (greedy or sampled, see moe_gen_opts);
+// idx: scratch of V ints.
+int moe_sample_token(const float *logits, int V, const moe_gen_opts *o, uint64_t b, uint64_t i,
+                     int *idx);
 
 // Mean cross-entropy of m's task on n_batches validation batches of d (the
 // scored tokens of the sequences of that task; each sequence is one prefill).

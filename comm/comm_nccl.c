@@ -58,13 +58,16 @@ int moe_nccl_comm_init(moe_nccl_comm **out, moe_comm *host, int device) {
     ncclUniqueId id;
     memset(&id, 0, sizeof id);
     int status = 0;
-    if (cudaSetDevice(device) != cudaSuccess)
-        status = moe_fail(MOE_EDEVICE, "rank %d: cudaSetDevice(%d) failed", c->rank, device);
-    else if (c->rank == 0 && ncclGetUniqueId(&id) != ncclSuccess)
-        status = moe_fail(MOE_EDEVICE, "ncclGetUniqueId failed");
+    cudaError_t ce = cudaSetDevice(device);
+    ncclResult_t nr = ncclSuccess;
+    if (ce != cudaSuccess)
+        status = moe_fail(MOE_EDEVICE, "rank %d: cudaSetDevice(%d): %s", c->rank, device,
+                          cudaGetErrorString(ce));
+    else if (c->rank == 0 && (nr = ncclGetUniqueId(&id)) != ncclSuccess)
+        status = moe_fail(MOE_EDEVICE, "ncclGetUniqueId: %s", ncclGetErrorString(nr));
     MOE_TRY_GOTO(moe_comm_agree(host, status), rc);
     MOE_TRY_GOTO(moe_comm_bcast(host, &id, sizeof id, 0), rc);
-    ncclResult_t nr = ncclCommInitRank(&c->nccl, c->size, id, c->rank);
+    nr = ncclCommInitRank(&c->nccl, c->size, id, c->rank);
     if (nr != ncclSuccess) {
         c->nccl = NULL;
         status = moe_fail(MOE_EDEVICE, "rank %d: ncclCommInitRank on device %d: %s", c->rank,
@@ -205,7 +208,9 @@ int moe_nccl_alltoallv(moe_nccl_comm *c, moe_a2a_algo algo, const void *send,
     size_t stage = 0;
     MOE_TRY(moe_a2a_schedule(c->ops, &n, &stage, c->C, P, c->G, me, elem_size,
                              algo == MOE_A2A_HIERARCHICAL));
-    MOE_TRY(grow_stage(c, stage + 1));
+    // Staging sizes differ by rank: one rank out of device memory must stop
+    // every rank before the transfers, or its peers wait on it forever.
+    MOE_TRY(moe_comm_agree(c->host, grow_stage(c, stage + 1)));
     cudaStream_t caller = (cudaStream_t)stream;
     MOE_TRY(follow(c, caller, c->a2a));
     MOE_TRY(run_schedule(c, c->ops, n, send, recv));

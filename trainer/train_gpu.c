@@ -1,8 +1,10 @@
 // Training steps on the GPU (trainer/train_gpu.h): the optimizer step of
 // trainer/train.c (mean over micro-batches, global-norm clipping, AdamW) with
 // the op table's device kernels. The CPU reference is moe_adamw_update and
-// moe_grad_clip; the op table's AdamW is tested equal to it bit for bit, and
-// the whole path runs on moe_ops_cpu in tests/test_train.c.
+// moe_grad_clip; the CPU table's AdamW is its arithmetic, the CUDA one agrees
+// within rounding (nvcc fuses multiply-adds; tests/test_backend_ops.c), and
+// the whole path runs on moe_ops_cpu in tests/test_train.c. The mean is a
+// multiply by 1/accum: the CPU's division exactly when accum is a power of two.
 #include "trainer/train_gpu.h"
 #include "moe/error.h"
 

@@ -30,9 +30,10 @@ typedef struct {
 // MPICH, MVAPICH, Slurm or LOCAL_RANK) modulo the devices present, else 0.
 int moe_gpu_local_device(void);
 
-// Single process only (world size 1 is the caller's check). ops NULL: the
-// CUDA table train.compute names; moe_ops_cpu runs the same path on the host
-// (tests).
+// This process's device copy (on the device of moe_gpu_local_device);
+// several ranks join for data parallelism with moe_gpu_trainer_connect. ops
+// NULL: the CUDA table train.compute names; moe_ops_cpu runs the same path on
+// the host (tests).
 int moe_gpu_trainer_init(moe_gpu_trainer *g, const moe_model *host, const moe_adamw *opt,
                          const moe_config *cfg, size_t tokens, const moe_ops *ops);
 void moe_gpu_trainer_free(moe_gpu_trainer *g);

@@ -131,7 +131,8 @@ static void fb_check_norm(const char *what, const fbuf *b, double tol, int whole
     for (size_t i = 0; i < b->n; i++) {
         double g = all[GUARD + i], c = b->h[i];
         double e = fabs(g - c) / (whole ? scale : fmax(1.0, fabs(c)));
-        if (!(e <= worst)) worst = e, at = i; // NaN counts as worst
+        if (isnan(e)) e = INFINITY; // NaN on either side fails, and stays the worst
+        if (e > worst) worst = e, at = i;
     }
     ck_assert_msg(worst <= tol, "%s: error %.3g at %zu (gpu %.9g, cpu %.9g) > %.1g", what, worst,
                   at, all[GUARD + at], b->h[at], tol);
@@ -239,7 +240,7 @@ static void grouped_case(const moe_ops *gpu, int G, int N, int K, double tol, ui
 }
 
 START_TEST(test_matmul_grouped_matches_cpu) {
-    const int shapes[][3] = {{1, 8, 8}, {4, 64, 32}, {8, 96, 200}, {16, 33, 17}};
+    const int shapes[][3] = {{1, 8, 8}, {4, 64, 32}, {8, 96, 200}, {16, 33, 17}, {0, 8, 8}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         grouped_case(GPU, shapes[s][0], shapes[s][1], shapes[s][2], TOL, 1500 + s);
 #ifdef MOE_HAVE_CUDA
@@ -310,7 +311,7 @@ static void make_plan(test_plan *p, tu_rng *r, int T, int k, int E) {
 
 START_TEST(test_permute_ops_match_cpu) {
     const int shapes[][4] = {{1, 1, 2, 1}, {37, 2, 8, 64}, {256, 4, 9, 200},
-                             {0, 2, 4, 8}, {50, 1, 3, 33}, {64, 2, 8, 1}};
+                             {0, 2, 4, 8}, {50, 1, 3, 33}, {64, 2, 8, 1}, {20, 2, 4, 0}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int T = shapes[s][0], k = shapes[s][1], E = shapes[s][2], D = shapes[s][3];
         tu_rng r;
@@ -434,7 +435,7 @@ END_TEST
 // ---- decoder ops ------------------------------------------------------------------
 
 START_TEST(test_rmsnorm_matches_cpu) {
-    const int shapes[][2] = {{1, 1}, {7, 64}, {128, 512}, {3, 1000}};
+    const int shapes[][2] = {{1, 1}, {7, 64}, {128, 512}, {3, 1000}, {0, 16}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int N = shapes[s][0], C = shapes[s][1];
         tu_rng r;
@@ -458,7 +459,8 @@ START_TEST(test_rmsnorm_matches_cpu) {
 END_TEST
 
 START_TEST(test_rope_matches_cpu) {
-    const int shapes[][4] = {{1, 1, 1, 2}, {2, 17, 4, 16}, {1, 256, 8, 64}, {3, 5, 2, 128}};
+    const int shapes[][4] = {{1, 1, 1, 2}, {2, 17, 4, 16}, {1, 256, 8, 64}, {3, 5, 2, 128},
+                             {0, 4, 2, 8}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int B = shapes[s][0], T = shapes[s][1], H = shapes[s][2], hd = shapes[s][3];
         size_t n = (size_t)B * T * H * hd;
@@ -488,7 +490,8 @@ START_TEST(test_attention_matches_cpu) {
                              {2, 17, 4, 2, 8},
                              {1, 64, 8, 8, 16},
                              {2, 33, 6, 1, 32},
-                             {1, 128, 4, 2, 64}};
+                             {1, 128, 4, 2, 64},
+                             {0, 4, 2, 1, 8}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int B = shapes[s][0], T = shapes[s][1], Hq = shapes[s][2], Hkv = shapes[s][3];
         int hd = shapes[s][4];
@@ -533,6 +536,13 @@ START_TEST(test_embedding_matches_cpu) {
     BOTH(CPU->embedding_backward(dtable.h, dout.h, t.h, N, C),
          GPU->embedding_backward(dtable.d, dout.d, t.d, N, C));
     fb_check("embedding_backward", &dtable, TOL);
+    // no tokens: nothing read, nothing written
+    BOTH(CPU->embedding_forward(out.h, t.h, table.h, 0, C, V),
+         GPU->embedding_forward(out.d, t.d, table.d, 0, C, V));
+    BOTH(CPU->embedding_backward(dtable.h, dout.h, t.h, 0, C),
+         GPU->embedding_backward(dtable.d, dout.d, t.d, 0, C));
+    fb_check("embedding N=0", &out, 0.0);
+    fb_check("embedding_backward N=0", &dtable, TOL);
     tok[7] = V; // out of the vocabulary: an error naming the position, not a wild read
     upload(t.d, tok, sizeof tok);
     ck_assert_int_eq(GPU->embedding_forward(out.d, t.d, table.d, N, C, V), MOE_EINVAL);
@@ -542,14 +552,16 @@ START_TEST(test_embedding_matches_cpu) {
 END_TEST
 
 START_TEST(test_crossentropy_matches_cpu) {
-    const int shapes[][2] = {{1, 2}, {33, 100}, {64, 50257}, {5, 1}};
-    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+    // the last two: no rows, and every target ignored (mean 0, no gradient)
+    const int shapes[][2] = {{1, 2}, {33, 100}, {64, 50257}, {5, 1}, {0, 10}, {4, 7}};
+    const size_t n_shapes = sizeof shapes / sizeof *shapes;
+    for (size_t s = 0; s < n_shapes; s++) {
         int N = shapes[s][0], V = shapes[s][1];
         tu_rng r;
         tu_seed(&r, 1300 + s);
-        int *tgt = malloc(sizeof(int) * N);
+        int *tgt = malloc(sizeof(int) * (N ? N : 1));
         for (int n = 0; n < N; n++)
-            tgt[n] = n % 5 == 3 ? -1 : (int)(tu_uniform(&r) * V);
+            tgt[n] = n % 5 == 3 || s == n_shapes - 1 ? -1 : (int)(tu_uniform(&r) * V);
         ibuf t = ib_make(N, tgt);
         fbuf logits = fb_randn(&r, (size_t)N * V, 3.0f), losses = fb_make(N, NULL, NAN);
         double m_cpu = NAN, m_gpu = NAN;

@@ -2,7 +2,8 @@
 // CUDA table against the CPU reference table on the same random inputs, over
 // several shapes (edges included: zero sizes, dropped assignments, an expert
 // with no tokens, repeated rows). fp32 within 1e-5, bf16 GEMMs within 1e-2
-// (error relative to max(1, |cpu|)). Every device output sits between guard
+// (error relative to max(1, |cpu|); for GEMM outputs relative to max(1, max
+// |cpu|), see matmul_case). Every device output sits between guard
 // regions that must survive. Without CUDA, or with no device, prints why and
 // exits 77 (ctest: skipped). `--cpu-self-check` runs the op cases with the CPU
 // table on both sides (host copies for transfers): it checks this harness
@@ -114,7 +115,7 @@ static void ib_free(ibuf *b) {
 
 // Downloads the device copy and compares it with the host copy (the CPU
 // result): max |gpu - cpu| / max(1, |cpu|) <= tol, guards untouched. With
-// whole != 0 the denominator is max(1, max_i |cpu_i|) (bf16 GEMMs).
+// whole != 0 the denominator is max(1, max_i |cpu_i|) (GEMM outputs).
 static void fb_check_norm(const char *what, const fbuf *b, double tol, int whole) {
     float *all = malloc(sizeof(float) * (b->n + 2 * GUARD));
     synchronize(what);
@@ -176,7 +177,12 @@ static void matmul_case(const moe_ops *gpu, int M, int N, int K, int ta, int tb,
     char what[128];
     snprintf(what, sizeof what, "%s matmul M=%d N=%d K=%d ta=%d tb=%d alpha=%g beta=%g", gpu->name,
              M, N, K, ta, tb, alpha, beta);
-    fb_check_norm(what, &c, tol, tol > TOL);
+    // Two fp32 summation orders of K terms of unit size differ by ~ K * 2^-24
+    // in absolute terms (2e-5 at K = 512, measured with FMA chains against 16
+    // accumulators): an entry near 0 cannot meet 1e-5 of max(1, |c|). Errors
+    // count against the output's scale, max(1, max |c|), which an indexing or
+    // transpose error still misses by orders of magnitude.
+    fb_check_norm(what, &c, tol, 1);
     fb_free(&a), fb_free(&b), fb_free(&c);
 }
 
@@ -227,7 +233,7 @@ static void grouped_case(const moe_ops *gpu, int G, int N, int K, double tol, ui
                                  tb ? 0.5f : 0.0f));
         snprintf(what, sizeof what, "%s matmul_grouped G=%d N=%d K=%d tb=%d", gpu->name, G, N, K,
                  tb);
-        fb_check_norm(what, &c, tol, tol > TOL);
+        fb_check_norm(what, &c, tol, 1); // GEMM outputs: see matmul_case
     }
     // weight gradients: w_g [K, N] += a_g^T c_g, both sides from the CPU's c (the
     // GEMMs above left the device copy within tol of it, not equal: bf16 errors
@@ -238,7 +244,7 @@ static void grouped_case(const moe_ops *gpu, int G, int N, int K, double tol, ui
     BOTH(CPU->matmul_grouped_wgrad(w.h, wstride, a.h, c.h, offsets, G, K, N, 1.0f, 1.0f),
          gpu->matmul_grouped_wgrad(w.d, wstride, a.d, c.d, offsets, G, K, N, 1.0f, 1.0f));
     snprintf(what, sizeof what, "%s matmul_grouped_wgrad G=%d M=%d N=%d", gpu->name, G, K, N);
-    fb_check_norm(what, &w, tol, tol > TOL);
+    fb_check_norm(what, &w, tol, 1);
     fb_free(&a), fb_free(&b), fb_free(&c), fb_free(&w);
 }
 
@@ -776,7 +782,7 @@ static void moe_layer_case(const moe_ops *gpu, int T, int D, int H, int E, int k
 }
 
 START_TEST(test_moe_layer_matches_cpu) {
-    // A composition of GEMMs: 1e-4 of max(1, |cpu|) in fp32 (the ops hold 1e-5).
+    // A composition of GEMMs: 1e-4 of max(1, max |cpu|) in fp32 (the ops hold 1e-5).
     moe_layer_case(GPU, 64, 32, 48, 4, 2, 1.25, 0, MOE_SLOT_POSITION, 1e-4, 1700);
     moe_layer_case(GPU, 200, 64, 96, 8, 2, 0.5, 0, MOE_SLOT_PRIORITY, 1e-4, 1701); // drops
     moe_layer_case(GPU, 97, 48, 40, 8, 1, 0.0, 24, MOE_SLOT_POSITION, 1e-4, 1702); // shared

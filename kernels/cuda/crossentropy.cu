@@ -88,6 +88,7 @@ extern "C" int moe_cuda_crossentropy_forward(float *losses, double *mean, const 
             e = cudaMemcpyAsync(host, dl, N * sizeof(double), cudaMemcpyDeviceToHost, c.stream);
         if (e == cudaSuccess) e = cudaStreamSynchronize(c.stream);
         if (e != cudaSuccess) {
+            cudaGetLastError();
             rc = moe_fail(MOE_EDEVICE, "%s:%d: crossentropy forward: %s", __FILE__, __LINE__,
                           cudaGetErrorString(e));
             goto fail;

@@ -12,12 +12,16 @@
 
 const char *moe_cublas_status_string(cublasStatus_t s);
 
+// A failed call also stays the runtime's last error: it is cleared here, once
+// reported, so the next CUDA_LAUNCH_CHECK does not blame a later launch for it.
 #define CUDA_TRY(x)                                                                                \
     do {                                                                                           \
         cudaError_t cu_e_ = (x);                                                                   \
-        if (cu_e_ != cudaSuccess)                                                                  \
+        if (cu_e_ != cudaSuccess) {                                                                \
+            cudaGetLastError();                                                                    \
             return moe_fail(MOE_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #x,                  \
                             cudaGetErrorString(cu_e_));                                            \
+        }                                                                                          \
     } while (0)
 
 #define CUBLAS_TRY(x)                                                                              \

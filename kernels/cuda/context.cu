@@ -66,10 +66,15 @@ extern "C" int moe_cuda_init(int device) {
         return moe_fail(MOE_EDEVICE, "%s:%d: cublasCreate: %s", __FILE__, __LINE__,
                         moe_cublas_status_string(s));
     }
-    CUBLAS_TRY(cublasSetStream(g_ctx.cublas, g_ctx.stream));
     // Default math: cublasSgemm stays fp32 (TF32 needs CUBLAS_TF32_TENSOR_OP_MATH);
     // the bf16 table asks for its compute type per call (matmul.cu).
-    CUBLAS_TRY(cublasSetMathMode(g_ctx.cublas, CUBLAS_DEFAULT_MATH));
+    if ((s = cublasSetStream(g_ctx.cublas, g_ctx.stream)) != CUBLAS_STATUS_SUCCESS ||
+        (s = cublasSetMathMode(g_ctx.cublas, CUBLAS_DEFAULT_MATH)) != CUBLAS_STATUS_SUCCESS) {
+        cublasDestroy(g_ctx.cublas);
+        cudaStreamDestroy(g_ctx.stream);
+        return moe_fail(MOE_EDEVICE, "%s:%d: cuBLAS handle setup: %s", __FILE__, __LINE__,
+                        moe_cublas_status_string(s));
+    }
     g_ctx.device = device;
     g_device = device;
     g_ready = true;

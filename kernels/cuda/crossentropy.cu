@@ -81,13 +81,18 @@ extern "C" int moe_cuda_crossentropy_forward(float *losses, double *mean, const 
         goto fail;
     }
     ce_fwd_kernel<<<moe_cuda_row_blocks(N), 256, 0, c.stream>>>(losses, dl, logits, target, N, V);
-    if (cudaGetLastError() != cudaSuccess ||
-        cudaMemcpyAsync(host, dl, N * sizeof(double), cudaMemcpyDeviceToHost, c.stream) !=
-            cudaSuccess ||
-        cudaStreamSynchronize(c.stream) != cudaSuccess) {
-        rc = moe_fail(MOE_EDEVICE, "%s:%d: crossentropy forward: %s", __FILE__, __LINE__,
-                      cudaGetErrorString(cudaGetLastError()));
-        goto fail;
+    {
+        // keep the first error: cudaGetLastError clears it, so asking again says "no error"
+        cudaError_t e = cudaGetLastError();
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(host, dl, N * sizeof(double), cudaMemcpyDeviceToHost, c.stream);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(c.stream);
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            rc = moe_fail(MOE_EDEVICE, "%s:%d: crossentropy forward: %s", __FILE__, __LINE__,
+                          cudaGetErrorString(e));
+            goto fail;
+        }
     }
     {
         double sum = 0.0;

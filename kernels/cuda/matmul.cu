@@ -94,11 +94,15 @@ static int run_grouped(const gemm_desc *d, int G, float alpha, float beta,
             ab[g] = alpha, ab[G + g] = beta;
             ptr[g] = d[g].a, ptr[G + g] = d[g].b, ptr[2 * G + g] = d[g].c;
         }
-        if (cudaMallocAsync((void **)&dptr, sizeof(void *) * 3 * G, ctx.stream) != cudaSuccess ||
-            cudaMemcpyAsync(dptr, ptr, sizeof(void *) * 3 * G, cudaMemcpyHostToDevice,
-                            ctx.stream) != cudaSuccess) {
+        cudaError_t e = cudaMallocAsync((void **)&dptr, sizeof(void *) * 3 * G, ctx.stream);
+        if (e != cudaSuccess) dptr = NULL;
+        if (e == cudaSuccess)
+            e = cudaMemcpyAsync(dptr, ptr, sizeof(void *) * 3 * G, cudaMemcpyHostToDevice,
+                                ctx.stream);
+        if (e != cudaSuccess) {
+            cudaGetLastError(); // reported here; later calls start clean
             rc = moe_fail(MOE_EDEVICE, "%s:%d: grouped GEMM pointer upload: %s", __FILE__, __LINE__,
-                          cudaGetErrorString(cudaGetLastError()));
+                          cudaGetErrorString(e));
             goto done;
         }
         cublasStatus_t st = cublasGemmGroupedBatchedEx(

@@ -20,9 +20,11 @@
 #define CUDA_TRY(x)                                                                                \
     do {                                                                                           \
         cudaError_t cu_e_ = (x);                                                                   \
-        if (cu_e_ != cudaSuccess)                                                                  \
+        if (cu_e_ != cudaSuccess) {                                                                \
+            cudaGetLastError(); /* reported here: do not blame the next call */                    \
             return moe_fail(MOE_EDEVICE, "%s:%d: %s: %s", __FILE__, __LINE__, #x,                  \
                             cudaGetErrorString(cu_e_));                                            \
+        }                                                                                          \
     } while (0)
 
 #define NCCL_TRY(x)                                                                                \

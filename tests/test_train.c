@@ -13,21 +13,7 @@
 #include <string.h>
 
 static moe_config small(void) {
-    moe_config c;
-    moe_config_default(&c);
-    c.model.d_model = 32;
-    c.model.n_layers = 2;
-    c.model.n_heads = 4;
-    c.model.n_kv_heads = 2;
-    c.model.d_ff = 48;
-    c.model.seq_len = 32;
-    c.moe.num_experts[0] = 4;
-    c.train.batch_size = 4;
-    c.train.steps = 60;
-    c.train.warmup_steps = 5;
-    c.train.eval_every = 0;
-    c.train.lr = 1e-2;
-    return c;
+    return tu_small_config();
 }
 
 static char *read_all(const char *path, long *n) {

@@ -17,20 +17,8 @@
 #include "kernels/cuda/cuda.h"
 
 static moe_config small(const char *device, const char *compute) {
-    moe_config c;
-    moe_config_default(&c);
-    c.model.d_model = 32;
-    c.model.n_layers = 2;
-    c.model.n_heads = 4;
-    c.model.n_kv_heads = 2;
-    c.model.d_ff = 48;
-    c.model.seq_len = 32;
-    c.moe.num_experts[0] = 4;
-    c.train.batch_size = 4;
+    moe_config c = tu_small_config();
     c.train.steps = 20;
-    c.train.warmup_steps = 5;
-    c.train.eval_every = 0;
-    c.train.lr = 1e-2;
     snprintf(c.train.device, sizeof c.train.device, "%s", device);
     snprintf(c.train.compute, sizeof c.train.compute, "%s", compute);
     return c;

@@ -3,6 +3,8 @@
 #ifndef MOE_TESTUTIL_H
 #define MOE_TESTUTIL_H
 
+#include "moe/config.h"
+
 #include <check.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -23,6 +25,10 @@ void tu_guarded_free(float *p, size_t n);
 
 // mkdtemp under $TMPDIR (or /tmp); returns a static path buffer.
 const char *tu_tmpdir(void);
+
+// A 2-layer d=32 model with 4 experts, batch 4 x 32 tokens, 60 steps at lr
+// 1e-2 (5 warmup), no evaluation: trains in a fraction of a second.
+moe_config tu_small_config(void);
 
 // Runs the moe binary ($MOE_BIN, set by ctest) with args (a shell word list),
 // stdout to dir/out.txt and stderr to dir/err.txt; returns its exit status.

@@ -48,6 +48,7 @@ typedef struct moe_ops {
                           float beta);
     // matmul_grouped_wgrad: c_g [M, N] = alpha * a_g^T @ b_g + beta * c_g with
     //   a_g [n_g, M], b_g [n_g, N] (weight gradients: dW_g += dY_g^T X_g).
+    //   Both skip empty segments (n_g = 0): their c_g is left as it is, whatever beta.
     int (*matmul_grouped_wgrad)(float *c, size_t c_stride, const float *a, const float *b,
                                 const int *offsets, int G, int M, int N, float alpha, float beta);
 

@@ -1,7 +1,8 @@
 // Generation over the KV-cache forward: each prompt is prefilled by one
 // forward, then every unfinished sequence advances one token per forward
 // (batched decode). Greedy or temperature/top-k sampling; sample i of prompt b
-// draws from hash(seed, b, i), so results do not depend on the batch.
+// draws from hash(seed, b, i), so the draw does not depend on the batch (the
+// logits may, in the last bits: decode steps of more than 4 rows use GEMMs).
 #include "moe/error.h"
 #include "moe/infer.h"
 #include "moe/rng.h"

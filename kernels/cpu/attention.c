@@ -8,6 +8,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 static int check_dims(int B, int T, int Hq, int Hkv, int hd) {
@@ -22,6 +23,8 @@ int moe_cpu_attention_forward(float *out, float *att, const float *q, const floa
     MOE_TRY(check_dims(B, T, Hq, Hkv, hd));
     const float scale = 1.0f / sqrtf((float)hd);
     const int ldq = Hq * hd, ldk = Hkv * hd, group = Hq / Hkv;
+    double *e = malloc(sizeof(double) * (size_t)T); // one row's exponentials, computed once
+    if (!e) return moe_fail(MOE_ENOMEM, "attention: %d-position row: out of memory", T);
     for (int b = 0; b < B; b++) {
         for (int h = 0; h < Hq; h++) {
             const float *qh = q + (size_t)b * T * ldq + (size_t)h * hd;
@@ -36,15 +39,16 @@ int moe_cpu_attention_forward(float *out, float *att, const float *q, const floa
                     if (row[s] > m) m = row[s];
                 double sum = 0.0;
                 for (int s = 0; s <= t; s++)
-                    sum += exp((double)row[s] - m);
+                    sum += e[s] = exp((double)row[s] - m);
                 for (int s = 0; s <= t; s++)
-                    row[s] = (float)(exp((double)row[s] - m) / sum);
+                    row[s] = (float)(e[s] / sum);
                 memset(row + t + 1, 0, sizeof(float) * (T - t - 1));
             }
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, T, 1.0f, p, T, vg, ldk,
                         0.0f, out + (size_t)b * T * ldq + (size_t)h * hd, ldq);
         }
     }
+    free(e);
     return 0;
 }
 

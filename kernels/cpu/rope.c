@@ -6,26 +6,33 @@
 
 #include <math.h>
 
-// positions: pos_of[row], or row % T when pos_of is NULL (training layout).
+// positions: pos_of[row], or row % T when pos_of is NULL (training layout,
+// where the B rows of position t share its angles, computed once).
 static int rope(float *out, const float *x, int B, int T, const int *pos_of, int H, int hd,
                 float theta, float sign, int accumulate) {
     if (hd % 2) return moe_fail(MOE_EINVAL, "rope: head_dim %d is odd", hd);
-    int half = hd / 2;
-    for (int bt = 0; bt < B * T; bt++) {
-        int pos = pos_of ? pos_of[bt] : bt % T;
+    const int half = hd / 2, rows = pos_of ? B * T : T, reps = pos_of ? 1 : B;
+    double inv_freq[half > 0 ? half : 1];
+    for (int i = 0; i < half; i++)
+        inv_freq[i] = pow(theta, -2.0 * i / hd);
+    for (int r = 0; r < rows; r++) {
+        const int pos = pos_of ? pos_of[r] : r;
         for (int i = 0; i < half; i++) {
-            double ang = pos * pow(theta, -2.0 * i / hd);
+            double ang = pos * inv_freq[i];
             float c = (float)cos(ang), s = sign * (float)sin(ang);
-            for (int h = 0; h < H; h++) {
-                size_t o = ((size_t)bt * H + h) * hd;
-                float a = x[o + i], b = x[o + i + half];
-                float ra = a * c - b * s, rb = b * c + a * s;
-                if (accumulate) {
-                    out[o + i] += ra;
-                    out[o + i + half] += rb;
-                } else {
-                    out[o + i] = ra;
-                    out[o + i + half] = rb;
+            for (int b = 0; b < reps; b++) {
+                const size_t bt = pos_of ? (size_t)r : (size_t)b * T + r;
+                for (int h = 0; h < H; h++) {
+                    size_t o = (bt * H + h) * hd;
+                    float a = x[o + i], bb = x[o + i + half];
+                    float ra = a * c - bb * s, rb = bb * c + a * s;
+                    if (accumulate) {
+                        out[o + i] += ra;
+                        out[o + i + half] += rb;
+                    } else {
+                        out[o + i] = ra;
+                        out[o + i + half] = rb;
+                    }
                 }
             }
         }

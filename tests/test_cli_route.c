@@ -7,7 +7,6 @@
 #include "moe/safetensors.h"
 #include "testutil.h"
 
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,36 +22,11 @@ static void setup(void) {
 }
 
 static void teardown(void) {
-    DIR *dp = opendir(dir);
-    if (!dp) return;
-    struct dirent *de;
-    char p[1024];
-    while ((de = readdir(dp)))
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-            unlink(p);
-        }
-    closedir(dp);
-    rmdir(dir);
+    tu_rm_flat_dir(dir);
 }
 
 static const char *in_dir(const char *name) {
-    static char buf[8][640];
-    static int i;
-    i = (i + 1) % 8;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
-    return buf[i];
-}
-
-static int count_entries(void) {
-    DIR *dp = opendir(dir);
-    ck_assert_ptr_nonnull(dp);
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(dp)))
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) n++;
-    closedir(dp);
-    return n;
+    return tu_path(dir, name);
 }
 
 static int run_cli(const char **args) {
@@ -169,7 +143,7 @@ START_TEST(test_plan_equals_router_forward) {
     ck_assert_str_eq(moe_st_meta(f, "router.noise_eps"), "0.01");
     ck_assert_str_eq(moe_st_meta(f, "capacity.mode"), "static");
     moe_st_close(f);
-    ck_assert_int_eq(count_entries(), 2); // input and plan, no temp file
+    ck_assert_int_eq(tu_count_entries(dir), 2); // input and plan, no temp file
 }
 END_TEST
 
@@ -263,7 +237,7 @@ END_TEST
 static void expect_fails(int rc, int code, const char *out, int files_before, const char *word) {
     ck_assert_msg(rc == code, "exit %d, want %d (%s)", rc, code, moe_last_error());
     ck_assert_int_eq(access(out, F_OK), -1);
-    ck_assert_int_eq(count_entries(), files_before);
+    ck_assert_int_eq(tu_count_entries(dir), files_before);
     ck_assert_msg(strstr(moe_last_error(), word), "message '%s' lacks '%s'", moe_last_error(),
                   word);
 }
@@ -375,7 +349,7 @@ START_TEST(test_write_failure_exits_1) {
     int rc = MOE("route", "--logits", in, "--out", out);
     ck_assert_int_eq(rc, 1);
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "no/such/dir/plan.safetensors"));
-    ck_assert_int_eq(count_entries(), 1);
+    ck_assert_int_eq(tu_count_entries(dir), 1);
 }
 END_TEST
 

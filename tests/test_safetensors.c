@@ -4,7 +4,6 @@
 #include "moe/safetensors.h"
 #include "testutil.h"
 
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -25,36 +24,11 @@ static void setup(void) {
 
 // The tests create plain files only, one level deep.
 static void teardown(void) {
-    DIR *dp = opendir(dir);
-    if (!dp) return;
-    struct dirent *de;
-    char p[1024];
-    while ((de = readdir(dp)))
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-            unlink(p);
-        }
-    closedir(dp);
-    rmdir(dir);
+    tu_rm_flat_dir(dir);
 }
 
 static const char *in_dir(const char *name) {
-    static char buf[4][640];
-    static int i;
-    i = (i + 1) % 4;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
-    return buf[i];
-}
-
-static int count_entries(const char *d) {
-    DIR *dp = opendir(d);
-    if (!dp) return -1;
-    int n = 0;
-    struct dirent *de;
-    while ((de = readdir(dp)))
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) n++;
-    closedir(dp);
-    return n;
+    return tu_path(dir, name);
 }
 
 static unsigned char *slurp(const char *path, size_t *len) {
@@ -189,7 +163,7 @@ START_TEST(test_roundtrip_is_byte_exact_with_metadata) {
     ck_assert_int_eq(b[end - 1], '}');
     ck_assert_int_eq(memcmp(b + 8 + h, logits, sizeof logits), 0); // first tensor first
     free(b);
-    ck_assert_int_eq(count_entries(dir), 1); // no temp file left behind
+    ck_assert_int_eq(tu_count_entries(dir), 1); // no temp file left behind
 }
 END_TEST
 
@@ -386,7 +360,7 @@ START_TEST(test_writer_into_missing_dir_leaves_nothing) {
     const char *p = in_dir("sub/a.safetensors");
     ck_assert_int_eq(moe_st_write(p, e, n, NULL), MOE_EIO);
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "sub/a.safetensors"));
-    ck_assert_int_eq(count_entries(dir), 0);
+    ck_assert_int_eq(tu_count_entries(dir), 0);
 }
 END_TEST
 
@@ -418,7 +392,7 @@ START_TEST(test_writer_rejects_bad_entries_and_keeps_old_file) {
     unsigned char *now = slurp(p, &len1);
     ck_assert_uint_eq(len0, len1);
     ck_assert_int_eq(memcmp(old, now, len0), 0);
-    ck_assert_int_eq(count_entries(dir), 1);
+    ck_assert_int_eq(tu_count_entries(dir), 1);
     free(old);
     free(now);
 
@@ -452,7 +426,7 @@ START_TEST(test_failed_write_midway_leaves_old_file) {
 
     ck_assert_int_eq(rc, MOE_EIO);
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "write failed"));
-    ck_assert_int_eq(count_entries(dir), 1);
+    ck_assert_int_eq(tu_count_entries(dir), 1);
     moe_st_file *f;
     ck_assert_int_eq(moe_st_open(p, &f), 0);
     ck_assert_ptr_nonnull(moe_st_find(f, "small"));

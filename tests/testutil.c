@@ -1,11 +1,13 @@
 // Test helpers (see testutil.h).
 #include "testutil.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #define TU_GUARD 64
 static const uint32_t tu_sentinel = 0x7fbadbadu; // a NaN pattern no op writes
@@ -63,6 +65,39 @@ const char *tu_tmpdir(void) {
     snprintf(path, sizeof path, "%s/moe-test-XXXXXX", base && *base ? base : "/tmp");
     if (!mkdtemp(path)) return NULL;
     return path;
+}
+
+const char *tu_path(const char *dir, const char *name) {
+    static char buf[8][1024];
+    static int i;
+    i = (i + 1) % 8;
+    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
+    return buf[i];
+}
+
+int tu_count_entries(const char *dir) {
+    DIR *dp = opendir(dir);
+    if (!dp) return -1;
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(dp)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) n++;
+    closedir(dp);
+    return n;
+}
+
+void tu_rm_flat_dir(const char *dir) {
+    DIR *dp = opendir(dir);
+    if (!dp) return;
+    struct dirent *de;
+    char p[1024];
+    while ((de = readdir(dp)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
+            unlink(p);
+        }
+    closedir(dp);
+    rmdir(dir);
 }
 
 int tu_run(Suite *s) {

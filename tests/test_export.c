@@ -15,18 +15,10 @@
 #include <string.h>
 #include <sys/wait.h>
 
+// tu_small_config (2 layers, d 32, 4 experts in every layer) on 2 x 16 tokens.
 static moe_config base(void) {
-    moe_config c;
-    moe_config_default(&c);
-    c.model.d_model = 32;
-    c.model.n_layers = 2;
-    c.model.n_heads = 4;
-    c.model.n_kv_heads = 2;
-    c.model.d_ff = 48;
+    moe_config c = tu_small_config();
     c.model.seq_len = 16;
-    c.moe.n_num_experts = 1;
-    c.moe.num_experts[0] = 4;
-    c.moe.every = 1;
     c.train.batch_size = 2;
     return c;
 }

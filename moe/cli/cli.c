@@ -80,6 +80,17 @@ bool moe_cli_parse_long(const char *s, long long lo, long long hi, long long *ou
     return true;
 }
 
+int moe_cli_load_config(moe_config *cfg, const char *path, const char *const *sets, int n_sets) {
+    moe_config_default(cfg);
+    moe_config_src *src = moe_config_src_new();
+    int rc = moe_config_load(cfg, src, path);
+    for (int i = 0; rc == 0 && i < n_sets; i++)
+        rc = moe_config_set(cfg, src, sets[i]);
+    if (rc == 0) rc = moe_config_check(cfg, src);
+    moe_config_src_free(src);
+    return rc;
+}
+
 static const command *find_command(const char *name) {
     for (int i = 0; i < N_COMMANDS; i++)
         if (!strcmp(commands[i].name, name)) return &commands[i];

@@ -4,6 +4,8 @@
 #ifndef MOE_CLI_H
 #define MOE_CLI_H
 
+#include "moe/config.h"
+
 #include <stdbool.h>
 
 #define MOE_VERSION "0.1.0"
@@ -48,5 +50,10 @@ void moe_cli_mpi_finalize(struct moe_comm *world);
 
 // Parses a base-10 integer in [lo, hi]; false on junk or out of range.
 bool moe_cli_parse_long(const char *s, long long lo, long long hi, long long *out);
+
+// Fills cfg with the defaults, loads the JSON file path over them, applies
+// the n_sets "key=value" overrides in order and checks the result. Returns 0
+// or a negative MOE_E* code (the message names the key and where it was set).
+int moe_cli_load_config(moe_config *cfg, const char *path, const char *const *sets, int n_sets);
 
 #endif

@@ -61,13 +61,7 @@ int moe_cli_plan(int argc, char **argv) {
     }
     if (!config) return moe_cli_fail("plan", MOE_EXIT_USAGE, "no config file (see --help)");
     moe_config cfg;
-    moe_config_default(&cfg);
-    moe_config_src *src = moe_config_src_new();
-    int rc = moe_config_load(&cfg, src, config);
-    for (int i = 0; rc == 0 && i < n_sets; i++)
-        rc = moe_config_set(&cfg, src, sets[i]);
-    if (rc == 0) rc = moe_config_check(&cfg, src);
-    moe_config_src_free(src);
+    int rc = moe_cli_load_config(&cfg, config, sets, n_sets);
     if (rc < 0) return moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
     mc.nodes = (int)nodes;
     mc.ranks_per_node = rpn ? (int)rpn : cfg.parallel.ep;

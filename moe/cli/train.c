@@ -37,14 +37,14 @@ static const char *train_help =
     "--dry-run prints the memory plan (as moe plan) and exits. Under mpirun or srun\n"
     "every rank trains (parallel.ep experts-parallel ranks x data parallel).\n";
 
-// Loads CONFIG and applies --set/--steps; fills out_dir and resume.
+// Parses train's options, loads CONFIG with the --set, --steps and --device
+// overrides into cfg, and fills out (default runs/<config name>), resume, quiet
+// and dry_run.
 static int parse_train_args(int argc, char **argv, moe_config *cfg, const char **out,
                             const char **resume, bool *quiet, bool *dry_run, char *default_out,
                             size_t cap) {
     const char *config = NULL;
-    moe_config_src *src = moe_config_src_new();
     int rc = 0;
-    moe_config_default(cfg);
     const char *sets[256];
     int n_sets = 0;
     for (int i = 1; i < argc; i++) {
@@ -87,21 +87,16 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, const char *
         moe_fail(MOE_EINVAL, "no config file (try configs/tiny.json)");
         goto usage;
     }
-    MOE_TRY_GOTO(moe_config_load(cfg, src, config), rc);
-    for (int i = 0; i < n_sets; i++)
-        MOE_TRY_GOTO(moe_config_set(cfg, src, sets[i]), rc);
-    MOE_TRY_GOTO(moe_config_check(cfg, src), rc);
+    MOE_TRY_GOTO(moe_cli_load_config(cfg, config, sets, n_sets), rc);
     if (!*out) {
         const char *base = strrchr(config, '/') ? strrchr(config, '/') + 1 : config;
         snprintf(default_out, cap, "runs/%.*s", (int)strcspn(base, "."), base);
         *out = default_out;
     }
-    moe_config_src_free(src);
     return 0;
 usage:
     rc = MOE_EINVAL;
 fail:
-    moe_config_src_free(src);
     return rc;
 }
 

@@ -16,18 +16,9 @@
 #include <string.h>
 
 enum { W = 4 };
-static int failures, checks, wrank;
+static int wrank;
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        checks++;                                                                                  \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            fprintf(stderr, "rank %d: %s:%d: ", wrank, __FILE__, __LINE__);                        \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-        }                                                                                          \
-    } while (0)
+#define CHECK(cond, ...) TU_MPI_CHECK(wrank, cond, __VA_ARGS__)
 
 static uint64_t mix(uint64_t x) { // splitmix64 finaliser
     x += 0x9E3779B97F4A7C15ull;
@@ -372,7 +363,7 @@ int main(int argc, char **argv) {
         moe_comm_free(world);
     }
 
-    int total[2] = {failures, checks};
+    int total[2] = {tu_failures, tu_checks};
     MPI_Allreduce(MPI_IN_PLACE, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (wrank == 0) printf("mpi_comm: %d passed, %d failed\n", total[1] - total[0], total[0]);
     MPI_Finalize();

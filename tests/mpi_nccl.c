@@ -7,6 +7,7 @@
 #include "moe/comm.h"
 #include "moe/comm_nccl.h"
 #include "moe/error.h"
+#include "testutil.h"
 
 #include <math.h>
 #include <mpi.h>
@@ -19,17 +20,9 @@
 #include "kernels/ops.h"
 #endif
 
-static int failures, wrank;
+static int wrank;
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            fprintf(stderr, "rank %d: %s:%d: ", wrank, __FILE__, __LINE__);                        \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-        }                                                                                          \
-    } while (0)
+#define CHECK(cond, ...) TU_MPI_CHECK(wrank, cond, __VA_ARGS__)
 
 #ifdef MOE_HAVE_NCCL
 // Count of rows rank s sends to rank d in trial t (some zero).
@@ -90,7 +83,6 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
     MPI_Comm_size(MPI_COMM_WORLD, &P);
 #ifndef MOE_HAVE_NCCL
-    (void)failures;
     if (wrank == 0) printf("SKIP: built without NCCL (needs CUDA, NCCL and MPI)\n");
     MPI_Finalize();
     return 77;
@@ -120,7 +112,7 @@ int main(int argc, char **argv) {
     CHECK(moe_comm_mpi_world(&hier, P % 2 == 0 ? 2 : 1) == 0, "%s", moe_last_error());
     CHECK(moe_nccl_comm_init(&nf, flat, local) == 0, "%s", moe_last_error());
     CHECK(moe_nccl_comm_init(&nh, hier, local) == 0, "%s", moe_last_error());
-    if (!failures) {
+    if (!tu_failures) {
         for (int t = 0; t < 4; t++) {
             alltoall_trial(nf, MOE_A2A_FLAT, P, t, 3);
             alltoall_trial(nh, MOE_A2A_HIERARCHICAL, P, t, 5);
@@ -143,8 +135,9 @@ int main(int argc, char **argv) {
         for (int r = 0; r < P; r++)
             sc[r] = 2;
         float *buf = moe_ops_cuda.alloc(sizeof(float) * 4 * P);
-        int rc = moe_nccl_alltoallv(nf, MOE_A2A_FLAT, buf, sc, buf + 2 * P, rcv,
-                                    wrank == 0 ? 1 : (size_t)(2 * P), sizeof(float), moe_cuda_stream());
+        int rc =
+            moe_nccl_alltoallv(nf, MOE_A2A_FLAT, buf, sc, buf + 2 * P, rcv,
+                               wrank == 0 ? 1 : (size_t)(2 * P), sizeof(float), moe_cuda_stream());
         CHECK(rc == MOE_EINVAL, "too small a buffer on rank 0 gave %d", rc);
         moe_ops_cuda.free(buf), moe_ops_cuda.free(d);
         free(h);
@@ -153,7 +146,7 @@ int main(int argc, char **argv) {
     moe_comm_free(flat), moe_comm_free(hier);
     moe_cuda_shutdown();
     int total;
-    MPI_Allreduce(&failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(&tu_failures, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (wrank == 0) printf("mpi_nccl: %s (%d failures)\n", total ? "FAILED" : "ok", total);
     MPI_Finalize();
     return total ? 1 : 0;

@@ -23,18 +23,9 @@
 #include <string.h>
 
 enum { STEPS = 6, W = 4 };
-static int failures, checks, rank;
+static int rank;
 
-#define CHECK(cond, ...)                                                                           \
-    do {                                                                                           \
-        checks++;                                                                                  \
-        if (!(cond)) {                                                                             \
-            failures++;                                                                            \
-            fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__);                         \
-            fprintf(stderr, __VA_ARGS__);                                                          \
-            fputc('\n', stderr);                                                                   \
-        }                                                                                          \
-    } while (0)
+#define CHECK(cond, ...) TU_MPI_CHECK(rank, cond, __VA_ARGS__)
 
 static moe_config base(int ep, const char *a2a) {
     moe_config c;
@@ -259,7 +250,7 @@ int main(int argc, char **argv) {
     plan_matches_counters(dir, MOE_A2A_FLAT);
     plan_matches_counters(dir, MOE_A2A_HIERARCHICAL);
     device_path_data_parallel(dir);
-    int total[2] = {failures, checks};
+    int total[2] = {tu_failures, tu_checks};
     MPI_Allreduce(MPI_IN_PLACE, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
     if (rank == 0) printf("mpi_train: %d passed, %d failed\n", total[1] - total[0], total[0]);
     MPI_Finalize();

@@ -12,6 +12,8 @@
 #define TU_GUARD 64
 static const uint32_t tu_sentinel = 0x7fbadbadu; // a NaN pattern no op writes
 
+int tu_checks, tu_failures;
+
 void tu_seed(tu_rng *r, uint64_t seed) {
     r->s = seed * 0x9E3779B97F4A7C15ull + 1;
 }

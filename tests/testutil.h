@@ -8,6 +8,7 @@
 #include <check.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 // Deterministic xorshift generator for test data.
 typedef struct {
@@ -45,5 +46,21 @@ const char *tu_file_text(const char *dir, const char *name);
 
 // Runs one suite with CK_NORMAL output, returns the process exit status.
 int tu_run(Suite *s);
+
+// CHECK for the mpi_* programs, which do without Check so that every rank
+// reaches MPI_Finalize: counts the check in tu_checks and, when cond is false,
+// counts a failure in tu_failures and prints the rank, the place and the
+// message (printf-style arguments), then carries on.
+extern int tu_checks, tu_failures;
+#define TU_MPI_CHECK(rank, cond, ...)                                                              \
+    do {                                                                                           \
+        tu_checks++;                                                                               \
+        if (!(cond)) {                                                                             \
+            tu_failures++;                                                                         \
+            fprintf(stderr, "rank %d: %s:%d: ", rank, __FILE__, __LINE__);                         \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+        }                                                                                          \
+    } while (0)
 
 #endif

@@ -129,20 +129,27 @@ done:
     return rc;
 }
 
+// Checks that offsets [G + 1] never decrease (op names the caller in the
+// message), then allocates room for one descriptor per segment.
+static int alloc_descs(gemm_desc **d, const int *offsets, int G, const char *op) {
+    for (int g = 0; g < G; g++)
+        if (offsets[g + 1] < offsets[g])
+            return moe_fail(MOE_EINVAL, "%s: offsets decrease at %d", op, g);
+    *d = (gemm_desc *)malloc(sizeof **d * (size_t)(G > 0 ? G : 1));
+    if (!*d) return moe_fail(MOE_ENOMEM, "grouped GEMM: %d groups", G);
+    return 0;
+}
+
 static int grouped(float *c, const float *a, const float *b, size_t b_stride, const int *offsets,
                    int G, int N, int K, bool trans_b, float alpha, float beta,
                    cublasComputeType_t compute) {
     if (G < 0 || N < 0 || K < 1)
         return moe_fail(MOE_EINVAL, "matmul_grouped: G=%d N=%d K=%d", G, N, K);
-    gemm_desc *d = (gemm_desc *)malloc(sizeof *d * (G ? G : 1));
-    if (!d) return moe_fail(MOE_ENOMEM, "grouped GEMM: %d groups", G);
+    gemm_desc *d;
+    MOE_TRY(alloc_descs(&d, offsets, G, "matmul_grouped"));
     int n_desc = 0;
     for (int g = 0; g < G; g++) {
         const int r0 = offsets[g], n = offsets[g + 1] - offsets[g];
-        if (n < 0) {
-            free(d);
-            return moe_fail(MOE_EINVAL, "matmul_grouped: offsets decrease at %d", g);
-        }
         if (n == 0 || N == 0) continue;
         // row-major c_g [n, N] = a_g [n, K] op(b_g): column-major gemm(op_b, N, N, n, K)
         d[n_desc++] = (gemm_desc){trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
@@ -167,15 +174,11 @@ static int grouped_wgrad(float *c, size_t c_stride, const float *a, const float 
                          cublasComputeType_t compute) {
     if (G < 0 || M < 0 || N < 0)
         return moe_fail(MOE_EINVAL, "matmul_grouped_wgrad: G=%d M=%d N=%d", G, M, N);
-    gemm_desc *d = (gemm_desc *)malloc(sizeof *d * (G ? G : 1));
-    if (!d) return moe_fail(MOE_ENOMEM, "grouped GEMM: %d groups", G);
+    gemm_desc *d;
+    MOE_TRY(alloc_descs(&d, offsets, G, "matmul_grouped_wgrad"));
     int n_desc = 0;
     for (int g = 0; g < G; g++) {
         const int r0 = offsets[g], n = offsets[g + 1] - offsets[g];
-        if (n < 0) {
-            free(d);
-            return moe_fail(MOE_EINVAL, "matmul_grouped_wgrad: offsets decrease at %d", g);
-        }
         if (n == 0 || M == 0 || N == 0) continue;
         // row-major c_g [M, N] = a_g^T [M, n] b_g [n, N], a_g stored [n, M]:
         // column-major gemm(N, T, N, M, n) with b_g (ld N) first, a_g (ld M) second

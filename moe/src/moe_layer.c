@@ -328,6 +328,16 @@ static void chunk_rows(moe_layer_acts *a, int t0, int tc) {
         a->crow[i - t0 * k] = pl->expert[i] >= 0 ? a->cfill[pl->expert[i]]++ : -1;
 }
 
+// Forward of one SwiGLU FFN with fused [w1;w3] (n rows): ab = in w13^T
+// [n, 2H]; h = swiglu(ab) [n, H]; out = h w2^T [n, D] (overwritten).
+static int ffn_forward(const moe_ops *ops, float *out, float *ab, float *h, const float *in,
+                       const float *w13, const float *w2, int n, int D, int H) {
+    MOE_TRY(ops->matmul(ab, in, w13, n, 2 * H, D, false, true, 1.0f, 0.0f));
+    MOE_TRY(ops->swiglu_forward(h, ab, n, H));
+    MOE_TRY(ops->matmul(out, h, w2, n, D, H, false, true, 1.0f, 0.0f));
+    return 0;
+}
+
 // The experts' forward on one chunk: xe, ab, h, ye for its rows.
 static int chunk_experts(moe_layer_acts *a, const float *x, const moe_layer_params *p, int t0,
                          int tc) {
@@ -339,12 +349,8 @@ static int chunk_experts(moe_layer_acts *a, const float *x, const moe_layer_para
         const int n = a->coff[e + 1] - a->coff[e];
         if (n == 0) continue;
         const size_t r0 = (size_t)a->coff[e];
-        float *ab = a->ab + r0 * 2 * H, *h = a->h + r0 * H;
-        MOE_TRY(ops->matmul(ab, a->xe + r0 * D, moe_layer_w13(p, e), n, 2 * H, D, false, true, 1.0f,
-                            0.0f));
-        MOE_TRY(ops->swiglu_forward(h, ab, n, H));
-        MOE_TRY(
-            ops->matmul(a->ye + r0 * D, h, moe_layer_w2(p, e), n, D, H, false, true, 1.0f, 0.0f));
+        MOE_TRY(ffn_forward(ops, a->ye + r0 * D, a->ab + r0 * 2 * H, a->h + r0 * H, a->xe + r0 * D,
+                            moe_layer_w13(p, e), moe_layer_w2(p, e), n, D, H));
     }
     return 0;
 }
@@ -473,20 +479,16 @@ int moe_layer_forward(float *y, const float *x, const int *task_id, const int *c
     MOE_TRY(dispatch(a));
     LAP(permute);
 
-    // Experts, one block per (source rank, local expert): [n, D] @ [2H, D]^T
-    // -> ab, SwiGLU -> h, [n, H] @ [D, H]^T -> ye. A block has the shape the
+    // Experts, one block per (source rank, local expert): xr [n, D] @ [2H, D]^T
+    // -> abr, SwiGLU -> hr, [n, H] @ [D, H]^T -> yr. A block has the shape the
     // source's rows would have in a single-process step, so results match it.
     const int El = moe_layer_local_experts(cfg), n_src = cfg->ep_size > 1 ? cfg->ep_size : 1;
     for (int b = 0; b < n_src * El; b++) {
         const int n = a->blk_n[b], e = b % El;
         if (n == 0) continue;
         const size_t r0 = (size_t)a->blk_off[b];
-        float *ab = a->abr + r0 * 2 * H, *h = a->hr + r0 * H;
-        MOE_TRY(ops->matmul(ab, a->xr + r0 * D, moe_layer_w13(p, e), n, 2 * H, D, false, true, 1.0f,
-                            0.0f));
-        MOE_TRY(ops->swiglu_forward(h, ab, n, H));
-        MOE_TRY(
-            ops->matmul(a->yr + r0 * D, h, moe_layer_w2(p, e), n, D, H, false, true, 1.0f, 0.0f));
+        MOE_TRY(ffn_forward(ops, a->yr + r0 * D, a->abr + r0 * 2 * H, a->hr + r0 * H,
+                            a->xr + r0 * D, moe_layer_w13(p, e), moe_layer_w2(p, e), n, D, H));
     }
     LAP(experts);
     MOE_TRY(combine(a, a->yr, a->ye));

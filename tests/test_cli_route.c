@@ -13,22 +13,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static char dir[512];
-
-static void setup(void) {
-    const char *d = tu_tmpdir();
-    ck_assert_ptr_nonnull(d);
-    snprintf(dir, sizeof dir, "%s", d);
-}
-
-static void teardown(void) {
-    tu_rm_flat_dir(dir);
-}
-
-static const char *in_dir(const char *name) {
-    return tu_path(dir, name);
-}
-
 static int run_cli(const char **args) {
     int n = 0;
     while (args[n])
@@ -115,7 +99,7 @@ static int n_dropped(const moe_plan *p) {
 
 START_TEST(test_plan_equals_router_forward) {
     make_batch(1);
-    const char *in = in_dir("in.safetensors"), *out = in_dir("plan.safetensors");
+    const char *in = tu_in_dir("in.safetensors"), *out = tu_in_dir("plan.safetensors");
     write_logits(in, true);
     ck_assert_int_eq(MOE("route", "--logits", in, "--set", "router.capacity_factor=1",
                          "--set=router.slot_order=priority", "--set", "router.task_priority=1,3,2",
@@ -143,13 +127,13 @@ START_TEST(test_plan_equals_router_forward) {
     ck_assert_str_eq(moe_st_meta(f, "router.noise_eps"), "0.01");
     ck_assert_str_eq(moe_st_meta(f, "capacity.mode"), "static");
     moe_st_close(f);
-    ck_assert_int_eq(tu_count_entries(dir), 2); // input and plan, no temp file
+    ck_assert_int_eq(tu_count_entries(tu_dir), 2); // input and plan, no temp file
 }
 END_TEST
 
 START_TEST(test_defaults_top1_and_dropless) {
     make_batch(2);
-    const char *in = in_dir("in.safetensors"), *out = in_dir("plan.safetensors");
+    const char *in = tu_in_dir("in.safetensors"), *out = tu_in_dir("plan.safetensors");
     write_logits(in, false);
     // Defaults (k=2, factor 1.25, position).
     ck_assert_int_eq(MOE("route", "--logits", in, "--out", out), 0);
@@ -173,8 +157,8 @@ END_TEST
 
 START_TEST(test_task_ids_from_separate_file) {
     make_batch(3);
-    const char *in = in_dir("in.safetensors"), *tf = in_dir("tasks.safetensors"),
-               *out = in_dir("plan.safetensors");
+    const char *in = tu_in_dir("in.safetensors"), *tf = tu_in_dir("tasks.safetensors"),
+               *out = tu_in_dir("plan.safetensors");
     write_logits(in, false);
     moe_st_entry e = {"task_ids", MOE_ST_I32, 1, {T}, task};
     ck_assert_int_eq(moe_st_write(tf, &e, 1, NULL), 0);
@@ -208,7 +192,7 @@ END_TEST
 
 START_TEST(test_train_applies_seeded_jitter) {
     make_batch(4);
-    const char *in = in_dir("in.safetensors"), *out = in_dir("plan.safetensors");
+    const char *in = tu_in_dir("in.safetensors"), *out = tu_in_dir("plan.safetensors");
     write_logits(in, false);
     const char *sets[] = {
         "router.noise", "jitter", "router.noise_eps", "0.9", "router.seed", "7", NULL};
@@ -237,21 +221,21 @@ END_TEST
 static void expect_fails(int rc, int code, const char *out, int files_before, const char *word) {
     ck_assert_msg(rc == code, "exit %d, want %d (%s)", rc, code, moe_last_error());
     ck_assert_int_eq(access(out, F_OK), -1);
-    ck_assert_int_eq(tu_count_entries(dir), files_before);
+    ck_assert_int_eq(tu_count_entries(tu_dir), files_before);
     ck_assert_msg(strstr(moe_last_error(), word), "message '%s' lacks '%s'", moe_last_error(),
                   word);
 }
 
 START_TEST(test_bad_inputs_exit_2_and_write_nothing) {
     make_batch(5);
-    const char *in = in_dir("in.safetensors"), *out = in_dir("plan.safetensors");
+    const char *in = tu_in_dir("in.safetensors"), *out = tu_in_dir("plan.safetensors");
     write_logits(in, true);
     int n = 1;
 
-    expect_fails(MOE("route", "--logits", in_dir("missing.safetensors"), "--out", out), 2, out, n,
-                 "missing.safetensors: cannot open");
+    expect_fails(MOE("route", "--logits", tu_in_dir("missing.safetensors"), "--out", out), 2, out,
+                 n, "missing.safetensors: cannot open");
 
-    const char *bad = in_dir("bad.safetensors");
+    const char *bad = tu_in_dir("bad.safetensors");
     static int32_t ints_data[T * E];
     moe_st_entry ints = {"logits", MOE_ST_I32, 2, {T, E}, ints_data};
     ck_assert_int_eq(moe_st_write(bad, &ints, 1, NULL), 0);
@@ -308,7 +292,7 @@ START_TEST(test_bad_inputs_exit_2_and_write_nothing) {
     ck_assert_int_eq(moe_st_write(bad, mis, 2, NULL), 0);
     expect_fails(MOE("route", "--logits", bad, "--out", out), 2, out, n,
                  "'task_ids' has 23 entries, logits have 24 tokens");
-    const char *tf = in_dir("tasks.safetensors");
+    const char *tf = tu_in_dir("tasks.safetensors");
     ck_assert_int_eq(moe_st_write(tf, &mis[1], 1, NULL), 0);
     n++;
     expect_fails(MOE("route", "--logits", in, "--task-ids", tf, "--out", out), 2, out, n,
@@ -344,17 +328,17 @@ END_TEST
 
 START_TEST(test_write_failure_exits_1) {
     make_batch(6);
-    const char *in = in_dir("in.safetensors"), *out = in_dir("no/such/dir/plan.safetensors");
+    const char *in = tu_in_dir("in.safetensors"), *out = tu_in_dir("no/such/dir/plan.safetensors");
     write_logits(in, false);
     int rc = MOE("route", "--logits", in, "--out", out);
     ck_assert_int_eq(rc, 1);
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "no/such/dir/plan.safetensors"));
-    ck_assert_int_eq(tu_count_entries(dir), 1);
+    ck_assert_int_eq(tu_count_entries(tu_dir), 1);
 }
 END_TEST
 
 START_TEST(test_example_writes_position_plan) {
-    const char *out = in_dir("example.safetensors");
+    const char *out = tu_in_dir("example.safetensors");
     ck_assert_int_eq(MOE("route", "--example", "--out", out), 0);
     moe_st_file *f;
     ck_assert_msg(moe_st_open(out, &f) == 0, "%s", moe_last_error());
@@ -391,7 +375,7 @@ END_TEST
 static Suite *suite(void) {
     Suite *s = suite_create("cli_route");
     TCase *tc = tcase_create("core");
-    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_checked_fixture(tc, tu_dir_setup, tu_dir_teardown);
     tcase_add_test(tc, test_plan_equals_router_forward);
     tcase_add_test(tc, test_defaults_top1_and_dropless);
     tcase_add_test(tc, test_task_ids_from_separate_file);

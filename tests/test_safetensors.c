@@ -14,23 +14,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char dir[512];
-
-static void setup(void) {
-    const char *d = tu_tmpdir();
-    ck_assert_ptr_nonnull(d);
-    snprintf(dir, sizeof dir, "%s", d);
-}
-
-// The tests create plain files only, one level deep.
-static void teardown(void) {
-    tu_rm_flat_dir(dir);
-}
-
-static const char *in_dir(const char *name) {
-    return tu_path(dir, name);
-}
-
 static unsigned char *slurp(const char *path, size_t *len) {
     FILE *fp = fopen(path, "rb");
     ck_assert_ptr_nonnull(fp);
@@ -77,7 +60,7 @@ static void expect_open_fails(const char *path, int code, const char *word) {
 }
 
 static void expect_raw_fails(const char *json, size_t data_len, const char *word) {
-    const char *p = in_dir("bad.safetensors");
+    const char *p = tu_in_dir("bad.safetensors");
     write_raw(p, json, ~0ull, data_len);
     expect_open_fails(p, MOE_EFORMAT, word);
 }
@@ -112,7 +95,7 @@ static int fixture(moe_st_entry *e) {
 START_TEST(test_roundtrip_is_byte_exact_with_metadata) {
     moe_st_entry e[8];
     int n = fixture(e);
-    const char *p = in_dir("a.safetensors");
+    const char *p = tu_in_dir("a.safetensors");
     ck_assert_int_eq(moe_st_write(p, e, n, meta), 0);
 
     moe_st_file *f;
@@ -163,14 +146,14 @@ START_TEST(test_roundtrip_is_byte_exact_with_metadata) {
     ck_assert_int_eq(b[end - 1], '}');
     ck_assert_int_eq(memcmp(b + 8 + h, logits, sizeof logits), 0); // first tensor first
     free(b);
-    ck_assert_int_eq(tu_count_entries(dir), 1); // no temp file left behind
+    ck_assert_int_eq(tu_count_entries(tu_dir), 1); // no temp file left behind
 }
 END_TEST
 
 START_TEST(test_partial_read_counts_only_that_tensor) {
     moe_st_entry e[8];
     int n = fixture(e);
-    const char *p = in_dir("a.safetensors");
+    const char *p = tu_in_dir("a.safetensors");
     ck_assert_int_eq(moe_st_write(p, e, n, NULL), 0);
     moe_st_file *f;
     ck_assert_int_eq(moe_st_open(p, &f), 0);
@@ -189,7 +172,7 @@ END_TEST
 START_TEST(test_load_checks_dtype_and_rank) {
     moe_st_entry e[8];
     int n = fixture(e);
-    const char *p = in_dir("plan.safetensors");
+    const char *p = tu_in_dir("plan.safetensors");
     ck_assert_int_eq(moe_st_write(p, e, n, NULL), 0);
     moe_st_file *f;
     ck_assert_int_eq(moe_st_open(p, &f), 0);
@@ -225,7 +208,7 @@ START_TEST(test_reads_foreign_header_layout) {
     const char *json = "{ \"b\" : { \"shape\" : [ 2 ], \"data_offsets\" : [ 8, 16 ], "
                        "\"dtype\" : \"F32\" }, \"a\": {\"dtype\":\"U8\",\"shape\":[3,1],"
                        "\"data_offsets\":[0,3]}, \"__metadata__\": {\"format\": \"pt\"} }";
-    const char *p = in_dir("hf.safetensors");
+    const char *p = tu_in_dir("hf.safetensors");
     write_raw(p, json, ~0ull, 20);
     moe_st_file *f;
     ck_assert_msg(moe_st_open(p, &f) == 0, "%s", moe_last_error());
@@ -245,7 +228,7 @@ END_TEST
 START_TEST(test_truncated_file_fails_at_every_cut) {
     moe_st_entry e[8];
     int n = fixture(e);
-    const char *p = in_dir("a.safetensors");
+    const char *p = tu_in_dir("a.safetensors");
     ck_assert_int_eq(moe_st_write(p, e, n, meta), 0);
     size_t len;
     unsigned char *b = slurp(p, &len);
@@ -257,7 +240,7 @@ START_TEST(test_truncated_file_fails_at_every_cut) {
     const char *words[] = {"shorter",       "shorter",       "shorter",       "header length",
                            "header length", "header length", "header length", "beyond",
                            "beyond",        "beyond"};
-    const char *q = in_dir("cut.safetensors");
+    const char *q = tu_in_dir("cut.safetensors");
     for (size_t i = 0; i < sizeof cuts / sizeof *cuts; i++) {
         spit(q, b, cuts[i]);
         expect_open_fails(q, MOE_EFORMAT, words[i]);
@@ -267,7 +250,7 @@ START_TEST(test_truncated_file_fails_at_every_cut) {
 END_TEST
 
 START_TEST(test_header_length_larger_than_file) {
-    const char *p = in_dir("big.safetensors");
+    const char *p = tu_in_dir("big.safetensors");
     write_raw(p, "{}", 1000, 0);
     expect_open_fails(p, MOE_EFORMAT, "header length 1000 is larger than the file");
     write_raw(p, "{}", ~0ull - 1, 0); // would wrap 8 + N
@@ -335,7 +318,7 @@ START_TEST(test_overlapping_tensors_are_refused) {
                      "\"c\": {\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[20,24]}}",
                      44, "'a' [0, 32) and 'c' [20, 24) overlap");
     // Touching ranges and empty tensors anywhere are fine.
-    const char *p = in_dir("ok.safetensors");
+    const char *p = tu_in_dir("ok.safetensors");
     write_raw(p,
               "{\"a\": {\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
               "\"z\": {\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[2,2]},"
@@ -348,26 +331,26 @@ START_TEST(test_overlapping_tensors_are_refused) {
 END_TEST
 
 START_TEST(test_missing_file_is_eio_with_reason) {
-    expect_open_fails(in_dir("nope.safetensors"), MOE_EIO, "No such file");
+    expect_open_fails(tu_in_dir("nope.safetensors"), MOE_EIO, "No such file");
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "nope.safetensors"));
-    expect_open_fails(dir, MOE_EIO, "not a regular file");
+    expect_open_fails(tu_dir, MOE_EIO, "not a regular file");
 }
 END_TEST
 
 START_TEST(test_writer_into_missing_dir_leaves_nothing) {
     moe_st_entry e[8];
     int n = fixture(e);
-    const char *p = in_dir("sub/a.safetensors");
+    const char *p = tu_in_dir("sub/a.safetensors");
     ck_assert_int_eq(moe_st_write(p, e, n, NULL), MOE_EIO);
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "sub/a.safetensors"));
-    ck_assert_int_eq(tu_count_entries(dir), 0);
+    ck_assert_int_eq(tu_count_entries(tu_dir), 0);
 }
 END_TEST
 
 START_TEST(test_writer_rejects_bad_entries_and_keeps_old_file) {
     moe_st_entry e[8];
     int n = fixture(e);
-    const char *p = in_dir("a.safetensors");
+    const char *p = tu_in_dir("a.safetensors");
     ck_assert_int_eq(moe_st_write(p, e, 1, NULL), 0);
     size_t len0;
     unsigned char *old = slurp(p, &len0);
@@ -392,7 +375,7 @@ START_TEST(test_writer_rejects_bad_entries_and_keeps_old_file) {
     unsigned char *now = slurp(p, &len1);
     ck_assert_uint_eq(len0, len1);
     ck_assert_int_eq(memcmp(old, now, len0), 0);
-    ck_assert_int_eq(tu_count_entries(dir), 1);
+    ck_assert_int_eq(tu_count_entries(tu_dir), 1);
     free(old);
     free(now);
 
@@ -412,7 +395,7 @@ START_TEST(test_failed_write_midway_leaves_old_file) {
     float *big = calloc(BIG, sizeof *big);
     moe_st_entry e = {"big", MOE_ST_F32, 1, {BIG}, big};
     moe_st_entry small = {"small", MOE_ST_F32, 1, {1}, loss1};
-    const char *p = in_dir("a.safetensors");
+    const char *p = tu_in_dir("a.safetensors");
     ck_assert_int_eq(moe_st_write(p, &small, 1, NULL), 0);
 
     struct rlimit old;
@@ -426,7 +409,7 @@ START_TEST(test_failed_write_midway_leaves_old_file) {
 
     ck_assert_int_eq(rc, MOE_EIO);
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "write failed"));
-    ck_assert_int_eq(tu_count_entries(dir), 1);
+    ck_assert_int_eq(tu_count_entries(tu_dir), 1);
     moe_st_file *f;
     ck_assert_int_eq(moe_st_open(p, &f), 0);
     ck_assert_ptr_nonnull(moe_st_find(f, "small"));
@@ -441,23 +424,23 @@ START_TEST(test_shard_set_refuses_duplicates_and_missing_shards) {
     float a[2] = {1, 2}, b[2] = {3, 4};
     moe_st_entry one[2] = {{"x", MOE_ST_F32, 1, {2}, a}, {"y", MOE_ST_F32, 1, {2}, b}};
     moe_st_entry two[1] = {{"y", MOE_ST_F32, 1, {2}, a}};
-    ck_assert_int_eq(moe_st_write(in_dir("s1.safetensors"), one, 2, NULL), 0);
-    ck_assert_int_eq(moe_st_write(in_dir("s2.safetensors"), two, 1, NULL), 0);
-    FILE *f = fopen(in_dir("model.safetensors.index.json"), "w");
+    ck_assert_int_eq(moe_st_write(tu_in_dir("s1.safetensors"), one, 2, NULL), 0);
+    ck_assert_int_eq(moe_st_write(tu_in_dir("s2.safetensors"), two, 1, NULL), 0);
+    FILE *f = fopen(tu_in_dir("model.safetensors.index.json"), "w");
     fputs("{\"weight_map\": {\"x\": \"s1.safetensors\", \"y\": \"s2.safetensors\"}}", f);
     fclose(f);
     moe_st_set *s;
-    ck_assert_int_eq(moe_st_set_open(dir, &s), MOE_EFORMAT);
+    ck_assert_int_eq(moe_st_set_open(tu_dir, &s), MOE_EFORMAT);
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "'y' is stored in 2 shards"));
-    ck_assert_int_eq(moe_st_write(in_dir("s1.safetensors"), one, 1, NULL), 0); // x only
-    ck_assert_int_eq(moe_st_set_open(dir, &s), 0);
+    ck_assert_int_eq(moe_st_write(tu_in_dir("s1.safetensors"), one, 1, NULL), 0); // x only
+    ck_assert_int_eq(moe_st_set_open(tu_dir, &s), 0);
     const moe_st_tensor *t = moe_st_set_find(s, "y", NULL);
     ck_assert(t != NULL && t->shape[0] == 2);
     moe_st_set_close(s);
-    f = fopen(in_dir("model.safetensors.index.json"), "w");
+    f = fopen(tu_in_dir("model.safetensors.index.json"), "w");
     fputs("{\"weight_map\": {\"x\": \"s1.safetensors\", \"y\": \"s3.safetensors\"}}", f);
     fclose(f);
-    ck_assert_int_lt(moe_st_set_open(dir, &s), 0);
+    ck_assert_int_lt(moe_st_set_open(tu_dir, &s), 0);
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "s3.safetensors"));
 }
 END_TEST
@@ -465,7 +448,7 @@ END_TEST
 static Suite *suite(void) {
     Suite *s = suite_create("safetensors");
     TCase *tc = tcase_create("core");
-    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_add_checked_fixture(tc, tu_dir_setup, tu_dir_teardown);
     tcase_add_test(tc, test_roundtrip_is_byte_exact_with_metadata);
     tcase_add_test(tc, test_partial_read_counts_only_that_tensor);
     tcase_add_test(tc, test_load_checks_dtype_and_rank);

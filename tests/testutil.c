@@ -69,11 +69,33 @@ const char *tu_tmpdir(void) {
     return path;
 }
 
-const char *tu_path(const char *dir, const char *name) {
+char tu_dir[512];
+
+void tu_dir_setup(void) {
+    const char *d = tu_tmpdir();
+    ck_assert_ptr_nonnull(d);
+    snprintf(tu_dir, sizeof tu_dir, "%s", d);
+}
+
+void tu_dir_teardown(void) {
+    DIR *dp = opendir(tu_dir);
+    if (!dp) return;
+    struct dirent *de;
+    char p[1024];
+    while ((de = readdir(dp)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
+            snprintf(p, sizeof p, "%s/%s", tu_dir, de->d_name);
+            unlink(p);
+        }
+    closedir(dp);
+    rmdir(tu_dir);
+}
+
+const char *tu_in_dir(const char *name) {
     static char buf[8][1024];
     static int i;
     i = (i + 1) % 8;
-    snprintf(buf[i], sizeof buf[i], "%s/%s", dir, name);
+    snprintf(buf[i], sizeof buf[i], "%s/%s", tu_dir, name);
     return buf[i];
 }
 
@@ -86,20 +108,6 @@ int tu_count_entries(const char *dir) {
         if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) n++;
     closedir(dp);
     return n;
-}
-
-void tu_rm_flat_dir(const char *dir) {
-    DIR *dp = opendir(dir);
-    if (!dp) return;
-    struct dirent *de;
-    char p[1024];
-    while ((de = readdir(dp)))
-        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..")) {
-            snprintf(p, sizeof p, "%s/%s", dir, de->d_name);
-            unlink(p);
-        }
-    closedir(dp);
-    rmdir(dir);
 }
 
 int tu_run(Suite *s) {

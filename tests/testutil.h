@@ -26,13 +26,16 @@ void tu_guarded_free(float *p, size_t n);
 
 // mkdtemp under $TMPDIR (or /tmp); returns a static path buffer.
 const char *tu_tmpdir(void);
-// "dir/name" in one of 8 static buffers used in turn (8 paths live at once).
-const char *tu_path(const char *dir, const char *name);
+// A checked fixture, tcase_add_checked_fixture(tc, tu_dir_setup,
+// tu_dir_teardown): each test gets a fresh temp folder tu_dir, removed after
+// it (the tests may create plain files there, not folders).
+extern char tu_dir[512];
+void tu_dir_setup(void);
+void tu_dir_teardown(void);
+// "tu_dir/name" in one of 8 static buffers used in turn (8 paths live at once).
+const char *tu_in_dir(const char *name);
 // How many entries dir holds besides . and ..; -1 when it cannot be opened.
 int tu_count_entries(const char *dir);
-// Removes the plain files directly in dir, then dir itself (for tests that
-// create files one level deep).
-void tu_rm_flat_dir(const char *dir);
 
 // A 2-layer d=32 model with 4 experts, batch 4 x 32 tokens, 60 steps at lr
 // 1e-2 (5 warmup), no evaluation: trains in a fraction of a second.

@@ -1,5 +1,6 @@
-// `moe` subcommand dispatch, help and version, and the small argv helpers the
-// subcommands share. Exit codes: 0 ok, 1 runtime failure, 2 bad usage/input.
+// `moe` subcommand dispatch, help and version, and the small argv and config
+// helpers the subcommands share. Exit codes: 0 ok, 1 runtime failure, 2 bad
+// usage/input.
 #include "moe/cli/cli.h"
 #include "moe/error.h"
 

@@ -1,6 +1,6 @@
 // The `moe` command line: subcommand dispatch and the helpers subcommands
-// share (option matching, one-line errors). Only the CLI parses argv; the
-// library below it never prints or exits.
+// share (option matching, config loading, one-line errors). Only the CLI
+// parses argv; the library below it never prints or exits.
 #ifndef MOE_CLI_H
 #define MOE_CLI_H
 

@@ -1,4 +1,5 @@
-// `moe plan CONFIG --nodes N --ranks-per-node G [--link-gbps a,b] [--latency-us a,b]`
+// `moe plan CONFIG [--nodes N] [--ranks-per-node G] [--set k=v]... [--link-gbps a,b]
+// [--latency-us a,b]`
 #include "moe/plan.h"
 #include "moe/cli/cli.h"
 #include "moe/error.h"

@@ -1,5 +1,6 @@
 // Shared helpers for the Check suites: seeded random fills, guarded buffers
-// (catch out-of-bounds writes), temp directories, and a suite runner.
+// (catch out-of-bounds writes), temp directories, and a suite runner; and
+// the CHECK of the mpi_* programs.
 #ifndef MOE_TESTUTIL_H
 #define MOE_TESTUTIL_H
 

@@ -173,6 +173,14 @@ static const char *src_where(const moe_config_src *src, const char *key) {
     return "default";
 }
 
+// Where a combination of two keys went wrong: a's location, or b's when only
+// b was set (a file that sets n_heads = 3 against the default n_kv_heads is
+// at fault where it sets n_heads).
+static const char *src_where2(const moe_config_src *src, const char *a, const char *b) {
+    const char *w = src_where(src, a);
+    return strcmp(w, "default") ? w : src_where(src, b);
+}
+
 static int in_values(const char *values, const char *v) {
     size_t n = strlen(v);
     for (const char *p = values; p;) {
@@ -476,12 +484,14 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
         return moe_fail(MOE_EINVAL,
                         "%s: model.n_heads = %d is not a multiple of "
                         "model.n_kv_heads = %d",
-                        src_where(src, "model.n_kv_heads"), c->model.n_heads, c->model.n_kv_heads);
+                        src_where2(src, "model.n_kv_heads", "model.n_heads"), c->model.n_heads,
+                        c->model.n_kv_heads);
     if (c->model.d_model % c->model.n_heads || (c->model.d_model / c->model.n_heads) % 2)
         return moe_fail(MOE_EINVAL,
                         "%s: model.d_model = %d must be n_heads (%d) times an even "
                         "head size",
-                        src_where(src, "model.d_model"), c->model.d_model, c->model.n_heads);
+                        src_where2(src, "model.d_model", "model.n_heads"), c->model.d_model,
+                        c->model.n_heads);
     if (c->moe.every < 0)
         return moe_fail(MOE_EINVAL, "%s: moe.every = %d, expected >= 0",
                         src_where(src, "moe.every"), c->moe.every);
@@ -503,12 +513,14 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
                 return moe_fail(MOE_EINVAL,
                                 "%s: moe.num_experts = %d is not divisible by "
                                 "parallel.ep = %d",
-                                src_where(src, "parallel.ep"), e, c->parallel.ep);
+                                src_where2(src, "parallel.ep", "moe.num_experts"), e,
+                                c->parallel.ep);
             if (!e_min || e < e_min) e_min = e;
         }
         if (c->router.top_k > e_min)
             return moe_fail(MOE_EINVAL, "%s: router.top_k = %d exceeds moe.num_experts = %d",
-                            src_where(src, "router.top_k"), c->router.top_k, e_min);
+                            src_where2(src, "router.top_k", "moe.num_experts"), c->router.top_k,
+                            e_min);
         int rc = moe_router_config_check(&c->router, e_min);
         if (rc < 0) return moe_fail(rc, "config: %s", moe_last_error());
     }
@@ -547,7 +559,8 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
         return moe_fail(MOE_EINVAL,
                         "%s: memory.mini_seq = %d needs at most model.seq_len (%d) chunks and "
                         "parallel.ep = 1",
-                        src_where(src, "memory.mini_seq"), c->memory.mini_seq, c->model.seq_len);
+                        src_where2(src, "memory.mini_seq", "model.seq_len"), c->memory.mini_seq,
+                        c->model.seq_len);
     if (c->data.val_fraction <= 0 || c->data.val_fraction >= 1)
         return moe_fail(MOE_EINVAL, "%s: data.val_fraction = %g, expected 0 < f < 1",
                         src_where(src, "data.val_fraction"), c->data.val_fraction);

@@ -1,7 +1,8 @@
 // AdamW with bias correction and decoupled weight decay, the learning-rate
-// schedule and gradient clipping. Everything is elementwise over the flat
-// buffers, so the same code serves every parameter.
+// schedule and gradient clipping, over the flat buffers. The arithmetic is the
+// CPU op table's (kernels/cpu/adamw.c), which the GPU kernels are checked by.
 #include "moe/optim.h"
+#include "kernels/cpu/cpu.h"
 #include "moe/alloc.h"
 #include "moe/error.h"
 
@@ -44,16 +45,9 @@ void moe_adamw_free(moe_adamw *opt) {
 
 void moe_adamw_update(moe_adamw *opt, float *params, const float *grads, float lr, float beta1,
                       float beta2, float eps, float weight_decay) {
-    opt->step++;
-    double bc1 = 1.0 - pow(beta1, (double)opt->step), bc2 = 1.0 - pow(beta2, (double)opt->step);
-    for (size_t i = 0; i < opt->n; i++) {
-        float g = grads[i];
-        float m = opt->m[i] = beta1 * opt->m[i] + (1.0f - beta1) * g;
-        float v = opt->v[i] = beta2 * opt->v[i] + (1.0f - beta2) * g * g;
-        float mhat = (float)(m / bc1), vhat = (float)(v / bc2);
-        float wd = opt->decay[i] ? weight_decay : 0.0f;
-        params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * params[i]);
-    }
+    opt->step++; // >= 1, the kernel's only failure
+    (void)moe_cpu_adamw(params, opt->m, opt->v, grads, opt->decay, opt->n, opt->step, lr, beta1,
+                        beta2, eps, weight_decay);
 }
 
 float moe_lr_schedule(int step, int total, int warmup, float lr_max, float min_ratio) {
@@ -66,16 +60,14 @@ float moe_lr_schedule(int step, int total, int warmup, float lr_max, float min_r
 }
 
 double moe_grad_norm(const float *grads, size_t n) {
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++)
-        s += (double)grads[i] * grads[i];
+    double s;
+    (void)moe_cpu_sumsq(&s, grads, n);
     return sqrt(s);
 }
 
 float moe_grad_clip(float *grads, size_t n, double norm, double max_norm) {
     if (max_norm <= 0 || norm <= max_norm || !isfinite(norm)) return 1.0f;
     float scale = (float)(max_norm / (norm + 1e-6));
-    for (size_t i = 0; i < n; i++)
-        grads[i] *= scale;
+    (void)moe_cpu_scale(grads, n, scale);
     return scale;
 }

@@ -1,6 +1,7 @@
 // Process grid, the expert-parallel exchange, gradient all-reduces and the
 // global gradient norm (see moe/parallel.h).
 #include "moe/parallel.h"
+#include "kernels/cpu/cpu.h"
 #include "moe/alloc.h"
 #include "moe/error.h"
 
@@ -92,9 +93,8 @@ int moe_parallel_allreduce_grads(moe_parallel *p, moe_model *m) {
 }
 
 static double sumsq(const float *x, size_t n) {
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++)
-        s += (double)x[i] * x[i];
+    double s;
+    (void)moe_cpu_sumsq(&s, x, n); // cannot fail
     return s;
 }
 

@@ -1,7 +1,7 @@
 // Optimizer ops of the CPU table: one AdamW step (Loshchilov & Hutter, arXiv
-// 1711.05101; bias-corrected moments, decoupled weight decay) with the same
-// arithmetic as moe_adamw_update in trainer/optim.c, the sum of squares behind
-// the gradient norm, and the scaling that clips it.
+// 1711.05101; bias-corrected moments, decoupled weight decay), the sum of
+// squares behind the gradient norm, and the scaling that clips it. The
+// trainer's optimizer (trainer/optim.c) calls these.
 #include "kernels/cpu/cpu.h"
 #include "moe/error.h"
 

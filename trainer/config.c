@@ -698,39 +698,38 @@ static int product_max(const moe_config_src *src, int64_t limit, const char *why
 int moe_config_check_sizes(const moe_config *c, const moe_config_src *src, int B, int T) {
     const int64_t D = c->model.d_model, V = c->model.vocab_size, F = c->model.d_ff;
     const factor seq = {"model.seq_len", T}, batch = {"train.batch_size", B};
-    const factor d = {"model.d_model", D}, two = {"2", 2};
+    const factor d = {"model.d_model", D}, v = {"model.vocab_size", V}, two = {"2", 2};
     if (B < 1 || T < 1)
         return moe_fail(MOE_EINVAL, "config: batch of %d sequences of %d tokens", B, T);
     MOE_TRY(product_max(src, INT_MAX, "token indices are int", 2, (factor[]){seq, batch}));
-    MOE_TRY(product_max(src, MAX_ELEMS, "elements of the embedding", 2,
-                        (factor[]){{"model.vocab_size", V}, d}));
-    MOE_TRY(product_max(src, MAX_ELEMS, "elements of the logits", 3,
-                        (factor[]){seq, batch, {"model.vocab_size", V}}));
+    int e_max = 0;
+    for (int l = 0; l < c->model.n_layers && l < MOE_MAX_LAYERS; l++) {
+        int e = moe_config_experts(c, l);
+        if (e > e_max) e_max = e;
+    }
+    // The MoE layer indexes expert rows and its [rows, H] buffers with int.
+    const factor h =
+        c->moe.d_expert ? (factor){"moe.d_expert", c->moe.d_expert} : (factor){"model.d_ff", F};
+    const factor e = {"moe.num_experts", e_max}, k = {"router.top_k", c->router.top_k};
+    if (e_max > 0) {
+        MOE_TRY(product_max(src, INT_MAX / 2, "expert rows are int", 3, (factor[]){seq, batch, k}));
+        MOE_TRY(product_max(src, INT_MAX, "router logits are indexed by int", 3,
+                            (factor[]){seq, batch, e}));
+        MOE_TRY(product_max(src, INT_MAX, "expert activations are indexed by int", 4,
+                            (factor[]){seq, batch, two, h}));
+        MOE_TRY(product_max(src, INT_MAX, "expert weights are indexed by int", 3,
+                            (factor[]){two, h, d}));
+        MOE_TRY(product_max(src, MAX_ELEMS, "elements of one layer's expert weights", 4,
+                            (factor[]){e, {"3", 3}, h, d}));
+    }
+    MOE_TRY(product_max(src, MAX_ELEMS, "elements of the embedding", 2, (factor[]){v, d}));
+    MOE_TRY(product_max(src, MAX_ELEMS, "elements of the logits", 3, (factor[]){seq, batch, v}));
     MOE_TRY(
         product_max(src, MAX_ELEMS, "elements of the activations", 3, (factor[]){seq, batch, d}));
     MOE_TRY(product_max(src, MAX_ELEMS, "elements of the dense FFN activations", 4,
                         (factor[]){seq, batch, two, {"model.d_ff", F}}));
     MOE_TRY(product_max(src, MAX_ELEMS, "elements of the attention probabilities", 4,
                         (factor[]){batch, {"model.n_heads", c->model.n_heads}, seq, seq}));
-    int e_max = 0;
-    for (int l = 0; l < c->model.n_layers && l < MOE_MAX_LAYERS; l++) {
-        int e = moe_config_experts(c, l);
-        if (e > e_max) e_max = e;
-    }
-    if (e_max == 0) return 0;
-    // The MoE layer indexes rows and its [rows, H] buffers with int.
-    const factor h =
-        c->moe.d_expert ? (factor){"moe.d_expert", c->moe.d_expert} : (factor){"model.d_ff", F};
-    const factor e = {"moe.num_experts", e_max}, k = {"router.top_k", c->router.top_k};
-    MOE_TRY(product_max(src, INT_MAX / 2, "expert rows are int", 3, (factor[]){seq, batch, k}));
-    MOE_TRY(product_max(src, INT_MAX, "router logits are indexed by int", 3,
-                        (factor[]){seq, batch, e}));
-    MOE_TRY(product_max(src, INT_MAX, "expert activations are indexed by int", 4,
-                        (factor[]){seq, batch, two, h}));
-    MOE_TRY(
-        product_max(src, INT_MAX, "expert weights are indexed by int", 3, (factor[]){two, h, d}));
-    MOE_TRY(product_max(src, MAX_ELEMS, "elements of one layer's expert weights", 4,
-                        (factor[]){e, {"3", 3}, h, d}));
     return 0;
 }
 

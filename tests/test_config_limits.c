@@ -3,6 +3,7 @@
 // (no fixed buffers, nothing cut), empty list items, and sizes whose products
 // overflow int before anything is allocated. Run under ASan/UBSan too.
 #include "moe/ablate.h"
+#include "moe/checkpoint.h"
 #include "moe/config.h"
 #include "moe/error.h"
 #include "moe/model.h"
@@ -397,6 +398,29 @@ START_TEST(test_sizes_overflowing_int_are_refused_before_allocation) {
 }
 END_TEST
 
+// Readers of a checkpoint size their arrays by its config.json: an edited
+// config with a zero divisor or an overflowing product is refused on load.
+START_TEST(test_checkpoint_config_is_range_and_size_checked) {
+    const char *cases[][2] = {
+        {"{\"model\": {\"seq_len\": 1048576}, \"train\": {\"batch_size\": 4096}}",
+         "model.seq_len * train.batch_size = 4294967296 exceeds"},
+        {"{\"train\": {\"log_every\": 0}}", "train.log_every = 0"},
+        {"{\"moe\": {\"num_experts\": [8, 0, 8, 8]}}", "moe.num_experts item 1 = 0"},
+        {"{\"router\": {\"seed\": -1}}", "router.seed"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        FILE *f = fopen(tu_in_dir("config.json"), "w");
+        ck_assert_ptr_nonnull(f);
+        fputs(cases[i][0], f);
+        fclose(f);
+        moe_config c;
+        ck_assert_int_eq(moe_ckpt_config(tu_dir, &c), MOE_EINVAL);
+        assert_msg_has("config.json");
+        assert_msg_has(cases[i][1]);
+    }
+}
+END_TEST
+
 // Random text for every key: nothing crashes or overflows (ASan), and every
 // value is either taken or refused with the key in the message.
 START_TEST(test_random_text_for_every_key_is_taken_or_refused) {
@@ -437,6 +461,7 @@ static Suite *limits_suite(void) {
     tcase_add_test(tc, test_empty_list_items_are_errors);
     tcase_add_test(tc, test_grid_values_refuse_empty_and_unpaired);
     tcase_add_test(tc, test_sizes_overflowing_int_are_refused_before_allocation);
+    tcase_add_test(tc, test_checkpoint_config_is_range_and_size_checked);
     tcase_add_test(tc, test_random_text_for_every_key_is_taken_or_refused);
     suite_add_tcase(s, tc);
     return s;

@@ -1,11 +1,14 @@
 // Router and capacity configuration: documented defaults, typed setting of a
-// key from text (CLI --set and config files), and range checks.
+// key from text (CLI --set and config files), and range checks. One table of
+// numeric ranges serves the setter and the check, so a value refused by one is
+// refused by the other (the run config's key table repeats these ranges).
 #include "moe/error.h"
 #include "moe/parse.h"
 #include "moe/router.h"
 
-#include <errno.h>
+#include <float.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,6 +33,38 @@ void moe_router_config_default(moe_router_config *cfg) {
     cfg->capacity_factor_max = 2.0;
 }
 
+enum { R_INT, R_DBL, R_DBLS };
+typedef struct {
+    const char *key;
+    int type;
+    size_t off;
+    double lo, hi;
+    int open;
+} range_def;
+
+#define O(field) offsetof(moe_router_config, field)
+static const range_def ranges[] = {
+    {"router.top_k", R_INT, O(top_k), 1, 1 << 20, 0},
+    {"router.capacity_factor", R_DBL, O(capacity_factor), -DBL_MAX, 1e6, 0}, // <= 0: dropless
+    {"router.min_capacity", R_INT, O(min_capacity), 0, 1 << 30, 0},
+    {"router.noise_eps", R_DBL, O(noise_eps), 0, 1, MOE_RANGE_HI_OPEN},
+    {"router.aux_loss_coef", R_DBL, O(aux_loss_coef), 0, 1e6, 0},
+    {"router.z_loss_coef", R_DBL, O(z_loss_coef), 0, 1e6, 0},
+    {"router.task_priority", R_DBLS, O(task_priority), -DBL_MAX, DBL_MAX, 0},
+    {"capacity.ema", R_DBL, O(ema), 0, 1, MOE_RANGE_HI_OPEN},
+    {"capacity.headroom", R_DBL, O(headroom), 0, 1e6, 0},
+    {"capacity.update_every", R_INT, O(update_every), 1, 1 << 30, 0},
+    {"capacity.capacity_factor_max", R_DBL, O(capacity_factor_max), 1, 1e6, 0},
+};
+#undef O
+#define N_RANGES ((int)(sizeof ranges / sizeof ranges[0]))
+
+static const range_def *find_range(const char *key) {
+    for (int i = 0; i < N_RANGES; i++)
+        if (!strcmp(ranges[i].key, key)) return &ranges[i];
+    return NULL;
+}
+
 // Matches v against names[0..n), stores the index.
 static int parse_enum(const char *key, const char *v, const char *const *names, int n, int *out) {
     for (int i = 0; i < n; i++)
@@ -37,29 +72,70 @@ static int parse_enum(const char *key, const char *v, const char *const *names, 
             *out = i;
             return 0;
         }
-    char want[128] = "";
+    char want[128] = ""; // built from the constant names only
     for (int i = 0; i < n; i++) {
         strncat(want, names[i], sizeof want - strlen(want) - 1);
         if (i + 1 < n) strncat(want, " | ", sizeof want - strlen(want) - 1);
     }
-    return moe_fail(MOE_EINVAL, "%s = '%s': expected %s", key, v, want);
+    return moe_fail(MOE_EINVAL, "%s = '%.64s%s': expected %s", key, v, strlen(v) > 64 ? "..." : "",
+                    want);
 }
 
-static int parse_priorities(const char *key, const char *v, moe_router_config *cfg) {
-    cfg->n_task_priority = 0;
-    const char *p = v;
-    while (*p) {
-        if (cfg->n_task_priority == MOE_MAX_TASKS)
-            return moe_fail(MOE_EINVAL, "%s: more than %d tasks", key, MOE_MAX_TASKS);
-        char *end;
-        double d = strtod(p, &end);
-        if (end == p || !isfinite(d) || (*end && *end != ','))
-            return moe_fail(MOE_EINVAL, "%s = '%s': expected comma-separated numbers", key, v);
-        cfg->task_priority[cfg->n_task_priority++] = d;
-        if (*end == ',' && !end[1])
-            return moe_fail(MOE_EINVAL, "%s = '%s': trailing comma", key, v);
-        p = *end ? end + 1 : end;
+// "3,1.5,2" or "[3, 1.5, 2]": every item a finite number; an empty item, a
+// trailing comma or an unmatched bracket is an error naming the item.
+static int parse_priorities(const range_def *r, const char *v, moe_router_config *cfg) {
+    double vals[MOE_MAX_TASKS];
+    int n = 0;
+    size_t len = strlen(v);
+    while (len && v[len - 1] == ' ')
+        len--;
+    while (len && *v == ' ')
+        v++, len--;
+    if (len && (v[0] == '[') != (v[len - 1] == ']'))
+        return moe_fail(MOE_EINVAL, "%s: unbalanced '[' ']'", r->key);
+    if (len && v[0] == '[') v++, len -= 2;
+    const char *p = v, *stop = v + len;
+    while (p < stop && *p == ' ')
+        p++;
+    if (p == stop) { // empty list: no priorities
+        cfg->n_task_priority = 0;
+        return 0;
     }
+    for (p = v;; n++) {
+        if (n == MOE_MAX_TASKS)
+            return moe_fail(MOE_EINVAL, "%s: more than %d tasks", r->key, MOE_MAX_TASKS);
+        const char *comma = memchr(p, ',', (size_t)(stop - p));
+        const char *end_item = comma ? comma : stop, *q = p;
+        while (q < end_item && *q == ' ')
+            q++;
+        if (q == end_item) return moe_fail(MOE_EINVAL, "%s: item %d is empty", r->key, n);
+        char *end;
+        double d = strtod(q, &end);
+        while (end < end_item && *end == ' ')
+            end++;
+        if (end == q || end != end_item || !isfinite(d))
+            return moe_fail(MOE_EINVAL, "%s item %d = '%.*s': expected a finite number", r->key, n,
+                            (int)(end_item - q > 64 ? 64 : end_item - q), q);
+        MOE_TRY(moe_check_range(r->key, n, d, r->lo, r->hi, r->open, false));
+        vals[n] = d;
+        if (!comma) break;
+        p = comma + 1;
+    }
+    memcpy(cfg->task_priority, vals, sizeof(double) * (size_t)(n + 1));
+    cfg->n_task_priority = n + 1;
+    return 0;
+}
+
+// Numeric keys: parsed into a temporary, range-checked, then stored.
+static int set_number(moe_router_config *cfg, const range_def *r, const char *v) {
+    char *base = (char *)cfg;
+    if (r->type == R_DBLS) return parse_priorities(r, v, cfg);
+    if (r->type == R_INT)
+        return moe_parse_int(r->key, v, (long)r->lo, (long)r->hi, (int *)(base + r->off));
+    double d;
+    MOE_TRY(moe_parse_double(r->key, v, &d));
+    MOE_TRY(moe_check_range(r->key, -1, d, r->lo, r->hi, r->open, false));
+    *(double *)(base + r->off) = d;
     return 0;
 }
 
@@ -68,10 +144,8 @@ int moe_router_config_set(moe_router_config *cfg, const char *key, const char *v
     static const char *const noises[] = {"none", "jitter", "gumbel"};
     static const char *const modes[] = {"static", "dynamic"};
     int e = 0;
-    if (!strcmp(key, "router.top_k")) return moe_parse_int(key, v, 1, 1 << 20, &cfg->top_k);
-    if (!strcmp(key, "router.capacity_factor")) return moe_parse_double(key, v, &cfg->capacity_factor);
-    if (!strcmp(key, "router.min_capacity"))
-        return moe_parse_int(key, v, 0, 1 << 30, &cfg->min_capacity);
+    const range_def *r = find_range(key);
+    if (r) return set_number(cfg, r, v);
     if (!strcmp(key, "router.slot_order")) {
         MOE_TRY(parse_enum(key, v, orders, 2, &e));
         cfg->slot_order = (moe_slot_order)e;
@@ -83,51 +157,45 @@ int moe_router_config_set(moe_router_config *cfg, const char *key, const char *v
         cfg->noise = (moe_noise)e;
         return 0;
     }
-    if (!strcmp(key, "router.noise_eps")) return moe_parse_double(key, v, &cfg->noise_eps);
-    if (!strcmp(key, "router.aux_loss_coef")) return moe_parse_double(key, v, &cfg->aux_loss_coef);
-    if (!strcmp(key, "router.z_loss_coef")) return moe_parse_double(key, v, &cfg->z_loss_coef);
-    if (!strcmp(key, "router.aux_counts_all_k")) return moe_parse_bool(key, v, &cfg->aux_counts_all_k);
-    if (!strcmp(key, "router.task_priority")) return parse_priorities(key, v, cfg);
+    if (!strcmp(key, "router.aux_counts_all_k"))
+        return moe_parse_bool(key, v, &cfg->aux_counts_all_k);
     if (!strcmp(key, "router.seed")) return moe_parse_u64(key, v, &cfg->seed);
     if (!strcmp(key, "capacity.mode")) {
         MOE_TRY(parse_enum(key, v, modes, 2, &e));
         cfg->capacity_mode = (moe_capacity_mode)e;
         return 0;
     }
-    if (!strcmp(key, "capacity.ema")) return moe_parse_double(key, v, &cfg->ema);
-    if (!strcmp(key, "capacity.headroom")) return moe_parse_double(key, v, &cfg->headroom);
-    if (!strcmp(key, "capacity.update_every"))
-        return moe_parse_int(key, v, 1, 1 << 30, &cfg->update_every);
-    if (!strcmp(key, "capacity.capacity_factor_max"))
-        return moe_parse_double(key, v, &cfg->capacity_factor_max);
-    return moe_fail(MOE_EINVAL, "unknown key '%s'", key);
+    return moe_fail(MOE_EINVAL, "unknown key '%.64s%s'", key, strlen(key) > 64 ? "..." : "");
 }
 
 int moe_router_config_check(const moe_router_config *cfg, int E) {
     if (E < 1) return moe_fail(MOE_EINVAL, "number of experts is %d, expected >= 1", E);
-    if (cfg->top_k < 1 || cfg->top_k > E)
+    const char *base = (const char *)cfg;
+    for (int i = 0; i < N_RANGES; i++) {
+        const range_def *r = &ranges[i];
+        if (r->type == R_DBLS) {
+            if (cfg->n_task_priority < 0 || cfg->n_task_priority > MOE_MAX_TASKS)
+                return moe_fail(MOE_EINVAL, "%s has %d entries, expected 0..%d", r->key,
+                                cfg->n_task_priority, MOE_MAX_TASKS);
+            for (int j = 0; j < cfg->n_task_priority; j++)
+                MOE_TRY(moe_check_range(r->key, j, cfg->task_priority[j], r->lo, r->hi, r->open,
+                                        false));
+            continue;
+        }
+        double v =
+            r->type == R_INT ? *(const int *)(base + r->off) : *(const double *)(base + r->off);
+        MOE_TRY(moe_check_range(r->key, -1, v, r->lo, r->hi, r->open, r->type == R_INT));
+    }
+    if (cfg->top_k > E)
         return moe_fail(MOE_EINVAL, "router.top_k = %d exceeds the number of experts %d",
                         cfg->top_k, E);
-    if (cfg->min_capacity < 0)
-        return moe_fail(MOE_EINVAL, "router.min_capacity = %d, expected >= 0", cfg->min_capacity);
-    if (cfg->noise_eps < 0 || cfg->noise_eps >= 1)
-        return moe_fail(MOE_EINVAL, "router.noise_eps = %g, expected 0 <= eps < 1", cfg->noise_eps);
-    if (cfg->capacity_mode == MOE_CAPACITY_DYNAMIC) {
-        if (cfg->capacity_factor <= 0)
-            return moe_fail(MOE_EINVAL,
-                            "capacity.mode = dynamic needs router.capacity_factor > 0 "
-                            "(it is %g: dropless)",
-                            cfg->capacity_factor);
-        if (cfg->ema < 0 || cfg->ema >= 1)
-            return moe_fail(MOE_EINVAL, "capacity.ema = %g, expected 0 <= ema < 1", cfg->ema);
-        if (cfg->headroom < 0)
-            return moe_fail(MOE_EINVAL, "capacity.headroom = %g, expected >= 0", cfg->headroom);
-        if (cfg->capacity_factor_max <= 0)
-            return moe_fail(MOE_EINVAL, "capacity.capacity_factor_max = %g, expected > 0",
-                            cfg->capacity_factor_max);
-        if (cfg->update_every < 1)
-            return moe_fail(MOE_EINVAL, "capacity.update_every = %d, expected >= 1",
-                            cfg->update_every);
-    }
+    if ((unsigned)cfg->slot_order > MOE_SLOT_PRIORITY || (unsigned)cfg->noise > MOE_NOISE_GUMBEL ||
+        (unsigned)cfg->capacity_mode > MOE_CAPACITY_DYNAMIC)
+        return moe_fail(MOE_EINVAL, "router: slot_order, noise or capacity.mode out of range");
+    if (cfg->capacity_mode == MOE_CAPACITY_DYNAMIC && cfg->capacity_factor <= 0)
+        return moe_fail(MOE_EINVAL,
+                        "capacity.mode = dynamic needs router.capacity_factor > 0 "
+                        "(it is %g: dropless)",
+                        cfg->capacity_factor);
     return 0;
 }

@@ -16,28 +16,50 @@ int moe_grid_axis_parse(moe_grid_axis *ax, const char *spec) {
     memset(ax, 0, sizeof *ax);
     const char *eq = strchr(spec, '=');
     if (!eq || eq == spec || !eq[1])
-        return moe_fail(MOE_EINVAL, "--grid %s: expected key=value1,value2,...", spec);
+        return moe_fail(MOE_EINVAL, "--grid %.64s%s: expected key=value1,value2,...", spec,
+                        strlen(spec) > 64 ? "..." : "");
     if ((size_t)(eq - spec) >= sizeof ax->key)
-        return moe_fail(MOE_EINVAL, "--grid %s: key too long", spec);
+        return moe_fail(MOE_EINVAL, "--grid: key '%.64s...' longer than %zu characters", spec,
+                        sizeof ax->key - 1);
     memcpy(ax->key, spec, eq - spec);
-    // Values split at commas outside brackets, so list values ([4,8]) work.
-    const char *p = eq + 1;
-    while (*p) {
+    // Values split at commas outside brackets, so list values ([4,8]) work. Every
+    // comma starts another value: an empty one (",," or a trailing comma) or an
+    // unpaired bracket is an error, never a silently shorter grid.
+    for (const char *p = eq + 1;; ax->n++) {
         if (ax->n == MOE_GRID_MAX_VALUES)
             return moe_fail(MOE_EINVAL, "--grid %s: more than %d values", ax->key,
                             MOE_GRID_MAX_VALUES);
         int depth = 0;
         size_t len = 0;
-        while (p[len] && (depth > 0 || p[len] != ',')) {
+        while (p[len] && (depth > 0 || p[len] != ',') && depth >= 0) {
             depth += p[len] == '[' ? 1 : p[len] == ']' ? -1 : 0;
             len++;
         }
-        if (!len || len >= sizeof ax->values[0])
-            return moe_fail(MOE_EINVAL, "--grid %s: empty or too long value", ax->key);
-        memcpy(ax->values[ax->n++], p, len);
-        p += len + (p[len] == ',');
+        if (depth != 0)
+            return moe_fail(MOE_EINVAL, "--grid %s: value %d has an unpaired '[' or ']'", ax->key,
+                            ax->n);
+        if (!len) return moe_fail(MOE_EINVAL, "--grid %s: value %d is empty", ax->key, ax->n);
+        if (len >= sizeof ax->values[0])
+            return moe_fail(MOE_EINVAL, "--grid %s: value %d longer than %zu characters", ax->key,
+                            ax->n, sizeof ax->values[0] - 1);
+        memcpy(ax->values[ax->n], p, len);
+        if (!p[len]) {
+            ax->n++;
+            return 0;
+        }
+        p += len + 1;
     }
-    return 0;
+}
+
+// "key=value" of axis a's value i, allocated (NULL: out of memory).
+static char *grid_set(const moe_grid_axis *a, int i) {
+    size_t kl = strlen(a->key), vl = strlen(a->values[i]);
+    char *s = malloc(kl + vl + 2);
+    if (!s) return NULL;
+    memcpy(s, a->key, kl);
+    s[kl] = '=';
+    memcpy(s + kl + 1, a->values[i], vl + 1);
+    return s;
 }
 
 typedef struct {
@@ -138,10 +160,12 @@ int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes, co
         for (int a = 0, rest = i; a < n_axes; a++) {
             rows[i].idx[a] = rest % axes[a].n;
             rest /= axes[a].n;
-            char set[256];
-            snprintf(set, sizeof set, "%s=%s", axes[a].key, axes[a].values[rows[i].idx[a]]);
-            if (moe_config_set(&c, NULL, set) < 0) {
-                int rc = moe_fail(MOE_EINVAL, "--grid %s", moe_last_error());
+            char *set = grid_set(&axes[a], rows[i].idx[a]);
+            int rc =
+                set ? moe_config_set(&c, NULL, set) : moe_fail(MOE_ENOMEM, "ablate: out of memory");
+            free(set);
+            if (rc < 0) {
+                rc = moe_fail(rc, "--grid %s", moe_last_error());
                 free(rows);
                 return rc;
             }
@@ -150,16 +174,20 @@ int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes, co
     for (int i = 0; i < n; i++) {
         run_row *r = &rows[i];
         moe_config c = *base;
-        char desc[512] = "", dir[PATH_MAX];
+        char dir[PATH_MAX];
+        if (log) fprintf(log, "[%d/%d]", i + 1, n);
         for (int a = 0; a < n_axes; a++) {
-            char set[256];
-            snprintf(set, sizeof set, "%s=%s", axes[a].key, axes[a].values[r->idx[a]]);
-            moe_config_set(&c, NULL, set);
-            strncat(desc, set, sizeof desc - strlen(desc) - 2);
-            strcat(desc, " ");
+            char *set = grid_set(&axes[a], r->idx[a]);
+            if (!set) {
+                free(rows);
+                return moe_fail(MOE_ENOMEM, "ablate: out of memory");
+            }
+            moe_config_set(&c, NULL, set); // validated above
+            if (log) fprintf(log, " %s", set);
+            free(set);
         }
         snprintf(dir, sizeof dir, "%s/run_%03d", out, i);
-        if (log) fprintf(log, "[%d/%d] %s...", i + 1, n, desc), fflush(log);
+        if (log) fprintf(log, " ..."), fflush(log);
         struct timespec t0, t1;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         moe_train_opts o = {.out_dir = dir, .quiet = true};

@@ -2,16 +2,20 @@
 // positions only for syntax errors; semantic errors (unknown key, wrong type,
 // impossible value) need the position of the key, so this scans the already
 // validated text once and records where each object member's key starts.
+// Keys are user text: every path is allocated to its length, never cut.
 #include "trainer/json_pos.h"
+#include "moe/error.h"
 
-#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef struct {
     const char *s;
-    int i, line, col;
+    size_t i;
+    int line, col;
     json_pos *out;
-    int n, max;
+    int n, cap;
+    int oom;
 } scanner;
 
 static void adv(scanner *sc) {
@@ -28,20 +32,32 @@ static void ws(scanner *sc) {
         adv(sc);
 }
 
-// Reads a string literal; copies its raw content (escapes kept) into buf.
-static void str(scanner *sc, char *buf, size_t cap) {
-    size_t n = 0;
+// Skips a string literal; *start and *len give its raw content (escapes kept).
+static void str(scanner *sc, const char **start, size_t *len) {
     adv(sc); // opening quote
+    size_t i0 = sc->i;
     while (sc->s[sc->i] && sc->s[sc->i] != '"') {
-        if (sc->s[sc->i] == '\\') {
-            if (buf && n + 1 < cap) buf[n++] = sc->s[sc->i];
-            adv(sc);
-        }
-        if (buf && n + 1 < cap) buf[n++] = sc->s[sc->i];
+        if (sc->s[sc->i] == '\\') adv(sc);
         if (sc->s[sc->i]) adv(sc);
     }
+    if (start) *start = sc->s + i0, *len = sc->i - i0;
     if (sc->s[sc->i]) adv(sc);
-    if (buf) buf[n] = 0;
+}
+
+// path + "." + key, allocated; NULL (and oom set) when memory runs out.
+static char *join(scanner *sc, const char *path, const char *key, size_t len) {
+    size_t pl = strlen(path);
+    char *full = malloc(pl + 1 + len + 1);
+    if (!full) {
+        sc->oom = 1;
+        return NULL;
+    }
+    memcpy(full, path, pl);
+    size_t n = pl;
+    if (pl) full[n++] = '.';
+    memcpy(full + n, key, len);
+    full[n + len] = 0;
+    return full;
 }
 
 static void value(scanner *sc, const char *path, int depth);
@@ -52,17 +68,25 @@ static void object(scanner *sc, const char *path, int depth) {
         ws(sc);
         if (sc->s[sc->i] != '"') break;
         int line = sc->line, col = sc->col;
-        char key[96], full[JSON_POS_KEY];
-        str(sc, key, sizeof key);
-        if (path) snprintf(full, sizeof full, "%s%s%s", path, *path ? "." : "", key);
-        if (path && sc->n < sc->max) {
-            json_pos *p = &sc->out[sc->n++];
-            snprintf(p->key, sizeof p->key, "%s", full);
-            p->line = line, p->col = col;
+        const char *key;
+        size_t len;
+        str(sc, &key, &len);
+        char *full = path && !sc->oom ? join(sc, path, key, len) : NULL;
+        if (full && sc->n == sc->cap) {
+            int cap = sc->cap ? 2 * sc->cap : 64;
+            json_pos *grown = realloc(sc->out, sizeof *grown * (size_t)cap);
+            if (!grown) {
+                sc->oom = 1;
+                free(full);
+                full = NULL;
+            } else {
+                sc->out = grown, sc->cap = cap;
+            }
         }
+        if (full) sc->out[sc->n++] = (json_pos){full, line, col};
         ws(sc);
         if (sc->s[sc->i] == ':') adv(sc);
-        value(sc, path ? full : NULL, depth + 1);
+        value(sc, full, depth + 1);
         ws(sc);
         if (sc->s[sc->i] == ',') adv(sc);
     }
@@ -89,16 +113,28 @@ static void value(scanner *sc, const char *path, int depth) {
         }
         if (sc->s[sc->i] == ']') adv(sc);
     } else if (c == '"') {
-        str(sc, NULL, 0);
+        str(sc, NULL, NULL);
     } else {
         while (sc->s[sc->i] && !strchr(",}] \t\r\n", sc->s[sc->i]))
             adv(sc);
     }
 }
 
-int json_pos_scan(const char *text, json_pos *out, int max) {
-    scanner sc = {text, 0, 1, 1, out, 0, max};
+void json_pos_free(json_pos *pos, int n) {
+    for (int i = 0; i < n; i++)
+        free(pos[i].key);
+    free(pos);
+}
+
+int json_pos_scan(const char *text, json_pos **out) {
+    scanner sc = {text, 0, 1, 1, NULL, 0, 0, 0};
     value(&sc, "", 0);
+    if (sc.oom) {
+        json_pos_free(sc.out, sc.n);
+        *out = NULL;
+        return MOE_ENOMEM;
+    }
+    *out = sc.out;
     return sc.n;
 }
 

@@ -2,15 +2,15 @@
 #ifndef MOE_JSON_POS_H
 #define MOE_JSON_POS_H
 
-#define JSON_POS_KEY 128
-
 typedef struct {
-    char key[JSON_POS_KEY]; // dotted path, e.g. "router.top_k"
-    int line, col;          // 1-based, of the key's opening quote
+    char *key;     // dotted path, e.g. "router.top_k" (allocated, any length)
+    int line, col; // 1-based, of the key's opening quote
 } json_pos;
 
-// Scans text (valid JSON) and fills at most max entries; returns the count.
-int json_pos_scan(const char *text, json_pos *out, int max);
+// Scans text (valid JSON) into *out (allocated); returns the count, or
+// MOE_ENOMEM with *out NULL. Free with json_pos_free.
+int json_pos_scan(const char *text, json_pos **out);
+void json_pos_free(json_pos *pos, int n);
 const json_pos *json_pos_find(const json_pos *pos, int n, const char *key);
 
 #endif

@@ -165,6 +165,9 @@ static int model_setup(moe_model *m, const moe_config *cfg, int B, int T, int n_
                        const moe_ep_group *ep, size_t *moe_off) {
     memset(m, 0, sizeof *m);
     MOE_TRY(moe_config_check(cfg, NULL));
+    // This model's batch may differ from train.batch_size (eval, generate):
+    // its sizes are checked again before any product below is formed.
+    MOE_TRY(moe_config_check_sizes(cfg, NULL, B, T));
     int ep_size = ep ? ep->size : 1;
     if (cfg->parallel.ep != ep_size)
         return moe_fail(MOE_EINVAL,
@@ -186,7 +189,6 @@ static int model_setup(moe_model *m, const moe_config *cfg, int B, int T, int n_
     m->n_tasks = n_tasks < 1 ? 1 : n_tasks;
     m->chunks = cfg->memory.mini_seq > 1 ? cfg->memory.mini_seq : 1;
     m->recompute_attn = !strcmp(cfg->memory.recompute, "all");
-    if (B < 1 || T < 1) return moe_fail(MOE_EINVAL, "model: batch %d x %d tokens", B, T);
     int rc = 0;
     moe_param_table_init(&m->table);
     MOE_TRY_GOTO(add(m, NULL, "model.embed_tokens.weight", m->V, m->D), rc);
@@ -208,7 +210,7 @@ static int model_setup(moe_model *m, const moe_config *cfg, int B, int T, int n_
             continue;
         }
         moe_layer_config *mc = &m->moe_cfg[l];
-        mc->T_max = B * T;
+        mc->T_max = B * T; // fits int: moe_config_check_sizes
         mc->D = m->D;
         mc->H = cfg->moe.d_expert ? cfg->moe.d_expert : m->F;
         mc->E = moe_config_experts(cfg, l);

@@ -71,16 +71,38 @@ void moe_config_default(moe_config *cfg);
 moe_config_src *moe_config_src_new(void);
 void moe_config_src_free(moe_config_src *src);
 
-// Loads a JSON file over cfg. Errors: "path:line:col: message".
+// Loads a JSON file over cfg. Errors: "path:line:col: message". Every value
+// is checked against its key's range as it is set (moe_config_key_info).
 int moe_config_load(moe_config *cfg, moe_config_src *src, const char *path);
-// Applies "key=value" (value typed by the key; lists as "1,2,3" or "[1,2,3]").
+// Applies "key=value" (value typed by the key; lists as "1,2,3" or "[1,2,3]";
+// an empty item, a trailing comma or an unpaired bracket is an error).
 int moe_config_set(moe_config *cfg, moe_config_src *src, const char *assignment);
-// Checks combinations; the message names the key at fault and where it was set.
+// Checks every key's range, the combinations and the sizes (below, for
+// train.batch_size x model.seq_len); the message names the key at fault and
+// where it was set.
 int moe_config_check(const moe_config *cfg, const moe_config_src *src);
+// Checks the sizes a model of B sequences of T tokens computes from the
+// config, in int64 before anything is allocated: token and expert-row counts
+// fit int, every buffer fits 2^40 elements. The message names the keys whose
+// product is too large ("model.seq_len * train.batch_size = ... exceeds ...").
+int moe_config_check_sizes(const moe_config *cfg, const moe_config_src *src, int B, int T);
 // Writes the whole resolved config as JSON (sections, every key).
 int moe_config_write(const moe_config *cfg, FILE *f);
-// Prints every key, its type, default and meaning.
+// Prints every key, its type, default, range and meaning.
 void moe_config_help(FILE *f);
+
+// One key of the table, for --help-config and tests that walk every key.
+typedef struct {
+    const char *key;  // "train.log_every"
+    const char *type; // int, number, bool, string, ints, numbers, strings
+    bool numeric;     // the range below applies (lists: to every item)
+    bool integer;
+    bool list;
+    double lo, hi; // lo = -DBL_MAX / hi = DBL_MAX: unbounded on that side
+    int open;      // MOE_RANGE_LO_OPEN / MOE_RANGE_HI_OPEN (moe/parse.h): end excluded
+} moe_config_key;
+int moe_config_key_count(void);
+int moe_config_key_info(int i, moe_config_key *out);
 
 // Number of experts of MoE layer `layer` (0 for a dense layer).
 int moe_config_experts(const moe_config *cfg, int layer);

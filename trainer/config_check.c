@@ -1,0 +1,176 @@
+// Whole-config checks: every key's range (the key table, trainer/config.c),
+// the combinations of keys that cannot work together, and the sizes the model
+// derives from the config, checked in int64 before anything is allocated.
+#include "moe/config.h"
+#include "moe/error.h"
+#include "trainer/config_internal.h"
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+// Largest element count of one buffer: far beyond any machine, small enough
+// that sums of a model's buffers in size_t and bytes in size_t never overflow.
+#define MAX_ELEMS ((int64_t)1 << 40)
+
+// Where a combination of two keys went wrong: a's location, or b's when only
+// b was set (a file that sets n_heads = 3 against the default n_kv_heads is
+// at fault where it sets n_heads).
+static const char *src_where2(const moe_config_src *src, const char *a, const char *b) {
+    const char *w = moe_config_where(src, a);
+    return strcmp(w, "default") ? w : moe_config_where(src, b);
+}
+
+bool moe_config_is_moe(const moe_config *cfg, int layer) {
+    return cfg->moe.every > 0 && (layer + 1) % cfg->moe.every == 0;
+}
+
+int moe_config_experts(const moe_config *cfg, int layer) {
+    if (!moe_config_is_moe(cfg, layer)) return 0;
+    if (cfg->moe.n_num_experts == 1) return cfg->moe.num_experts[0];
+    int idx = 0;
+    for (int i = 0; i < layer; i++)
+        idx += moe_config_is_moe(cfg, i);
+    return idx < cfg->moe.n_num_experts ? cfg->moe.num_experts[idx] : 0;
+}
+
+typedef struct {
+    const char *name; // a key, or a constant factor such as "2"
+    int64_t v;
+} factor;
+
+// Checks that the product of n factors is at most limit, in int64 with
+// overflow detection; the message names every factor and where the first
+// of them that a file or --set gave was set.
+static int product_max(const moe_config_src *src, int64_t limit, const char *why, int n,
+                       const factor *f) {
+    int64_t p = 1;
+    bool over = false;
+    for (int i = 0; i < n && !over; i++)
+        over = __builtin_mul_overflow(p, f[i].v, &p);
+    if (!over && p <= limit) return 0;
+    char names[256] = "", value[32]; // key names and numbers: bounded
+    const char *where = "config";
+    for (int i = 0; i < n; i++) {
+        size_t used = strlen(names);
+        snprintf(names + used, sizeof names - used, "%s%s", i ? " * " : "", f[i].name);
+        if (!strcmp(where, "config") && strcmp(moe_config_where(src, f[i].name), "default"))
+            where = moe_config_where(src, f[i].name);
+    }
+    if (over)
+        snprintf(value, sizeof value, "more than 2^63");
+    else
+        snprintf(value, sizeof value, "%lld", (long long)p);
+    return moe_fail(MOE_EINVAL, "%s: %s = %s exceeds %lld (%s)", where, names, value,
+                    (long long)limit, why);
+}
+
+int moe_config_check_sizes(const moe_config *c, const moe_config_src *src, int B, int T) {
+    const int64_t D = c->model.d_model, V = c->model.vocab_size, F = c->model.d_ff;
+    const factor seq = {"model.seq_len", T}, batch = {"train.batch_size", B};
+    const factor d = {"model.d_model", D}, v = {"model.vocab_size", V}, two = {"2", 2};
+    if (B < 1 || T < 1)
+        return moe_fail(MOE_EINVAL, "config: batch of %d sequences of %d tokens", B, T);
+    MOE_TRY(product_max(src, INT_MAX, "token indices are int", 2, (factor[]){seq, batch}));
+    int e_max = 0;
+    for (int l = 0; l < c->model.n_layers && l < MOE_MAX_LAYERS; l++) {
+        int e = moe_config_experts(c, l);
+        if (e > e_max) e_max = e;
+    }
+    // The MoE layer indexes expert rows and its [rows, H] buffers with int.
+    const factor h =
+        c->moe.d_expert ? (factor){"moe.d_expert", c->moe.d_expert} : (factor){"model.d_ff", F};
+    const factor e = {"moe.num_experts", e_max}, k = {"router.top_k", c->router.top_k};
+    if (e_max > 0) {
+        MOE_TRY(product_max(src, INT_MAX / 2, "expert rows are int", 3, (factor[]){seq, batch, k}));
+        MOE_TRY(product_max(src, INT_MAX, "router logits are indexed by int", 3,
+                            (factor[]){seq, batch, e}));
+        MOE_TRY(product_max(src, INT_MAX, "expert activations are indexed by int", 4,
+                            (factor[]){seq, batch, two, h}));
+        MOE_TRY(product_max(src, INT_MAX, "expert weights are indexed by int", 3,
+                            (factor[]){two, h, d}));
+        MOE_TRY(product_max(src, MAX_ELEMS, "elements of one layer's expert weights", 4,
+                            (factor[]){e, {"3", 3}, h, d}));
+    }
+    MOE_TRY(product_max(src, MAX_ELEMS, "elements of the embedding", 2, (factor[]){v, d}));
+    MOE_TRY(product_max(src, MAX_ELEMS, "elements of the logits", 3, (factor[]){seq, batch, v}));
+    MOE_TRY(
+        product_max(src, MAX_ELEMS, "elements of the activations", 3, (factor[]){seq, batch, d}));
+    MOE_TRY(product_max(src, MAX_ELEMS, "elements of the dense FFN activations", 4,
+                        (factor[]){seq, batch, two, {"model.d_ff", F}}));
+    MOE_TRY(product_max(src, MAX_ELEMS, "elements of the attention probabilities", 4,
+                        (factor[]){batch, {"model.n_heads", c->model.n_heads}, seq, seq}));
+    return 0;
+}
+
+int moe_config_check(const moe_config *c, const moe_config_src *src) {
+    MOE_TRY(moe_config_check_keys(c, src));
+    if (c->model.n_heads % c->model.n_kv_heads)
+        return moe_fail(MOE_EINVAL,
+                        "%s: model.n_heads = %d is not a multiple of "
+                        "model.n_kv_heads = %d",
+                        src_where2(src, "model.n_kv_heads", "model.n_heads"), c->model.n_heads,
+                        c->model.n_kv_heads);
+    if (c->model.d_model % c->model.n_heads || (c->model.d_model / c->model.n_heads) % 2)
+        return moe_fail(MOE_EINVAL,
+                        "%s: model.d_model = %d must be n_heads (%d) times an even "
+                        "head size",
+                        src_where2(src, "model.d_model", "model.n_heads"), c->model.d_model,
+                        c->model.n_heads);
+    int n_moe = 0, e_min = 0;
+    for (int l = 0; l < c->model.n_layers; l++)
+        n_moe += moe_config_is_moe(c, l);
+    if (n_moe > 0) {
+        if (c->moe.n_num_experts != 1 && c->moe.n_num_experts != n_moe)
+            return moe_fail(MOE_EINVAL,
+                            "%s: moe.num_experts has %d entries but the model has %d "
+                            "MoE layers",
+                            moe_config_where(src, "moe.num_experts"), c->moe.n_num_experts, n_moe);
+        for (int i = 0; i < c->moe.n_num_experts; i++) {
+            int e = c->moe.num_experts[i];
+            if (e % c->parallel.ep)
+                return moe_fail(MOE_EINVAL,
+                                "%s: moe.num_experts = %d is not divisible by "
+                                "parallel.ep = %d",
+                                src_where2(src, "parallel.ep", "moe.num_experts"), e,
+                                c->parallel.ep);
+            if (!e_min || e < e_min) e_min = e;
+        }
+        if (c->router.top_k > e_min)
+            return moe_fail(MOE_EINVAL, "%s: router.top_k = %d exceeds moe.num_experts = %d",
+                            src_where2(src, "router.top_k", "moe.num_experts"), c->router.top_k,
+                            e_min);
+        int rc = moe_router_config_check(&c->router, e_min);
+        if (rc < 0) return moe_fail(rc, "config: %s", moe_last_error());
+    }
+    for (int i = 0; i < c->moe.n_task_layers; i++) {
+        int l = c->moe.task_layers[i];
+        if (l >= c->model.n_layers || !moe_config_is_moe(c, l))
+            return moe_fail(MOE_EINVAL, "%s: moe.task_layers entry %d is not an MoE layer",
+                            moe_config_where(src, "moe.task_layers"), l);
+    }
+    if (c->router.n_task_priority > 0 && !strcmp(c->data.kind, "synthetic") &&
+        c->router.n_task_priority != c->data.n_tasks)
+        return moe_fail(MOE_EINVAL, "%s: router.task_priority has %d entries for %d tasks",
+                        moe_config_where(src, "router.task_priority"), c->router.n_task_priority,
+                        c->data.n_tasks);
+    if (strcmp(c->data.kind, "synthetic") && !c->data.path[0])
+        return moe_fail(MOE_EINVAL, "%s: data.kind = %s needs data.path",
+                        moe_config_where(src, "data.kind"), c->data.kind);
+    int chunked = c->memory.mini_seq > 1, recompute = strcmp(c->memory.recompute, "none") != 0;
+    if (chunked != recompute)
+        return moe_fail(MOE_EINVAL,
+                        "%s: memory.mini_seq = %d with memory.recompute = %s: chunks are "
+                        "recomputed in backward, so mini_seq > 1 goes with recompute = moe or all, "
+                        "and recompute = moe or all with mini_seq > 1",
+                        moe_config_where(src, chunked ? "memory.recompute" : "memory.mini_seq"),
+                        c->memory.mini_seq, c->memory.recompute);
+    if (chunked && (c->memory.mini_seq > c->model.seq_len || c->parallel.ep > 1))
+        return moe_fail(MOE_EINVAL,
+                        "%s: memory.mini_seq = %d needs at most model.seq_len (%d) chunks and "
+                        "parallel.ep = 1",
+                        src_where2(src, "memory.mini_seq", "model.seq_len"), c->memory.mini_seq,
+                        c->model.seq_len);
+    return moe_config_check_sizes(c, src, c->train.batch_size, c->model.seq_len);
+}

@@ -1,0 +1,13 @@
+// Shared by the key table (trainer/config.c) and the whole-config checks
+// (trainer/config_check.c); not part of the public API.
+#ifndef MOE_CONFIG_INTERNAL_H
+#define MOE_CONFIG_INTERNAL_H
+
+#include "moe/config.h"
+
+// Every key's value inside its range; the message names where it was set.
+int moe_config_check_keys(const moe_config *c, const moe_config_src *src);
+// "file:line:col" or "--set key" where key was set, "default" otherwise.
+const char *moe_config_where(const moe_config_src *src, const char *key);
+
+#endif

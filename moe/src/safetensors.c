@@ -4,6 +4,7 @@
 // naming the tensor, not later with a short read or an out-of-bounds copy.
 #include "moe/safetensors.h"
 #include "moe/error.h"
+#include "moe/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -230,13 +231,10 @@ int moe_st_open(const char *path, moe_st_file **out) {
     f->fd = -1;
     if (!(f->path = dup_str(path))) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "out of memory"), rc);
 
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0)
-        MOE_TRY_GOTO(moe_fail(MOE_EIO, "%s: cannot open: %s", path, strerror(errno)), rc);
+    MOE_TRY_GOTO(moe_open_regular(path, &f->fd), rc);
     struct stat sb;
     if (fstat(f->fd, &sb) != 0)
         MOE_TRY_GOTO(moe_fail(MOE_EIO, "%s: cannot stat: %s", path, strerror(errno)), rc);
-    if (!S_ISREG(sb.st_mode)) MOE_TRY_GOTO(moe_fail(MOE_EIO, "%s: not a regular file", path), rc);
     f->file_size = (uint64_t)sb.st_size;
     if (f->file_size < 8)
         MOE_TRY_GOTO(moe_fail(MOE_EFORMAT,

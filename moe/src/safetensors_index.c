@@ -3,6 +3,7 @@
 // Only headers are read at open; the byte counters let callers prove that a
 // partial load read nothing but the headers and the tensors it asked for.
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/safetensors.h"
 
 #include <jansson.h>
@@ -48,12 +49,15 @@ static int check_shard_name(const char *index, const char *tensor, const char *s
 
 static int open_index(moe_st_set *s, const char *dir, const char *index) {
     json_error_t jerr;
-    json_t *doc = json_load_file(index, JSON_REJECT_DUPLICATES, &jerr);
+    FILE *in;
+    MOE_TRY(moe_fopen_regular(index, &in));
+    struct stat sb;
+    if (fstat(fileno(in), &sb) == 0) s->index_bytes = (uint64_t)sb.st_size;
+    json_t *doc = json_loadf(in, JSON_REJECT_DUPLICATES, &jerr);
+    fclose(in);
     if (!doc)
         return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", index, jerr.line, jerr.column, jerr.text);
     int rc = 0;
-    struct stat sb;
-    if (stat(index, &sb) == 0) s->index_bytes = (uint64_t)sb.st_size;
     s->total_bytes += s->index_bytes;
     json_t *map = json_object_get(doc, "weight_map");
     if (!json_is_object(map) || json_object_size(map) == 0)

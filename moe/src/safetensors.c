@@ -92,6 +92,7 @@ void moe_st_close(moe_st_file *f) {
         free(f->meta_values[i]);
     }
     free(f->tensors);
+    moe_name_map_free(&f->index);
     free(f->meta_keys);
     free(f->meta_values);
     free(f->path);
@@ -221,6 +222,23 @@ static int check_overlaps(const moe_st_file *f) {
     return rc;
 }
 
+static const char *tensor_name(const void *tensors, uint32_t i) {
+    return ((const moe_st_tensor *)tensors)[i].name;
+}
+
+// The name index; the JSON parser already refused duplicate keys, this is the backstop.
+static int index_names(moe_st_file *f) {
+    MOE_TRY(moe_name_map_reserve(&f->index, (size_t)f->n_tensors));
+    for (int i = 0; i < f->n_tensors; i++) {
+        long dup;
+        MOE_TRY(moe_name_map_add(&f->index, f->tensors, tensor_name, (size_t)i, &dup));
+        if (dup >= 0)
+            return moe_fail(MOE_EFORMAT, "%s: tensor '%s' appears twice", f->path,
+                            f->tensors[i].name);
+    }
+    return 0;
+}
+
 int moe_st_open(const char *path, moe_st_file **out) {
     *out = NULL;
     int rc = 0;
@@ -289,6 +307,7 @@ int moe_st_open(const char *path, moe_st_file **out) {
         MOE_TRY_GOTO(parse_entry(f, t, v), rc);
     }
     MOE_TRY_GOTO(check_overlaps(f), rc);
+    MOE_TRY_GOTO(index_names(f), rc);
 
     json_decref(root);
     free(hdr);
@@ -302,9 +321,8 @@ fail:
 }
 
 const moe_st_tensor *moe_st_find(const moe_st_file *f, const char *name) {
-    for (int i = 0; i < f->n_tensors; i++)
-        if (!strcmp(f->tensors[i].name, name)) return &f->tensors[i];
-    return NULL;
+    long i = moe_name_map_find(&f->index, f->tensors, tensor_name, name);
+    return i < 0 ? NULL : &f->tensors[i];
 }
 
 const char *moe_st_meta(const moe_st_file *f, const char *key) {

@@ -331,6 +331,60 @@ const char *moe_st_meta(const moe_st_file *f, const char *key) {
     return NULL;
 }
 
+// Floats are tested by their bits (exponent all ones: Inf or NaN), which
+// -ffast-math cannot fold away and the compiler vectorises: the OR over a block
+// runs at memory speed; only a block with a hit is scanned for its first index.
+typedef uint16_t u16_alias __attribute__((may_alias));
+typedef uint32_t u32_alias __attribute__((may_alias));
+typedef uint64_t u64_alias __attribute__((may_alias));
+
+#define FIRST_NONFINITE(type, mask)                                                                \
+    do {                                                                                           \
+        const type *u = p;                                                                         \
+        for (uint64_t b = 0; b < n; b += 4096) {                                                   \
+            const uint64_t e = n - b < 4096 ? n : b + 4096;                                        \
+            unsigned bad = 0;                                                                      \
+            for (uint64_t i = b; i < e; i++)                                                       \
+                bad |= (u[i] & (mask)) == (mask);                                                  \
+            if (bad)                                                                               \
+                for (uint64_t i = b; i < e; i++)                                                   \
+                    if ((u[i] & (mask)) == (mask)) return (int64_t)i;                              \
+        }                                                                                          \
+        return -1;                                                                                 \
+    } while (0)
+
+// The index of the first Inf or NaN among n elements of a float dtype, or -1.
+static int64_t first_nonfinite(const void *p, uint64_t n, moe_st_dtype dt) {
+    switch (dt) {
+    case MOE_ST_F32:
+        FIRST_NONFINITE(u32_alias, 0x7f800000u);
+    case MOE_ST_BF16:
+        FIRST_NONFINITE(u16_alias, 0x7f80u);
+    case MOE_ST_F16:
+        FIRST_NONFINITE(u16_alias, 0x7c00u);
+    case MOE_ST_F64:
+        FIRST_NONFINITE(u64_alias, 0x7ff0000000000000ull);
+    default:
+        return -1;
+    }
+}
+#undef FIRST_NONFINITE
+
+// "[i0, i1, ...]": the multi-index of flat element i of t.
+static void element_index(const moe_st_tensor *t, uint64_t i, char *buf, size_t cap) {
+    uint64_t idx[MOE_ST_MAX_DIMS];
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        uint64_t dim = t->shape[d] > 0 ? (uint64_t)t->shape[d] : 1;
+        idx[d] = i % dim;
+        i /= dim;
+    }
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < t->ndim && n < cap; d++)
+        n +=
+            (size_t)snprintf(buf + n, cap - n, "%s%llu", d ? ", " : "", (unsigned long long)idx[d]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
 int moe_st_read(moe_st_file *f, const moe_st_tensor *t, void *dst, size_t dst_bytes) {
     if (dst_bytes < t->nbytes)
         return moe_fail(MOE_EINVAL, "%s: tensor '%s' has %llu bytes, buffer holds %zu", f->path,
@@ -339,6 +393,13 @@ int moe_st_read(moe_st_file *f, const moe_st_tensor *t, void *dst, size_t dst_by
     snprintf(what, sizeof what, "tensor '%s'", t->name);
     MOE_TRY(pread_full(f->fd, dst, t->nbytes, t->offset, f->path, what));
     f->bytes_read += t->nbytes;
+    int64_t bad = first_nonfinite(dst, t->numel, t->dtype);
+    if (bad >= 0) {
+        char at[MOE_ST_MAX_DIMS * 22 + 4];
+        element_index(t, (uint64_t)bad, at, sizeof at);
+        return moe_fail(MOE_EFORMAT, "%s: tensor '%s' has a non-finite value at element %lld %s",
+                        f->path, t->name, (long long)bad, at);
+    }
     return 0;
 }
 

@@ -80,6 +80,9 @@ const char *moe_st_meta(const moe_st_file *f, const char *key);
 
 // Reads tensor t's bytes (exactly t->nbytes) into dst; dst_bytes must be at
 // least t->nbytes (MOE_EINVAL otherwise). Adds t->nbytes to f->bytes_read.
+// A floating-point tensor (F32, F64, F16, BF16) holding an Inf or NaN is
+// refused: MOE_EFORMAT "FILE: tensor 'NAME' has a non-finite value at element
+// I [i0, i1]" (weights, optimizer moments and router logits must be finite).
 int moe_st_read(moe_st_file *f, const moe_st_tensor *t, void *dst, size_t dst_bytes);
 
 // Reads tensor name into a fresh malloc'd buffer (*data, free() it) after

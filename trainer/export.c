@@ -172,25 +172,35 @@ static int check_out_dir(const char *ckpt, const char *out) {
     if (exists && !S_ISDIR(sb.st_mode))
         return moe_fail(MOE_EINVAL, "%s: exists and is not a folder", out);
     if (realpath(ckpt, src)) {
-        // where out is or will be: its own real path, or its parent's plus its name
-        bool known = exists && realpath(out, dst);
-        if (!exists) {
-            char parent[PATH_MAX];
-            snprintf(parent, sizeof parent, "%s", out);
-            size_t n = strlen(parent);
-            while (n > 1 && parent[n - 1] == '/')
-                parent[--n] = 0;
-            char *slash = strrchr(parent, '/');
-            const char *base = slash ? slash + 1 : parent;
-            char rp[PATH_MAX];
-            if (slash == parent)
-                slash[1] = 0; // "/name": the parent is the root
-            else if (slash)
+        // where out is or will be: the real path of its nearest existing
+        // ancestor, then the components still to be created
+        char head[PATH_MAX], rp[PATH_MAX];
+        const char *tail = "";
+        bool known = false;
+        snprintf(head, sizeof head, "%s", out);
+        for (;;) {
+            if (realpath(head, rp)) {
+                known = snprintf(dst, sizeof dst, "%s%s%s", rp, *tail ? "/" : "", tail) <
+                        (int)sizeof dst;
+                break;
+            }
+            char *slash = strrchr(head, '/');
+            while (slash && slash > head && slash[1] == 0) { // "a/b/": drop the trailing slash
                 *slash = 0;
-            if (realpath(slash ? parent : ".", rp) &&
-                snprintf(dst, sizeof dst, "%s/%s", strcmp(rp, "/") ? rp : "", base) <
-                    (int)sizeof dst)
-                known = true;
+                slash = strrchr(head, '/');
+            }
+            if (!slash) { // a relative name: its parent is the working directory
+                if (realpath(".", rp))
+                    known = snprintf(dst, sizeof dst, "%s/%s%s%s", rp, head, *tail ? "/" : "",
+                                     tail) < (int)sizeof dst;
+                break;
+            }
+            tail = out + (slash + 1 - head);
+            if (slash == head) { // "/name"
+                known = snprintf(dst, sizeof dst, "/%s", tail) < (int)sizeof dst;
+                break;
+            }
+            *slash = 0;
         }
         size_t ns = strlen(src);
         if (known && !strncmp(dst, src, ns) && (dst[ns] == 0 || dst[ns] == '/'))

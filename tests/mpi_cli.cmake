@@ -1,5 +1,6 @@
 # The moe binary under mpirun (cmake -DMPIEXEC= -DMOE= -DSRC= -DOUT= -P this):
-#  1. `mpirun -np 4 moe train ... --set parallel.ep=4` trains and checkpoints;
+#  1. `mpirun -np 4 moe train ... --set parallel.ep=4` trains and checkpoints, and one
+#     process evaluates, exports and generates from that checkpoint;
 #  2. an invalid config on one rank (MPMD) ends every rank with its message;
 #  3. one rank diverging at run time ends the job (MPI_Abort), no hang.
 set(run ${MPIEXEC} --allow-run-as-root --oversubscribe)
@@ -16,6 +17,16 @@ endif()
 if(NOT out MATCHES "validation")
   message(FATAL_ERROR "ep=4 run printed no report:\n${out}")
 endif()
+# The ep=4 checkpoint in one process (rank 0 wrote every expert): eval, export, generate.
+foreach(cmd "eval;${OUT}/ep4/checkpoint;--batches;1;--samples;1"
+            "export;${OUT}/ep4/checkpoint;--hf;${OUT}/ep4/hf"
+            "generate;${OUT}/ep4/checkpoint;--task;copy;--prompt;abc;--max-new;2")
+  execute_process(COMMAND ${MOE} ${cmd} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE out TIMEOUT 60)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "moe ${cmd} of the ep=4 checkpoint in one process failed (${rc}):\n${out}")
+  endif()
+endforeach()
 
 execute_process(COMMAND ${run} -np 3 ${MOE} train ${SRC}/configs/tiny.json ${small} --steps 3
                         --out ${OUT}/bad : -np 1 ${MOE} train ${SRC}/configs/tiny.json ${small}

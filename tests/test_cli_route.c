@@ -284,7 +284,8 @@ START_TEST(test_bad_inputs_exit_2_and_write_nothing) {
     nan_logits[7 * E + 1] = INFINITY;
     moe_st_entry nan_e = {"logits", MOE_ST_F32, 2, {T, E}, nan_logits};
     ck_assert_int_eq(moe_st_write(bad, &nan_e, 1, NULL), 0);
-    expect_fails(MOE("route", "--logits", bad, "--out", out), 2, out, n, "token 5, expert 2");
+    expect_fails(MOE("route", "--logits", bad, "--out", out), 2, out, n,
+                 "tensor 'logits' has a non-finite value at element 22 [5, 2]");
 
     // task_ids: wrong length (in the logits file or a separate one), negative, wrong dtype.
     moe_st_entry mis[2] = {{"logits", MOE_ST_F32, 2, {T, E}, logits},

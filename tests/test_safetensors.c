@@ -72,7 +72,7 @@ static float logits[T * E];
 static int32_t ids[T];
 static float loss1[1];
 static int64_t scalar = -1234567890123ll;
-static uint16_t bf[4] = {0x3f80, 0xbf80, 0x7fc0, 0x0001};
+static uint16_t bf[4] = {0x3f80, 0xbf80, 0x7f7f, 0x0001}; // 1, -1, largest finite, subnormal
 static const char *const meta[] = {"format", "pt", "note", "h\xc3\xa9llo \"quoted\"", NULL};
 
 static int fixture(moe_st_entry *e) {

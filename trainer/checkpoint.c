@@ -3,6 +3,7 @@
 // Loading validates every tensor against the model's table.
 #include "moe/checkpoint.h"
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/safetensors.h"
 #include "moe/task_experts.h"
 
@@ -347,6 +348,7 @@ static int state_int(json_t *o, const char *key, const char *path, json_int_t *o
 
 static int load_state(const char *path, moe_model *m, moe_adamw *opt, moe_train_state *st) {
     json_error_t jerr;
+    MOE_TRY(moe_check_regular_file(path)); // a FIFO would block json_load_file
     json_t *doc = json_load_file(path, 0, &jerr);
     if (!doc) return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
     int rc = 0;

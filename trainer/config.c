@@ -4,6 +4,7 @@
 // are parsed by the router's own setter, so both CLIs accept the same text.
 #include "moe/config.h"
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/parse.h"
 #include "trainer/config_internal.h"
 #include "trainer/json_pos.h"
@@ -553,9 +554,8 @@ static int set_json(moe_config *cfg, const key_def *k, json_t *v) {
 }
 
 int moe_config_load(moe_config *cfg, moe_config_src *src, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return moe_fail(MOE_EIO, "%s: cannot open: %s", path, strerror(errno));
-    fclose(f);
+    MOE_TRY(moe_check_regular_file(path)); // a FIFO would block json_load_file
+    FILE *f;
     json_error_t jerr;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) return moe_fail(MOE_EINVAL, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);

@@ -7,6 +7,7 @@
 #include "moe/alloc.h"
 #include "moe/data.h"
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/rng.h"
 
 #include <errno.h>
@@ -145,12 +146,12 @@ int moe_data_next(moe_data *d, int split, int32_t *inputs, int32_t *targets, int
 
 // Reads a whole file; *n gets its size.
 static int read_file(const char *path, unsigned char **buf, long *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return moe_fail(MOE_EIO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    MOE_TRY(moe_fopen_regular(path, &f));
     struct stat st;
-    if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+    if (fstat(fileno(f), &st)) {
         fclose(f);
-        return moe_fail(MOE_EIO, "%s: not a regular file", path);
+        return moe_fail(MOE_EIO, "%s: cannot stat: %s", path, strerror(errno));
     }
     *n = (long)st.st_size;
     *buf = malloc(*n ? (size_t)*n : 1);

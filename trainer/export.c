@@ -7,12 +7,14 @@
 #include "moe/export.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/model.h"
 #include "moe/safetensors.h"
 
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -90,26 +92,133 @@ static int write_config(const char *path, const moe_config *c) {
     return rc;
 }
 
-// Every tensor the config's model has must be in the checkpoint with its
-// shape: a folder transformers cannot load is not an export.
+// "F32 [4, 32]": a tensor's dtype and shape for messages.
+static void describe(char *buf, size_t cap, const char *dtype, int ndim, const int64_t *shape) {
+    size_t n = (size_t)snprintf(buf, cap, "%s [", dtype);
+    for (int d = 0; d < ndim && n < cap; d++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
+// The checkpoint must hold exactly the tensors of the model its config
+// describes, each F32 with the view's shape (what moe_ckpt_load demands): a
+// folder eval refuses, or a config.json edited to fewer layers than the
+// weights hold, is not exported as a different model.
 static int check_tensors(const char *ckpt, const moe_config *c, const moe_st_set *s) {
     moe_model m;
     MOE_TRY(moe_model_init(&m, c, 1, 1, c->data.n_tasks));
     int rc = 0;
-    for (int i = 0; i < m.table.count && rc == 0; i++) {
+    char have[160], want[160];
+    for (int i = 0; i < m.table.count; i++) {
         const moe_param_view *v = &m.table.views[i];
-        const moe_st_tensor *t = moe_st_set_find(s, v->name, NULL);
-        if (!t) {
-            rc = moe_fail(MOE_ENOTFOUND, "%s: missing tensor '%s'", ckpt, v->name);
-            break;
-        }
-        int same = t->ndim == v->ndim;
+        moe_st_file *f = NULL;
+        const moe_st_tensor *t = moe_st_set_find(s, v->name, &f);
+        if (!t) MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: missing tensor '%s'", ckpt, v->name), rc);
+        int same = t->dtype == MOE_ST_F32 && t->ndim == v->ndim;
         for (int d = 0; same && d < v->ndim; d++)
             same = t->shape[d] == v->shape[d];
-        if (!same) rc = moe_fail(MOE_EFORMAT, "%s: tensor '%s' has the wrong shape", ckpt, v->name);
+        if (same) continue;
+        describe(have, sizeof have, moe_st_dtype_name(t->dtype), t->ndim, t->shape);
+        describe(want, sizeof want, "F32", v->ndim, v->shape);
+        MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: tensor '%s' is %s, the config expects %s", f->path,
+                              v->name, have, want),
+                     rc);
     }
+    for (int i = 0; i < s->n_files; i++)
+        for (int j = 0; j < s->files[i]->n_tensors; j++) {
+            const char *name = s->files[i]->tensors[j].name;
+            if (!moe_param_table_find(&m.table, name))
+                MOE_TRY_GOTO(moe_fail(MOE_EFORMAT,
+                                      "%s: tensor '%s' does not belong to the model of config.json "
+                                      "(%d layers, %d experts)",
+                                      s->files[i]->path, name, c->model.n_layers,
+                                      c->moe.num_experts[0]),
+                             rc);
+        }
+fail:
     moe_model_free(&m);
     return rc;
+}
+
+static bool has_file(const char *dir, const char *name) {
+    char p[PATH_MAX];
+    struct stat sb;
+    return snprintf(p, sizeof p, "%s/%s", dir, name) < (int)sizeof p && lstat(p, &sb) == 0;
+}
+
+// A config.json written by a previous export (it carries moe_tokenizer): the
+// only config.json an export may replace.
+static bool is_export(const char *dir) {
+    char p[PATH_MAX];
+    if (snprintf(p, sizeof p, "%s/config.json", dir) >= (int)sizeof p) return false;
+    FILE *f;
+    if (moe_fopen_regular(p, &f) < 0) return false;
+    json_error_t jerr;
+    json_t *doc = json_loadf(f, 0, &jerr);
+    fclose(f);
+    bool yes = json_is_string(json_object_get(doc, "moe_tokenizer"));
+    json_decref(doc);
+    return yes;
+}
+
+// The export writes out/config.json and out/model.safetensors. It may not land
+// in the checkpoint it reads (or a folder inside it), nor in any folder that
+// holds a checkpoint or a config.json it did not write: out must be new, or a
+// folder of other files, or a previous export.
+static int check_out_dir(const char *ckpt, const char *out) {
+    char src[PATH_MAX], dst[PATH_MAX];
+    struct stat sb;
+    bool exists = stat(out, &sb) == 0;
+    if (exists && !S_ISDIR(sb.st_mode))
+        return moe_fail(MOE_EINVAL, "%s: exists and is not a folder", out);
+    if (realpath(ckpt, src)) {
+        // where out is or will be: the real path of its nearest existing
+        // ancestor, then the components still to be created
+        char head[PATH_MAX], rp[PATH_MAX];
+        const char *tail = "";
+        bool known = false;
+        snprintf(head, sizeof head, "%s", out);
+        for (;;) {
+            if (realpath(head, rp)) {
+                known = snprintf(dst, sizeof dst, "%s%s%s", rp, *tail ? "/" : "", tail) <
+                        (int)sizeof dst;
+                break;
+            }
+            char *slash = strrchr(head, '/');
+            while (slash && slash > head && slash[1] == 0) { // "a/b/": drop the trailing slash
+                *slash = 0;
+                slash = strrchr(head, '/');
+            }
+            if (!slash) { // a relative name: its parent is the working directory
+                if (realpath(".", rp))
+                    known = snprintf(dst, sizeof dst, "%s/%s%s%s", rp, head, *tail ? "/" : "",
+                                     tail) < (int)sizeof dst;
+                break;
+            }
+            tail = out + (slash + 1 - head);
+            if (slash == head) { // "/name"
+                known = snprintf(dst, sizeof dst, "/%s", tail) < (int)sizeof dst;
+                break;
+            }
+            *slash = 0;
+        }
+        size_t ns = strlen(src);
+        if (known && !strncmp(dst, src, ns) && (dst[ns] == 0 || dst[ns] == '/'))
+            return moe_fail(MOE_EINVAL, "%s: %s the checkpoint %s; export to a folder outside it",
+                            out, dst[ns] ? "is inside" : "is", ckpt);
+    }
+    if (!exists) return 0;
+    if (has_file(out, "trainer_state.json") || has_file(out, "optimizer.safetensors"))
+        return moe_fail(MOE_EINVAL,
+                        "%s: holds a checkpoint (trainer_state.json); export to another folder",
+                        out);
+    bool weights =
+        has_file(out, "model.safetensors") || has_file(out, "model.safetensors.index.json");
+    if ((weights || has_file(out, "config.json")) && !is_export(out))
+        return moe_fail(
+            MOE_EINVAL, "%s: holds %s that no export wrote; export to a new folder", out,
+            weights ? "a checkpoint (config.json, model.safetensors)" : "a config.json");
+    return 0;
 }
 
 int moe_export_hf(const char *ckpt, const char *out) {
@@ -125,6 +234,7 @@ int moe_export_hf(const char *ckpt, const char *out) {
     moe_st_entry *e = NULL;
     void **data = NULL;
     MOE_TRY_GOTO(check_tensors(ckpt, &c, s), rc);
+    MOE_TRY_GOTO(check_out_dir(ckpt, out), rc);
     if (mkdir(out, 0755) != 0 && errno != EEXIST)
         MOE_TRY_GOTO(moe_fail(MOE_EIO, "%s: cannot create: %s", out, strerror(errno)), rc);
     for (int i = 0; i < s->n_files; i++)

@@ -10,6 +10,7 @@
 #include "moe/error.h"
 #include "moe/infer.h"
 #include "moe/log.h"
+#include "moe/name_map.h"
 #include "moe/safetensors.h"
 #include "moe/task_experts.h"
 
@@ -42,6 +43,86 @@ static int load(moe_st_set *s, const char *dir, float *dst, int64_t d0, int64_t 
                         f->path, name, moe_st_dtype_name(t->dtype), t->ndim, (long long)t->shape[0],
                         (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)d0, (long long)d1);
     return moe_st_read(f, t, dst, (size_t)t->numel * sizeof(float));
+}
+
+// The names a checkpoint of this config holds, for the extra-tensor check.
+typedef struct {
+    char (*name)[MOE_PARAM_NAME_MAX];
+    size_t n, cap;
+} name_list;
+
+static int add_name(name_list *nl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int add_name(name_list *nl, const char *fmt, ...) {
+    if (nl->n == nl->cap) {
+        size_t cap = nl->cap ? 2 * nl->cap : 64;
+        void *p = realloc(nl->name, cap * sizeof *nl->name);
+        if (!p) return moe_fail(MOE_ENOMEM, "tensor names: out of memory");
+        nl->name = p, nl->cap = cap;
+    }
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(nl->name[nl->n++], MOE_PARAM_NAME_MAX, fmt, ap);
+    va_end(ap);
+    return 0;
+}
+
+static const char *list_name(const void *names, uint32_t i) {
+    return ((const char(*)[MOE_PARAM_NAME_MAX])names)[i];
+}
+
+// The checkpoint may hold no tensor the config lacks (as moe_ckpt_load): a
+// config.json edited to fewer layers or experts than the weights hold would
+// otherwise generate from a truncated model.
+static int check_no_extra(const moe_infer *m, const moe_st_set *s, const char *dir) {
+    name_list nl = {0};
+    moe_name_map idx = {0};
+    int rc = 0;
+    const char *pre = "model.layers", *bs = "block_sparse_moe";
+    MOE_TRY_GOTO(add_name(&nl, "model.embed_tokens.weight"), rc);
+    MOE_TRY_GOTO(add_name(&nl, "model.norm.weight"), rc);
+    if (!m->cfg.model.tie_embeddings) MOE_TRY_GOTO(add_name(&nl, "lm_head.weight"), rc);
+    static const char *const attn[] = {"input_layernorm",  "self_attn.q_proj",
+                                       "self_attn.k_proj", "self_attn.v_proj",
+                                       "self_attn.o_proj", "post_attention_layernorm"};
+    for (int l = 0; l < m->L; l++) {
+        const moe_infer_layer *y = &m->layer[l];
+        for (int i = 0; i < 6; i++)
+            MOE_TRY_GOTO(add_name(&nl, "%s.%d.%s.weight", pre, l, attn[i]), rc);
+        if (!y->is_moe) {
+            static const char *const mlp[] = {"gate_proj", "up_proj", "down_proj"};
+            for (int i = 0; i < 3; i++)
+                MOE_TRY_GOTO(add_name(&nl, "%s.%d.mlp.%s.weight", pre, l, mlp[i]), rc);
+            continue;
+        }
+        MOE_TRY_GOTO(add_name(&nl, "%s.%d.%s.gate.weight", pre, l, bs), rc);
+        if (y->task_routed)
+            MOE_TRY_GOTO(add_name(&nl, "%s.%d.%s.task_embedding.weight", pre, l, bs), rc);
+        for (int w = 1; w <= 3; w++) {
+            if (y->Hs)
+                MOE_TRY_GOTO(add_name(&nl, "%s.%d.%s.shared_expert.w%d.weight", pre, l, bs, w), rc);
+            for (int e = 0; e < y->E; e++)
+                MOE_TRY_GOTO(add_name(&nl, "%s.%d.%s.experts.%d.w%d.weight", pre, l, bs, e, w), rc);
+        }
+    }
+    MOE_TRY_GOTO(moe_name_map_reserve(&idx, nl.n), rc);
+    for (size_t i = 0; i < nl.n; i++) {
+        long dup;
+        MOE_TRY_GOTO(moe_name_map_add(&idx, nl.name, list_name, i, &dup), rc);
+    }
+    for (int i = 0; i < s->n_files; i++)
+        for (int j = 0; j < s->files[i]->n_tensors; j++) {
+            const char *name = s->files[i]->tensors[j].name;
+            if (moe_name_map_find(&idx, nl.name, list_name, name) < 0)
+                MOE_TRY_GOTO(moe_fail(MOE_EFORMAT,
+                                      "%s: tensor '%s' does not belong to the model of "
+                                      "config.json (%d layers)",
+                                      s->files[i]->path, name, m->L),
+                             rc);
+        }
+fail:
+    moe_name_map_free(&idx);
+    free(nl.name);
+    return rc;
 }
 
 // Floats of every non-expert weight (one block, carved in load order).
@@ -404,6 +485,7 @@ int moe_infer_open(moe_infer *m, const char *dir, const moe_infer_opts *o) {
         m->stats.n_moe++;
     }
     MOE_TRY_GOTO(moe_st_set_open(dir, &s), rc);
+    MOE_TRY_GOTO(check_no_extra(m, s, dir), rc);
     MOE_TRY_GOTO(load_dense(m, s, dir), rc);
     MOE_TRY_GOTO(choose_experts(m, dir, o), rc);
     MOE_TRY_GOTO(load_experts(m, s, dir, o->quantize_int8), rc);

@@ -156,7 +156,11 @@ static size_t layout_acts(moe_model *m, float *base) {
 }
 
 int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks) {
-    return moe_model_init_ep(m, cfg, B, T, n_tasks, NULL);
+    // One process holds every expert, whatever layout wrote the checkpoint
+    // (rank 0 saves the full expert set): eval and export read it as ep = 1.
+    moe_config one = *cfg;
+    one.parallel.ep = 1;
+    return moe_model_init_ep(m, &one, B, T, n_tasks, NULL);
 }
 
 // Sizes, layer configs and the parameter table: everything but the buffers.

@@ -3,6 +3,7 @@
 // loop), communication from the all-to-all algorithm's traffic formulas.
 #include "moe/plan.h"
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/model.h"
 #include "moe/router.h"
 
@@ -16,8 +17,8 @@
 static int data_tokens(const moe_config *cfg, size_t *n) {
     *n = 0;
     if (!strcmp(cfg->data.kind, "synthetic")) return 0;
-    FILE *f = fopen(cfg->data.path, "rb");
-    if (!f) return moe_fail(MOE_EIO, "%s: cannot open: %s", cfg->data.path, strerror(errno));
+    FILE *f;
+    MOE_TRY(moe_fopen_regular(cfg->data.path, &f));
     if (!strcmp(cfg->data.kind, "bin")) {
         int32_t h[3];
         if (fread(h, sizeof h, 1, f) != 1) {

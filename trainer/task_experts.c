@@ -3,6 +3,7 @@
 // token-routed layers, as recorded in task_experts.json (moe/task_experts.h).
 #include "moe/task_experts.h"
 #include "moe/error.h"
+#include "moe/file.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -273,7 +274,10 @@ int moe_task_experts_read(const char *path, moe_task_experts *te) {
     struct stat sb;
     if (stat(path, &sb) != 0) return moe_fail(MOE_ENOTFOUND, "%s: not found", path);
     json_error_t jerr;
-    json_t *doc = json_load_file(path, 0, &jerr);
+    FILE *in;
+    MOE_TRY(moe_fopen_regular(path, &in));
+    json_t *doc = json_loadf(in, 0, &jerr);
+    fclose(in);
     if (!doc) return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
     int rc = 0;
     json_t *tasks = json_object_get(doc, "tasks"), *layers = json_object_get(doc, "layers"),

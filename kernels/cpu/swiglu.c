@@ -14,9 +14,13 @@
 // exp(x) for x clamped to [-87, 88] (the float range without denormals or
 // overflow; enough for a sigmoid): max relative error 1e-7 (about 1.5 ulp).
 // 2^n comes from the exponent bits of the rounding constant 1.5 * 2^23.
+// The clamp is written so that NaN fails both tests and becomes -87: the
+// exponent arithmetic below then always sees |n| <= 127 (a NaN there
+// overflowed a signed multiply, undefined behaviour). The caller's a * s or
+// a / (1 + e) still carries a NaN input through to the output.
 static inline float exp_clamped(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
+    x = x > -87.0f ? x : -87.0f;
+    x = x < 88.0f ? x : 88.0f;
     float t = x * 1.44269504088896341f + 12582912.0f; // round(x / ln 2) in the low bits
     float n = t - 12582912.0f;
     int32_t ti;
@@ -30,7 +34,7 @@ static inline float exp_clamped(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     float y = p * r * r + r + 1.0f;
-    int32_t e = (ti - 0x4B400000 + 127) * (1 << 23); // bits of 2^n
+    uint32_t e = ((uint32_t)ti - 0x4B400000u + 127u) << 23; // bits of 2^n
     float scale;
     memcpy(&scale, &e, sizeof scale);
     return y * scale;

@@ -3,6 +3,7 @@
 // reports what it loaded (bytes read, experts per layer, peak RSS) on stderr.
 #include "moe/cli/cli.h"
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/infer.h"
 #include "moe/task_experts.h"
 
@@ -52,8 +53,8 @@ static void print_answer(FILE *f, const int32_t *t, int n, int stop) {
 
 // Reads FILE's lines (without their newline) into lines[]; returns the count.
 static int read_lines(const char *path, char **lines, int cap) {
-    FILE *f = fopen(path, "r");
-    if (!f) return moe_fail(MOE_EINVAL, "%s: cannot open", path);
+    FILE *f;
+    if (moe_fopen_regular(path, &f) < 0) return moe_fail(MOE_EINVAL, "%s", moe_last_error());
     int n = 0;
     char *buf = NULL;
     size_t bcap = 0;

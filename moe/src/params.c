@@ -2,9 +2,14 @@
 #include "moe/params.h"
 #include "moe/error.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+static const char *view_name(const void *views, uint32_t i) {
+    return ((const moe_param_view *)views)[i].name;
+}
 
 void moe_param_table_init(moe_param_table *t) {
     memset(t, 0, sizeof *t);
@@ -12,6 +17,7 @@ void moe_param_table_init(moe_param_table *t) {
 
 void moe_param_table_free(moe_param_table *t) {
     free(t->views);
+    moe_name_map_free(&t->index);
     memset(t, 0, sizeof *t);
 }
 
@@ -32,22 +38,25 @@ int moe_param_table_add(moe_param_table *t, const char *prefix, const char *name
         v.shape[i] = shape[i];
         v.numel *= (size_t)shape[i];
     }
-    if (moe_param_table_find(t, v.name))
-        return moe_fail(MOE_EINVAL, "parameter %s: name already in the table", v.name);
     if (t->count == t->cap) {
+        if (t->cap > INT_MAX / 2)
+            return moe_fail(MOE_ENOMEM, "parameter table: more than %d views", t->cap);
         int cap = t->cap ? 2 * t->cap : 16;
         moe_param_view *nv = realloc(t->views, (size_t)cap * sizeof *nv);
         if (!nv) return moe_fail(MOE_ENOMEM, "parameter table: out of memory at %d views", cap);
         t->views = nv;
         t->cap = cap;
     }
-    t->views[t->count++] = v;
+    t->views[t->count] = v; // the index reads the name from here
+    long dup;
+    MOE_TRY(moe_name_map_add(&t->index, t->views, view_name, (size_t)t->count, &dup));
+    if (dup >= 0) return moe_fail(MOE_EINVAL, "parameter %s: name already in the table", v.name);
+    t->count++;
     t->numel += v.numel;
     return 0;
 }
 
 const moe_param_view *moe_param_table_find(const moe_param_table *t, const char *name) {
-    for (int i = 0; i < t->count; i++)
-        if (strcmp(t->views[i].name, name) == 0) return &t->views[i];
-    return NULL;
+    long i = moe_name_map_find(&t->index, t->views, view_name, name);
+    return i < 0 ? NULL : &t->views[i];
 }

@@ -4,6 +4,7 @@
 // naming the tensor, not later with a short read or an out-of-bounds copy.
 #include "moe/safetensors.h"
 #include "moe/error.h"
+#include "moe/file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -91,6 +92,7 @@ void moe_st_close(moe_st_file *f) {
         free(f->meta_values[i]);
     }
     free(f->tensors);
+    moe_name_map_free(&f->index);
     free(f->meta_keys);
     free(f->meta_values);
     free(f->path);
@@ -220,6 +222,23 @@ static int check_overlaps(const moe_st_file *f) {
     return rc;
 }
 
+static const char *tensor_name(const void *tensors, uint32_t i) {
+    return ((const moe_st_tensor *)tensors)[i].name;
+}
+
+// The name index; the JSON parser already refused duplicate keys, this is the backstop.
+static int index_names(moe_st_file *f) {
+    MOE_TRY(moe_name_map_reserve(&f->index, (size_t)f->n_tensors));
+    for (int i = 0; i < f->n_tensors; i++) {
+        long dup;
+        MOE_TRY(moe_name_map_add(&f->index, f->tensors, tensor_name, (size_t)i, &dup));
+        if (dup >= 0)
+            return moe_fail(MOE_EFORMAT, "%s: tensor '%s' appears twice", f->path,
+                            f->tensors[i].name);
+    }
+    return 0;
+}
+
 int moe_st_open(const char *path, moe_st_file **out) {
     *out = NULL;
     int rc = 0;
@@ -230,13 +249,10 @@ int moe_st_open(const char *path, moe_st_file **out) {
     f->fd = -1;
     if (!(f->path = dup_str(path))) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "out of memory"), rc);
 
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (f->fd < 0)
-        MOE_TRY_GOTO(moe_fail(MOE_EIO, "%s: cannot open: %s", path, strerror(errno)), rc);
+    MOE_TRY_GOTO(moe_open_regular(path, &f->fd), rc);
     struct stat sb;
     if (fstat(f->fd, &sb) != 0)
         MOE_TRY_GOTO(moe_fail(MOE_EIO, "%s: cannot stat: %s", path, strerror(errno)), rc);
-    if (!S_ISREG(sb.st_mode)) MOE_TRY_GOTO(moe_fail(MOE_EIO, "%s: not a regular file", path), rc);
     f->file_size = (uint64_t)sb.st_size;
     if (f->file_size < 8)
         MOE_TRY_GOTO(moe_fail(MOE_EFORMAT,
@@ -291,6 +307,7 @@ int moe_st_open(const char *path, moe_st_file **out) {
         MOE_TRY_GOTO(parse_entry(f, t, v), rc);
     }
     MOE_TRY_GOTO(check_overlaps(f), rc);
+    MOE_TRY_GOTO(index_names(f), rc);
 
     json_decref(root);
     free(hdr);
@@ -304,15 +321,68 @@ fail:
 }
 
 const moe_st_tensor *moe_st_find(const moe_st_file *f, const char *name) {
-    for (int i = 0; i < f->n_tensors; i++)
-        if (!strcmp(f->tensors[i].name, name)) return &f->tensors[i];
-    return NULL;
+    long i = moe_name_map_find(&f->index, f->tensors, tensor_name, name);
+    return i < 0 ? NULL : &f->tensors[i];
 }
 
 const char *moe_st_meta(const moe_st_file *f, const char *key) {
     for (int i = 0; i < f->n_meta; i++)
         if (!strcmp(f->meta_keys[i], key)) return f->meta_values[i];
     return NULL;
+}
+
+// Floats are tested by their bits (exponent all ones: Inf or NaN), which
+// -ffast-math cannot fold away and the compiler vectorises: the OR over a block
+// runs at memory speed; only a block with a hit is scanned for its first index.
+typedef uint16_t u16_alias __attribute__((may_alias));
+typedef uint32_t u32_alias __attribute__((may_alias));
+typedef uint64_t u64_alias __attribute__((may_alias));
+
+#define FIRST_NONFINITE(type, mask)                                                                \
+    do {                                                                                           \
+        const type *u = p;                                                                         \
+        for (uint64_t b = 0; b < n; b += 4096) {                                                   \
+            const uint64_t e = n - b < 4096 ? n : b + 4096;                                        \
+            unsigned bad = 0;                                                                      \
+            for (uint64_t i = b; i < e; i++)                                                       \
+                bad |= (u[i] & (mask)) == (mask);                                                  \
+            if (bad)                                                                               \
+                for (uint64_t i = b; i < e; i++)                                                   \
+                    if ((u[i] & (mask)) == (mask)) return (int64_t)i;                              \
+        }                                                                                          \
+        return -1;                                                                                 \
+    } while (0)
+
+// The index of the first Inf or NaN among n elements of a float dtype, or -1.
+static int64_t first_nonfinite(const void *p, uint64_t n, moe_st_dtype dt) {
+    switch (dt) {
+    case MOE_ST_F32:
+        FIRST_NONFINITE(u32_alias, 0x7f800000u);
+    case MOE_ST_BF16:
+        FIRST_NONFINITE(u16_alias, 0x7f80u);
+    case MOE_ST_F16:
+        FIRST_NONFINITE(u16_alias, 0x7c00u);
+    case MOE_ST_F64:
+        FIRST_NONFINITE(u64_alias, 0x7ff0000000000000ull);
+    default:
+        return -1;
+    }
+}
+#undef FIRST_NONFINITE
+
+// "[i0, i1, ...]": the multi-index of flat element i of t.
+static void element_index(const moe_st_tensor *t, uint64_t i, char *buf, size_t cap) {
+    uint64_t idx[MOE_ST_MAX_DIMS];
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        uint64_t dim = t->shape[d] > 0 ? (uint64_t)t->shape[d] : 1;
+        idx[d] = i % dim;
+        i /= dim;
+    }
+    size_t n = (size_t)snprintf(buf, cap, "[");
+    for (int d = 0; d < t->ndim && n < cap; d++)
+        n +=
+            (size_t)snprintf(buf + n, cap - n, "%s%llu", d ? ", " : "", (unsigned long long)idx[d]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
 }
 
 int moe_st_read(moe_st_file *f, const moe_st_tensor *t, void *dst, size_t dst_bytes) {
@@ -323,6 +393,13 @@ int moe_st_read(moe_st_file *f, const moe_st_tensor *t, void *dst, size_t dst_by
     snprintf(what, sizeof what, "tensor '%s'", t->name);
     MOE_TRY(pread_full(f->fd, dst, t->nbytes, t->offset, f->path, what));
     f->bytes_read += t->nbytes;
+    int64_t bad = first_nonfinite(dst, t->numel, t->dtype);
+    if (bad >= 0) {
+        char at[MOE_ST_MAX_DIMS * 22 + 4];
+        element_index(t, (uint64_t)bad, at, sizeof at);
+        return moe_fail(MOE_EFORMAT, "%s: tensor '%s' has a non-finite value at element %lld %s",
+                        f->path, t->name, (long long)bad, at);
+    }
     return 0;
 }
 

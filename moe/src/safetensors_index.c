@@ -3,6 +3,7 @@
 // Only headers are read at open; the byte counters let callers prove that a
 // partial load read nothing but the headers and the tensors it asked for.
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/safetensors.h"
 
 #include <jansson.h>
@@ -17,6 +18,8 @@ void moe_st_set_close(moe_st_set *s) {
     for (int i = 0; i < s->n_files; i++)
         moe_st_close(s->files[i]);
     free(s->files);
+    free(s->refs);
+    moe_name_map_free(&s->index);
     free(s);
 }
 
@@ -46,15 +49,51 @@ static int check_shard_name(const char *index, const char *tensor, const char *s
     return 0;
 }
 
+static const char *file_path(const void *files, uint32_t i) {
+    return ((moe_st_file *const *)files)[i]->path;
+}
+
+static const char *ref_name(const void *set, uint32_t i) {
+    const moe_st_set *s = set;
+    return s->files[s->refs[i].file]->tensors[s->refs[i].tensor].name;
+}
+
+// Indexes every tensor of every shard by name: readers find a name in any
+// shard, so it must be in exactly one.
+static int index_shards(moe_st_set *s, const char *index) {
+    size_t n = 0;
+    for (int i = 0; i < s->n_files; i++)
+        n += (size_t)s->files[i]->n_tensors;
+    if (!(s->refs = malloc((n ? n : 1) * sizeof *s->refs)))
+        return moe_fail(MOE_ENOMEM, "%s: out of memory indexing %zu tensors", index, n);
+    MOE_TRY(moe_name_map_reserve(&s->index, n));
+    for (int i = 0; i < s->n_files; i++)
+        for (int j = 0; j < s->files[i]->n_tensors; j++) {
+            s->refs[s->n_refs] = (moe_st_ref){i, j};
+            long dup;
+            MOE_TRY(moe_name_map_add(&s->index, s, ref_name, s->n_refs, &dup));
+            if (dup >= 0)
+                return moe_fail(MOE_EFORMAT, "%s: tensor '%s' is stored in 2 shards (%s and %s)",
+                                index, s->files[i]->tensors[j].name,
+                                s->files[s->refs[dup].file]->path, s->files[i]->path);
+            s->n_refs++;
+        }
+    return 0;
+}
+
 static int open_index(moe_st_set *s, const char *dir, const char *index) {
     json_error_t jerr;
-    json_t *doc = json_load_file(index, JSON_REJECT_DUPLICATES, &jerr);
+    FILE *in;
+    MOE_TRY(moe_fopen_regular(index, &in));
+    struct stat sb;
+    if (fstat(fileno(in), &sb) == 0) s->index_bytes = (uint64_t)sb.st_size;
+    json_t *doc = json_loadf(in, JSON_REJECT_DUPLICATES, &jerr);
+    fclose(in);
     if (!doc)
         return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", index, jerr.line, jerr.column, jerr.text);
     int rc = 0;
-    struct stat sb;
-    if (stat(index, &sb) == 0) s->index_bytes = (uint64_t)sb.st_size;
     s->total_bytes += s->index_bytes;
+    moe_name_map files = {0}; // shard path -> position in s->files
     json_t *map = json_object_get(doc, "weight_map");
     if (!json_is_object(map) || json_object_size(map) == 0)
         MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: 'weight_map' missing or empty", index), rc);
@@ -69,28 +108,21 @@ static int open_index(moe_st_set *s, const char *dir, const char *index) {
         char path[PATH_MAX];
         if (snprintf(path, sizeof path, "%s/%s", dir, shard) >= (int)sizeof path)
             MOE_TRY_GOTO(moe_fail(MOE_EINVAL, "%s: path too long", dir), rc);
-        int known = 0;
-        for (int i = 0; i < s->n_files && !known; i++)
-            known = !strcmp(s->files[i]->path, path);
-        if (!known) MOE_TRY_GOTO(add_file(s, path), rc);
-        moe_st_file *f = NULL;
-        for (int i = 0; i < s->n_files; i++)
-            if (!strcmp(s->files[i]->path, path)) f = s->files[i];
-        if (!moe_st_find(f, name))
+        long known = moe_name_map_find(&files, s->files, file_path, path);
+        if (known < 0) {
+            MOE_TRY_GOTO(add_file(s, path), rc);
+            known = s->n_files - 1;
+            long dup;
+            MOE_TRY_GOTO(moe_name_map_add(&files, s->files, file_path, (size_t)known, &dup), rc);
+        }
+        if (!moe_st_find(s->files[known], name))
             MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: tensor '%s' is mapped to %s, which lacks it",
                                   index, name, shard),
                          rc);
     }
-    json_object_foreach(map, name, v) { // readers find a name in any shard: it must be in one
-        int holders = 0;
-        for (int i = 0; i < s->n_files; i++)
-            holders += moe_st_find(s->files[i], name) != NULL;
-        if (holders > 1)
-            MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: tensor '%s' is stored in %d shards", index,
-                                  name, holders),
-                         rc);
-    }
+    MOE_TRY_GOTO(index_shards(s, index), rc);
 fail:
+    moe_name_map_free(&files);
     json_decref(doc);
     return rc;
 }
@@ -124,14 +156,21 @@ fail:
 }
 
 const moe_st_tensor *moe_st_set_find(const moe_st_set *s, const char *name, moe_st_file **file) {
-    for (int i = 0; i < s->n_files; i++) {
-        const moe_st_tensor *t = moe_st_find(s->files[i], name);
-        if (t) {
-            if (file) *file = s->files[i];
-            return t;
+    if (s->n_refs == 0) { // one file (or shards not indexed yet)
+        for (int i = 0; i < s->n_files; i++) {
+            const moe_st_tensor *t = moe_st_find(s->files[i], name);
+            if (t) {
+                if (file) *file = s->files[i];
+                return t;
+            }
         }
+        return NULL;
     }
-    return NULL;
+    long i = moe_name_map_find(&s->index, s, ref_name, name);
+    if (i < 0) return NULL;
+    moe_st_file *f = s->files[s->refs[i].file];
+    if (file) *file = f;
+    return &f->tensors[s->refs[i].tensor];
 }
 
 uint64_t moe_st_set_bytes_read(const moe_st_set *s) {

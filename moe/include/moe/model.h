@@ -93,7 +93,8 @@ typedef struct {
 } moe_model;
 
 // Builds the model for cfg (checked) with room for B sequences of T tokens,
-// n_tasks task ids; parameters initialised from cfg->train.seed.
+// n_tasks task ids; parameters initialised from cfg->train.seed. One process
+// holds every expert: cfg->parallel.ep is taken as 1.
 int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks);
 // The same on a rank of an expert-parallel group of cfg->parallel.ep ranks:
 // the model holds this rank's expert shard and exchanges rows through ep

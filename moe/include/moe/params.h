@@ -5,6 +5,8 @@
 #ifndef MOE_PARAMS_H
 #define MOE_PARAMS_H
 
+#include "moe/name_map.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -22,7 +24,8 @@ typedef struct {
 typedef struct {
     moe_param_view *views;
     int count, cap;
-    size_t numel; // total floats; the next view starts here
+    size_t numel;       // total floats; the next view starts here
+    moe_name_map index; // name -> view number, for find and the duplicate check
 } moe_param_table;
 
 // An empty table (no allocation until the first add).
@@ -32,7 +35,7 @@ void moe_param_table_free(moe_param_table *t);
 // MOE_EINVAL on a bad shape, a too-long or duplicate name; MOE_ENOMEM.
 int moe_param_table_add(moe_param_table *t, const char *prefix, const char *name, int ndim,
                         const int64_t *shape);
-// The view with this exact name, or NULL.
+// The view with this exact name, or NULL. O(1): hashed.
 const moe_param_view *moe_param_table_find(const moe_param_table *t, const char *name);
 
 #endif

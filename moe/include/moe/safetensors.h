@@ -6,6 +6,8 @@
 #ifndef MOE_SAFETENSORS_H
 #define MOE_SAFETENSORS_H
 
+#include "moe/name_map.h"
+
 #include <stddef.h>
 #include <stdint.h>
 
@@ -61,6 +63,7 @@ typedef struct {
     char **meta_values;
     uint64_t bytes_read;   // tensor bytes read so far by moe_st_read/moe_st_load
     uint64_t header_bytes; // bytes read by moe_st_open: 8 + header length
+    moe_name_map index;    // tensor name -> position in tensors
 } moe_st_file;
 
 // Opens path and validates its header (sizes against the file length, dtypes,
@@ -70,13 +73,16 @@ int moe_st_open(const char *path, moe_st_file **out);
 // Closes the fd and frees everything; NULL is allowed.
 void moe_st_close(moe_st_file *f);
 
-// The tensor called name, or NULL.
+// The tensor called name, or NULL. O(1): hashed.
 const moe_st_tensor *moe_st_find(const moe_st_file *f, const char *name);
 // The metadata value for key, or NULL.
 const char *moe_st_meta(const moe_st_file *f, const char *key);
 
 // Reads tensor t's bytes (exactly t->nbytes) into dst; dst_bytes must be at
 // least t->nbytes (MOE_EINVAL otherwise). Adds t->nbytes to f->bytes_read.
+// A floating-point tensor (F32, F64, F16, BF16) holding an Inf or NaN is
+// refused: MOE_EFORMAT "FILE: tensor 'NAME' has a non-finite value at element
+// I [i0, i1]" (weights, optimizer moments and router logits must be finite).
 int moe_st_read(moe_st_file *f, const moe_st_tensor *t, void *dst, size_t dst_bytes);
 
 // Reads tensor name into a fresh malloc'd buffer (*data, free() it) after
@@ -109,18 +115,28 @@ int moe_st_write(const char *path, const moe_st_entry *entries, int n, const cha
 // nothing else; tensors are then read one by one, so a caller that needs a
 // few experts reads only their byte ranges.
 typedef struct {
+    int file, tensor; // files[file]->tensors[tensor]
+} moe_st_ref;
+
+typedef struct {
     int n_files;
     moe_st_file **files;
     uint64_t index_bytes; // bytes of the index file read (0: single file)
     uint64_t total_bytes; // size of every file (index and shards): the checkpoint's size
+    // Shards only: every tensor of every shard, and its name index (a name
+    // held by two shards is refused at open).
+    size_t n_refs;
+    moe_st_ref *refs;
+    moe_name_map index;
 } moe_st_set;
 
 // dir holds model.safetensors.index.json (preferred) or model.safetensors.
 // Errors: MOE_ENOTFOUND (neither file), MOE_EFORMAT (bad index, a tensor the
-// index maps to a shard that lacks it, bad shard), MOE_EIO, MOE_ENOMEM.
+// index maps to a shard that lacks it, a tensor in two shards, bad shard),
+// MOE_EIO, MOE_ENOMEM.
 int moe_st_set_open(const char *dir, moe_st_set **out);
 void moe_st_set_close(moe_st_set *s);
-// The tensor called name and its file, or NULL (*file untouched).
+// The tensor called name and its file, or NULL (*file untouched). O(1).
 const moe_st_tensor *moe_st_set_find(const moe_st_set *s, const char *name, moe_st_file **file);
 // Bytes read so far: the index, every shard's header, and the tensors read.
 uint64_t moe_st_set_bytes_read(const moe_st_set *s);

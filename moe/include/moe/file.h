@@ -1,0 +1,20 @@
+// Opening files for reading without hanging: a FIFO, a device or a folder
+// where a checkpoint, config or data file should be is refused at open
+// ("PATH: not a regular file") instead of blocking the process forever.
+#ifndef MOE_FILE_H
+#define MOE_FILE_H
+
+#include <stdio.h>
+
+// Opens path read-only (close-on-exec) after checking it is a regular file.
+// The open itself never blocks (O_NONBLOCK, cleared once the type is known).
+// Errors: MOE_EIO (cannot open, or not a regular file), with a message naming
+// path. On error *fd is -1.
+int moe_open_regular(const char *path, int *fd);
+// The same as a stdio stream ("rb"); on error *f is NULL.
+int moe_fopen_regular(const char *path, FILE **f);
+// 0 if path is a regular file that can be opened for reading, else the error
+// of moe_open_regular. For readers that hand the path to another library.
+int moe_check_regular_file(const char *path);
+
+#endif

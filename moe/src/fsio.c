@@ -17,7 +17,7 @@
 static long op_count, fault_at;
 static moe_fault_mode fault_mode;
 static int env_read;
-static const char *last_op = "";
+static const char *fault_op = "";
 
 void moe_fs_fault_arm(long n, moe_fault_mode mode) {
     env_read = 1; // an explicit arm overrides MOE_FAULT
@@ -30,8 +30,8 @@ long moe_fs_op_count(void) {
     return op_count;
 }
 
-const char *moe_fs_last_op(void) {
-    return last_op;
+const char *moe_fs_fault_op(void) {
+    return fault_op;
 }
 
 static void read_env(void) {
@@ -50,8 +50,8 @@ static void read_env(void) {
 // Counts one call; nonzero when this call must fail (errno set to EIO).
 static int fault(const char *kind) {
     if (!env_read) read_env();
-    last_op = kind;
     if (++op_count != fault_at || fault_mode == MOE_FAULT_OFF) return 0;
+    fault_op = kind;
     if (fault_mode == MOE_FAULT_ABORT) abort();
     errno = EIO;
     return 1;

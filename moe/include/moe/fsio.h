@@ -22,8 +22,8 @@ typedef enum {
 void moe_fs_fault_arm(long n, moe_fault_mode mode);
 // Counted calls since the last arm (a dry run of a save gives its points).
 long moe_fs_op_count(void);
-// Kind of the last counted call ("write", "rename", ...), for test messages.
-const char *moe_fs_last_op(void);
+// Kind of the call that last faulted ("write", "rename", ...), for messages.
+const char *moe_fs_fault_op(void);
 
 // The POSIX calls, counted. They return what the call returns (-1 and errno
 // on failure); moe_fs_write writes the whole buffer (retrying short writes).

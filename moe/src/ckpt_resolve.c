@@ -41,8 +41,13 @@ int moe_ckpt_complete(const char *folder) {
     return ok;
 }
 
-int moe_ckpt_resolve(const char *dir, char *out, size_t out_size, moe_ckpt_layout *layout) {
-    char tmp[4096], old[4096], single[4096], index[4096];
+int moe_ckpt_resolve(const char *dir_in, char *out, size_t out_size, moe_ckpt_layout *layout) {
+    char dir[4096], tmp[4096], old[4096], single[4096], index[4096];
+    if (snprintf(dir, sizeof dir, "%s", dir_in) >= (int)sizeof dir)
+        return moe_fail(MOE_EINVAL, "%s: path too long", dir_in);
+    size_t n = strlen(dir); // "run/checkpoint/" names the same folder: its .old is beside it
+    while (n > 1 && dir[n - 1] == '/')
+        dir[--n] = 0;
     if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp ||
         snprintf(old, sizeof old, "%s.old", dir) >= (int)sizeof old)
         return moe_fail(MOE_EINVAL, "%s: path too long", dir);

@@ -2,13 +2,18 @@
 // helpers the subcommands share. Exit codes: 0 ok, 1 runtime failure, 2 bad
 // usage/input.
 #include "moe/cli/cli.h"
+#include "moe/checkpoint.h"
 #include "moe/error.h"
+#include "moe/safetensors.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct {
     const char *name;
@@ -46,6 +51,10 @@ int moe_cli_exit_code(int rc) {
                                                                    : MOE_EXIT_USAGE;
 }
 
+int moe_cli_input_exit_code(int rc) {
+    return rc == MOE_ENOMEM ? MOE_EXIT_RUNTIME : MOE_EXIT_USAGE;
+}
+
 int moe_cli_fail(const char *cmd, int exit_code, const char *fmt, ...) {
     // Format first: fmt's arguments may point into the last-error buffer.
     char msg[1024];
@@ -72,6 +81,30 @@ int moe_cli_opt_value(int argc, char **argv, int *i, const char *name, const cha
     return 1;
 }
 
+int moe_cli_opt_once(int argc, char **argv, int *i, const char *name, const char **value) {
+    const char *prev = *value;
+    int m = moe_cli_opt_value(argc, argv, i, name, value);
+    if (m > 0 && prev) return moe_fail(MOE_EINVAL, "%s given twice", name), -1;
+    return m;
+}
+
+int moe_cli_flag(const char *arg, const char *name, bool *on) {
+    if (strcmp(arg, name) != 0) return 0;
+    if (*on) return moe_fail(MOE_EINVAL, "%s given twice", name), -1;
+    *on = true;
+    return 1;
+}
+
+bool moe_cli_parse_double(const char *s, double lo, double hi, bool lo_open, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    // strtod also reads "nan", "inf" and hex floats: only finite values pass.
+    if (end == s || *end || !isfinite(v) || v < lo || v > hi || (lo_open && v == lo)) return false;
+    *out = v;
+    return true;
+}
+
 bool moe_cli_parse_long(const char *s, long long lo, long long hi, long long *out) {
     char *end;
     errno = 0;
@@ -90,6 +123,50 @@ int moe_cli_load_config(moe_config *cfg, const char *path, const char *const *se
     if (rc == 0) rc = moe_config_check(cfg, src);
     moe_config_src_free(src);
     return rc;
+}
+
+// path must name a regular file that exists; stat first, so a FIFO is refused
+// before an open could block on it.
+static int regular_file(const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) return moe_fail(MOE_ENOTFOUND, "%s: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode)) return moe_fail(MOE_EFORMAT, "%s: not a regular file", path);
+    return 0;
+}
+
+static bool exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+int moe_cli_check_ckpt(const char *dir) {
+    if (!exists(dir)) {
+        char old[PATH_MAX];
+        snprintf(old, sizeof old, "%s.old", dir); // a crash mid-swap leaves DIR.old
+        if (!exists(old)) return moe_fail(MOE_ENOTFOUND, "%s: no such checkpoint folder", dir);
+    }
+    moe_config cfg;
+    MOE_TRY(moe_ckpt_config(dir, &cfg)); // resolves DIR.old as every reader does
+    char p[PATH_MAX];
+    const char *cands[] = {"%s/model.safetensors", "%s/model.safetensors.index.json",
+                           "%s.old/model.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        if (snprintf(p, sizeof p, cands[i], dir) >= (int)sizeof p)
+            return moe_fail(MOE_EINVAL, "%s: path too long", dir);
+        if (!exists(p)) continue;
+        MOE_TRY(regular_file(p));
+        if (i == 1) { // sharded: the readers open the shards the index names
+            FILE *f = fopen(p, "r");
+            if (!f) return moe_fail(MOE_EIO, "%s: cannot open: %s", p, strerror(errno));
+            fclose(f);
+            return 0;
+        }
+        moe_st_file *st;
+        MOE_TRY(moe_st_open(p, &st)); // header and sizes checked, tensors not read
+        moe_st_close(st);
+        return 0;
+    }
+    return moe_fail(MOE_ENOTFOUND, "%s: no model.safetensors (nor a sharded index)", dir);
 }
 
 static const command *find_command(const char *name) {

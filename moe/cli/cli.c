@@ -206,6 +206,14 @@ int moe_cli_main(int argc, char **argv) {
         return MOE_EXIT_USAGE;
     }
     int rc = c->run(argc - 1, argv + 1);
-    fflush(stdout);
+    // Results on stdout are output too: a full disk or a closed pipe there is
+    // a failure, not a silent exit 0.
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        int err = errno;
+        clearerr(stdout);
+        if (rc == MOE_EXIT_OK)
+            rc = moe_cli_fail(cmd, MOE_EXIT_RUNTIME, "writing to standard output failed: %s",
+                              strerror(err));
+    }
     return rc;
 }

@@ -301,39 +301,44 @@ static int eval_infer_table(const char *dir, const moe_config *cfg, moe_data *d,
 }
 
 int moe_cli_eval(int argc, char **argv) {
-    const char *dir = NULL, *dump = NULL;
+    const char *dir = NULL, *dump = NULL, *batches_s = NULL, *samples_s = NULL, *budget_s = NULL,
+               *quant = NULL;
     long long batches = 8, samples = 20;
     double budget = 0;
     bool int8 = false;
     for (int i = 1; i < argc; i++) {
-        const char *v;
         int m;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(eval_help, stdout);
             return MOE_EXIT_OK;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--batches", &v)) != 0) {
-            if (m < 0 || !moe_cli_parse_long(v, 1, 1 << 20, &batches))
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--batches", &batches_s)) != 0) {
+            if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
+            if (!moe_cli_parse_long(batches_s, 1, 1 << 20, &batches))
                 return moe_cli_fail("eval", MOE_EXIT_USAGE, "--batches needs a positive integer");
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--samples", &v)) != 0) {
-            if (m < 0 || !moe_cli_parse_long(v, 0, 1 << 20, &samples))
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--samples", &samples_s)) != 0) {
+            if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
+            if (!moe_cli_parse_long(samples_s, 0, 1 << 20, &samples))
                 return moe_cli_fail("eval", MOE_EXIT_USAGE, "--samples needs an integer >= 0");
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--dump-logits", &v)) != 0) {
-            if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "--dump-logits needs a file");
-            dump = v;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--expert-budget", &v)) != 0) {
-            char *end;
-            budget = m > 0 ? strtod(v, &end) : -1;
-            if (m < 0 || *end || !(budget > 0 && budget <= 1))
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--dump-logits", &dump)) != 0) {
+            if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--expert-budget", &budget_s)) != 0) {
+            if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
+            if (!moe_cli_parse_double(budget_s, 0, 1, true, &budget))
                 return moe_cli_fail("eval", MOE_EXIT_USAGE,
                                     "--expert-budget needs a share in (0, 1]");
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--quantize", &v)) != 0) {
-            if (m < 0 || strcmp(v, "int8"))
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--quantize", &quant)) != 0) {
+            if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
+            if (strcmp(quant, "int8"))
                 return moe_cli_fail("eval", MOE_EXIT_USAGE, "--quantize: only int8 is supported");
             int8 = true;
         } else if (argv[i][0] == '-') {
-            return moe_cli_fail("eval", MOE_EXIT_USAGE, "unknown option '%s'", argv[i]);
-        } else {
+            return moe_cli_fail("eval", MOE_EXIT_USAGE, "unknown option '%s' (see moe eval --help)",
+                                argv[i]);
+        } else if (!dir) {
             dir = argv[i];
+        } else {
+            return moe_cli_fail("eval", MOE_EXIT_USAGE, "more than one checkpoint ('%s', '%s')",
+                                dir, argv[i]);
         }
     }
     if (!dir) return moe_cli_fail("eval", MOE_EXIT_USAGE, "no checkpoint folder given");
@@ -341,12 +346,15 @@ int moe_cli_eval(int argc, char **argv) {
     moe_data d;
     moe_model m;
     moe_eval_result r;
-    int rc = moe_ckpt_config(dir, &cfg);
-    if (rc < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
+    int rc = moe_cli_check_ckpt(dir);
+    if (rc == 0) rc = moe_ckpt_config(dir, &cfg);
+    if (rc < 0) return moe_cli_fail("eval", moe_cli_input_exit_code(rc), "%s", moe_last_error());
     if ((rc = moe_data_open(&d, &cfg)) < 0)
-        return moe_cli_fail("eval", moe_cli_exit_code(rc), "%s", moe_last_error());
+        return moe_cli_fail("eval", moe_cli_input_exit_code(rc), "%s", moe_last_error());
+    // Reading the checkpoint is input (exit 2 when unusable); evaluating is not.
+    bool loaded = false;
     if ((rc = moe_model_init(&m, &cfg, d.B, d.T, d.n_tasks)) == 0 &&
-        (rc = moe_ckpt_load(dir, &m, NULL, NULL)) == 0 &&
+        (rc = moe_ckpt_load(dir, &m, NULL, NULL)) == 0 && (loaded = true) &&
         (rc = moe_eval(&m, &d, (int)batches, (int)samples, &r)) == 0) {
         moe_eval_print(&r, stdout);
         moe_eval_result_free(&r);
@@ -355,7 +363,10 @@ int moe_cli_eval(int argc, char **argv) {
         if (rc == 0 && (budget > 0 || int8))
             rc = eval_infer_table(dir, &cfg, &d, (int)batches, budget, int8);
     }
-    int code = rc < 0 ? moe_cli_fail("eval", moe_cli_exit_code(rc), "%s", moe_last_error()) : 0;
+    int code =
+        rc < 0 ? moe_cli_fail("eval", loaded ? moe_cli_exit_code(rc) : moe_cli_input_exit_code(rc),
+                              "%s", moe_last_error())
+               : 0;
     moe_model_free(&m);
     moe_data_close(&d);
     return code;

@@ -99,7 +99,8 @@ int moe_comm_mpi_allreduce(moe_comm *c, moe_ar_type t, void *buf, size_t n) {
     MPI_Datatype T = mpi_type(t);
     char *x = buf;
     if (n * es * (size_t)P <= MOE_COMM_AR_GATHER_BYTES) {
-        MPI_TRY(MPI_Allgather(x, (int)n, T, c->ar_buf, (int)n, T, c->comm));
+        MPI_COLL_TRY(c, "all-reduce",
+                     MPI_Iallgather(x, (int)n, T, c->ar_buf, (int)n, T, c->comm, MOE_REQ));
         moe_comm_sum_rows(t, x, c->ar_buf, P, n, n * es);
         c->stats.allreduce_bytes_sent += (long)(n * es * (size_t)(P - 1));
         return 0;
@@ -115,10 +116,12 @@ int moe_comm_mpi_allreduce(moe_comm *c, moe_ar_type t, void *buf, size_t n) {
         for (int s = 0; s < P; s++)
             rlen[s] = len[me], rlo[s] = s * len[me];
         char *seg = x + o * es;
-        MPI_TRY(MPI_Alltoallv(seg, len, lo, T, c->ar_buf, rlen, rlo, T, c->comm));
+        MOE_TRY(moe_comm_mpi_exchange(c, c->comm, "all-reduce (reduce-scatter)", seg, len, lo,
+                                      c->ar_buf, rlen, rlo, T, es));
         moe_comm_sum_rows(t, seg + (size_t)lo[me] * es, c->ar_buf, P, (size_t)len[me],
                           (size_t)len[me] * es);
-        MPI_TRY(MPI_Allgatherv(MPI_IN_PLACE, 0, T, seg, len, lo, T, c->comm));
+        MOE_TRY(moe_comm_mpi_exchange(c, c->comm, "all-reduce (all-gather)", seg, NULL, NULL, seg,
+                                      len, lo, T, es));
         c->stats.allreduce_bytes_sent +=
             (long)(es * (m - (size_t)len[me] + (size_t)(P - 1) * (size_t)len[me]));
     }

@@ -1,6 +1,6 @@
 // Flat variable all-to-all (DESIGN "Parallelism"): the counts with one
 // MPI_Alltoall, an agreement that every rank can take its rows, then the
-// payload with one MPI_Alltoallv over the whole communicator.
+// payload exchanged with every peer over the whole communicator.
 #include "comm/comm_internal.h"
 #include "moe/error.h"
 
@@ -11,7 +11,8 @@ int moe_comm_mpi_alltoallv_flat(moe_comm *c, const void *send, const int *send_c
     const int P = c->size, me = c->rank;
     long stotal, rtotal;
     int status = moe_comm_check_counts(send_counts, P, "send_counts", &stotal);
-    MPI_TRY(MPI_Alltoall(send_counts, 1, MPI_INT, recv_counts, 1, MPI_INT, c->comm));
+    MPI_COLL_TRY(c, "all-to-all (counts)",
+                 MPI_Ialltoall(send_counts, 1, MPI_INT, recv_counts, 1, MPI_INT, c->comm, MOE_REQ));
     if (status == 0) status = moe_comm_check_recv(recv_counts, P, me, recv_cap, &rtotal);
     MOE_TRY(moe_comm_mpi_agree(c, status));
 
@@ -23,7 +24,8 @@ int moe_comm_mpi_alltoallv_flat(moe_comm *c, const void *send, const int *send_c
     }
     MPI_Datatype T;
     MOE_TRY(moe_comm_mpi_elem_type(c, elem_size, &T));
-    MPI_TRY(MPI_Alltoallv(send, send_counts, sd, T, recv, recv_counts, rd, T, c->comm));
+    MOE_TRY(moe_comm_mpi_exchange(c, c->comm, "all-to-all", send, send_counts, sd, recv,
+                                  recv_counts, rd, T, elem_size));
     for (int d = 0; d < P; d++)
         if (d != me && send_counts[d] > 0) {
             c->stats.bytes_sent += (long)send_counts[d] * (long)elem_size;

@@ -44,10 +44,12 @@ int moe_comm_mpi_alltoallv_hier(moe_comm *c, const void *send, const int *send_c
     int status = moe_comm_check_counts(send_counts, P, "send_counts", &stotal);
     // Counts, step 1: cr1[j][m] = C[(n, j)][(m, l)], the rows this rank forwards.
     moe_comm_block_transpose(cs1, send_counts, NULL, N, G, sizeof(int), NULL);
-    MPI_TRY(MPI_Alltoall(cs1, N, MPI_INT, cr1, N, MPI_INT, c->local));
+    MPI_COLL_TRY(c, "all-to-all (node counts)",
+                 MPI_Ialltoall(cs1, N, MPI_INT, cr1, N, MPI_INT, c->local, MOE_REQ));
     // Counts, step 2: recv_counts[m G + j] = C[(m, j)][me].
     moe_comm_block_transpose(cs2, cr1, NULL, G, N, sizeof(int), NULL);
-    MPI_TRY(MPI_Alltoall(cs2, G, MPI_INT, recv_counts, G, MPI_INT, c->cross));
+    MPI_COLL_TRY(c, "all-to-all (cross counts)",
+                 MPI_Ialltoall(cs2, G, MPI_INT, recv_counts, G, MPI_INT, c->cross, MOE_REQ));
     if (!status) status = moe_comm_check_recv(recv_counts, P, me, recv_cap, &rtotal);
     if (!status) status = moe_comm_check_counts(cr1, P, "forwarded counts", &ftotal);
     if (!status)
@@ -62,12 +64,14 @@ int moe_comm_mpi_alltoallv_hier(moe_comm *c, const void *send, const int *send_c
     moe_comm_block_transpose(pack, send, send_counts, N, G, es, c->sw);
     run_sums(s1, sd1, cs1, G, N);
     run_sums(r1, rd1, cr1, G, N);
-    MPI_TRY(MPI_Alltoallv(pack, s1, sd1, T, fwd, r1, rd1, T, c->local));
+    MOE_TRY(moe_comm_mpi_exchange(c, c->local, "all-to-all (in node)", pack, s1, sd1, fwd, r1, rd1,
+                                  T, es));
     // Step 2, across nodes.
     moe_comm_block_transpose(fwd2, fwd, cr1, G, N, es, c->sw);
     run_sums(s2, sd2, cs2, N, G);
     run_sums(r2, rd2, recv_counts, N, G);
-    MPI_TRY(MPI_Alltoallv(fwd2, s2, sd2, T, recv, r2, rd2, T, c->cross));
+    MOE_TRY(moe_comm_mpi_exchange(c, c->cross, "all-to-all (across nodes)", fwd2, s2, sd2, recv, r2,
+                                  rd2, T, es));
 
     for (int j = 0; j < G; j++)
         if (j != l && s1[j] > 0)

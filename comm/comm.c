@@ -4,6 +4,7 @@
 #include "moe/error.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -87,6 +88,7 @@ void moe_comm_free(moe_comm *c) {
     if (c->is_mpi) moe_comm_mpi_free(c);
     free(c->iw);
     free(c->sw);
+    free(c->world_of);
     free(c->a2a_buf);
     free(c->ar_buf);
     free(c);
@@ -157,6 +159,14 @@ int moe_comm_allgather(moe_comm *c, const void *send, void *recv, size_t bytes_e
 
 int moe_comm_barrier(moe_comm *c) {
     return c->is_mpi ? moe_comm_mpi_barrier(c) : 0;
+}
+
+int moe_comm_set_timeout(moe_comm *c, double seconds) {
+    if (!isfinite(seconds) || seconds < 0)
+        return moe_fail(MOE_EINVAL, "comm.timeout_s = %g: expected seconds >= 0 (0: no timeout)",
+                        seconds);
+    c->timeout_s = seconds;
+    return 0;
 }
 
 int moe_comm_agree(moe_comm *c, int status) {

@@ -5,6 +5,7 @@
 #define MOE_COMM_INTERNAL_H
 
 #include "moe/comm.h"
+#include "moe/error.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -21,12 +22,17 @@ struct moe_comm {
     int node;    // this rank's node id (world rank / ranks_per_node, or the
                  // lowest world rank sharing its memory)
     moe_comm_stats stats;
-    int *iw;        // [8 size + 8] counts and displacements of one call
-    size_t *sw;     // [size] block offsets for moe_comm_block_transpose
-    void *a2a_buf;  // staging of the hierarchical all-to-all
-    size_t a2a_cap; // bytes
-    void *ar_buf;   // slices of the all-reduce; grows identically on every rank
-    size_t ar_cap;  // bytes
+    int *iw;          // [8 size + 8] counts and displacements of one call
+    size_t *sw;       // [size] block offsets for moe_comm_block_transpose
+    void *a2a_buf;    // staging of the hierarchical all-to-all
+    size_t a2a_cap;   // bytes
+    void *ar_buf;     // slices of the all-reduce; grows identically on every rank
+    size_t ar_cap;    // bytes
+    double timeout_s; // collective watchdog (0: off)
+    long calls;       // collectives started on this communicator (names them in reports)
+    bool broken;      // a collective timed out: the communicator cannot be used again
+    int *world_of;    // [size] world rank of each rank (MPI)
+    bool owns_watch;  // a world communicator: holds a reference to the watchdog channel
 #ifdef MOE_HAVE_MPI
     MPI_Comm comm;  // owned duplicate / split
     MPI_Comm local; // ranks of this rank's node (size G), MPI_COMM_NULL unless 1 < G < size
@@ -125,6 +131,42 @@ int moe_comm_mpi_fail(int mpi_rc, const char *call, const char *file, int line);
             (rc) = moe_comm_mpi_fail(mpi_rc_, #x, __FILE__, __LINE__);                             \
             goto fail;                                                                             \
         }                                                                                          \
+    } while (0)
+// Waits for the nonblocking collective *req of c under the watchdog (c's
+// timeout_s): MOE_EIO with the report when it does not complete in time or a
+// peer reports a timeout. what names the collective ("all-reduce"). While
+// waiting it answers the status queries of peers that timed out.
+int moe_comm_mpi_wait(moe_comm *c, MPI_Request *req, const char *what);
+int moe_comm_mpi_waitall(moe_comm *c, int n, MPI_Request *reqs, const char *what);
+// Variable all-to-all over comm (c's, or its local/cross part) by
+// point-to-point messages, waited for under c's watchdog: to each peer d,
+// sc[d] elements of T (es bytes) from send + sd[d]; from each peer s, rc[s]
+// into recv + rd[s]; the own block is copied. sc NULL: all-gather in place
+// (each peer gets block rc[me] at rd[me] of recv). Used instead of
+// MPI_Ialltoallv/MPI_Iallgatherv: Open MPI's libnbc lets their tags drift
+// apart between ranks when one rank's part is empty, and the job hangs.
+int moe_comm_mpi_exchange(moe_comm *c, MPI_Comm comm, const char *what, const void *send,
+                          const int *sc, const int *sd, void *recv, const int *rc, const int *rd,
+                          MPI_Datatype T, size_t es);
+// Starts a nonblocking collective (`call`, which takes MOE_REQ as its request)
+// and waits for it under the watchdog; returns the error upward.
+#define MOE_REQ (&moe_req_)
+#define MPI_COLL_TRY(c, what, call)                                                                \
+    do {                                                                                           \
+        MPI_Request moe_req_;                                                                      \
+        int mpi_rc_ = (call);                                                                      \
+        if (mpi_rc_ != MPI_SUCCESS) return moe_comm_mpi_fail(mpi_rc_, #call, __FILE__, __LINE__);  \
+        MOE_TRY(moe_comm_mpi_wait((c), &moe_req_, (what)));                                        \
+    } while (0)
+#define MPI_COLL_TRY_GOTO(c, what, call, rc)                                                       \
+    do {                                                                                           \
+        MPI_Request moe_req_;                                                                      \
+        int mpi_rc_ = (call);                                                                      \
+        if (mpi_rc_ != MPI_SUCCESS) {                                                              \
+            (rc) = moe_comm_mpi_fail(mpi_rc_, #call, __FILE__, __LINE__);                          \
+            goto fail;                                                                             \
+        }                                                                                          \
+        MOE_TRY_GOTO(moe_comm_mpi_wait((c), &moe_req_, (what)), rc);                               \
     } while (0)
 // The contiguous datatype of es bytes (cached in c, freed with it).
 int moe_comm_mpi_elem_type(moe_comm *c, size_t es, MPI_Datatype *t);

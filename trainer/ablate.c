@@ -6,8 +6,10 @@
 #include "moe/error.h"
 #include "moe/train.h"
 
+#include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -79,11 +81,18 @@ static int by_loss(const void *a, const void *b) {
     return (x->val_loss > y->val_loss) - (x->val_loss < y->val_loss);
 }
 
-static void write_results(const char *out, const moe_grid_axis *axes, int n_axes, run_row *rows,
-                          int n) {
+// Closes f; true when a write or the close failed (full disk, I/O error).
+static bool closed_bad(FILE *f) {
+    bool bad = ferror(f) != 0;
+    return fclose(f) != 0 || bad;
+}
+
+static int write_results(const char *out, const moe_grid_axis *axes, int n_axes, run_row *rows,
+                         int n) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/results.csv", out);
     FILE *f = fopen(path, "w");
+    if (!f) return moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
     if (f) {
         fprintf(f, "run");
         for (int a = 0; a < n_axes; a++)
@@ -103,12 +112,12 @@ static void write_results(const char *out, const moe_grid_axis *axes, int n_axes
                 fprintf(f, ",%.4f", r->ok ? r->accuracy[t] : NAN);
             fprintf(f, ",\"%s\"\n", r->error);
         }
-        fclose(f);
+        if (closed_bad(f)) return moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
     }
     qsort(rows, n, sizeof *rows, by_loss);
     snprintf(path, sizeof path, "%s/results.md", out);
     f = fopen(path, "w");
-    if (!f) return;
+    if (!f) return moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
     fprintf(f, "| rank |");
     for (int a = 0; a < n_axes; a++)
         fprintf(f, " %s |", axes[a].key);
@@ -140,7 +149,7 @@ static void write_results(const char *out, const moe_grid_axis *axes, int n_axes
         }
         fprintf(f, " %.0f | %.2f%% |\n", r->tokens_per_s, 100 * r->drop_rate);
     }
-    fclose(f);
+    return closed_bad(f) ? moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno)) : 0;
 }
 
 int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes, const char *out,
@@ -224,7 +233,7 @@ int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes, co
                 }
             break;
         }
-    write_results(out, axes, n_axes, rows, n);
+    int rc = write_results(out, axes, n_axes, rows, n);
     free(rows);
-    return 0;
+    return rc;
 }

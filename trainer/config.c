@@ -148,6 +148,9 @@ static const key_def keys[] = {
      "all-to-all algorithm"},
     {"comm.ranks_per_node", K_INT, F(comm.ranks_per_node), NO, "0", NULL, RI(0, 1 << 16),
      "ranks per node for hierarchical all-to-all (0: detect)"},
+    {"comm.timeout_s", K_DBL, F(comm.timeout_s), NO, "300", NULL, RD(0, 1e9, 0),
+     "seconds a collective may make no progress before the job ends naming the stuck rank "
+     "(0: wait forever)"},
     {"loss.impl", K_STR, F(loss.impl), NO, "plain", "plain|cce", R0,
      "LM-head loss: plain logits, or cut cross-entropy (no [tokens, vocab] logits)"},
     {"loss.cce_filter", K_BOOL, F(loss.cce_filter), NO, "true", NULL, R0,

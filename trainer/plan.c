@@ -9,7 +9,9 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -123,6 +125,50 @@ int moe_plan_a2a(const moe_config *cfg, const moe_machine *mc, moe_a2a_algo algo
             out->calls += 5;
         }
     }
+    return 0;
+}
+
+// The first number of a one-line file; false when missing or "max".
+static bool read_bytes(const char *path, unsigned long long *v) {
+    FILE *f = fopen(path, "r");
+    if (!f) return false;
+    bool ok = fscanf(f, "%llu", v) == 1;
+    fclose(f);
+    return ok;
+}
+
+int moe_plan_mem_available(size_t *bytes, char *source, size_t n) {
+    unsigned long long best = 0, lim, used;
+    bool have = false;
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (f) {
+        char line[256];
+        unsigned long long kb;
+        while (fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+                best = kb * 1024, have = true;
+                snprintf(source, n, "MemAvailable in /proc/meminfo");
+                break;
+            }
+        fclose(f);
+    }
+    static const char *const cg[2][3] = {
+        {"/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current", "cgroup memory.max"},
+        {"/sys/fs/cgroup/memory/memory.limit_in_bytes",
+         "/sys/fs/cgroup/memory/memory.usage_in_bytes", "cgroup memory.limit_in_bytes"}};
+    for (int i = 0; i < 2; i++) {
+        if (!read_bytes(cg[i][0], &lim)) continue; // absent, or "max" (no limit)
+        if (!read_bytes(cg[i][1], &used)) used = 0;
+        unsigned long long room = lim > used ? lim - used : 0;
+        // v1 reports "no limit" as a huge page-rounded number: min() drops it.
+        if (!have || room < best) {
+            best = room, have = true;
+            snprintf(source, n, "%s minus current usage", cg[i][2]);
+        }
+        break;
+    }
+    if (!have) return moe_fail(MOE_ENOTFOUND, "available memory: no /proc/meminfo nor cgroup");
+    *bytes = best > SIZE_MAX ? SIZE_MAX : (size_t)best;
     return 0;
 }
 

@@ -83,9 +83,10 @@ static comm_step comm_now(const moe_parallel *p) {
     return c;
 }
 
-static void write_metrics(FILE *f, long step, const moe_model *m, double loss, double ce,
-                          double aux, double z, float lr, double gnorm, double tps, double drop,
-                          comm_step c) {
+// Returns -1 when the stream failed (full disk): metrics that were never
+// written must not look like a finished run.
+static int write_metrics(FILE *f, long step, const moe_model *m, double loss, double ce, double aux,
+                         double z, float lr, double gnorm, double tps, double drop, comm_step c) {
     fprintf(f,
             "{\"step\": %ld, \"loss\": %.6f, \"ce\": %.6f, \"aux\": %.6f, \"z\": %.6f, \"lr\": "
             "%.6g, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"drop_rate\": %.6f, \"layers\": [",
@@ -110,7 +111,17 @@ static void write_metrics(FILE *f, long step, const moe_model *m, double loss, d
             "], \"comm\": {\"a2a_bytes\": %ld, \"a2a_msgs\": %ld, \"a2a_s\": %.6f, "
             "\"allreduce_bytes\": %ld, \"allreduce_s\": %.6f}}\n",
             c.a2a_bytes, c.a2a_msgs, c.a2a_s, c.ar_bytes, c.ar_s);
-    fflush(f);
+    return fflush(f) != 0 || ferror(f) ? -1 : 0;
+}
+
+static int metrics_failed(const char *out_dir) {
+    return moe_fail(MOE_EIO, "%s/metrics.jsonl: write failed: %s", out_dir, strerror(errno));
+}
+
+// One eval line of metrics.jsonl; -1 when the stream failed.
+static int write_eval(FILE *f, long step, double val_loss) {
+    fprintf(f, "{\"eval_step\": %ld, \"val_loss\": %.6f}\n", step, val_loss);
+    return fflush(f) != 0 || ferror(f) ? -1 : 0;
 }
 
 static double mean_drop_rate(const moe_model *m) {
@@ -211,7 +222,8 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         FILE *cf = fopen(path, "w");
         rc = cf ? moe_config_write(cfg, cf)
                 : moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
-        if (cf) fclose(cf);
+        if (cf && fclose(cf) && rc == 0)
+            rc = moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
         snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
         if (rc == 0 && !(metrics = fopen(path, o->resume_dir ? "a" : "w")))
             rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
@@ -337,9 +349,11 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         c.a2a_bytes -= c0.a2a_bytes, c.a2a_msgs -= c0.a2a_msgs, c.a2a_s -= c0.a2a_s;
         c.ar_bytes -= c0.ar_bytes, c.ar_s -= c0.ar_s;
         r->a2a_bytes += c.a2a_bytes, r->a2a_msgs += c.a2a_msgs;
-        if (metrics)
-            write_metrics(metrics, step + 1, fm, loss, parts[1], parts[2], parts[3], lr, gnorm, tps,
-                          drop, c);
+        if (metrics && write_metrics(metrics, step + 1, fm, loss, parts[1], parts[2], parts[3], lr,
+                                     gnorm, tps, drop, c) < 0) {
+            rc = metrics_failed(o->out_dir);
+            goto fail;
+        }
         double eta = (now() - t_start) / steps_run * (total - step - 1);
         if (!quiet && (tty || (step + 1) % cfg->train.log_every == 0 || step + 1 == total))
             progress(tty, step + 1, total, loss, tokens / (now() - t_start), drop, eta);
@@ -348,9 +362,11 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
             moe_eval_result ev; // every rank evaluates the same batches in step
             if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc); // eval on the host
             MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, 0, &ev), rc);
-            if (metrics)
-                fprintf(metrics, "{\"eval_step\": %ld, \"val_loss\": %.6f}\n", step + 1,
-                        ev.val_loss);
+            if (metrics && write_eval(metrics, step + 1, ev.val_loss) < 0) {
+                moe_eval_result_free(&ev);
+                rc = metrics_failed(o->out_dir);
+                goto fail;
+            }
             if (tty) fputc('\n', stderr);
             if (!quiet)
                 fprintf(stderr, "  eval at step %ld: val loss %.4f\n", step + 1, ev.val_loss);
@@ -384,9 +400,11 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
         MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st, &par), rc);
         MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &r->eval), rc);
-        if (metrics)
-            fprintf(metrics, "{\"eval_step\": %ld, \"val_loss\": %.6f}\n", st.step,
-                    r->eval.val_loss);
+        if (metrics && write_eval(metrics, st.step, r->eval.val_loss) < 0) {
+            moe_eval_result_free(&r->eval);
+            rc = metrics_failed(o->out_dir);
+            goto fail;
+        }
         if (o->report && lead) {
             fprintf(o->report, "\ntrained %ld steps: %.0f tokens/s, mean drop rate %.2f%%\n",
                     r->steps, r->tokens_per_s, 100 * r->drop_rate);
@@ -401,7 +419,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     }
 fail:
     moe_gpu_trainer_free(&gpu);
-    if (metrics) fclose(metrics);
+    if (metrics && fclose(metrics) && rc == 0) rc = metrics_failed(o->out_dir);
     moe_mfree(in);
     moe_mfree(tg);
     moe_mfree(task);

@@ -5,6 +5,7 @@
 
 #include <limits.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char *help =
@@ -18,49 +19,64 @@ static const char *help =
     "           --grid router.capacity_factor=0.5,1.0,2.0 --steps 200\n";
 
 int moe_cli_ablate(int argc, char **argv) {
-    const char *config = NULL, *out = NULL;
-    const char *sets[64];
-    int n_sets = 0, n_axes = 0;
+    const char *config = NULL, *out = NULL, *steps = NULL;
+    const char **sets = malloc(sizeof *sets * (size_t)argc); // one per argument at most
+    char *steps_set = NULL;
+    int n_sets = 0, n_axes = 0, code = MOE_EXIT_OK;
     moe_grid_axis axes[MOE_GRID_MAX_AXES];
-    char steps_set[64];
-    for (int i = 1; i < argc; i++) {
+    if (!sets) return moe_cli_fail("ablate", MOE_EXIT_RUNTIME, "out of memory");
+    for (int i = 1; i < argc && code == MOE_EXIT_OK; i++) {
         const char *v;
         int m;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(help, stdout);
+            free(sets);
             return MOE_EXIT_OK;
         } else if ((m = moe_cli_opt_value(argc, argv, &i, "--grid", &v)) != 0) {
-            if (m < 0) return moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
-            if (n_axes == MOE_GRID_MAX_AXES)
-                return moe_cli_fail("ablate", MOE_EXIT_USAGE, "at most %d --grid options",
+            if (m < 0)
+                code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
+            else if (n_axes == MOE_GRID_MAX_AXES)
+                code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "at most %d --grid options",
                                     MOE_GRID_MAX_AXES);
-            if (moe_grid_axis_parse(&axes[n_axes++], v) < 0)
-                return moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
+            else if (moe_grid_axis_parse(&axes[n_axes++], v) < 0)
+                code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
         } else if ((m = moe_cli_opt_value(argc, argv, &i, "--set", &v)) != 0) {
-            if (m < 0 || n_sets == 63)
-                return moe_cli_fail("ablate", MOE_EXIT_USAGE, "--set needs key=value");
-            sets[n_sets++] = v;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
-            if (m < 0 || n_sets == 63)
-                return moe_cli_fail("ablate", MOE_EXIT_USAGE, "--steps needs a number");
-            snprintf(steps_set, sizeof steps_set, "train.steps=%s", v);
-            sets[n_sets++] = steps_set;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--out", &v)) != 0) {
-            if (m < 0) return moe_cli_fail("ablate", MOE_EXIT_USAGE, "--out needs a folder");
-            out = v;
+            if (m < 0)
+                code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "--set needs key=value");
+            else
+                sets[n_sets++] = v;
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--steps", &steps)) != 0) {
+            size_t len = steps ? strlen(steps) + sizeof "train.steps=" : 0;
+            if (m < 0)
+                code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
+            else if (!(steps_set = malloc(len)))
+                code = moe_cli_fail("ablate", MOE_EXIT_RUNTIME, "out of memory");
+            else {
+                snprintf(steps_set, len, "train.steps=%s", steps);
+                sets[n_sets++] = steps_set;
+            }
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--out", &out)) != 0) {
+            if (m < 0) code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
         } else if (argv[i][0] == '-') {
-            return moe_cli_fail("ablate", MOE_EXIT_USAGE, "unknown option '%s'", argv[i]);
+            code = moe_cli_fail("ablate", MOE_EXIT_USAGE,
+                                "unknown option '%s' (see moe ablate --help)", argv[i]);
         } else if (!config) {
             config = argv[i];
         } else {
-            return moe_cli_fail("ablate", MOE_EXIT_USAGE, "more than one config file");
+            code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "more than one config file ('%s', '%s')",
+                                config, argv[i]);
         }
     }
-    if (!config) return moe_cli_fail("ablate", MOE_EXIT_USAGE, "no config file (see --help)");
-    if (!n_axes) return moe_cli_fail("ablate", MOE_EXIT_USAGE, "no --grid given (see --help)");
     moe_config cfg;
-    int rc = moe_cli_load_config(&cfg, config, sets, n_sets);
-    if (rc < 0) return moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
+    if (code == MOE_EXIT_OK && !config)
+        code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "no config file (see --help)");
+    else if (code == MOE_EXIT_OK && !n_axes)
+        code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "no --grid given (see --help)");
+    else if (code == MOE_EXIT_OK && moe_cli_load_config(&cfg, config, sets, n_sets) < 0)
+        code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
+    free(steps_set);
+    free(sets);
+    if (code != MOE_EXIT_OK) return code;
     char def[PATH_MAX];
     if (!out) {
         const char *base = strrchr(config, '/') ? strrchr(config, '/') + 1 : config;
@@ -68,8 +84,8 @@ int moe_cli_ablate(int argc, char **argv) {
         out = def;
     }
     // The runs' folders are created by the trainer; results land next to them.
-    rc = moe_ablate(&cfg, axes, n_axes, out, stderr);
-    if (rc < 0) return moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
+    int rc = moe_ablate(&cfg, axes, n_axes, out, stderr);
+    if (rc < 0) return moe_cli_fail("ablate", moe_cli_exit_code(rc), "%s", moe_last_error());
     printf("results: %s/results.md and %s/results.csv\n", out, out);
     return MOE_EXIT_OK;
 }

@@ -2,13 +2,18 @@
 // helpers the subcommands share. Exit codes: 0 ok, 1 runtime failure, 2 bad
 // usage/input.
 #include "moe/cli/cli.h"
+#include "moe/checkpoint.h"
 #include "moe/error.h"
+#include "moe/safetensors.h"
 
 #include <errno.h>
+#include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 typedef struct {
     const char *name;
@@ -46,6 +51,10 @@ int moe_cli_exit_code(int rc) {
                                                                    : MOE_EXIT_USAGE;
 }
 
+int moe_cli_input_exit_code(int rc) {
+    return rc == MOE_ENOMEM ? MOE_EXIT_RUNTIME : MOE_EXIT_USAGE;
+}
+
 int moe_cli_fail(const char *cmd, int exit_code, const char *fmt, ...) {
     // Format first: fmt's arguments may point into the last-error buffer.
     char msg[1024];
@@ -72,6 +81,30 @@ int moe_cli_opt_value(int argc, char **argv, int *i, const char *name, const cha
     return 1;
 }
 
+int moe_cli_opt_once(int argc, char **argv, int *i, const char *name, const char **value) {
+    const char *prev = *value;
+    int m = moe_cli_opt_value(argc, argv, i, name, value);
+    if (m > 0 && prev) return moe_fail(MOE_EINVAL, "%s given twice", name), -1;
+    return m;
+}
+
+int moe_cli_flag(const char *arg, const char *name, bool *on) {
+    if (strcmp(arg, name) != 0) return 0;
+    if (*on) return moe_fail(MOE_EINVAL, "%s given twice", name), -1;
+    *on = true;
+    return 1;
+}
+
+bool moe_cli_parse_double(const char *s, double lo, double hi, bool lo_open, double *out) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    // strtod also reads "nan", "inf" and hex floats: only finite values pass.
+    if (end == s || *end || !isfinite(v) || v < lo || v > hi || (lo_open && v == lo)) return false;
+    *out = v;
+    return true;
+}
+
 bool moe_cli_parse_long(const char *s, long long lo, long long hi, long long *out) {
     char *end;
     errno = 0;
@@ -90,6 +123,17 @@ int moe_cli_load_config(moe_config *cfg, const char *path, const char *const *se
     if (rc == 0) rc = moe_config_check(cfg, src);
     moe_config_src_free(src);
     return rc;
+}
+
+int moe_cli_check_ckpt(const char *dir) {
+    char rdir[PATH_MAX];
+    MOE_TRY(moe_ckpt_resolve(dir, rdir, sizeof rdir, NULL)); // the readers' resolver
+    moe_config cfg;
+    MOE_TRY(moe_ckpt_config(dir, &cfg));
+    moe_st_set *s; // every header (and the index) checked, no tensor read
+    MOE_TRY(moe_st_set_open(rdir, &s));
+    moe_st_set_close(s);
+    return 0;
 }
 
 static const command *find_command(const char *name) {
@@ -129,6 +173,14 @@ int moe_cli_main(int argc, char **argv) {
         return MOE_EXIT_USAGE;
     }
     int rc = c->run(argc - 1, argv + 1);
-    fflush(stdout);
+    // Results on stdout are output too: a full disk or a closed pipe there is
+    // a failure, not a silent exit 0.
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        int err = errno;
+        clearerr(stdout);
+        if (rc == MOE_EXIT_OK)
+            rc = moe_cli_fail(cmd, MOE_EXIT_RUNTIME, "writing to standard output failed: %s",
+                              strerror(err));
+    }
     return rc;
 }

@@ -10,7 +10,17 @@
 
 #define MOE_VERSION "0.1.0"
 
-// Exit codes (DESIGN "CLI").
+// Exit codes (DESIGN "CLI"), the same condition giving the same code in every
+// command:
+//   0  ok
+//   1  runtime failure: I/O failure while writing an output (checkpoint, plan,
+//      export, results), out of memory, NaN/Inf in training, a failed or stuck
+//      MPI peer (comm.timeout_s)
+//   2  bad usage or input: unknown, repeated or malformed option, extra
+//      argument; a missing, unreadable, non-regular or corrupt input file
+//      (config, checkpoint, data, prompts, logits); a config that does not fit
+//      (including a memory plan above the available memory without --force)
+// (130: interrupted by Ctrl-C after saving a checkpoint.)
 enum { MOE_EXIT_OK = 0, MOE_EXIT_RUNTIME = 1, MOE_EXIT_USAGE = 2 };
 
 // Runs `moe argv[1] ...` and returns the process exit status. Reentrant
@@ -29,6 +39,9 @@ int moe_cli_export(int argc, char **argv);
 // Library status -> exit code: numeric failure, memory and I/O at run time 1,
 // anything else (bad input, config, file contents) 2.
 int moe_cli_exit_code(int rc);
+// Status of reading an input (checkpoint, data, prompts) -> exit code: out of
+// memory 1, anything else, an I/O error included, 2.
+int moe_cli_input_exit_code(int rc);
 // Prints "moe CMD: message" (one line) to stderr, records the message as the
 // last error (moe_last_error) and returns exit_code.
 int moe_cli_fail(const char *cmd, int exit_code, const char *fmt, ...)
@@ -39,6 +52,13 @@ int moe_cli_fail(const char *cmd, int exit_code, const char *fmt, ...)
 // value), 0 if argv[*i] is another option, -1 if the value is missing (a
 // message is recorded with moe_fail).
 int moe_cli_opt_value(int argc, char **argv, int *i, const char *name, const char **value);
+// The one rule of every subcommand: an option is given at most once (--set and
+// --grid repeat). Like moe_cli_opt_value, but -1 with "NAME given twice" when
+// *value is already set (callers start it at NULL).
+int moe_cli_opt_once(int argc, char **argv, int *i, const char *name, const char **value);
+// A flag without value: 1 when arg is name (sets *on), 0 when it is not, -1
+// (message recorded) when *on was already set.
+int moe_cli_flag(const char *arg, const char *name, bool *on);
 
 // MPI launches (mpirun, srun): true when the environment says this process is
 // one rank of a job. moe_cli_mpi_world initialises MPI and wraps its world;
@@ -50,6 +70,15 @@ void moe_cli_mpi_finalize(struct moe_comm *world);
 
 // Parses a base-10 integer in [lo, hi]; false on junk or out of range.
 bool moe_cli_parse_long(const char *s, long long lo, long long hi, long long *out);
+// Parses a finite decimal number in [lo, hi] (lo_open: lo itself excluded);
+// false on junk, nan, inf or out of range. Every numeric CLI option uses it.
+bool moe_cli_parse_double(const char *s, double lo, double hi, bool lo_open, double *out);
+
+// Checks that CKPT_DIR is a readable checkpoint (config.json, and
+// model.safetensors or a sharded index, regular files that open) before a
+// command starts work, so an unusable checkpoint is bad input (exit 2) in every
+// command. Returns 0 or a negative MOE_E* code with a message.
+int moe_cli_check_ckpt(const char *dir);
 
 // Fills cfg with the defaults, loads the JSON file path over them, applies
 // the n_sets "key=value" overrides in order and checks the result. Returns 0

@@ -26,28 +26,29 @@ static const char *export_help =
 int moe_cli_export(int argc, char **argv) {
     const char *dir = NULL, *out = NULL;
     for (int i = 1; i < argc; i++) {
-        const char *v;
         int m;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(export_help, stdout);
             return MOE_EXIT_OK;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--hf", &v)) != 0) {
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--hf", &out)) != 0) {
             if (m < 0) return moe_cli_fail("export", MOE_EXIT_USAGE, "%s", moe_last_error());
-            out = v;
         } else if (argv[i][0] == '-') {
-            return moe_cli_fail("export", MOE_EXIT_USAGE, "unknown option '%s'", argv[i]);
+            return moe_cli_fail("export", MOE_EXIT_USAGE,
+                                "unknown option '%s' (see moe export --help)", argv[i]);
         } else if (!dir) {
             dir = argv[i];
         } else {
-            return moe_cli_fail("export", MOE_EXIT_USAGE, "more than one checkpoint given");
+            return moe_cli_fail("export", MOE_EXIT_USAGE, "more than one checkpoint ('%s', '%s')",
+                                dir, argv[i]);
         }
     }
     if (!dir || !out)
         return moe_cli_fail("export", MOE_EXIT_USAGE, "usage: moe export CKPT_DIR --hf OUT_DIR");
     moe_config cfg; // a checkpoint that cannot be read is bad input
-    if (moe_ckpt_config(dir, &cfg) < 0)
-        return moe_cli_fail("export", MOE_EXIT_USAGE, "%s", moe_last_error());
-    int rc = moe_export_hf(dir, out);
+    int rc = moe_cli_check_ckpt(dir);
+    if (rc == 0) rc = moe_ckpt_config(dir, &cfg);
+    if (rc < 0) return moe_cli_fail("export", moe_cli_input_exit_code(rc), "%s", moe_last_error());
+    rc = moe_export_hf(dir, out);
     if (rc < 0) return moe_cli_fail("export", moe_cli_exit_code(rc), "%s", moe_last_error());
     printf("exported %s to %s (MixtralForCausalLM)\n", dir, out);
     return MOE_EXIT_OK;

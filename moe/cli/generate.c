@@ -3,16 +3,17 @@
 // reports what it loaded (bytes read, experts per layer, peak RSS) on stderr.
 #include "moe/cli/cli.h"
 #include "moe/error.h"
-#include "moe/file.h"
 #include "moe/infer.h"
 #include "moe/task_experts.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
-enum { MAX_LINES = 4096, BATCH = 64 };
+enum { MAX_LINES = 4096, MAX_LINE = 1 << 20, BATCH = 64 };
 
 static const char *generate_help =
     "usage: moe generate CKPT_DIR --task NAME (--prompt TEXT | --input FILE)\n"
@@ -52,29 +53,55 @@ static void print_answer(FILE *f, const int32_t *t, int n, int stop) {
 }
 
 // Reads FILE's lines (without their newline) into lines[]; returns the count.
+// Bounded: a line over MAX_LINE bytes, more than cap lines, a NUL byte or a
+// file that is not a regular file (a folder, a FIFO, /dev/zero) is refused with
+// the file and line named, before anything grows without bound.
 static int read_lines(const char *path, char **lines, int cap) {
-    FILE *f;
-    if (moe_fopen_regular(path, &f) < 0) return moe_fail(MOE_EINVAL, "%s", moe_last_error());
-    int n = 0;
-    char *buf = NULL;
-    size_t bcap = 0;
-    ssize_t len;
-    while ((len = getline(&buf, &bcap, f)) >= 0) {
-        int rc = n == cap ? moe_fail(MOE_EINVAL, "%s: more than %d lines", path, cap) : 0;
-        while (len > 0 && (buf[len - 1] == '\n' || buf[len - 1] == '\r'))
-            buf[--len] = 0;
-        if (rc == 0 && !(lines[n] = strdup(buf)))
-            rc = moe_fail(MOE_ENOMEM, "%s: out of memory", path);
-        if (rc < 0) {
-            while (n > 0)
-                free(lines[--n]);
-            n = rc;
+    struct stat sb;
+    if (stat(path, &sb) != 0) return moe_fail(MOE_ENOTFOUND, "%s: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode)) return moe_fail(MOE_EINVAL, "--input %s: not a regular file", path);
+    FILE *f = fopen(path, "r");
+    if (!f) return moe_fail(MOE_EIO, "%s: cannot open: %s", path, strerror(errno));
+    char *buf = malloc(MAX_LINE + 1);
+    int n = 0, rc = buf ? 0 : moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+    for (int c = 0; rc == 0 && c != EOF;) {
+        size_t len = 0;
+        while ((c = getc(f)) != EOF && c != '\n') {
+            if (c == '\0') {
+                rc = moe_fail(MOE_EINVAL, "%s:%d: NUL byte at column %zu (prompts are text)", path,
+                              n + 1, len + 1);
+                break;
+            }
+            if (len == MAX_LINE) {
+                rc =
+                    moe_fail(MOE_EINVAL, "%s:%d: line longer than %d bytes", path, n + 1, MAX_LINE);
+                break;
+            }
+            buf[len++] = (char)c;
+        }
+        if (rc < 0) break;
+        if (ferror(f)) {
+            rc = moe_fail(MOE_EIO, "%s: read failed: %s", path, strerror(errno));
             break;
         }
-        n++;
+        if (c == EOF && len == 0) break; // no partial last line
+        while (len > 0 && buf[len - 1] == '\r')
+            len--;
+        buf[len] = '\0';
+        if (n == cap)
+            rc = moe_fail(MOE_EINVAL, "%s: more than %d lines", path, cap);
+        else if (!(lines[n] = strdup(buf)))
+            rc = moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+        else
+            n++;
     }
     free(buf);
     fclose(f);
+    if (rc < 0) {
+        while (n > 0)
+            free(lines[--n]);
+        return rc;
+    }
     return n;
 }
 
@@ -87,53 +114,47 @@ typedef struct {
 
 static int parse(int argc, char **argv, gen_args *a) {
     long long v;
+    const char *max_new = NULL, *top_k = NULL, *seed = NULL, *temp = NULL, *budget = NULL,
+               *quant = NULL;
     for (int i = 1; i < argc; i++) {
-        const char *s;
         int m;
-        if ((m = moe_cli_opt_value(argc, argv, &i, "--task", &s)) != 0) {
+        if ((m = moe_cli_opt_once(argc, argv, &i, "--task", &a->task)) != 0 ||
+            (m = moe_cli_opt_once(argc, argv, &i, "--prompt", &a->prompt)) != 0 ||
+            (m = moe_cli_opt_once(argc, argv, &i, "--input", &a->input)) != 0) {
             if (m < 0) return -1;
-            a->task = s;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--prompt", &s)) != 0) {
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--max-new", &max_new)) != 0) {
             if (m < 0) return -1;
-            a->prompt = s;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--input", &s)) != 0) {
-            if (m < 0) return -1;
-            a->input = s;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--max-new", &s)) != 0) {
-            if (m < 0 || !moe_cli_parse_long(s, 0, 1 << 20, &v))
+            if (!moe_cli_parse_long(max_new, 0, 1 << 20, &v))
                 return moe_fail(MOE_EINVAL, "--max-new needs an integer >= 0"), -1;
             a->go.max_new = (int)v;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--top-k", &s)) != 0) {
-            if (m < 0 || !moe_cli_parse_long(s, 0, 1 << 20, &v))
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--top-k", &top_k)) != 0) {
+            if (m < 0) return -1;
+            if (!moe_cli_parse_long(top_k, 0, 1 << 20, &v))
                 return moe_fail(MOE_EINVAL, "--top-k needs an integer >= 0"), -1;
             a->go.top_k = (int)v;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--seed", &s)) != 0) {
-            if (m < 0 || !moe_cli_parse_long(s, 0, INT64_MAX, &v))
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--seed", &seed)) != 0) {
+            if (m < 0) return -1;
+            if (!moe_cli_parse_long(seed, 0, INT64_MAX, &v))
                 return moe_fail(MOE_EINVAL, "--seed needs an integer >= 0"), -1;
             a->go.seed = (uint64_t)v;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--temperature", &s)) != 0) {
-            char *end;
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--temperature", &temp)) != 0) {
             if (m < 0) return -1;
-            a->go.temperature = strtod(s, &end);
-            if (*end || end == s || !(a->go.temperature >= 0) || a->go.temperature > 1e6)
-                return moe_fail(MOE_EINVAL, "--temperature needs a number >= 0"), -1;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--expert-budget", &s)) != 0) {
-            char *end;
+            if (!moe_cli_parse_double(temp, 0, 1e6, false, &a->go.temperature))
+                return moe_fail(MOE_EINVAL, "--temperature needs a number in [0, 1e6]"), -1;
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--expert-budget", &budget)) != 0) {
             if (m < 0) return -1;
-            a->io.expert_budget = strtod(s, &end);
-            if (*end || end == s || !(a->io.expert_budget > 0 && a->io.expert_budget <= 1))
+            if (!moe_cli_parse_double(budget, 0, 1, true, &a->io.expert_budget))
                 return moe_fail(MOE_EINVAL, "--expert-budget needs a share in (0, 1]"), -1;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--quantize", &s)) != 0) {
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--quantize", &quant)) != 0) {
             if (m < 0) return -1;
-            if (strcmp(s, "int8"))
-                return moe_fail(MOE_EINVAL, "--quantize: only int8 is supported, not '%s'", s), -1;
+            if (strcmp(quant, "int8"))
+                return moe_fail(MOE_EINVAL, "--quantize: only int8 is supported, not '%s'", quant),
+                       -1;
             a->io.quantize_int8 = true;
-        } else if (!strcmp(argv[i], "--full-load")) {
-            a->io.full_load = true;
-        } else if (!strcmp(argv[i], "--raw")) {
-            a->raw = true;
-        } else if (!strcmp(argv[i], "--quiet")) {
-            a->quiet = true;
+        } else if ((m = moe_cli_flag(argv[i], "--full-load", &a->io.full_load)) != 0 ||
+                   (m = moe_cli_flag(argv[i], "--raw", &a->raw)) != 0 ||
+                   (m = moe_cli_flag(argv[i], "--quiet", &a->quiet)) != 0) {
+            if (m < 0) return -1;
         } else if (argv[i][0] == '-') {
             return moe_fail(MOE_EINVAL, "unknown option '%s' (see moe generate --help)", argv[i]),
                    -1;
@@ -194,7 +215,11 @@ int moe_cli_generate(int argc, char **argv) {
     int n_lines = 1, code = MOE_EXIT_OK;
     if (a.input) {
         n_lines = read_lines(a.input, lines, MAX_LINES);
-        if (n_lines < 0) return moe_cli_fail("generate", MOE_EXIT_USAGE, "%s", moe_last_error());
+        if (n_lines < 0)
+            return moe_cli_fail("generate", moe_cli_input_exit_code(n_lines), "%s",
+                                moe_last_error());
+        if (n_lines == 0)
+            return moe_cli_fail("generate", MOE_EXIT_USAGE, "--input %s: no prompt lines", a.input);
     } else {
         if (!(lines[0] = strdup(a.prompt)))
             return moe_cli_fail("generate", MOE_EXIT_RUNTIME, "out of memory");
@@ -204,8 +229,7 @@ int moe_cli_generate(int argc, char **argv) {
     a.io.max_batch = n_lines < BATCH ? (n_lines > 0 ? n_lines : 1) : BATCH;
     // A checkpoint that cannot be read (missing, truncated) is bad input.
     if ((rc = moe_infer_open(&m, a.dir, &a.io)) < 0) {
-        code = moe_cli_fail("generate", rc == MOE_ENOMEM ? MOE_EXIT_RUNTIME : MOE_EXIT_USAGE, "%s",
-                            moe_last_error());
+        code = moe_cli_fail("generate", moe_cli_input_exit_code(rc), "%s", moe_last_error());
         goto done;
     }
     synth = !strcmp(m.cfg.data.kind, "synthetic");

@@ -4,6 +4,7 @@
 #include "moe/cli/cli.h"
 #include "moe/error.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,56 +19,80 @@ static const char *help =
     "allocations), and the all-to-all bytes, messages and alpha-beta time per step for\n"
     "flat and hierarchical exchange. Links default to 400,100 Gb/s and 2,5 us.\n";
 
+// "A,B": two finite numbers > 0.
 static int pair(const char *v, double *out) {
-    char *end;
-    out[0] = strtod(v, &end);
-    if (*end != ',') return -1;
-    out[1] = strtod(end + 1, &end);
-    return *end || out[0] <= 0 || out[1] <= 0 ? -1 : 0;
+    const char *comma = strchr(v, ',');
+    if (!comma || (size_t)(comma - v) >= 64) return -1;
+    char first[64];
+    memcpy(first, v, (size_t)(comma - v));
+    first[comma - v] = '\0';
+    return moe_cli_parse_double(first, 0, 1e12, true, &out[0]) &&
+                   moe_cli_parse_double(comma + 1, 0, 1e12, true, &out[1])
+               ? 0
+               : -1;
 }
 
 int moe_cli_plan(int argc, char **argv) {
-    const char *config = NULL, *sets[64];
-    int n_sets = 0;
+    const char *config = NULL, *nodes_s = NULL, *rpn_s = NULL, *gbps_s = NULL, *lat_s = NULL;
+    const char **sets = malloc(sizeof *sets * (size_t)argc); // one per argument at most
+    int n_sets = 0, code = MOE_EXIT_OK;
     long long nodes = 1, rpn = 0;
     moe_machine mc = {0, 0, 0, {400, 100}, {2, 5}};
-    for (int i = 1; i < argc; i++) {
+    if (!sets) return moe_cli_fail("plan", MOE_EXIT_RUNTIME, "out of memory");
+    for (int i = 1; i < argc && code == MOE_EXIT_OK; i++) {
         const char *v;
         int m;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(help, stdout);
+            free(sets);
             return MOE_EXIT_OK;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--nodes", &v)) != 0) {
-            if (m < 0 || !moe_cli_parse_long(v, 1, 1 << 20, &nodes))
-                return moe_cli_fail("plan", MOE_EXIT_USAGE, "--nodes needs a positive integer");
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--ranks-per-node", &v)) != 0) {
-            if (m < 0 || !moe_cli_parse_long(v, 1, 1 << 20, &rpn))
-                return moe_cli_fail("plan", MOE_EXIT_USAGE,
-                                    "--ranks-per-node needs a positive integer");
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--link-gbps", &v)) != 0) {
-            if (m < 0 || pair(v, mc.gbps))
-                return moe_cli_fail("plan", MOE_EXIT_USAGE, "--link-gbps needs INTRA,INTER > 0");
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--latency-us", &v)) != 0) {
-            if (m < 0 || pair(v, mc.latency_us))
-                return moe_cli_fail("plan", MOE_EXIT_USAGE, "--latency-us needs INTRA,INTER > 0");
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--nodes", &nodes_s)) != 0) {
+            if (m < 0 || !moe_cli_parse_long(nodes_s, 1, 1 << 20, &nodes))
+                code = moe_cli_fail("plan", MOE_EXIT_USAGE, "--nodes needs a positive integer%s%s",
+                                    m < 0 ? ": " : "", m < 0 ? moe_last_error() : "");
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--ranks-per-node", &rpn_s)) != 0) {
+            if (m < 0 || !moe_cli_parse_long(rpn_s, 1, 1 << 20, &rpn))
+                code = moe_cli_fail("plan", MOE_EXIT_USAGE,
+                                    "--ranks-per-node needs a positive integer%s%s",
+                                    m < 0 ? ": " : "", m < 0 ? moe_last_error() : "");
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--link-gbps", &gbps_s)) != 0) {
+            if (m < 0 || pair(gbps_s, mc.gbps))
+                code = moe_cli_fail("plan", MOE_EXIT_USAGE,
+                                    "--link-gbps needs INTRA,INTER, finite numbers > 0%s%s",
+                                    m < 0 ? ": " : "", m < 0 ? moe_last_error() : "");
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--latency-us", &lat_s)) != 0) {
+            if (m < 0 || pair(lat_s, mc.latency_us))
+                code = moe_cli_fail("plan", MOE_EXIT_USAGE,
+                                    "--latency-us needs INTRA,INTER, finite numbers > 0%s%s",
+                                    m < 0 ? ": " : "", m < 0 ? moe_last_error() : "");
         } else if ((m = moe_cli_opt_value(argc, argv, &i, "--set", &v)) != 0) {
-            if (m < 0 || n_sets == 64)
-                return moe_cli_fail("plan", MOE_EXIT_USAGE, "--set needs key=value");
-            sets[n_sets++] = v;
+            if (m < 0)
+                code = moe_cli_fail("plan", MOE_EXIT_USAGE, "--set needs key=value");
+            else
+                sets[n_sets++] = v;
         } else if (argv[i][0] == '-') {
-            return moe_cli_fail("plan", MOE_EXIT_USAGE, "unknown option '%s'", argv[i]);
-        } else {
+            code = moe_cli_fail("plan", MOE_EXIT_USAGE, "unknown option '%s' (see moe plan --help)",
+                                argv[i]);
+        } else if (!config) {
             config = argv[i];
+        } else {
+            code = moe_cli_fail("plan", MOE_EXIT_USAGE, "more than one config file ('%s', '%s')",
+                                config, argv[i]);
         }
     }
-    if (!config) return moe_cli_fail("plan", MOE_EXIT_USAGE, "no config file (see --help)");
+    if (code == MOE_EXIT_OK && !config)
+        code = moe_cli_fail("plan", MOE_EXIT_USAGE, "no config file (see --help)");
     moe_config cfg;
-    int rc = moe_cli_load_config(&cfg, config, sets, n_sets);
-    if (rc < 0) return moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
+    if (code == MOE_EXIT_OK && moe_cli_load_config(&cfg, config, sets, n_sets) < 0)
+        code = moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
+    free(sets);
+    if (code != MOE_EXIT_OK) return code;
     mc.nodes = (int)nodes;
     mc.ranks_per_node = rpn ? (int)rpn : cfg.parallel.ep;
+    if ((long long)mc.nodes * mc.ranks_per_node > INT_MAX)
+        return moe_cli_fail("plan", MOE_EXIT_USAGE, "--nodes x --ranks-per-node is too large");
     mc.world = mc.nodes * mc.ranks_per_node;
-    if ((rc = moe_plan_print(&cfg, &mc, stdout)) < 0)
+    if (moe_plan_print(&cfg, &mc, stdout) < 0)
         return moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
     return MOE_EXIT_OK;
 }

@@ -47,7 +47,8 @@ static void help(FILE *fp) {
             "  --example        route a built-in batch (T=16, E=4, k=2, two tasks) with\n"
             "                   capacity_factor 1 under position and priority slot order and\n"
             "                   dropless, and show which tokens each drops; --out writes the\n"
-            "                   position plan\n"
+            "                   position plan. Other --set keys apply; the four it fixes are\n"
+            "                   refused\n"
             "\n"
             "exit status: 0 ok, 1 runtime failure (e.g. cannot write), 2 bad usage or input\n");
 }
@@ -55,6 +56,8 @@ static void help(FILE *fp) {
 typedef struct {
     const char *logits_path, *task_path, *out_path;
     bool train, example, help, step_given;
+    const char *fixed_set; // a --set of a key --example fixes (refused with it)
+    const char *step_s;
     uint64_t step;
     moe_router_config cfg;
 } route_args;
@@ -76,21 +79,16 @@ static int parse_args(int argc, char **argv, route_args *a) {
         int m;
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
             a->help = true;
-        } else if (!strcmp(arg, "--train")) {
-            a->train = true;
-        } else if (!strcmp(arg, "--example")) {
-            a->example = true;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--logits", &v)) != 0) {
+        } else if ((m = moe_cli_flag(arg, "--train", &a->train)) != 0 ||
+                   (m = moe_cli_flag(arg, "--example", &a->example)) != 0) {
             if (m < 0) return fail_last(MOE_EXIT_USAGE);
-            a->logits_path = v;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--task-ids", &v)) != 0) {
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--logits", &a->logits_path)) != 0 ||
+                   (m = moe_cli_opt_once(argc, argv, &i, "--task-ids", &a->task_path)) != 0 ||
+                   (m = moe_cli_opt_once(argc, argv, &i, "--out", &a->out_path)) != 0) {
             if (m < 0) return fail_last(MOE_EXIT_USAGE);
-            a->task_path = v;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--out", &v)) != 0) {
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--step", &a->step_s)) != 0) {
             if (m < 0) return fail_last(MOE_EXIT_USAGE);
-            a->out_path = v;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--step", &v)) != 0) {
-            if (m < 0) return fail_last(MOE_EXIT_USAGE);
+            v = a->step_s;
             long long s;
             if (!moe_cli_parse_long(v, 0, INT64_MAX, &s))
                 return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--step '%s': expected an integer >= 0",
@@ -109,6 +107,10 @@ static int parse_args(int argc, char **argv, route_args *a) {
             key[eq - v] = '\0';
             if (moe_router_config_set(&a->cfg, key, eq + 1) < 0)
                 return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--set %s: %s", v, moe_last_error());
+            static const char *const fixed[] = {"router.top_k", "router.task_priority",
+                                                "router.slot_order", "router.capacity_factor"};
+            for (size_t f = 0; f < sizeof fixed / sizeof *fixed; f++)
+                if (!a->fixed_set && !strcmp(key, fixed[f])) a->fixed_set = v;
         } else {
             return moe_cli_fail(CMD, MOE_EXIT_USAGE, "unknown argument '%s' (see moe route --help)",
                                 arg);
@@ -125,6 +127,13 @@ static int parse_args(int argc, char **argv, route_args *a) {
     if (a->example) {
         if (a->logits_path || a->task_path)
             return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--example takes no --logits/--task-ids");
+        // The example compares fixed settings; other --set keys apply to it.
+        if (a->fixed_set)
+            return moe_cli_fail(CMD, MOE_EXIT_USAGE,
+                                "--example fixes router.top_k, router.slot_order, "
+                                "router.capacity_factor and router.task_priority; --set %s "
+                                "cannot apply (route your own logits with --logits)",
+                                a->fixed_set);
         return 0;
     }
     if (!a->logits_path)

@@ -37,42 +37,50 @@ static const char *train_help =
     "--dry-run prints the memory plan (as moe plan) and exits. Under mpirun or srun\n"
     "every rank trains (parallel.ep experts-parallel ranks x data parallel).\n";
 
+typedef struct {
+    const char *out, *resume;
+    bool quiet, dry_run, force;
+} train_args;
+
+// "key=value" in a new string (NULL when out of memory).
+static char *assignment(const char *key, const char *value) {
+    size_t n = strlen(key) + strlen(value) + 2;
+    char *s = malloc(n);
+    if (s) snprintf(s, n, "%s=%s", key, value);
+    return s;
+}
+
 // Parses train's options, loads CONFIG with the --set, --steps and --device
-// overrides into cfg, and fills out (default runs/<config name>), resume, quiet
-// and dry_run.
-static int parse_train_args(int argc, char **argv, moe_config *cfg, const char **out,
-                            const char **resume, bool *quiet, bool *dry_run, char *default_out,
-                            size_t cap) {
-    const char *config = NULL;
-    int rc = 0;
-    const char *sets[256];
-    int n_sets = 0;
+// overrides (applied in command-line order) into cfg, and fills a (out defaults
+// to runs/<config name>, written into default_out).
+static int parse_train_args(int argc, char **argv, moe_config *cfg, train_args *a,
+                            char *default_out, size_t cap) {
+    const char *config = NULL, *steps = NULL, *device = NULL;
+    int rc = 0, n_sets = 0;
+    const char **sets = malloc(sizeof *sets * (size_t)argc); // one per argument at most
+    char *owned[2] = {NULL, NULL};                           // --steps, --device as --set
+    if (!sets) return moe_fail(MOE_ENOMEM, "out of memory");
     for (int i = 1; i < argc; i++) {
-        const char *v;
+        const char *v = NULL;
         int m;
         if ((m = moe_cli_opt_value(argc, argv, &i, "--set", &v)) != 0) {
-            if (m < 0 || n_sets == 256) goto usage;
+            if (m < 0) goto usage;
             sets[n_sets++] = v;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--out", &v)) != 0) {
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--out", &a->out)) != 0 ||
+                   (m = moe_cli_opt_once(argc, argv, &i, "--resume", &a->resume)) != 0) {
             if (m < 0) goto usage;
-            *out = v;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--resume", &v)) != 0) {
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--steps", &steps)) != 0) {
             if (m < 0) goto usage;
-            *resume = v;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--steps", &v)) != 0) {
-            static char buf[64];
-            if (m < 0 || n_sets == 256) goto usage;
-            snprintf(buf, sizeof buf, "train.steps=%s", v);
-            sets[n_sets++] = buf;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--device", &v)) != 0) {
-            static char buf[64 + MOE_NAME_MAX];
-            if (m < 0 || n_sets == 256) goto usage;
-            snprintf(buf, sizeof buf, "train.device=%.*s", MOE_NAME_MAX, v);
-            sets[n_sets++] = buf;
-        } else if (!strcmp(argv[i], "--quiet")) {
-            *quiet = true;
-        } else if (!strcmp(argv[i], "--dry-run")) {
-            *dry_run = true;
+            if (!(owned[0] = assignment("train.steps", steps))) goto nomem;
+            sets[n_sets++] = owned[0];
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--device", &device)) != 0) {
+            if (m < 0) goto usage;
+            if (!(owned[1] = assignment("train.device", device))) goto nomem;
+            sets[n_sets++] = owned[1];
+        } else if ((m = moe_cli_flag(argv[i], "--quiet", &a->quiet)) != 0 ||
+                   (m = moe_cli_flag(argv[i], "--dry-run", &a->dry_run)) != 0 ||
+                   (m = moe_cli_flag(argv[i], "--force", &a->force)) != 0) {
+            if (m < 0) goto usage;
         } else if (argv[i][0] == '-') {
             moe_fail(MOE_EINVAL, "unknown option '%s' (see moe train --help)", argv[i]);
             goto usage;
@@ -88,16 +96,78 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, const char *
         goto usage;
     }
     MOE_TRY_GOTO(moe_cli_load_config(cfg, config, sets, n_sets), rc);
-    if (!*out) {
+    if (!a->out) {
         const char *base = strrchr(config, '/') ? strrchr(config, '/') + 1 : config;
         snprintf(default_out, cap, "runs/%.*s", (int)strcspn(base, "."), base);
-        *out = default_out;
+        a->out = default_out;
     }
-    return 0;
+    goto fail; // rc == 0: done
+nomem:
+    rc = moe_fail(MOE_ENOMEM, "out of memory");
+    goto fail;
 usage:
     rc = MOE_EINVAL;
 fail:
+    free(owned[0]);
+    free(owned[1]);
+    free(sets);
     return rc;
+}
+
+// The largest part of the plan, and the config keys that shrink it.
+static const char *keys_to_lower(const moe_mem_plan *p) {
+    size_t act = p->activations + p->moe + p->step;
+    size_t weights = p->params + p->grads + p->optimizer + p->grad_pack;
+    if (p->data > act && p->data > weights) return "a smaller data file (data.path)";
+    if (act >= weights)
+        return "train.batch_size, model.seq_len, or raise memory.mini_seq / set memory.recompute";
+    return "model.d_model, model.n_layers, moe.num_experts, moe.d_expert, or raise parallel.ep";
+}
+
+static double gib(size_t b) {
+    return b / 1073741824.0;
+}
+
+// Refuses (MOE_ENOMEM, naming prediction, limit and keys) a run whose planned
+// peak, times the ranks sharing this machine, exceeds the memory available to
+// it: the kernel would kill the run part-way, without a message.
+// MOE_MEM_LIMIT=bytes replaces the measured limit (tests, or a stricter cap).
+static int check_memory(const moe_config *cfg, int world, int rank, int ranks_here) {
+    moe_mem_plan p;
+    MOE_TRY(moe_plan_memory(cfg, world, rank, &p));
+    size_t avail;
+    char source[128];
+    const char *env = getenv("MOE_MEM_LIMIT");
+    if (env && *env) {
+        long long v;
+        if (!moe_cli_parse_long(env, 0, LLONG_MAX, &v))
+            return moe_fail(MOE_EINVAL, "MOE_MEM_LIMIT='%s': expected a number of bytes", env);
+        avail = (size_t)v;
+        snprintf(source, sizeof source, "MOE_MEM_LIMIT");
+    } else if (moe_plan_mem_available(&avail, source, sizeof source) < 0) {
+        return 0; // nothing to compare with (not Linux): run as before
+    }
+    size_t need = p.total * (size_t)(ranks_here > 0 ? ranks_here : 1);
+    if (need <= avail) return 0;
+    char who[64] = "";
+    if (ranks_here > 1) snprintf(who, sizeof who, " x %d ranks on this machine", ranks_here);
+    return moe_fail(MOE_ENOMEM,
+                    "the memory plan predicts %.2f GiB (%zu bytes)%s but only %.2f GiB (%zu "
+                    "bytes) are available (%s); lower %s (moe plan CONFIG shows the parts), or "
+                    "pass --force to start anyway",
+                    gib(p.total), p.total, who, gib(avail), avail, source, keys_to_lower(&p));
+}
+
+// Ranks of this job on this machine, as the launcher tells (1 when unknown).
+static int local_ranks(void) {
+    static const char *vars[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
+                                 "SLURM_NTASKS_PER_NODE"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        long long n;
+        const char *v = getenv(vars[i]);
+        if (v && moe_cli_parse_long(v, 1, 1 << 20, &n)) return (int)n;
+    }
+    return 1;
 }
 
 int moe_cli_train(int argc, char **argv) {
@@ -112,30 +182,43 @@ int moe_cli_train(int argc, char **argv) {
         }
     }
     moe_config cfg;
-    const char *out = NULL, *resume = NULL;
-    bool quiet = false, dry_run = false;
+    train_args a = {0};
     char default_out[PATH_MAX];
-    if (parse_train_args(argc, argv, &cfg, &out, &resume, &quiet, &dry_run, default_out,
-                         sizeof default_out))
-        return moe_cli_fail("train", MOE_EXIT_USAGE, "%s", moe_last_error());
-    if (dry_run) { // the memory plan of this config on parallel.ep ranks of one node
+    int rc = parse_train_args(argc, argv, &cfg, &a, default_out, sizeof default_out);
+    if (rc < 0) return moe_cli_fail("train", moe_cli_input_exit_code(rc), "%s", moe_last_error());
+    if (a.dry_run) { // the memory plan of this config on parallel.ep ranks of one node
         moe_machine mc = {cfg.parallel.ep, 1, cfg.parallel.ep, {400, 100}, {2, 5}};
         if (moe_plan_print(&cfg, &mc, stdout) < 0)
             return moe_cli_fail("train", MOE_EXIT_USAGE, "%s", moe_last_error());
         return MOE_EXIT_OK;
     }
-    interrupted = 0;
-    void (*old)(int) = signal(SIGINT, on_sigint);
-    moe_train_opts o = {out, resume, &interrupted, stdout, quiet, NULL, 0, NULL, NULL};
-    moe_train_result r;
+    // A checkpoint to resume from is input: unusable is exit 2, as in eval.
+    if (a.resume && (rc = moe_cli_check_ckpt(a.resume)) < 0)
+        return moe_cli_fail("train", moe_cli_input_exit_code(rc), "--resume: %s", moe_last_error());
     moe_comm *world = NULL;
-    int rank = 0, rc = 0;
+    int rank = 0, size = 1;
     if (moe_cli_mpi_launched()) {
         rc = moe_cli_mpi_world(&world, cfg.comm.ranks_per_node);
         if (rc < 0) return moe_cli_fail("train", MOE_EXIT_RUNTIME, "%s", moe_last_error());
         rank = moe_comm_rank(world);
-        o.world = world;
+        size = moe_comm_size(world);
+        rc = moe_comm_set_timeout(world, cfg.comm.timeout_s);
     }
+    // Before any allocation: a run the machine cannot hold is refused with
+    // its numbers (every rank agrees, so none waits for a refused peer).
+    if (rc == 0 && !a.force) rc = check_memory(&cfg, size, rank, world ? local_ranks() : 1);
+    if (world) rc = moe_comm_agree(world, rc);
+    if (rc < 0) {
+        int code = rc == MOE_ENOMEM ? MOE_EXIT_RUNTIME : MOE_EXIT_USAGE;
+        if (rank == 0) moe_cli_fail("train", code, "%s", moe_last_error());
+        moe_cli_mpi_finalize(world);
+        return code;
+    }
+    interrupted = 0;
+    void (*old)(int) = signal(SIGINT, on_sigint);
+    moe_train_opts o = {a.out, a.resume, &interrupted, stdout, a.quiet, NULL, 0, NULL, NULL};
+    o.world = world;
+    moe_train_result r;
     rc = moe_train(&cfg, &o, &r);
     signal(SIGINT, old);
     if (rc < 0) {
@@ -143,7 +226,10 @@ int moe_cli_train(int argc, char **argv) {
         // A failure every rank agreed on is reported once; a failure of one
         // rank (its peers may wait in a collective) ends the whole job.
         if (!world || rank == 0 || !r.agreed) moe_cli_fail("train", code, "%s", moe_last_error());
-        if (world && !r.agreed) moe_comm_abort(world, code);
+        if (world && !r.agreed) {
+            fflush(stderr);
+            moe_comm_abort(world, code);
+        }
         moe_cli_mpi_finalize(world);
         return code;
     }
@@ -154,7 +240,7 @@ int moe_cli_train(int argc, char **argv) {
         fprintf(stderr,
                 "moe train: interrupted after step %ld; checkpoint saved in %s/checkpoint "
                 "(continue with --resume %s/checkpoint)\n",
-                r.steps, out, out);
+                r.steps, a.out, a.out);
         return 130;
     }
     return MOE_EXIT_OK;
@@ -215,39 +301,44 @@ static int eval_infer_table(const char *dir, const moe_config *cfg, moe_data *d,
 }
 
 int moe_cli_eval(int argc, char **argv) {
-    const char *dir = NULL, *dump = NULL;
+    const char *dir = NULL, *dump = NULL, *batches_s = NULL, *samples_s = NULL, *budget_s = NULL,
+               *quant = NULL;
     long long batches = 8, samples = 20;
     double budget = 0;
     bool int8 = false;
     for (int i = 1; i < argc; i++) {
-        const char *v;
         int m;
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(eval_help, stdout);
             return MOE_EXIT_OK;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--batches", &v)) != 0) {
-            if (m < 0 || !moe_cli_parse_long(v, 1, 1 << 20, &batches))
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--batches", &batches_s)) != 0) {
+            if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
+            if (!moe_cli_parse_long(batches_s, 1, 1 << 20, &batches))
                 return moe_cli_fail("eval", MOE_EXIT_USAGE, "--batches needs a positive integer");
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--samples", &v)) != 0) {
-            if (m < 0 || !moe_cli_parse_long(v, 0, 1 << 20, &samples))
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--samples", &samples_s)) != 0) {
+            if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
+            if (!moe_cli_parse_long(samples_s, 0, 1 << 20, &samples))
                 return moe_cli_fail("eval", MOE_EXIT_USAGE, "--samples needs an integer >= 0");
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--dump-logits", &v)) != 0) {
-            if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "--dump-logits needs a file");
-            dump = v;
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--expert-budget", &v)) != 0) {
-            char *end;
-            budget = m > 0 ? strtod(v, &end) : -1;
-            if (m < 0 || *end || !(budget > 0 && budget <= 1))
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--dump-logits", &dump)) != 0) {
+            if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--expert-budget", &budget_s)) != 0) {
+            if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
+            if (!moe_cli_parse_double(budget_s, 0, 1, true, &budget))
                 return moe_cli_fail("eval", MOE_EXIT_USAGE,
                                     "--expert-budget needs a share in (0, 1]");
-        } else if ((m = moe_cli_opt_value(argc, argv, &i, "--quantize", &v)) != 0) {
-            if (m < 0 || strcmp(v, "int8"))
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--quantize", &quant)) != 0) {
+            if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
+            if (strcmp(quant, "int8"))
                 return moe_cli_fail("eval", MOE_EXIT_USAGE, "--quantize: only int8 is supported");
             int8 = true;
         } else if (argv[i][0] == '-') {
-            return moe_cli_fail("eval", MOE_EXIT_USAGE, "unknown option '%s'", argv[i]);
-        } else {
+            return moe_cli_fail("eval", MOE_EXIT_USAGE, "unknown option '%s' (see moe eval --help)",
+                                argv[i]);
+        } else if (!dir) {
             dir = argv[i];
+        } else {
+            return moe_cli_fail("eval", MOE_EXIT_USAGE, "more than one checkpoint ('%s', '%s')",
+                                dir, argv[i]);
         }
     }
     if (!dir) return moe_cli_fail("eval", MOE_EXIT_USAGE, "no checkpoint folder given");
@@ -255,12 +346,15 @@ int moe_cli_eval(int argc, char **argv) {
     moe_data d;
     moe_model m;
     moe_eval_result r;
-    int rc = moe_ckpt_config(dir, &cfg);
-    if (rc < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
+    int rc = moe_cli_check_ckpt(dir);
+    if (rc == 0) rc = moe_ckpt_config(dir, &cfg);
+    if (rc < 0) return moe_cli_fail("eval", moe_cli_input_exit_code(rc), "%s", moe_last_error());
     if ((rc = moe_data_open(&d, &cfg)) < 0)
-        return moe_cli_fail("eval", moe_cli_exit_code(rc), "%s", moe_last_error());
+        return moe_cli_fail("eval", moe_cli_input_exit_code(rc), "%s", moe_last_error());
+    // Reading the checkpoint is input (exit 2 when unusable); evaluating is not.
+    bool loaded = false;
     if ((rc = moe_model_init(&m, &cfg, d.B, d.T, d.n_tasks)) == 0 &&
-        (rc = moe_ckpt_load(dir, &m, NULL, NULL)) == 0 &&
+        (rc = moe_ckpt_load(dir, &m, NULL, NULL)) == 0 && (loaded = true) &&
         (rc = moe_eval(&m, &d, (int)batches, (int)samples, &r)) == 0) {
         moe_eval_print(&r, stdout);
         moe_eval_result_free(&r);
@@ -269,7 +363,10 @@ int moe_cli_eval(int argc, char **argv) {
         if (rc == 0 && (budget > 0 || int8))
             rc = eval_infer_table(dir, &cfg, &d, (int)batches, budget, int8);
     }
-    int code = rc < 0 ? moe_cli_fail("eval", moe_cli_exit_code(rc), "%s", moe_last_error()) : 0;
+    int code =
+        rc < 0 ? moe_cli_fail("eval", loaded ? moe_cli_exit_code(rc) : moe_cli_input_exit_code(rc),
+                              "%s", moe_last_error())
+               : 0;
     moe_model_free(&m);
     moe_data_close(&d);
     return code;

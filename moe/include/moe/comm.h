@@ -94,6 +94,17 @@ int moe_comm_bcast(moe_comm *c, void *buf, size_t bytes, int root);
 int moe_comm_allgather(moe_comm *c, const void *send, void *recv, size_t bytes_each);
 int moe_comm_barrier(moe_comm *c);
 
+// Collective watchdog (like NCCL's): an MPI collective of c that does not
+// complete within `seconds` (comm.timeout_s; 0, the default, waits forever)
+// returns MOE_EIO on every live rank, with a message naming the collective,
+// the ranks that did not answer (a stopped, deadlocked or livelocked rank) and
+// where the others wait. Live ranks learn of the first timeout from each other,
+// so they all report. Afterwards the communicator is unusable (every call fails
+// at once): the caller ends the job with moe_comm_abort. Splits made later
+// inherit the timeout; the local communicator ignores it. MOE_EINVAL on a
+// negative or non-finite value.
+int moe_comm_set_timeout(moe_comm *c, double seconds);
+
 // Error agreement: every rank passes its local status; all return the status
 // of the lowest rank whose status is non-zero (0 if none), and that rank's
 // moe_last_error() message becomes the message on every rank. Lets an invalid

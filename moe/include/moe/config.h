@@ -52,6 +52,7 @@ typedef struct {
     struct {
         char all_to_all[MOE_NAME_MAX]; // flat | hierarchical
         int ranks_per_node;            // 0: from MPI_COMM_TYPE_SHARED
+        double timeout_s;              // collective watchdog (moe_comm_set_timeout); 0: off
     } comm;
     struct {
         char impl[MOE_NAME_MAX]; // plain | cce

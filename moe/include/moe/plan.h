@@ -24,6 +24,13 @@ typedef struct {
 // Memory of rank `rank` of `world` ranks for cfg (parallel.ep from cfg).
 int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *out);
 
+// Memory this process can still allocate: MemAvailable of /proc/meminfo, or
+// the room left under its cgroup's limit when lower (v2: memory.max minus
+// memory.current; v1: memory.limit_in_bytes minus memory.usage_in_bytes).
+// source (n bytes) names where the figure came from. MOE_ENOTFOUND when
+// neither can be read (not Linux).
+int moe_plan_mem_available(size_t *bytes, char *source, size_t n);
+
 typedef struct {
     int world, nodes, ranks_per_node; // the machine
     double gbps[2], latency_us[2];    // intra-node, inter-node links

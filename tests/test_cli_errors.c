@@ -1,0 +1,228 @@
+// The `moe` binary's consistency rules (README "Exit codes"): repeated options,
+// extra positionals and unknown options are one-line errors with exit 2 in
+// every subcommand; a missing checkpoint is exit 2 in every command; numbers
+// must be finite; prompt files are bounded; the memory plan refuses a run that
+// cannot fit (exit 1, --force overrides); output write errors are exit 1.
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[600];
+
+static int run_moe(const char *args) {
+    return tu_run_moe(dir, args);
+}
+
+static const char *err_text(void) {
+    return tu_file_text(dir, "err.txt");
+}
+
+// stderr is one line naming the subcommand.
+static void assert_one_line_error(const char *cmd, const char *needle) {
+    const char *e = err_text();
+    char prefix[64];
+    snprintf(prefix, sizeof prefix, "moe %s: ", cmd);
+    ck_assert_msg(strncmp(e, prefix, strlen(prefix)) == 0, "stderr '%s' lacks '%s'", e, prefix);
+    ck_assert_msg(strchr(e, '\n') == e + strlen(e) - 1, "stderr is not one line: '%s'", e);
+    ck_assert_msg(strstr(e, needle) != NULL, "stderr '%s' lacks '%s'", e, needle);
+}
+
+static void write_file(const char *name, const void *data, size_t n) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_uint_eq(fwrite(data, 1, n, f), n);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
+static void setup(void) {
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+}
+
+#define TINY MOE_SOURCE_DIR "/configs/tiny.json"
+
+START_TEST(test_cli_option_given_twice_is_refused) {
+    static const struct {
+        const char *cmd, *args, *opt;
+    } cases[] = {
+        {"plan", "plan " TINY " --nodes 1 --nodes 2", "--nodes given twice"},
+        {"train", "train " TINY " --out a --out b", "--out given twice"},
+        {"train", "train " TINY " --quiet --quiet", "--quiet given twice"},
+        {"eval", "eval ck --batches 1 --batches=2", "--batches given twice"},
+        {"generate", "generate ck --task copy --task sort --prompt x", "--task given twice"},
+        {"export", "export ck --hf a --hf b", "--hf given twice"},
+        {"ablate", "ablate " TINY " --grid router.top_k=1,2 --steps 1 --steps 2",
+         "--steps given twice"},
+        {"route", "route --example --example", "--example given twice"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ck_assert_int_eq(run_moe(cases[i].args), 2);
+        assert_one_line_error(cases[i].cmd, cases[i].opt);
+    }
+}
+END_TEST
+
+START_TEST(test_cli_extra_positional_is_refused) {
+    ck_assert_int_eq(run_moe("eval ck1 ck2"), 2);
+    assert_one_line_error("eval", "more than one checkpoint ('ck1', 'ck2')");
+    ck_assert_int_eq(run_moe("plan " TINY " " TINY), 2);
+    assert_one_line_error("plan", "more than one config file");
+    ck_assert_int_eq(run_moe("route --example stray"), 2);
+    assert_one_line_error("route", "unknown argument 'stray'");
+}
+END_TEST
+
+START_TEST(test_cli_unknown_option_and_missing_value_are_refused) {
+    static const char *cmds[] = {"train " TINY, "eval ck", "generate ck", "export ck",
+                                 "ablate " TINY, "plan " TINY, "route"};
+    for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+        char args[256], name[16];
+        snprintf(args, sizeof args, "%s --bogus", cmds[i]);
+        sscanf(cmds[i], "%15s", name);
+        ck_assert_int_eq(run_moe(args), 2);
+        assert_one_line_error(name, "'--bogus'");
+    }
+    ck_assert_int_eq(run_moe("plan " TINY " --nodes"), 2);
+    assert_one_line_error("plan", "--nodes needs a value");
+}
+END_TEST
+
+START_TEST(test_cli_non_finite_and_negative_numbers_are_refused) {
+    static const char *args[] = {
+        "plan " TINY " --latency-us nan,5", "plan " TINY " --latency-us 2,inf",
+        "plan " TINY " --link-gbps -1,100", "plan " TINY " --link-gbps 0x1p3,1e999",
+        "eval ck --expert-budget nan",      "generate ck --task copy --prompt x --temperature nan",
+        "generate ck --task copy --prompt x --temperature -1"};
+    for (size_t i = 0; i < sizeof args / sizeof *args; i++) {
+        ck_assert_int_eq(run_moe(args[i]), 2);
+        ck_assert_ptr_null(strstr(tu_file_text(dir, "out.txt"), "nan"));
+    }
+    ck_assert_int_eq(run_moe("plan " TINY " --set parallel.ep=2 --latency-us 1.5,4"), 0);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "out.txt"), "1.5 us"));
+}
+END_TEST
+
+// A checkpoint folder without its model file, and one that does not exist:
+// exit 2 in eval, export, generate and train --resume alike.
+START_TEST(test_cli_missing_checkpoint_is_exit_2_in_every_command) {
+    char args[2048], ck[700];
+    snprintf(args, sizeof args,
+             "train " TINY " --set model.d_model=32 --set model.n_layers=1 --set model.d_ff=32 "
+             "--set model.seq_len=16 --set train.batch_size=2 --set train.eval_every=0 "
+             "--steps 1 --quiet --out '%s/run'",
+             dir);
+    ck_assert_int_eq(run_moe(args), 0);
+    snprintf(ck, sizeof ck, "%s/run/checkpoint", dir);
+    char model[800];
+    snprintf(model, sizeof model, "%s/model.safetensors", ck);
+    ck_assert_int_eq(unlink(model), 0);
+    for (int missing_dir = 0; missing_dir < 2; missing_dir++) {
+        const char *c = missing_dir ? "/nonexistent/checkpoint" : ck;
+        const char *fmts[] = {"eval '%s'", "export '%s' --hf '%s/hf'",
+                              "generate '%s' --task copy --prompt ab=",
+                              "train " TINY " --resume '%s' --out '%s/r2' --quiet"};
+        const char *names[] = {"eval", "export", "generate", "train"};
+        for (int i = 0; i < 4; i++) {
+            snprintf(args, sizeof args, fmts[i], c, dir);
+            ck_assert_msg(run_moe(args) == 2, "%s: exit %d, expected 2 (%s)", names[i],
+                          run_moe(args), err_text());
+            assert_one_line_error(names[i], missing_dir ? "nonexistent" : "model.safetensors");
+        }
+    }
+}
+END_TEST
+
+START_TEST(test_cli_generate_input_must_be_a_bounded_text_file) {
+    char args[1024];
+    snprintf(args, sizeof args, "generate ck --task copy --input '%s'", dir);
+    ck_assert_int_eq(run_moe(args), 2);
+    assert_one_line_error("generate", "not a regular file");
+    ck_assert_int_eq(run_moe("generate ck --task copy --input /dev/zero"), 2);
+    assert_one_line_error("generate", "not a regular file");
+    write_file("nul.txt", "ab=\nc\0d=\n", 9);
+    snprintf(args, sizeof args, "generate ck --task copy --input '%s/nul.txt'", dir);
+    ck_assert_int_eq(run_moe(args), 2);
+    assert_one_line_error("generate", "nul.txt:2: NUL byte at column 2");
+    size_t n = (2u << 20) + 10;
+    char *big = malloc(n);
+    ck_assert_ptr_nonnull(big);
+    memset(big, 'a', n);
+    write_file("long.txt", big, n);
+    free(big);
+    snprintf(args, sizeof args, "generate ck --task copy --input '%s/long.txt'", dir);
+    ck_assert_int_eq(run_moe(args), 2);
+    assert_one_line_error("generate", "long.txt:1: line longer than");
+}
+END_TEST
+
+// MOE_MEM_LIMIT stands for the machine's available memory: a plan above it is
+// refused before the run folder exists; --force starts it anyway.
+START_TEST(test_cli_train_refuses_a_run_above_available_memory) {
+    char args[1024], out[700];
+    struct stat st;
+    snprintf(out, sizeof out, "%s/big", dir);
+    snprintf(args, sizeof args, "train " TINY " --steps 1 --quiet --out '%s'", out);
+    setenv("MOE_MEM_LIMIT", "1000000", 1);
+    ck_assert_int_eq(run_moe(args), 1);
+    assert_one_line_error("train", "the memory plan predicts");
+    ck_assert_ptr_nonnull(strstr(err_text(), "1000000 bytes) are available (MOE_MEM_LIMIT)"));
+    ck_assert_ptr_nonnull(strstr(err_text(), "--force"));
+    ck_assert_int_ne(stat(out, &st), 0);
+    snprintf(args, sizeof args, "train " TINY " --steps 1 --quiet --force --out '%s'", out);
+    ck_assert_int_eq(run_moe(args), 0);
+    setenv("MOE_MEM_LIMIT", "1000000000000", 1);
+    snprintf(args, sizeof args, "train " TINY " --steps 1 --quiet --out '%s/ok'", dir);
+    ck_assert_int_eq(run_moe(args), 0);
+    setenv("MOE_MEM_LIMIT", "lots", 1);
+    ck_assert_int_eq(run_moe(args), 2);
+    assert_one_line_error("train", "MOE_MEM_LIMIT='lots'");
+    unsetenv("MOE_MEM_LIMIT");
+}
+END_TEST
+
+START_TEST(test_cli_route_example_refuses_the_keys_it_fixes) {
+    ck_assert_int_eq(run_moe("route --example --set router.top_k=1"), 2);
+    assert_one_line_error("route", "--set router.top_k=1 cannot apply");
+    ck_assert_int_eq(run_moe("route --example --set router.min_capacity=1"), 0);
+}
+END_TEST
+
+START_TEST(test_cli_stdout_write_error_is_exit_1) {
+    const char *bin = getenv("MOE_BIN");
+    ck_assert_ptr_nonnull(bin);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' plan " TINY " >/dev/full 2>'%s/err.txt'", bin, dir);
+    int st = system(cmd);
+    ck_assert(WIFEXITED(st));
+    ck_assert_int_eq(WEXITSTATUS(st), 1);
+    assert_one_line_error("plan", "writing to standard output failed");
+}
+END_TEST
+
+static Suite *cli_errors_suite(void) {
+    Suite *s = suite_create("cli_errors");
+    TCase *tc = tcase_create("cli");
+    tcase_set_timeout(tc, 300);
+    tcase_add_checked_fixture(tc, setup, NULL);
+    tcase_add_test(tc, test_cli_option_given_twice_is_refused);
+    tcase_add_test(tc, test_cli_extra_positional_is_refused);
+    tcase_add_test(tc, test_cli_unknown_option_and_missing_value_are_refused);
+    tcase_add_test(tc, test_cli_non_finite_and_negative_numbers_are_refused);
+    tcase_add_test(tc, test_cli_missing_checkpoint_is_exit_2_in_every_command);
+    tcase_add_test(tc, test_cli_generate_input_must_be_a_bounded_text_file);
+    tcase_add_test(tc, test_cli_train_refuses_a_run_above_available_memory);
+    tcase_add_test(tc, test_cli_route_example_refuses_the_keys_it_fixes);
+    tcase_add_test(tc, test_cli_stdout_write_error_is_exit_1);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run(cli_errors_suite());
+}

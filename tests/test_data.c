@@ -183,7 +183,7 @@ START_TEST(test_bin_files) {
     b = bin_file(20240520, 1, 10, 10, &n);
     expect_bin_error(b, n, "too few");
     expect_bin_error(calloc(1, 100), 100, "truncated header: 100 bytes");
-    ck_assert_int_eq(open_kind("bin", "/nonexistent/x.bin", &d), MOE_EIO);
+    ck_assert_int_eq(open_kind("bin", "/nonexistent/x.bin", &d), MOE_ENOTFOUND);
 }
 END_TEST
 

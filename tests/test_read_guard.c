@@ -141,20 +141,20 @@ START_TEST(test_fifo_in_place_of_any_input_is_refused_without_blocking) {
     moe_st_set *s;
     // the helper itself: FIFO and folder refused, a regular file opened
     make_fifo(join(root, "fifo"));
-    expect(moe_check_regular_file(join(root, "fifo")), MOE_EIO, "fifo: not a regular file");
-    expect(moe_check_regular_file(root), MOE_EIO, "not a regular file");
+    expect(moe_check_regular_file(join(root, "fifo")), MOE_EFORMAT, "fifo: not a regular file");
+    expect(moe_check_regular_file(root), MOE_EFORMAT, "not a regular file");
     ck_assert_int_eq(moe_check_regular_file(join(ck, "config.json")), 0);
     // model.safetensors
     char p[1024];
     snprintf(p, sizeof p, "%s", join(ck, "model.safetensors"));
     rename(p, join(root, "model.keep"));
     make_fifo(p);
-    expect(moe_st_open(p, &f), MOE_EIO, "model.safetensors: not a regular file");
-    expect(moe_st_set_open(ck, &s), MOE_EIO, "not a regular file");
+    expect(moe_st_open(p, &f), MOE_EFORMAT, "model.safetensors: not a regular file");
+    expect(moe_st_set_open(ck, &s), MOE_EFORMAT, "not a regular file");
     moe_infer m;
     moe_infer_opts o = {.task = "copy"};
-    expect(moe_infer_open(&m, ck, &o), MOE_EIO, "not a regular file");
-    expect(moe_export_hf(ck, join(root, "hf")), MOE_EIO, "not a regular file");
+    expect(moe_infer_open(&m, ck, &o), MOE_EFORMAT, "not a regular file");
+    expect(moe_export_hf(ck, join(root, "hf")), MOE_EFORMAT, "not a regular file");
     // a shard and the index
     unlink(p);
     rename(join(root, "model.keep"), join(ck, "model-00001-of-00001.safetensors"));
@@ -165,29 +165,29 @@ START_TEST(test_fifo_in_place_of_any_input_is_refused_without_blocking) {
     moe_st_set_close(s);
     rename(join(ck, "model-00001-of-00001.safetensors"), join(root, "model.keep"));
     make_fifo(join(ck, "model-00001-of-00001.safetensors"));
-    expect(moe_st_set_open(ck, &s), MOE_EIO, "model-00001-of-00001.safetensors: not a regular");
+    expect(moe_st_set_open(ck, &s), MOE_EFORMAT, "model-00001-of-00001.safetensors: not a regular");
     unlink(join(ck, "model-00001-of-00001.safetensors"));
     make_fifo(join(ck, "model.safetensors.index.json"));
-    expect(moe_st_set_open(ck, &s), MOE_EIO, "index.json: not a regular file");
+    expect(moe_st_set_open(ck, &s), MOE_EFORMAT, "index.json: not a regular file");
     unlink(join(ck, "model.safetensors.index.json"));
     rename(join(root, "model.keep"), p);
     // config.json
     rename(join(ck, "config.json"), join(root, "config.keep"));
     make_fifo(join(ck, "config.json"));
     moe_config cc;
-    expect(moe_ckpt_config(ck, &cc), MOE_EIO, "config.json: not a regular file");
+    expect(moe_ckpt_config(ck, &cc), MOE_EFORMAT, "config.json: not a regular file");
     unlink(join(ck, "config.json"));
     rename(join(root, "config.keep"), join(ck, "config.json"));
     // task_experts.json and trainer_state.json
     make_fifo(join(root, "task_experts.json"));
     moe_task_experts te;
-    expect(moe_task_experts_read(join(root, "task_experts.json"), &te), MOE_EIO,
+    expect(moe_task_experts_read(join(root, "task_experts.json"), &te), MOE_EFORMAT,
            "not a regular file");
     rename(join(ck, "trainer_state.json"), join(root, "state.keep"));
     make_fifo(join(ck, "trainer_state.json"));
     moe_model mm;
     ck_assert_int_eq(moe_model_init(&mm, &c, 2, 16, 5), 0);
-    expect(moe_ckpt_load(ck, &mm, NULL, NULL), MOE_EIO, "trainer_state.json: not a regular file");
+    expect(moe_ckpt_load(ck, &mm, NULL, NULL), MOE_EFORMAT, "trainer_state.json: not a regular file");
     moe_model_free(&mm);
     unlink(join(ck, "trainer_state.json"));
     rename(join(root, "state.keep"), join(ck, "trainer_state.json"));
@@ -196,7 +196,7 @@ START_TEST(test_fifo_in_place_of_any_input_is_refused_without_blocking) {
     snprintf(dc.data.kind, sizeof dc.data.kind, "bin");
     snprintf(dc.data.path, sizeof dc.data.path, "%s", join(root, "fifo"));
     moe_data d;
-    expect(moe_data_open(&d, &dc), MOE_EIO, "not a regular file");
+    expect(moe_data_open(&d, &dc), MOE_EFORMAT, "not a regular file");
     // the CLI: generate --input FIFO, eval of a checkpoint whose weights are a FIFO
     char args[2048];
     snprintf(args, sizeof args, "generate '%s' --task copy --input '%s'", ck, join(root, "fifo"));

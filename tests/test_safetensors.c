@@ -330,10 +330,10 @@ START_TEST(test_overlapping_tensors_are_refused) {
 }
 END_TEST
 
-START_TEST(test_missing_file_is_eio_with_reason) {
-    expect_open_fails(tu_in_dir("nope.safetensors"), MOE_EIO, "No such file");
+START_TEST(test_missing_file_or_folder_is_refused_with_reason) {
+    expect_open_fails(tu_in_dir("nope.safetensors"), MOE_ENOTFOUND, "No such file");
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "nope.safetensors"));
-    expect_open_fails(tu_dir, MOE_EIO, "not a regular file");
+    expect_open_fails(tu_dir, MOE_EFORMAT, "not a regular file");
 }
 END_TEST
 
@@ -459,7 +459,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_bad_entries_each_have_a_message);
     tcase_add_test(tc, test_header_lying_about_sizes);
     tcase_add_test(tc, test_overlapping_tensors_are_refused);
-    tcase_add_test(tc, test_missing_file_is_eio_with_reason);
+    tcase_add_test(tc, test_missing_file_or_folder_is_refused_with_reason);
     tcase_add_test(tc, test_writer_into_missing_dir_leaves_nothing);
     tcase_add_test(tc, test_writer_rejects_bad_entries_and_keeps_old_file);
     tcase_add_test(tc, test_shard_set_refuses_duplicates_and_missing_shards);

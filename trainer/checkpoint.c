@@ -1,24 +1,27 @@
-// Checkpoint folders: write everything into DIR.tmp (each file fsynced),
-// rename DIR to DIR.old, DIR.tmp to DIR, fsync the parent, remove DIR.old.
-// Loading validates every tensor against the model's table.
+// Checkpoint folders: the crash-safe save protocol written down in
+// moe/checkpoint.h (DIR.tmp written and marked complete by its manifest, then
+// swapped in by renames; folders are renamed to DIR.trash before removal), and
+// loading through the one resolver, with every tensor and every
+// trainer_state.json field validated.
 #include "moe/checkpoint.h"
 #include "moe/error.h"
-#include "moe/file.h"
+#include "moe/fsio.h"
+#include "moe/log.h"
 #include "moe/safetensors.h"
 #include "moe/task_experts.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
+// Written into DIR.tmp in this order; manifest.json (their sizes) comes last.
 static const char *const files[] = {"model.safetensors", "optimizer.safetensors", "config.json",
-                                    "trainer_state.json", "task_experts.json"};
+                                    "task_experts.json", "trainer_state.json"};
 #define N_FILES 5
 
 // out[PATH_MAX] = dir + suffix; MOE_EINVAL if it does not fit.
@@ -30,35 +33,35 @@ static int join(char *out, const char *dir, const char *suffix) {
 
 static int exists(const char *p) {
     struct stat st;
-    return stat(p, &st) == 0;
+    return lstat(p, &st) == 0;
 }
 
-static void remove_dir(const char *dir) {
-    char p[PATH_MAX];
-    for (int i = 0; i < N_FILES; i++) {
-        char name[64];
-        snprintf(name, sizeof name, "/%s", files[i]);
-        if (join(p, dir, name) == 0) unlink(p);
+// Writes a JSON document (plus a newline) to path, fsynced.
+static int write_json(const char *path, json_t *doc) {
+    char *text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    if (!text) return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+    size_t n = strlen(text);
+    char *line = realloc(text, n + 2);
+    if (!line) {
+        free(text);
+        return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
     }
-    rmdir(dir);
-}
-
-static int fsync_path(const char *p) {
-    int fd = open(p, O_RDONLY);
-    if (fd < 0) return -1;
-    int rc = fsync(fd);
-    close(fd);
+    line[n] = '\n';
+    int rc = moe_fs_write_file(path, line, n + 1);
+    free(line);
     return rc;
 }
 
-// Writes a JSON document to path and fsyncs it.
-static int write_json(const char *path, json_t *doc) {
-    FILE *f = fopen(path, "w");
-    if (!f) return moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
-    int bad = json_dumpf(doc, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-    bad |= fputc('\n', f) == EOF || fflush(f) || fsync(fileno(f));
-    bad |= fclose(f) != 0;
-    return bad ? moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno)) : 0;
+static int write_config(const char *path, const moe_config *cfg) {
+    char *buf = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&buf, &n);
+    if (!f) return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+    int rc = moe_config_write(cfg, f);
+    if (fclose(f) != 0 && rc == 0) rc = moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+    if (rc == 0) rc = moe_fs_write_file(path, buf, n);
+    free(buf);
+    return rc;
 }
 
 static int write_state(const char *path, const moe_model *m, const moe_adamw *opt,
@@ -165,255 +168,417 @@ static int gather_experts(const moe_model *m, moe_parallel *par, const float *bu
     return 0;
 }
 
-static int write_tensors(const char *path, const moe_model *m, moe_parallel *par, const float *buf,
-                         const char *suffix, const char *const *meta) {
+// Every rank takes part in the gathers, whatever happened before: a rank
+// that skipped one would leave the others waiting. Rank 0 writes, unless an
+// earlier write of this save failed (*rc < 0: the first error is kept).
+static void write_tensors(int *rc, const char *path, const moe_model *m, moe_parallel *par,
+                          const float *buf, const char *suffix, const char *const *meta) {
     float *gathered[MOE_MAX_LAYERS] = {0};
     entry_list el = {0};
-    int sharded = par && par->ep_size > 1, rc = 0;
-    if (sharded) MOE_TRY_GOTO(gather_experts(m, par, buf, gathered), rc);
-    MOE_TRY_GOTO(build_entries(&el, m, buf, sharded ? gathered : NULL, suffix), rc);
-    if (!par || par->rank == 0) rc = moe_st_write(path, el.e, el.n, meta);
-fail:
+    int sharded = par && par->ep_size > 1, r = 0;
+    if (sharded) r = gather_experts(m, par, buf, gathered);
+    if (r == 0) r = build_entries(&el, m, buf, sharded ? gathered : NULL, suffix);
+    if (r == 0 && *rc == 0 && (!par || par->rank == 0)) r = moe_st_write(path, el.e, el.n, meta);
+    if (*rc == 0) *rc = r;
     free_entries(&el);
     for (int l = 0; l < MOE_MAX_LAYERS; l++)
         free(gathered[l]);
+}
+
+// Both moments in one file, tensor by tensor: shards load them by name.
+static void write_moments(int *rc, const char *path, const moe_model *m, const moe_adamw *opt,
+                          moe_parallel *par) {
+    float *gm[MOE_MAX_LAYERS] = {0}, *gv[MOE_MAX_LAYERS] = {0};
+    entry_list a = {0}, b = {0};
+    int sharded = par && par->ep_size > 1, r = 0;
+    if (sharded) {
+        r = gather_experts(m, par, opt->m, gm);
+        if (r == 0) r = gather_experts(m, par, opt->v, gv);
+    }
+    if (r == 0) r = build_entries(&a, m, opt->m, sharded ? gm : NULL, ".exp_avg");
+    if (r == 0) r = build_entries(&b, m, opt->v, sharded ? gv : NULL, ".exp_avg_sq");
+    if (r == 0 && *rc == 0 && (!par || par->rank == 0)) {
+        moe_st_entry *all = malloc(sizeof *all * (size_t)(a.n + b.n));
+        if (!all)
+            r = moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
+        else {
+            memcpy(all, a.e, sizeof *all * a.n);
+            memcpy(all + a.n, b.e, sizeof *all * b.n);
+            r = moe_st_write(path, all, a.n + b.n, NULL);
+            free(all);
+        }
+    }
+    if (*rc == 0) *rc = r;
+    free_entries(&a);
+    free_entries(&b);
+    for (int l = 0; l < MOE_MAX_LAYERS; l++)
+        free(gm[l]), free(gv[l]);
+}
+
+// manifest.json: each file of the folder and its size. Written last and
+// fsynced, it tells a reader that the folder is complete (moe_ckpt_complete).
+static int write_manifest(const char *tmp, long step) {
+    char p[PATH_MAX];
+    json_t *doc = json_object(), *sizes = json_object();
+    int rc = 0;
+    json_object_set_new(doc, "format", json_string("moe-checkpoint"));
+    json_object_set_new(doc, "version", json_integer(1));
+    json_object_set_new(doc, "step", json_integer(step));
+    json_object_set_new(doc, "files", sizes);
+    for (int i = 0; i < N_FILES && rc == 0; i++) {
+        struct stat st;
+        if (snprintf(p, sizeof p, "%s/%s", tmp, files[i]) >= (int)sizeof p)
+            rc = moe_fail(MOE_EINVAL, "%s: path too long", tmp);
+        if (rc == 0 && stat(p, &st) != 0)
+            rc = moe_fail(MOE_EIO, "%s: missing after writing: %s", p, strerror(errno));
+        if (rc == 0) json_object_set_new(sizes, files[i], json_integer((json_int_t)st.st_size));
+    }
+    if (rc == 0) rc = join(p, tmp, "/manifest.json");
+    if (rc == 0) rc = write_json(p, doc);
+    json_decref(doc);
     return rc;
 }
 
+// Rank 0's part: the five files and the manifest, in that order.
 static int save_files(const char *tmp, const moe_model *m, const moe_adamw *opt,
-                      const moe_train_state *st, moe_parallel *par) {
+                      const moe_train_state *st, moe_parallel *par, int rc) {
     char p[PATH_MAX];
     const char *meta[] = {"format", "pt", "producer", "moe", NULL};
-    int rc = 0;
     join(p, tmp, "/model.safetensors");
-    MOE_TRY_GOTO(write_tensors(p, m, par, m->params, "", meta), rc);
-    // Both moments in one file, tensor by tensor: shards load them by name.
+    write_tensors(&rc, p, m, par, m->params, "", meta);
     join(p, tmp, "/optimizer.safetensors");
-    {
-        float *gm[MOE_MAX_LAYERS] = {0}, *gv[MOE_MAX_LAYERS] = {0};
-        entry_list a = {0}, b = {0};
-        int sharded = par && par->ep_size > 1;
-        if (sharded) {
-            MOE_TRY_GOTO(gather_experts(m, par, opt->m, gm), rc);
-            MOE_TRY_GOTO(gather_experts(m, par, opt->v, gv), rc);
-        }
-        rc = build_entries(&a, m, opt->m, sharded ? gm : NULL, ".exp_avg");
-        if (rc == 0) rc = build_entries(&b, m, opt->v, sharded ? gv : NULL, ".exp_avg_sq");
-        if (rc == 0 && (!par || par->rank == 0)) {
-            moe_st_entry *all = malloc(sizeof *all * (size_t)(a.n + b.n));
-            if (!all)
-                rc = moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
-            else {
-                memcpy(all, a.e, sizeof *all * a.n);
-                memcpy(all + a.n, b.e, sizeof *all * b.n);
-                rc = moe_st_write(p, all, a.n + b.n, NULL);
-                free(all);
-            }
-        }
-        free_entries(&a);
-        free_entries(&b);
-        for (int l = 0; l < MOE_MAX_LAYERS; l++)
-            free(gm[l]), free(gv[l]);
-        if (rc < 0) goto fail;
-    }
-    if (par && par->rank != 0) return 0;
-    join(p, tmp, "/config.json");
-    FILE *f = fopen(p, "w");
-    if (!f) return moe_fail(MOE_EIO, "%s: cannot create: %s", p, strerror(errno));
-    rc = moe_config_write(&m->cfg, f);
-    if (rc == 0 && (fflush(f) || fsync(fileno(f)))) rc = moe_fail(MOE_EIO, "%s: write failed", p);
-    if (fclose(f) && rc == 0) rc = moe_fail(MOE_EIO, "%s: write failed", p);
-    if (rc < 0) return rc;
-    join(p, tmp, "/task_experts.json");
+    write_moments(&rc, p, m, opt, par);
+    if (rc < 0 || (par && par->rank != 0)) return rc;
+    MOE_TRY(join(p, tmp, "/config.json"));
+    MOE_TRY(write_config(p, &m->cfg));
+    MOE_TRY(join(p, tmp, "/task_experts.json"));
     moe_task_experts te;
     MOE_TRY(moe_task_experts_from_model(&te, m));
     rc = moe_task_experts_write(p, &te);
     moe_task_experts_free(&te);
     if (rc < 0) return rc;
-    join(p, tmp, "/trainer_state.json");
-    return write_state(p, m, opt, st);
-fail:
-    return rc;
+    MOE_TRY(join(p, tmp, "/trainer_state.json"));
+    MOE_TRY(write_state(p, m, opt, st));
+    MOE_TRY(write_manifest(tmp, st->step));
+    if (moe_fs_fsync_dir(tmp) != 0)
+        return moe_fail(MOE_EIO, "%s: fsync failed: %s", tmp, strerror(errno));
+    return 0;
+}
+
+static int sync_parent(const char *dir) {
+    char parent[PATH_MAX];
+    snprintf(parent, sizeof parent, "%s", dir);
+    char *slash = strrchr(parent, '/');
+    if (slash == parent)
+        slash[1] = 0; // "/x": the parent is "/"
+    else if (slash)
+        *slash = 0;
+    if (moe_fs_fsync_dir(slash ? parent : ".") != 0)
+        return moe_fail(MOE_EIO, "%s: fsync failed: %s", slash ? parent : ".", strerror(errno));
+    return 0;
+}
+
+static int move(const char *from, const char *to) {
+    if (moe_fs_rename(from, to) != 0)
+        return moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", from, to, strerror(errno));
+    return 0;
+}
+
+// Removes folder p the crash-safe way: renamed to trash (atomic, so no reader
+// ever sees it half removed), then emptied by listing and removed.
+static int discard(const char *p, const char *trash) {
+    MOE_TRY(moe_fs_remove_tree(trash)); // left by an earlier failure: rename needs it gone
+    MOE_TRY(move(p, trash));
+    return moe_fs_remove_tree(trash);
+}
+
+// Step 1 of the protocol: after it, only dir exists (or nothing at all).
+static int recover(const char *dir, const char *tmp, const char *old, const char *trash) {
+    MOE_TRY(moe_fs_remove_tree(trash));
+    if (exists(tmp)) {
+        if (!exists(dir) && moe_ckpt_complete(tmp)) {
+            MOE_TRY(move(tmp, dir));
+            MOE_TRY(sync_parent(dir));
+        } else {
+            MOE_TRY(discard(tmp, trash));
+        }
+    }
+    if (exists(old)) {
+        if (!exists(dir))
+            MOE_TRY(move(old, dir));
+        else
+            MOE_TRY(discard(old, trash));
+        MOE_TRY(sync_parent(dir));
+    }
+    return 0;
 }
 
 int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
                   const moe_train_state *st, moe_parallel *par) {
-    char tmp[PATH_MAX], old[PATH_MAX], p[PATH_MAX];
+    char tmp[PATH_MAX], old[PATH_MAX], trash[PATH_MAX], p[PATH_MAX];
     MOE_TRY(join(tmp, dir, ".tmp"));
     MOE_TRY(join(old, dir, ".old"));
-    MOE_TRY(join(p, tmp, "/trainer_state.json")); // the longest name fits: all fit
+    MOE_TRY(join(trash, dir, ".trash"));
+    MOE_TRY(join(p, tmp, "/optimizer.safetensors.tmp.XXXXXX")); // the longest name fits: all fit
     int rank0 = !par || par->rank == 0, rc = 0;
     if (rank0) {
-        remove_dir(tmp);
-        if (mkdir(tmp, 0755) && errno != EEXIST)
+        rc = recover(dir, tmp, old, trash);
+        if (rc == 0 && moe_fs_mkdir(tmp, 0755) != 0)
             rc = moe_fail(MOE_EIO, "%s: cannot create: %s", tmp, strerror(errno));
     }
     // Every rank takes part in the gathers; rank 0 writes; all learn its status.
-    if (rc == 0) rc = save_files(tmp, m, opt, st, par);
+    rc = save_files(tmp, m, opt, st, par, rc);
     if (par) rc = moe_comm_agree(par->world, rc);
     if (!rank0) return rc;
     if (rc < 0) goto fail;
-    fsync_path(tmp);
-    // The swap: at every moment DIR or DIR.old holds a complete checkpoint.
-    remove_dir(old);
-    if (exists(dir) && rename(dir, old)) {
-        rc = moe_fail(MOE_EIO, "%s: cannot move aside: %s", dir, strerror(errno));
-        goto fail;
+    // The swap. Between the renames only the complete dir.tmp holds the newest
+    // checkpoint; moe_ckpt_resolve reads it there.
+    if (exists(dir)) {
+        MOE_TRY_GOTO(move(dir, old), rc);
+        if ((rc = sync_parent(dir)) < 0) return rc; // dir.tmp is complete: keep it
     }
-    if (rename(tmp, dir)) {
-        rc = moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", tmp, dir, strerror(errno));
-        goto fail;
-    }
-    char parent[PATH_MAX];
-    snprintf(parent, sizeof parent, "%s", dir);
-    char *slash = strrchr(parent, '/');
-    if (slash) *slash = 0;
-    fsync_path(slash ? parent : ".");
-    remove_dir(old);
+    if ((rc = move(tmp, dir)) < 0) return rc; // likewise: the next save promotes it
+    if ((rc = sync_parent(dir)) < 0) return rc;
+    // Cleaning: the new checkpoint is in place whatever happens here.
+    if (exists(old) && (discard(old, trash) < 0 || sync_parent(dir) < 0))
+        moe_log(MOE_LOG_WARN, "checkpoint saved, but removing the previous one failed: %s",
+                moe_last_error());
     return 0;
 fail:
-    remove_dir(tmp);
+    // dir.tmp never became complete or is not needed (dir still exists):
+    // the message of the first failure is kept.
+    {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", moe_last_error());
+        if (exists(tmp) && (exists(dir) || !moe_ckpt_complete(tmp))) discard(tmp, trash);
+        moe_fail(rc, "%s", msg);
+    }
     return rc;
 }
 
-// DIR, or DIR.old if a crash interrupted the swap.
-static const char *resolve(const char *dir, char *buf) {
-    if (join(buf, dir, "/model.safetensors") || exists(buf)) return dir;
-    if (join(buf, dir, ".old")) return dir;
-    return exists(buf) ? buf : dir;
-}
-
 int moe_ckpt_config(const char *dir, moe_config *cfg) {
-    char buf[PATH_MAX], p[PATH_MAX];
-    dir = resolve(dir, buf);
-    MOE_TRY(join(p, dir, "/config.json"));
+    char rdir[PATH_MAX], p[PATH_MAX];
+    MOE_TRY(moe_ckpt_resolve(dir, rdir, sizeof rdir, NULL));
+    MOE_TRY(join(p, rdir, "/config.json"));
     moe_config_default(cfg);
     MOE_TRY(moe_config_load(cfg, NULL, p));
     int rc = moe_config_check(cfg, NULL); // readers size arrays by it: check before use
     return rc < 0 ? moe_fail(rc, "%s: %s", p, moe_last_error()) : 0;
 }
 
-// Reads this model's tensors (each view's name + suffix) into buf. With
-// extras_allowed == 0 a tensor the model lacks is an error, except another
-// shard's experts on an expert-parallel rank.
-static int load_tensors(const char *path, moe_model *m, float *buf, const char *suffix,
-                        int extras_allowed) {
-    moe_st_file *f;
-    MOE_TRY(moe_st_open(path, &f));
-    int rc = 0;
+// Reads this model's tensors (each view's name + suffix) from the set s into
+// buf; what names the set in messages. With extras_allowed == 0 a tensor the
+// model lacks is an error, except another shard's experts on an
+// expert-parallel rank.
+static int load_tensors(const moe_st_set *s, const char *what, moe_model *m, float *buf,
+                        const char *suffix, int extras_allowed) {
     char name[MOE_PARAM_NAME_MAX + 16];
     for (int i = 0; i < m->table.count; i++) {
         const moe_param_view *v = &m->table.views[i];
         snprintf(name, sizeof name, "%s%s", v->name, suffix);
-        const moe_st_tensor *t = moe_st_find(f, name);
-        if (!t) {
-            rc = moe_fail(MOE_EFORMAT, "%s: missing tensor '%s'", path, name);
-            goto fail;
-        }
+        moe_st_file *f = NULL;
+        const moe_st_tensor *t = moe_st_set_find(s, name, &f);
+        if (!t) return moe_fail(MOE_EFORMAT, "%s: missing tensor '%s'", what, name);
         int same = t->dtype == MOE_ST_F32 && t->ndim == v->ndim;
         for (int d = 0; same && d < v->ndim; d++)
             same = t->shape[d] == v->shape[d];
-        if (!same) {
-            rc = moe_fail(MOE_EFORMAT,
-                          "%s: tensor '%s' is %s with %d dims [%lld, %lld], the config expects "
-                          "F32 [%lld, %lld]",
-                          path, name, moe_st_dtype_name(t->dtype), t->ndim, (long long)t->shape[0],
-                          (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)v->shape[0],
-                          (long long)(v->ndim > 1 ? v->shape[1] : 0));
-            goto fail;
-        }
-        MOE_TRY_GOTO(moe_st_read(f, t, buf + v->offset, v->numel * sizeof(float)), rc);
+        if (!same)
+            return moe_fail(MOE_EFORMAT,
+                            "%s: tensor '%s' is %s with %d dims [%lld, %lld], the config expects "
+                            "F32 [%lld, %lld]",
+                            f->path, name, moe_st_dtype_name(t->dtype), t->ndim,
+                            (long long)(t->ndim > 0 ? t->shape[0] : 0),
+                            (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)v->shape[0],
+                            (long long)(v->ndim > 1 ? v->shape[1] : 0));
+        MOE_TRY(moe_st_read(f, t, buf + v->offset, v->numel * sizeof(float)));
     }
-    if (!extras_allowed && f->n_tensors != m->table.count) {
+    if (extras_allowed) return 0;
+    for (int k = 0; k < s->n_files; k++) {
+        const moe_st_file *f = s->files[k];
         for (int i = 0; i < f->n_tensors; i++)
             if (!moe_param_table_find(&m->table, f->tensors[i].name) &&
-                !(m->ep && is_expert(f->tensors[i].name))) {
-                rc = moe_fail(MOE_EFORMAT, "%s: tensor '%s' does not belong to this config", path,
-                              f->tensors[i].name);
-                goto fail;
-            }
+                !(m->ep && is_expert(f->tensors[i].name)))
+                return moe_fail(MOE_EFORMAT, "%s: tensor '%s' does not belong to this config",
+                                f->path, f->tensors[i].name);
     }
-fail:
-    moe_st_close(f);
-    return rc;
+    return 0;
 }
 
-static int state_int(json_t *o, const char *key, const char *path, json_int_t *out) {
+// --- trainer_state.json: every field checked before any is used --------------------
+
+static int bad_field(const char *path, const char *field, const char *expected) {
+    return moe_fail(MOE_EFORMAT, "%s: '%s' must be %s", path, field, expected);
+}
+
+static int state_int(json_t *o, const char *key, const char *path, json_int_t max,
+                     json_int_t *out) {
     json_t *v = json_object_get(o, key);
-    if (!json_is_integer(v) || json_integer_value(v) < 0)
-        return moe_fail(MOE_EFORMAT, "%s: '%s' missing or not a non-negative integer", path, key);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > max)
+        return moe_fail(MOE_EFORMAT, "%s: '%s' must be an integer in [0, %lld]", path, key,
+                        (long long)max);
     *out = json_integer_value(v);
     return 0;
 }
 
-static int load_state(const char *path, moe_model *m, moe_adamw *opt, moe_train_state *st) {
-    json_error_t jerr;
-    MOE_TRY(moe_check_regular_file(path)); // a FIFO would block json_load_file
-    json_t *doc = json_load_file(path, 0, &jerr);
-    if (!doc) return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
-    int rc = 0;
-    json_int_t step = 0, adam_step = 0, c0, c1;
-    json_t *cur = json_object_get(doc, "data_cursor");
-    MOE_TRY_GOTO(state_int(doc, "step", path, &step), rc);
-    MOE_TRY_GOTO(state_int(doc, "adam_step", path, &adam_step), rc);
-    if (!json_is_array(cur) || json_array_size(cur) != 2 ||
-        !json_is_integer(json_array_get(cur, 0)) || !json_is_integer(json_array_get(cur, 1))) {
-        rc = moe_fail(MOE_EFORMAT, "%s: 'data_cursor' must be two integers", path);
-        goto fail;
+// The dynamic-capacity state of layer l (object o) checked against what the
+// controller can produce: C_e in [min_capacity, max(static C, ceil(k*T/E *
+// cf_max))], m_e a finite mean load in [0, k*T]. Values go to ema/cap only
+// when all are valid.
+static int check_layer_state(const char *path, json_t *o, int l, const moe_model *m,
+                             const moe_capacity_ctl *c, double *ema, int *cap, long *steps,
+                             bool *seeded) {
+    char f[96];
+    const moe_router_config *r = &m->cfg.router;
+    const double T = (double)m->B * m->T;
+    if (!json_is_object(o))
+        return moe_fail(MOE_EFORMAT, "%s: capacity state of layer %d must be an object", path, l);
+    json_t *jl = json_object_get(o, "layer"), *js = json_object_get(o, "steps"),
+           *jseed = json_object_get(o, "seeded"), *je = json_object_get(o, "ema"),
+           *jc = json_object_get(o, "capacity");
+    snprintf(f, sizeof f, "capacity[layer %d].layer", l);
+    if (!json_is_integer(jl) || json_integer_value(jl) != l) {
+        char want[48];
+        snprintf(want, sizeof want, "%d (the next dynamic-capacity layer)", l);
+        return bad_field(path, f, want);
     }
-    c0 = json_integer_value(json_array_get(cur, 0));
-    c1 = json_integer_value(json_array_get(cur, 1));
+    snprintf(f, sizeof f, "capacity[layer %d].steps", l);
+    if (!json_is_integer(js) || json_integer_value(js) < 0 || json_integer_value(js) > LONG_MAX)
+        return bad_field(path, f, "a non-negative integer");
+    snprintf(f, sizeof f, "capacity[layer %d].seeded", l);
+    if (!json_is_boolean(jseed)) return bad_field(path, f, "true or false");
+    snprintf(f, sizeof f, "capacity[layer %d].ema", l);
+    if (!json_is_array(je) || json_array_size(je) != (size_t)c->E) {
+        char want[48];
+        snprintf(want, sizeof want, "an array of %d numbers", c->E);
+        return bad_field(path, f, want);
+    }
+    snprintf(f, sizeof f, "capacity[layer %d].capacity", l);
+    if (!json_is_array(jc) || json_array_size(jc) != (size_t)c->E) {
+        char want[48];
+        snprintf(want, sizeof want, "an array of %d integers", c->E);
+        return bad_field(path, f, want);
+    }
+    int c0 = moe_capacity_static(r, m->B * m->T, c->E);
+    double hi_d = ceil((double)r->top_k * T * r->capacity_factor_max / c->E);
+    long long lo = r->min_capacity, hi = hi_d > INT_MAX ? INT_MAX : (long long)hi_d;
+    if (hi < lo) hi = lo;
+    if (c0 > hi) hi = c0;
+    for (int e = 0; e < c->E; e++) {
+        json_t *v = json_array_get(je, e);
+        double x = json_number_value(v);
+        if (!json_is_number(v) || !isfinite(x) || x < 0 || x > r->top_k * T)
+            return moe_fail(MOE_EFORMAT,
+                            "%s: 'capacity[layer %d].ema[%d]' must be a finite number in [0, %g] "
+                            "(a mean load of top_k * %g tokens at most)",
+                            path, l, e, r->top_k * T, T);
+        v = json_array_get(jc, e);
+        if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+            return moe_fail(MOE_EFORMAT,
+                            "%s: 'capacity[layer %d].capacity[%d]' must be an integer in [%lld, "
+                            "%lld] (router.min_capacity up to the largest capacity this config "
+                            "allows)",
+                            path, l, e, lo, hi);
+        ema[e] = x;
+        cap[e] = (int)json_integer_value(v);
+    }
+    *steps = (long)json_integer_value(js);
+    *seeded = json_is_true(jseed);
+    return 0;
+}
+
+static int load_state(const char *path, moe_model *m, moe_adamw *opt, moe_train_state *st) {
+    struct stat sb; // a FIFO would block json_load_file forever
+    if (stat(path, &sb) != 0)
+        return moe_fail(MOE_ENOTFOUND, "%s: cannot open: %s", path, strerror(errno));
+    if (!S_ISREG(sb.st_mode)) return moe_fail(MOE_EFORMAT, "%s: not a regular file", path);
+    json_error_t jerr;
+    json_t *doc = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    if (!doc) return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
+    int rc = 0, n_dyn = 0;
+    json_int_t step = 0, adam_step = 0;
+    uint64_t cur[2];
+    double *ema[MOE_MAX_LAYERS] = {0};
+    int *cap[MOE_MAX_LAYERS] = {0};
+    long steps[MOE_MAX_LAYERS] = {0};
+    bool seeded[MOE_MAX_LAYERS] = {0};
+    if (!json_is_object(doc)) MOE_TRY_GOTO(bad_field(path, "(top level)", "an object"), rc);
+    MOE_TRY_GOTO(state_int(doc, "step", path, LONG_MAX, &step), rc);
+    MOE_TRY_GOTO(state_int(doc, "adam_step", path, LONG_MAX, &adam_step), rc);
+    json_t *jcur = json_object_get(doc, "data_cursor");
+    if (!json_is_array(jcur) || json_array_size(jcur) != 2)
+        MOE_TRY_GOTO(bad_field(path, "data_cursor", "two non-negative integers (train, val)"), rc);
+    for (int k = 0; k < 2; k++) {
+        json_t *v = json_array_get(jcur, k);
+        if (!json_is_integer(v) || json_integer_value(v) < 0)
+            MOE_TRY_GOTO(bad_field(path, k ? "data_cursor[1]" : "data_cursor[0]",
+                                   "a non-negative integer (batches drawn)"),
+                         rc);
+        cur[k] = (uint64_t)json_integer_value(v);
+    }
     json_t *caps = json_object_get(doc, "capacity");
-    size_t n_dyn = 0;
     for (int l = 0; l < m->L; l++)
         n_dyn += m->cap[l].capacity != NULL;
-    if (!json_is_array(caps) || json_array_size(caps) != n_dyn) {
-        rc = moe_fail(MOE_EFORMAT, "%s: 'capacity' must list the %zu dynamic-capacity layers", path,
-                      n_dyn);
-        goto fail;
+    if (!json_is_array(caps) || json_array_size(caps) != (size_t)n_dyn) {
+        char want[96];
+        snprintf(want, sizeof want, "an array with the state of the %d dynamic-capacity layers",
+                 n_dyn);
+        MOE_TRY_GOTO(bad_field(path, "capacity", want), rc);
     }
     size_t i = 0;
     for (int l = 0; l < m->L; l++) {
+        const moe_capacity_ctl *c = &m->cap[l];
+        if (!c->capacity) continue;
+        ema[l] = malloc(sizeof(double) * (size_t)c->E);
+        cap[l] = malloc(sizeof(int) * (size_t)c->E);
+        if (!ema[l] || !cap[l]) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "%s: out of memory", path), rc);
+        MOE_TRY_GOTO(check_layer_state(path, json_array_get(caps, i++), l, m, c, ema[l], cap[l],
+                                       &steps[l], &seeded[l]),
+                     rc);
+    }
+    // All valid: only now does the model change.
+    for (int l = 0; l < m->L; l++) {
         moe_capacity_ctl *c = &m->cap[l];
         if (!c->capacity) continue;
-        json_t *o = json_array_get(caps, i++), *ema = json_object_get(o, "ema"),
-               *cap = json_object_get(o, "capacity"), *steps = json_object_get(o, "steps");
-        if (json_integer_value(json_object_get(o, "layer")) != l || !json_is_integer(steps) ||
-            json_array_size(ema) != (size_t)c->E || json_array_size(cap) != (size_t)c->E) {
-            rc = moe_fail(MOE_EFORMAT, "%s: capacity state of layer %d does not match the model",
-                          path, l);
-            goto fail;
-        }
-        c->steps = (long)json_integer_value(steps);
-        c->seeded = json_is_true(json_object_get(o, "seeded"));
-        for (int e = 0; e < c->E; e++) {
-            c->ema[e] = json_number_value(json_array_get(ema, e));
-            c->capacity[e] = (int)json_integer_value(json_array_get(cap, e));
-        }
+        memcpy(c->ema, ema[l], sizeof(double) * (size_t)c->E);
+        memcpy(c->capacity, cap[l], sizeof(int) * (size_t)c->E);
+        c->steps = steps[l];
+        c->seeded = seeded[l];
     }
     if (st) {
         st->step = (long)step;
-        st->cursor[0] = (uint64_t)c0;
-        st->cursor[1] = (uint64_t)c1;
+        st->cursor[0] = cur[0];
+        st->cursor[1] = cur[1];
     }
     if (opt) opt->step = (long)adam_step;
 fail:
+    for (int l = 0; l < MOE_MAX_LAYERS; l++)
+        free(ema[l]), free(cap[l]);
     json_decref(doc);
     return rc;
 }
 
 int moe_ckpt_load(const char *dir, moe_model *m, moe_adamw *opt, moe_train_state *st) {
-    char buf[PATH_MAX], p[PATH_MAX];
-    dir = resolve(dir, buf);
-    MOE_TRY(join(p, dir, "/model.safetensors"));
-    if (!exists(p))
-        return moe_fail(MOE_ENOTFOUND, "%s: no checkpoint here (model.safetensors missing)", dir);
-    MOE_TRY(load_tensors(p, m, m->params, "", 0));
+    char rdir[PATH_MAX], p[PATH_MAX];
+    moe_ckpt_layout layout;
+    MOE_TRY(moe_ckpt_resolve(dir, rdir, sizeof rdir, &layout));
+    moe_st_set *s;
+    MOE_TRY(moe_st_set_open(rdir, &s)); // the same resolver picks the same layout
+    MOE_TRY(
+        join(p, rdir,
+             layout == MOE_CKPT_SHARDED ? "/model.safetensors.index.json" : "/model.safetensors"));
+    int rc = load_tensors(s, p, m, m->params, "", 0);
+    moe_st_set_close(s);
+    if (rc < 0) return rc;
     if (opt) {
-        MOE_TRY(join(p, dir, "/optimizer.safetensors"));
-        MOE_TRY(load_tensors(p, m, opt->m, ".exp_avg", 1));
-        MOE_TRY(load_tensors(p, m, opt->v, ".exp_avg_sq", 1));
+        moe_st_file *f;
+        MOE_TRY(join(p, rdir, "/optimizer.safetensors"));
+        MOE_TRY(moe_st_open(p, &f));
+        moe_st_set one = {.n_files = 1, .files = &f, .total_bytes = f->file_size};
+        rc = load_tensors(&one, p, m, opt->m, ".exp_avg", 1);
+        if (rc == 0) rc = load_tensors(&one, p, m, opt->v, ".exp_avg_sq", 1);
+        moe_st_close(f);
+        if (rc < 0) return rc;
     }
-    MOE_TRY(join(p, dir, "/trainer_state.json"));
+    MOE_TRY(join(p, rdir, "/trainer_state.json"));
     return load_state(p, m, opt, st); // dynamic capacity is part of the model's state
 }

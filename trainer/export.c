@@ -223,6 +223,9 @@ static int check_out_dir(const char *ckpt, const char *out) {
 
 int moe_export_hf(const char *ckpt, const char *out) {
     moe_config c;
+    char rdir[PATH_MAX - 64]; // the resolved folder; room left for the file names below
+    MOE_TRY(moe_ckpt_resolve(ckpt, rdir, sizeof rdir, NULL));
+    ckpt = rdir;
     MOE_TRY(moe_ckpt_config(ckpt, &c));
     char msg[1024];
     unsupported(&c, msg, sizeof msg);

@@ -453,6 +453,9 @@ int moe_infer_open(moe_infer *m, const char *dir, const moe_infer_opts *o) {
     memset(m, 0, sizeof *m);
     moe_st_set *s = NULL;
     int rc = 0;
+    char rdir[PATH_MAX - 64]; // the resolved folder; room left for the file names below
+    MOE_TRY(moe_ckpt_resolve(dir, rdir, sizeof rdir, NULL));
+    dir = rdir;
     MOE_TRY(moe_ckpt_config(dir, &m->cfg));
     const moe_config *c = &m->cfg;
     if (!o->task) return moe_fail(MOE_EINVAL, "no task given (--task NAME)");

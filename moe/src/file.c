@@ -14,7 +14,11 @@
 int moe_open_regular(const char *path, int *fd) {
     *fd = -1;
     int d = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-    if (d < 0) return moe_fail(MOE_EIO, "%s: cannot open: %s", path, strerror(errno));
+    // A missing input is bad input (exit 2 in every command), an open that
+    // fails otherwise an I/O failure.
+    if (d < 0)
+        return moe_fail(errno == ENOENT || errno == ENOTDIR ? MOE_ENOTFOUND : MOE_EIO,
+                        "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(d, &sb) != 0) {
         int err = errno;
@@ -23,7 +27,7 @@ int moe_open_regular(const char *path, int *fd) {
     }
     if (!S_ISREG(sb.st_mode)) {
         close(d);
-        return moe_fail(MOE_EIO, "%s: not a regular file", path);
+        return moe_fail(MOE_EFORMAT, "%s: not a regular file", path);
     }
     int fl = fcntl(d, F_GETFL); // reads of a regular file ignore it, but say what we mean
     if (fl >= 0) fcntl(d, F_SETFL, fl & ~O_NONBLOCK);

@@ -5,6 +5,7 @@
 #include "moe/safetensors.h"
 #include "moe/error.h"
 #include "moe/file.h"
+#include "moe/fsio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -434,18 +435,6 @@ int moe_st_load(moe_st_file *f, const char *name, moe_st_dtype dtype, int ndim, 
 
 // --- writer ------------------------------------------------------------------------
 
-static int write_full(int fd, const void *src, size_t len) {
-    const char *p = src;
-    while (len > 0) {
-        ssize_t w = write(fd, p, len);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return -1;
-        p += w;
-        len -= (size_t)w;
-    }
-    return 0;
-}
-
 // Builds the compact JSON header: __metadata__ first (as HF writes it), then
 // the tensors in the order given, packed back to back.
 static int build_header(const char *path, const moe_st_entry *e, int n, const char *const *metadata,
@@ -520,16 +509,12 @@ fail:
 }
 
 // fsync the directory holding path so the rename itself survives a crash.
-// Best effort: some filesystems refuse fsync on directories.
+// Best effort: the checkpoint writer syncs its folder again and checks that.
 static void sync_parent_dir(const char *path) {
     const char *slash = strrchr(path, '/');
     char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : dup_str(".");
     if (!dir) return;
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
+    moe_fs_fsync_dir(dir);
     free(dir);
 }
 
@@ -557,7 +542,7 @@ int moe_st_write(const char *path, const moe_st_entry *entries, int n,
         MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "%s: out of memory", path), rc);
     memcpy(tmp, path, plen);
     memcpy(tmp + plen, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
-    fd = mkstemp(tmp);
+    fd = moe_fs_mkstemp(tmp);
     if (fd < 0) {
         int err = errno;
         free(tmp);
@@ -567,22 +552,22 @@ int moe_st_write(const char *path, const moe_st_entry *entries, int n,
             rc);
     }
     const char *step = "write";
-    if (write_full(fd, len8, 8) != 0 || write_full(fd, header, padded) != 0) goto io_fail;
+    if (moe_fs_write(fd, len8, 8) != 0 || moe_fs_write(fd, header, padded) != 0) goto io_fail;
     for (int i = 0; i < n; i++) {
         uint64_t numel, sz;
         tensor_bytes(entries[i].dtype, entries[i].ndim, entries[i].shape, &numel, &sz);
-        if (sz > 0 && write_full(fd, entries[i].data, (size_t)sz) != 0) goto io_fail;
+        if (sz > 0 && moe_fs_write(fd, entries[i].data, (size_t)sz) != 0) goto io_fail;
     }
     step = "chmod";
     if (fchmod(fd, 0644) != 0) goto io_fail;
     step = "fsync";
-    if (fsync(fd) != 0) goto io_fail;
+    if (moe_fs_fsync(fd) != 0) goto io_fail;
     step = "close";
     int cfd = fd;
     fd = -1;
     if (close(cfd) != 0) goto io_fail;
     step = "rename";
-    if (rename(tmp, path) != 0) goto io_fail;
+    if (moe_fs_rename(tmp, path) != 0) goto io_fail;
     free(tmp);
     free(header);
     sync_parent_dir(path);
@@ -592,7 +577,9 @@ io_fail:
     rc = moe_fail(MOE_EIO, "%s: %s failed: %s", path, step, strerror(errno));
 fail:
     if (fd >= 0) close(fd);
-    if (tmp) unlink(tmp);
+    // Counted too: when this unlink fails the temp file stays, and the
+    // checkpoint writer must still clean it (it removes whole folders).
+    if (tmp) moe_fs_unlink(tmp);
     free(tmp);
     free(header);
     return rc;

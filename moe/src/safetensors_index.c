@@ -2,6 +2,7 @@
 // sharded layout (model.safetensors.index.json naming each tensor's shard).
 // Only headers are read at open; the byte counters let callers prove that a
 // partial load read nothing but the headers and the tensors it asked for.
+#include "moe/checkpoint.h"
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/safetensors.h"
@@ -129,30 +130,23 @@ fail:
 
 int moe_st_set_open(const char *dir, moe_st_set **out) {
     *out = NULL;
+    // The checkpoint resolver picks the folder and the layout for every reader.
+    char rdir[PATH_MAX], path[PATH_MAX];
+    moe_ckpt_layout layout;
+    MOE_TRY(moe_ckpt_resolve(dir, rdir, sizeof rdir, &layout));
+    if (snprintf(path, sizeof path, "%s/%s", rdir,
+                 layout == MOE_CKPT_SHARDED ? "model.safetensors.index.json"
+                                            : "model.safetensors") >= (int)sizeof path)
+        return moe_fail(MOE_EINVAL, "%s: path too long", rdir);
     moe_st_set *s = calloc(1, sizeof *s);
     if (!s) return moe_fail(MOE_ENOMEM, "%s: out of memory", dir);
-    char index[PATH_MAX], single[PATH_MAX];
-    int rc = 0;
-    if (snprintf(index, sizeof index, "%s/model.safetensors.index.json", dir) >=
-            (int)sizeof index ||
-        snprintf(single, sizeof single, "%s/model.safetensors", dir) >= (int)sizeof single)
-        MOE_TRY_GOTO(moe_fail(MOE_EINVAL, "%s: path too long", dir), rc);
-    struct stat sb;
-    if (stat(index, &sb) == 0)
-        MOE_TRY_GOTO(open_index(s, dir, index), rc);
-    else if (stat(single, &sb) == 0)
-        MOE_TRY_GOTO(add_file(s, single), rc);
-    else
-        MOE_TRY_GOTO(moe_fail(MOE_ENOTFOUND,
-                              "%s: no checkpoint here (neither model.safetensors nor "
-                              "model.safetensors.index.json)",
-                              dir),
-                     rc);
+    int rc = layout == MOE_CKPT_SHARDED ? open_index(s, rdir, path) : add_file(s, path);
+    if (rc < 0) {
+        moe_st_set_close(s);
+        return rc;
+    }
     *out = s;
     return 0;
-fail:
-    moe_st_set_close(s);
-    return rc;
 }
 
 const moe_st_tensor *moe_st_set_find(const moe_st_set *s, const char *name, moe_st_file **file) {

@@ -1,9 +1,29 @@
 // Checkpoints: a folder with model.safetensors (Hugging Face Mixtral tensor
 // names), optimizer.safetensors (AdamW moments per tensor, NAME.exp_avg and
-// NAME.exp_avg_sq), config.json (the resolved
-// run config), trainer_state.json (step, data cursors, dynamic-capacity
-// state) and task_experts.json (each task's experts, moe/task_experts.h). Written as DIR.tmp and swapped in by rename, so a crash leaves
-// either the old or the new checkpoint, never a mix.
+// NAME.exp_avg_sq), config.json (the resolved run config), trainer_state.json
+// (step, data cursors, dynamic-capacity state), task_experts.json (each task's
+// experts, moe/task_experts.h) and manifest.json (every other file and its
+// size, written last: the folder's completeness marker).
+//
+// Save protocol for folder DIR (one writer; the folders beside it are DIR.tmp,
+// DIR.old and DIR.trash). Only rank 0 touches the file system.
+//   1. Recover from an earlier crash, oldest state first: remove DIR.trash;
+//      if DIR is missing and DIR.tmp is complete, rename DIR.tmp -> DIR (it is
+//      the newest complete copy), else move DIR.tmp to DIR.trash and remove
+//      it; if DIR is still missing, rename DIR.old -> DIR, else move DIR.old to
+//      DIR.trash and remove it. Afterwards only DIR (if any checkpoint) exists.
+//   2. mkdir DIR.tmp; write each file (fsynced); write manifest.json last
+//      (fsynced); fsync DIR.tmp.
+//   3. Swap: rename DIR -> DIR.old (if DIR exists), fsync the parent; rename
+//      DIR.tmp -> DIR, fsync the parent.
+//   4. Clean: rename DIR.old -> DIR.trash, remove DIR.trash (by listing it, so
+//      a stray temp file of any name goes too), fsync the parent. A failure
+//      here is logged, not returned: the new checkpoint is already in place,
+//      and the next save's step 1 finishes the job.
+// Nothing is ever deleted in place: a folder is renamed to DIR.trash (atomic)
+// before its files go, so a crash mid-removal leaves only trash. At every
+// instant one of DIR, a complete DIR.tmp or DIR.old holds a complete
+// checkpoint, and moe_ckpt_resolve finds the newest of them.
 #ifndef MOE_CHECKPOINT_H
 #define MOE_CHECKPOINT_H
 
@@ -11,6 +31,7 @@
 #include "moe/optim.h"
 #include "moe/parallel.h"
 
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct {
@@ -18,16 +39,41 @@ typedef struct {
     uint64_t cursor[2]; // data cursors (train, val)
 } moe_train_state;
 
+// How a checkpoint folder stores its tensors.
+typedef enum {
+    MOE_CKPT_SINGLE = 0, // model.safetensors
+    MOE_CKPT_SHARDED,    // model.safetensors.index.json and the shards it names
+} moe_ckpt_layout;
+
+// The one resolver every reader (train --resume, eval, generate, export) goes
+// through. Picks the folder to read for checkpoint dir: dir itself if it
+// exists (only complete folders are ever renamed to it), else dir.tmp if its
+// manifest says it is complete (a crash between the two renames of the swap),
+// else dir.old (a crash during the swap, also of the old protocol). Writes
+// that folder's path into out (out_size bytes) and, when layout is not NULL,
+// its tensor layout. A folder holding both model.safetensors and
+// model.safetensors.index.json is refused (MOE_EFORMAT): the writer never makes
+// both, so one of them is stale and no rule could tell which; reading either
+// silently is how eval and generate came to see different weights.
+// Errors: MOE_ENOTFOUND (no checkpoint folder, or neither tensor file),
+// MOE_EFORMAT (both layouts), MOE_EINVAL (path too long).
+int moe_ckpt_resolve(const char *dir, char *out, size_t out_size, moe_ckpt_layout *layout);
+// 1 when folder holds a manifest.json whose files all exist with the sizes it
+// lists, else 0.
+int moe_ckpt_complete(const char *folder);
+
 // par: the process grid (NULL in a single process). Every rank calls it; the
 // expert shards are gathered and rank 0 writes; all ranks return its status.
+// Follows the protocol above; every file-system call goes through moe/fsio.h.
 int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
                   const moe_train_state *st, moe_parallel *par);
 // Loads parameters (every tensor must exist with the model's shape, and no
 // other tensor may be present), the dynamic-capacity state, and, when opt/st
-// are given, the optimizer and trainer state. A crash mid-swap is recovered by
-// reading DIR.old.
+// are given, the optimizer and trainer state, from the folder moe_ckpt_resolve
+// picks. Every field of trainer_state.json is checked (type and range) and a
+// bad one is refused naming the file and the field.
 int moe_ckpt_load(const char *dir, moe_model *m, moe_adamw *opt, moe_train_state *st);
-// Loads DIR/config.json over the defaults.
+// Loads config.json of the resolved folder over the defaults.
 int moe_ckpt_config(const char *dir, moe_config *cfg);
 
 #endif

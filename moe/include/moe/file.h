@@ -8,7 +8,8 @@
 
 // Opens path read-only (close-on-exec) after checking it is a regular file.
 // The open itself never blocks (O_NONBLOCK, cleared once the type is known).
-// Errors: MOE_EIO (cannot open, or not a regular file), with a message naming
+// Errors: MOE_ENOTFOUND (no such file), MOE_EFORMAT (not a regular file),
+// MOE_EIO (cannot open otherwise), with a message naming
 // path. On error *fd is -1.
 int moe_open_regular(const char *path, int *fd);
 // The same as a stdio stream ("rb"); on error *f is NULL.

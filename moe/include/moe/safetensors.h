@@ -130,10 +130,11 @@ typedef struct {
     moe_name_map index;
 } moe_st_set;
 
-// dir holds model.safetensors.index.json (preferred) or model.safetensors.
-// Errors: MOE_ENOTFOUND (neither file), MOE_EFORMAT (bad index, a tensor the
-// index maps to a shard that lacks it, a tensor in two shards, bad shard),
-// MOE_EIO, MOE_ENOMEM.
+// dir is a checkpoint folder; moe_ckpt_resolve (moe/checkpoint.h) picks the
+// folder (dir, or a crash's dir.tmp / dir.old) and its one layout.
+// Errors: MOE_ENOTFOUND (neither file), MOE_EFORMAT (both files, bad index, a
+// tensor the index maps to a shard that lacks it, a tensor in two shards, bad
+// shard), MOE_EIO, MOE_ENOMEM.
 int moe_st_set_open(const char *dir, moe_st_set **out);
 void moe_st_set_close(moe_st_set *s);
 // The tensor called name and its file, or NULL (*file untouched). O(1).

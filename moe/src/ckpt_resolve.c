@@ -1,0 +1,83 @@
+// The checkpoint resolver: which folder of DIR, DIR.tmp, DIR.old a reader
+// opens and which tensor layout it holds (protocol in moe/checkpoint.h). Every
+// reader goes through it, so eval, generate, export and resume never disagree.
+#include "moe/checkpoint.h"
+#include "moe/error.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+int moe_ckpt_complete(const char *folder) {
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s/manifest.json", folder) >= (int)sizeof p) return 0;
+    struct stat st;
+    // A regular, small file only: json_load_file on a FIFO would block forever.
+    if (lstat(p, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 20)) return 0;
+    json_t *doc = json_load_file(p, JSON_REJECT_DUPLICATES, NULL);
+    json_t *files = json_object_get(doc, "files");
+    int ok = json_is_object(files) && json_object_size(files) > 0;
+    const char *name;
+    json_t *v;
+    json_object_foreach(files, name, v) {
+        if (!ok) break;
+        ok = json_is_integer(v) && json_integer_value(v) >= 0 && !strchr(name, '/') &&
+             strcmp(name, ".") && strcmp(name, "..") &&
+             snprintf(p, sizeof p, "%s/%s", folder, name) < (int)sizeof p && lstat(p, &st) == 0 &&
+             S_ISREG(st.st_mode) && (json_int_t)st.st_size == json_integer_value(v);
+    }
+    json_decref(doc);
+    return ok;
+}
+
+int moe_ckpt_resolve(const char *dir_in, char *out, size_t out_size, moe_ckpt_layout *layout) {
+    char dir[4096], tmp[4096], old[4096], single[4096], index[4096];
+    if (snprintf(dir, sizeof dir, "%s", dir_in) >= (int)sizeof dir)
+        return moe_fail(MOE_EINVAL, "%s: path too long", dir_in);
+    size_t n = strlen(dir); // "run/checkpoint/" names the same folder: its .old is beside it
+    while (n > 1 && dir[n - 1] == '/')
+        dir[--n] = 0;
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp ||
+        snprintf(old, sizeof old, "%s.old", dir) >= (int)sizeof old)
+        return moe_fail(MOE_EINVAL, "%s: path too long", dir);
+    const char *pick = NULL;
+    if (exists(dir)) {
+        if (!is_dir(dir)) return moe_fail(MOE_ENOTFOUND, "%s: not a checkpoint folder", dir);
+        pick = dir;
+    } else if (is_dir(tmp) && moe_ckpt_complete(tmp)) {
+        pick = tmp; // newer than dir.old: the swap stopped between its renames
+    } else if (is_dir(old)) {
+        pick = old;
+    } else {
+        return moe_fail(MOE_ENOTFOUND, "%s: no checkpoint here (no such folder, nor %s.old)", dir,
+                        dir);
+    }
+    if (snprintf(out, out_size, "%s", pick) >= (int)out_size ||
+        snprintf(single, sizeof single, "%s/model.safetensors", pick) >= (int)sizeof single ||
+        snprintf(index, sizeof index, "%s/model.safetensors.index.json", pick) >= (int)sizeof index)
+        return moe_fail(MOE_EINVAL, "%s: path too long", pick);
+    int has_single = exists(single), has_index = exists(index);
+    if (has_single && has_index)
+        return moe_fail(MOE_EFORMAT,
+                        "%s: holds both model.safetensors and model.safetensors.index.json; a "
+                        "checkpoint has one tensor layout: remove the stale one",
+                        pick);
+    if (!has_single && !has_index)
+        return moe_fail(MOE_ENOTFOUND,
+                        "%s: no checkpoint here (a checkpoint holds config.json and "
+                        "model.safetensors or model.safetensors.index.json)",
+                        pick);
+    if (layout) *layout = has_index ? MOE_CKPT_SHARDED : MOE_CKPT_SINGLE;
+    return 0;
+}

@@ -2,6 +2,7 @@
 // the combinations of keys that cannot work together, and the sizes the model
 // derives from the config, checked in int64 before anything is allocated.
 #include "moe/config.h"
+#include "moe/data.h"
 #include "moe/error.h"
 #include "trainer/config_internal.h"
 
@@ -155,6 +156,19 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
         return moe_fail(MOE_EINVAL, "%s: router.task_priority has %d entries for %d tasks",
                         moe_config_where(src, "router.task_priority"), c->router.n_task_priority,
                         c->data.n_tasks);
+    // Synthetic task names: known generators, each once (generate --task and
+    // the checkpoint's task records look tasks up by name).
+    for (int i = 0; !strcmp(c->data.kind, "synthetic") && i < c->data.n_tasks; i++) {
+        if (moe_synth_task_index(c->data.tasks[i]) < 0)
+            return moe_fail(MOE_EINVAL,
+                            "%s: data.tasks entry %d is '%s', expected one of copy, reverse, "
+                            "sort, caesar, add",
+                            moe_config_where(src, "data.tasks"), i, c->data.tasks[i]);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(c->data.tasks[i], c->data.tasks[j]))
+                return moe_fail(MOE_EINVAL, "%s: data.tasks lists '%s' twice",
+                                moe_config_where(src, "data.tasks"), c->data.tasks[i]);
+    }
     if (strcmp(c->data.kind, "synthetic") && !c->data.path[0])
         return moe_fail(MOE_EINVAL, "%s: data.kind = %s needs data.path",
                         moe_config_where(src, "data.kind"), c->data.kind);

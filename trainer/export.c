@@ -234,12 +234,12 @@ int moe_export_hf(const char *ckpt, const char *out) {
     moe_st_set *s;
     MOE_TRY(moe_st_set_open(ckpt, &s));
     int n = 0, m = 0, rc = 0;
+    bool created = false;
+    char p[PATH_MAX];
     moe_st_entry *e = NULL;
     void **data = NULL;
     MOE_TRY_GOTO(check_tensors(ckpt, &c, s), rc);
     MOE_TRY_GOTO(check_out_dir(ckpt, out), rc);
-    if (mkdir(out, 0755) != 0 && errno != EEXIST)
-        MOE_TRY_GOTO(moe_fail(MOE_EIO, "%s: cannot create: %s", out, strerror(errno)), rc);
     for (int i = 0; i < s->n_files; i++)
         n += s->files[i]->n_tensors;
     e = calloc((size_t)n + 1, sizeof *e);
@@ -265,13 +265,25 @@ int moe_export_hf(const char *ckpt, const char *out) {
                     "lm_head.weight", e[i].dtype, 2, {e[i].shape[0], e[i].shape[1]}, e[i].data};
         m++;
     }
-    char p[PATH_MAX];
+    // Every tensor is read (and checked finite) before out is touched: a
+    // checkpoint that cannot be exported leaves no folder behind.
+    if (mkdir(out, 0755) == 0)
+        created = true;
+    else if (errno != EEXIST)
+        MOE_TRY_GOTO(moe_fail(MOE_EIO, "%s: cannot create: %s", out, strerror(errno)), rc);
     const char *meta[] = {"format", "pt", NULL};
     snprintf(p, sizeof p, "%s/model.safetensors", out);
     MOE_TRY_GOTO(moe_st_write(p, e, m, meta), rc);
     snprintf(p, sizeof p, "%s/config.json", out);
     MOE_TRY_GOTO(write_config(p, &c), rc);
 fail:
+    if (rc < 0 && created) { // a write failed: take back the folder this call made
+        snprintf(p, sizeof p, "%s/model.safetensors", out);
+        unlink(p);
+        snprintf(p, sizeof p, "%s/config.json", out);
+        unlink(p);
+        rmdir(out);
+    }
     for (int i = 0; data && i < n; i++)
         free(data[i]);
     free(data);

@@ -188,7 +188,6 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     if (rc == 0) rc = moe_device_check(cfg->train.device);
     if (rc == 0) rc = moe_parallel_init(&par, world, cfg);
     const bool lead = moe_comm_rank(world) == 0;
-    if (rc == 0 && lead) rc = make_dirs(o->out_dir);
     if (rc == 0) rc = moe_data_open(&d, cfg);
     if (rc == 0)
         rc = moe_model_init_ep(&m, cfg, d.B, d.T, d.n_tasks, par.ep_size > 1 ? &par.group : NULL);
@@ -217,6 +216,9 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     task = moe_malloc(sizeof(int32_t) * d.B);
     acc = moe_malloc(sizeof(float) * (cfg->train.grad_accum > 1 ? m.table.numel : 1));
     if (!in || !tg || !task || !acc) rc = moe_fail(MOE_ENOMEM, "training buffers: out of memory");
+    // The run folder appears only once data, model and checkpoint are known
+    // good: a run refused at setup leaves nothing behind.
+    if (rc == 0 && lead) rc = make_dirs(o->out_dir);
     if (rc == 0 && lead) { // only rank 0 writes the run folder
         snprintf(path, sizeof path, "%s/config.json", o->out_dir);
         FILE *cf = fopen(path, "w");

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int count_lines(const char *path, const char *needle) {
     FILE *f = fopen(path, "r");
@@ -29,14 +30,21 @@ START_TEST(test_grid_runs_every_combination) {
         ck_assert_int_eq(moe_config_set(&c, NULL, sets[i]), 0);
     moe_grid_axis ax[2];
     ck_assert_int_eq(moe_grid_axis_parse(&ax[0], "router.slot_order=position,priority"), 0);
-    ck_assert_int_eq(moe_grid_axis_parse(&ax[1], "router.top_k=1,9"), 0); // 9 > 4 experts: fails
+    ck_assert_int_eq(moe_grid_axis_parse(&ax[1], "router.top_k=1,9"), 0); // 9 > 4 experts
     char out[700], p[800];
     snprintf(out, sizeof out, "%s/grid", tu_tmpdir());
+    // A combination the config check refuses stops the grid before any run.
+    ck_assert_int_eq(moe_ablate(&c, ax, 2, out, NULL), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "--grid run 3: "));
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "exceeds"));
+    ck_assert_int_eq(access(out, F_OK), -1);
+    // A run that fails while training (lr 1e30 diverges) is a row of the table.
+    ck_assert_int_eq(moe_grid_axis_parse(&ax[1], "train.lr=1e-2,1e30"), 0);
     ck_assert_int_eq(moe_ablate(&c, ax, 2, out, NULL), 0);
     snprintf(p, sizeof p, "%s/results.csv", out);
     ck_assert_int_eq(count_lines(p, NULL), 5); // header + 4 runs
     ck_assert_int_eq(count_lines(p, ",ok,"), 2);
-    ck_assert_int_eq(count_lines(p, "exceeds"), 2);
+    ck_assert_int_eq(count_lines(p, "step "), 2); // the divergence message names the step
     snprintf(p, sizeof p, "%s/results.md", out);
     ck_assert_int_eq(count_lines(p, "failed: "), 2);
     // sorted: the two finished runs first, ascending loss

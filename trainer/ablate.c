@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 int moe_grid_axis_parse(moe_grid_axis *ax, const char *spec) {
@@ -179,6 +180,19 @@ int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes, co
                 return rc;
             }
         }
+        // each run's whole config too: a value valid alone can clash with the
+        // base (router.top_k above moe.num_experts)
+        int rc = moe_config_check(&c, NULL);
+        if (rc < 0) {
+            rc = moe_fail(rc, "--grid run %d: %s", i + 1, moe_last_error());
+            free(rows);
+            return rc;
+        }
+    }
+    struct stat sb;
+    if (stat(out, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
+        free(rows);
+        return moe_fail(MOE_EINVAL, "--out %s: exists and is not a folder", out);
     }
     for (int i = 0; i < n; i++) {
         run_row *r = &rows[i];

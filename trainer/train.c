@@ -156,8 +156,12 @@ static int make_dirs(const char *dir) {
         if (*s != '/' && *s) continue;
         char c = *s;
         *s = 0;
-        if (mkdir(p, 0755) && errno != EEXIST)
-            return moe_fail(MOE_EIO, "%s: cannot create: %s", p, strerror(errno));
+        struct stat sb;
+        int err = mkdir(p, 0755) ? errno : 0;
+        if (err == EEXIST && stat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) err = 0;
+        if (err == EEXIST || err == ENOTDIR) // a file where a folder goes: a bad --out
+            return moe_fail(MOE_EINVAL, "%s: exists and is not a folder", p);
+        if (err) return moe_fail(MOE_EIO, "%s: cannot create: %s", p, strerror(err));
         if (!(*s = c)) return 0;
     }
 }

@@ -142,20 +142,49 @@ static const command *find_command(const char *name) {
     return NULL;
 }
 
+// Levenshtein distance of two short words (command names), capped at 9.
+static int distance(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    if (na > 31 || nb > 31) return 9;
+    int d[32][32];
+    for (size_t i = 0; i <= na; i++)
+        d[i][0] = (int)i;
+    for (size_t j = 0; j <= nb; j++)
+        d[0][j] = (int)j;
+    for (size_t i = 1; i <= na; i++)
+        for (size_t j = 1; j <= nb; j++) {
+            int sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
+            int del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
+            d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+    return d[na][nb] < 9 ? d[na][nb] : 9;
+}
+
+// "moe: unknown command 'trian' (did you mean train? ...)": one line.
+static int unknown_command(const char *name) {
+    const char *best = NULL;
+    int best_d = 3; // two edits at most count as a typo
+    for (int i = 0; i < N_COMMANDS; i++) {
+        int d = distance(name, commands[i].name);
+        if (d < best_d) best_d = d, best = commands[i].name;
+    }
+    char hint[64] = "";
+    if (best) snprintf(hint, sizeof hint, "did you mean %s? ", best);
+    moe_fail(MOE_EINVAL, "unknown command '%.64s'", name);
+    fprintf(stderr, "moe: unknown command '%.64s' (%smoe --help lists the commands)\n", name, hint);
+    return MOE_EXIT_USAGE;
+}
+
 int moe_cli_main(int argc, char **argv) {
     if (argc < 2) {
-        usage(stderr);
+        fprintf(stderr, "moe: no command given (moe --help lists the commands)\n");
         return MOE_EXIT_USAGE;
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
         if (argc > 2 && strcmp(cmd, "help") == 0) { // `moe help route` = `moe route --help`
             const command *c = find_command(argv[2]);
-            if (!c) {
-                fprintf(stderr, "moe: unknown command '%s'\n", argv[2]);
-                usage(stderr);
-                return MOE_EXIT_USAGE;
-            }
+            if (!c) return unknown_command(argv[2]);
             char *help_argv[] = {argv[2], "--help", NULL};
             return c->run(2, help_argv);
         }
@@ -167,11 +196,7 @@ int moe_cli_main(int argc, char **argv) {
         return MOE_EXIT_OK;
     }
     const command *c = find_command(cmd);
-    if (!c) {
-        fprintf(stderr, "moe: unknown command '%s'\n", cmd);
-        usage(stderr);
-        return MOE_EXIT_USAGE;
-    }
+    if (!c) return unknown_command(cmd);
     int rc = c->run(argc - 1, argv + 1);
     // Results on stdout are output too: a full disk or a closed pipe there is
     // a failure, not a silent exit 0.

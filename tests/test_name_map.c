@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { NAME_LEN = 64 };
+enum { NAME_LEN = 80 };
 
 static char (*make_names(size_t n))[NAME_LEN] {
     char(*names)[NAME_LEN] = malloc(n * sizeof *names);

@@ -38,18 +38,8 @@ static int exists(const char *p) {
 
 // Writes a JSON document (plus a newline) to path, fsynced.
 static int write_json(const char *path, json_t *doc) {
-    char *text = json_dumps(doc, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-    if (!text) return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
-    size_t n = strlen(text);
-    char *line = realloc(text, n + 2);
-    if (!line) {
-        free(text);
-        return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
-    }
-    line[n] = '\n';
-    int rc = moe_fs_write_file(path, line, n + 1);
-    free(line);
-    return rc;
+    return moe_fs_write_json(path, doc,
+                             JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
 }
 
 static int write_config(const char *path, const moe_config *cfg) {

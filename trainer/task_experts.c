@@ -206,21 +206,11 @@ int moe_task_experts_write(const char *path, const moe_task_experts *te) {
         json_array_append_new(layers, o);
     }
     json_object_set_new(doc, "layers", layers);
-    // Dumped to memory, then written and fsynced through the counted calls
-    // (moe/fsio.h) that the checkpoint's fault-injection test cuts.
-    char *text = json_dumps(doc, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    // Written and fsynced through the counted calls (moe/fsio.h) that the
+    // checkpoint's fault-injection test cuts.
+    int rc = moe_fs_write_json(path, doc,
+                               JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(doc);
-    if (!text) return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
-    size_t n = strlen(text);
-    char *line = realloc(text, n + 2);
-    if (!line) {
-        free(text);
-        return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
-    }
-    line[n] = '\n';
-    line[n + 1] = 0;
-    int rc = moe_fs_write_file(path, line, n + 1);
-    free(line);
     return rc;
 }
 

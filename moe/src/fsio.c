@@ -7,6 +7,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -134,6 +135,21 @@ fail:;
     if (fd >= 0) close(fd);
     unlink(path); // not counted: the failure being handled is the one injected
     return moe_fail(MOE_EIO, "%s: %s failed: %s", path, step, strerror(err));
+}
+
+int moe_fs_write_json(const char *path, const json_t *doc, size_t flags) {
+    char *text = json_dumps(doc, flags);
+    if (!text) return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+    size_t n = strlen(text);
+    char *line = realloc(text, n + 2);
+    if (!line) {
+        free(text);
+        return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+    }
+    line[n] = '\n';
+    int rc = moe_fs_write_file(path, line, n + 1);
+    free(line);
+    return rc;
 }
 
 // depth bounds the recursion: checkpoint folders are flat, so anything deeper

@@ -42,6 +42,9 @@ int moe_fs_fsync_dir(const char *dir);
 // Library-style helpers (0 or MOE_EIO with a message naming path and step):
 // path gets exactly len bytes of buf, fsynced; on failure path is removed.
 int moe_fs_write_file(const char *path, const void *buf, size_t len);
+// A JSON document dumped with jansson's flags (plus a newline) the same way.
+struct json_t;
+int moe_fs_write_json(const char *path, const struct json_t *doc, size_t flags);
 // Removes dir and everything under it, whatever the names (found by listing,
 // symbolic links removed, not followed). A missing dir is success.
 int moe_fs_remove_tree(const char *dir);

@@ -26,6 +26,8 @@ void moe_router_config_default(moe_router_config *cfg) {
     cfg->aux_counts_all_k = false;
     cfg->n_task_priority = 0;
     cfg->seed = 0;
+    cfg->score = MOE_SCORE_SOFTMAX;
+    cfg->route_scale = 1.0;
     cfg->capacity_mode = MOE_CAPACITY_STATIC;
     cfg->ema = 0.9;
     cfg->headroom = 0.1;
@@ -50,6 +52,7 @@ static const range_def ranges[] = {
     {"router.noise_eps", R_DBL, O(noise_eps), 0, 1, MOE_RANGE_HI_OPEN},
     {"router.aux_loss_coef", R_DBL, O(aux_loss_coef), 0, 1e6, 0},
     {"router.z_loss_coef", R_DBL, O(z_loss_coef), 0, 1e6, 0},
+    {"router.route_scale", R_DBL, O(route_scale), 0, 1e6, MOE_RANGE_LO_OPEN},
     {"router.task_priority", R_DBLS, O(task_priority), -DBL_MAX, DBL_MAX, 0},
     {"capacity.ema", R_DBL, O(ema), 0, 1, MOE_RANGE_HI_OPEN},
     {"capacity.headroom", R_DBL, O(headroom), 0, 1e6, 0},
@@ -143,12 +146,18 @@ int moe_router_config_set(moe_router_config *cfg, const char *key, const char *v
     static const char *const orders[] = {"position", "priority"};
     static const char *const noises[] = {"none", "jitter", "gumbel"};
     static const char *const modes[] = {"static", "dynamic"};
+    static const char *const scores[] = {"softmax", "sigmoid"};
     int e = 0;
     const range_def *r = find_range(key);
     if (r) return set_number(cfg, r, v);
     if (!strcmp(key, "router.slot_order")) {
         MOE_TRY(parse_enum(key, v, orders, 2, &e));
         cfg->slot_order = (moe_slot_order)e;
+        return 0;
+    }
+    if (!strcmp(key, "router.score")) {
+        MOE_TRY(parse_enum(key, v, scores, 2, &e));
+        cfg->score = (moe_score)e;
         return 0;
     }
     if (!strcmp(key, "router.normalize_topk")) return moe_parse_bool(key, v, &cfg->normalize_topk);
@@ -190,8 +199,10 @@ int moe_router_config_check(const moe_router_config *cfg, int E) {
         return moe_fail(MOE_EINVAL, "router.top_k = %d exceeds the number of experts %d",
                         cfg->top_k, E);
     if ((unsigned)cfg->slot_order > MOE_SLOT_PRIORITY || (unsigned)cfg->noise > MOE_NOISE_GUMBEL ||
-        (unsigned)cfg->capacity_mode > MOE_CAPACITY_DYNAMIC)
-        return moe_fail(MOE_EINVAL, "router: slot_order, noise or capacity.mode out of range");
+        (unsigned)cfg->capacity_mode > MOE_CAPACITY_DYNAMIC ||
+        (unsigned)cfg->score > MOE_SCORE_SIGMOID)
+        return moe_fail(MOE_EINVAL,
+                        "router: slot_order, noise, score or capacity.mode out of range");
     if (cfg->capacity_mode == MOE_CAPACITY_DYNAMIC && cfg->capacity_factor <= 0)
         return moe_fail(MOE_EINVAL,
                         "capacity.mode = dynamic needs router.capacity_factor > 0 "

@@ -24,4 +24,9 @@ size_t moe_slot_order_scratch_bytes(int T);
 int moe_slot_order_fill(int *order, void *scratch, const float *probs, const int *task_id, int T,
                         int E, const moe_router_config *cfg);
 
+// Scores of one token's logits x[E] (router/score.c). The softmax row returns
+// the logsumexp; the sigmoid row is computed without overflow for any finite x.
+float moe_score_softmax_row(float *p, const float *x, int E);
+void moe_score_sigmoid_row(float *s, const float *x, int E);
+
 #endif

@@ -12,7 +12,7 @@
 static size_t plan_words(int T_max, int E, int k) {
     size_t tk = (size_t)T_max * k, te = (size_t)T_max * E;
     size_t n_int = 3 * tk + 3 * (size_t)E + (E + 1) + T_max;
-    size_t n_float = tk + te + T_max + E;
+    size_t n_float = tk + 2 * te + T_max + E;
     return n_int + n_float + 1;
 }
 
@@ -45,6 +45,7 @@ int moe_plan_alloc(moe_plan *plan, int T_max, int E, int k) {
     float *fp = (float *)ip;
     plan->weight = fp, fp += tk;
     plan->probs = fp, fp += te;
+    plan->softmax = fp, fp += te;
     plan->lse = fp, fp += T_max;
     plan->aux_f = fp;
     plan->block = b;

@@ -1,7 +1,9 @@
-// Token-choice top-k routing: softmax gate, top-k choices (ties to the lower
-// expert), capacity with position or priority slot order, combine weights,
-// Switch/GShard aux loss (arXiv 2101.03961 eq. 4) and ST-MoE z-loss (arXiv
-// 2202.08906 eq. 5), and the backward pass of all three to the logits.
+// Token-choice top-k routing: softmax or sigmoid scores (router/score.c),
+// top-k choices (ties to the lower expert), capacity with position or priority
+// slot order, combine weights (DeepSeek-V3 weights for sigmoid scores, arXiv
+// 2412.19437 eq. 12-13, and router.route_scale), Switch/GShard aux loss (arXiv
+// 2101.03961 eq. 4) and ST-MoE z-loss (arXiv 2202.08906 eq. 5), and the
+// backward pass of all three to the logits.
 #include "moe/router.h"
 #include "moe/error.h"
 #include "router/internal.h"
@@ -9,28 +11,14 @@
 #include <math.h>
 #include <string.h>
 
-// Softmax of one row, max-subtracted, in double for the sum; returns lse.
-static float softmax_row(float *p, const float *x, int E) {
-    float m = x[0];
-    for (int e = 1; e < E; e++)
-        if (x[e] > m) m = x[e];
-    double s = 0.0;
-    for (int e = 0; e < E; e++) {
-        double v = exp((double)x[e] - m); // one exp per logit
-        s += v;
-        p[e] = (float)v;
-    }
-    double inv = 1.0 / s;
-    for (int e = 0; e < E; e++) p[e] = (float)(p[e] * inv);
-    return (float)(m + log(s));
-}
-
 // Picks the k choices of one token into ch[0..k). Choice 0 is argmax p;
 // later choices maximise p, or logits + Gumbel noise when gumbel != 0
 // (DeepSpeed top-2 samples the second expert this way). Ties go to the lower
 // expert index because only a strictly larger score replaces the best.
-static void topk_row(int *ch, const float *p, const float *x, int E, int k, int gumbel,
-                     const moe_router_config *cfg, uint64_t step, size_t row) {
+// bias [E] (NULL: none) is added to the scores for the choice only, never to
+// the weights: the slot of DeepSeek-V3's auxiliary-loss-free balancing bias.
+static void topk_row(int *ch, const float *p, const float *bias, const float *x, int E, int k,
+                     int gumbel, const moe_router_config *cfg, uint64_t step, size_t row) {
     for (int j = 0; j < k; j++) {
         int best = -1;
         double best_s = 0.0;
@@ -39,7 +27,7 @@ static void topk_row(int *ch, const float *p, const float *x, int E, int k, int 
             for (int i = 0; i < j; i++)
                 taken |= ch[i] == e;
             if (taken) continue;
-            double s = p[e];
+            double s = bias ? (double)p[e] + bias[e] : p[e];
             if (j > 0 && gumbel) s = x[e] + moe_noise_gumbel(cfg->seed, step, row * E + e);
             if (best < 0 || s > best_s) best = e, best_s = s;
         }
@@ -58,8 +46,10 @@ int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, 
     MOE_TRY(moe_router_config_check(cfg, E));
     plan->T = T;
     int gumbel = training && cfg->noise == MOE_NOISE_GUMBEL;
+    const bool sigmoid = cfg->score == MOE_SCORE_SIGMOID;
 
-    // 1. probabilities, lse, choices and pre-drop counts
+    // 1. scores, lse, choices and pre-drop counts. Sigmoid scores keep the
+    // softmax beside them: the z-loss stays on the logits.
     memset(plan->counts, 0, E * sizeof *plan->counts);
     double z = 0.0;
     for (int t = 0; t < T; t++) {
@@ -68,10 +58,15 @@ int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, 
             if (!isfinite(x[e]))
                 return moe_fail(MOE_ENUMERIC, "logit of token %d, expert %d is %g", t, e, x[e]);
         float *p = plan->probs + (size_t)t * E;
-        plan->lse[t] = softmax_row(p, x, E);
+        if (sigmoid) {
+            plan->lse[t] = moe_score_softmax_row(plan->softmax + (size_t)t * E, x, E);
+            moe_score_sigmoid_row(p, x, E);
+        } else {
+            plan->lse[t] = moe_score_softmax_row(p, x, E);
+        }
         z += (double)plan->lse[t] * plan->lse[t];
         int *ch = plan->choice + (size_t)t * k;
-        topk_row(ch, p, x, E, k, gumbel, cfg, step, t);
+        topk_row(ch, p, NULL, x, E, k, gumbel, cfg, step, t);
         for (int j = 0; j < k; j++)
             plan->counts[ch[j]]++;
     }
@@ -105,7 +100,8 @@ int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, 
     for (int e = 0; e < E; e++)
         plan->offsets[e + 1] = plan->offsets[e] + plan->kept[e];
 
-    // 4. combine weights, renormalised over the kept choices (after dropping)
+    // 4. combine weights, renormalised over the kept choices (after dropping),
+    // times route_scale. Sigmoid follows DeepSeek-V3: divide by the sum + 1e-20.
     for (int t = 0; t < T; t++) {
         const float *p = plan->probs + (size_t)t * E;
         const int *ex = plan->expert + (size_t)t * k;
@@ -114,41 +110,62 @@ int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, 
         for (int j = 0; j < k; j++)
             s += ex[j] >= 0 ? p[ex[j]] : 0.0;
         for (int j = 0; j < k; j++) {
-            w[j] = ex[j] < 0 ? 0.0f : p[ex[j]];
-            if (cfg->normalize_topk) w[j] = s > 0 ? (float)(w[j] / s) : 0.0f;
+            double v = ex[j] < 0 ? 0.0 : p[ex[j]];
+            if (cfg->normalize_topk) v = sigmoid ? v / (s + 1e-20) : s > 0 ? v / s : 0.0;
+            w[j] = (float)(v * cfg->route_scale); // route_scale 1: the bits of v
         }
     }
 
-    // 5. aux loss E * sum_e f_e P_e with f_e from pre-drop choices, z-loss
+    // 5. aux loss E * sum_e f_e P_e with f_e from pre-drop choices, z-loss.
+    // Sigmoid scores do not sum to 1: P_e = mean_t s_te / sum_e' s_te' (the
+    // normalised scores of DeepSeek-V3's sequence-wise balance loss, eq. 20).
     memset(plan->aux_f, 0, E * sizeof *plan->aux_f);
     int kf = cfg->aux_counts_all_k ? k : 1;
     for (int t = 0; t < T; t++)
         for (int j = 0; j < kf; j++)
             plan->aux_f[plan->choice[(size_t)t * k + j]] += 1.0f;
     double aux = 0.0;
-    for (int e = 0; e < E; e++) {
+    for (int e = 0; e < E && !sigmoid; e++) {
         double P = 0.0;
         for (int t = 0; t < T; t++)
             P += plan->probs[(size_t)t * E + e];
         plan->aux_f[e] = T ? plan->aux_f[e] / T : 0.0f;
         aux += plan->aux_f[e] * (T ? P / T : 0.0);
     }
+    if (sigmoid) { // sum_e f_e P_e = mean_t (sum_e f_e s_te) / S_t: no [E] scratch needed
+        for (int e = 0; e < E; e++)
+            plan->aux_f[e] = T ? plan->aux_f[e] / T : 0.0f;
+        for (int t = 0; t < T; t++) {
+            const float *p = plan->probs + (size_t)t * E;
+            double S = 0.0, fs = 0.0;
+            for (int e = 0; e < E; e++)
+                S += p[e], fs += (double)plan->aux_f[e] * p[e];
+            if (S > 0) aux += fs / S;
+        }
+        aux = T ? aux / T : 0.0;
+    }
     plan->aux_loss = (float)(E * aux);
     plan->z_loss = T ? (float)(z / T) : 0.0f;
     return 0;
 }
 
-// Per token, with p the softmax, w the combine weights over kept choices,
-// S = sum_kept p:
-//   normalised:   dp_i = (dw_i - sum_j dw_j w_j) / S      for kept i
-//   raw:          dp_i = dw_i
+// Per token, with p the scores, w the combine weights over kept choices,
+// S = sum_kept p, c = route_scale (w_i = c p_i / S, or c p_i raw):
+//   normalised:   dp_i = (c dw_i - sum_j dw_j w_j) / S    for kept i (S + 1e-20: sigmoid)
+//   raw:          dp_i = c dw_i
+// softmax scores:
 //   aux:          dp_e += aux_scale * E * f_e / T          (P_e = mean_t p)
 //   softmax:      dlogit_e = p_e (dp_e - sum_e' p_e' dp_e')
-//   z-loss:       dlogit_e += z_scale * 2 lse p_e / T
+// sigmoid scores, with A = sum_e p_e (aux: P_e = mean_t p_e / A):
+//   aux:          dp_e += aux_scale * E / T * (f_e - sum_e' f_e' p_e' / A) / A
+//   sigmoid:      dlogit_e = p_e (1 - p_e) dp_e
+// both:
+//   z-loss:       dlogit_e += z_scale * 2 lse q_e / T      (q the softmax of the logits)
 void moe_router_backward(float *dlogits, const float *dweight, const moe_plan *plan,
                          const moe_router_config *cfg, float aux_scale, float z_scale) {
     int T = plan->T, E = plan->E, k = plan->k;
     if (T == 0) return;
+    const bool sigmoid = cfg->score == MOE_SCORE_SIGMOID;
     double aux_c = (double)aux_scale * E / T;
     for (int t = 0; t < T; t++) {
         const float *p = plan->probs + (size_t)t * E;
@@ -166,19 +183,35 @@ void moe_router_backward(float *dlogits, const float *dweight, const moe_plan *p
             s += p[ex[j]];
             if (dw) dot_w += (double)dw[j] * w[j];
         }
+        if (sigmoid) s += 1e-20;
         for (int j = 0; j < k; j++) {
             if (ex[j] < 0 || !dw) continue;
+            double g = cfg->route_scale * dw[j];
             if (cfg->normalize_topk)
-                dpk[j] = s > 0 ? (dw[j] - dot_w) / s : 0.0;
+                dpk[j] = s > 0 ? (g - dot_w) / s : 0.0;
             else
-                dpk[j] = dw[j];
+                dpk[j] = g;
+        }
+        double zc = 2.0 * z_scale * plan->lse[t] / T;
+        if (sigmoid) {
+            const float *q = plan->softmax + (size_t)t * E;
+            double A = 0.0, fs = 0.0;
+            for (int e = 0; e < E; e++)
+                A += p[e], fs += (double)plan->aux_f[e] * p[e];
+            double fa = A > 0 ? fs / A : 0.0, ia = A > 0 ? aux_c / A : 0.0;
+            for (int e = 0; e < E; e++) {
+                double dp = ia * (plan->aux_f[e] - fa);
+                for (int j = 0; j < k; j++)
+                    if (ex[j] == e) dp += dpk[j];
+                dl[e] += (float)((double)p[e] * (1.0 - p[e]) * dp + zc * q[e]);
+            }
+            continue;
         }
         double dot = 0.0; // sum_e p_e dp_e
         for (int e = 0; e < E; e++)
             dot += p[e] * aux_c * plan->aux_f[e];
         for (int j = 0; j < k; j++)
             if (ex[j] >= 0) dot += p[ex[j]] * dpk[j];
-        double zc = 2.0 * z_scale * plan->lse[t] / T;
         for (int e = 0; e < E; e++) {
             double dp = aux_c * plan->aux_f[e];
             for (int j = 0; j < k; j++)

@@ -131,6 +131,39 @@ START_TEST(test_plan_equals_router_forward) {
 }
 END_TEST
 
+// Sigmoid scores and route_scale through --set: the plan equals the router's,
+// normalised weights sum to the scale, and the metadata records both keys.
+START_TEST(test_sigmoid_route_scale_through_set) {
+    make_batch(5);
+    const char *in = tu_in_dir("in.safetensors"), *out = tu_in_dir("plan.safetensors");
+    write_logits(in, false);
+    ck_assert_int_eq(MOE("route", "--logits", in, "--set", "router.score=sigmoid", "--set",
+                         "router.route_scale=2", "--set", "router.capacity_factor=1", "--out", out),
+                     0);
+    const char *sets[] = {
+        "router.score", "sigmoid", "router.route_scale", "2", "router.capacity_factor", "1", NULL};
+    moe_plan p;
+    route_direct(&p, logits, NULL, sets, false, 0);
+    ck_assert_int_gt(n_dropped(&p), 0);
+    for (int t = 0; t < T; t++) {
+        double s = 0;
+        for (int j = 0; j < p.k; j++)
+            s += p.weight[t * p.k + j];
+        if (p.expert[t * p.k] >= 0 || p.expert[t * p.k + 1] >= 0)
+            ck_assert_double_eq_tol(s, 2.0, 1e-5);
+    }
+    expect_plan_file(out, &p);
+    moe_plan_free(&p);
+    moe_st_file *f;
+    ck_assert_int_eq(moe_st_open(out, &f), 0);
+    ck_assert_str_eq(moe_st_meta(f, "router.score"), "sigmoid");
+    ck_assert_str_eq(moe_st_meta(f, "router.route_scale"), "2");
+    moe_st_close(f);
+    ck_assert_int_eq(MOE("route", "--logits", in, "--set", "router.route_scale=0", "--out", out),
+                     2);
+}
+END_TEST
+
 START_TEST(test_defaults_top1_and_dropless) {
     make_batch(2);
     const char *in = tu_in_dir("in.safetensors"), *out = tu_in_dir("plan.safetensors");
@@ -378,6 +411,7 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("core");
     tcase_add_checked_fixture(tc, tu_dir_setup, tu_dir_teardown);
     tcase_add_test(tc, test_plan_equals_router_forward);
+    tcase_add_test(tc, test_sigmoid_route_scale_through_set);
     tcase_add_test(tc, test_defaults_top1_and_dropless);
     tcase_add_test(tc, test_task_ids_from_separate_file);
     tcase_add_test(tc, test_train_applies_seeded_jitter);

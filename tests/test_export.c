@@ -90,6 +90,8 @@ START_TEST(test_export_refuses_what_mixtral_cannot_express) {
         {{"moe.task_layers=[1]", ""}, "task routing"},
         {{"moe.every=2", ""}, "dense layers"},
         {{"router.normalize_topk=false", ""}, "normalize_topk"},
+        {{"router.score=sigmoid", ""}, "router.score"},
+        {{"router.route_scale=2.5", ""}, "router.route_scale"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         moe_config c = base();

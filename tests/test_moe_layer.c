@@ -418,6 +418,29 @@ START_TEST(test_gradients_top1_raw_weights_aux_all_k) {
 }
 END_TEST
 
+// router.score = sigmoid (DeepSeek-V3 weights) with route_scale 2.5, drops and
+// a shared expert; then raw sigmoid weights, top-1.
+START_TEST(test_gradients_sigmoid_scores_route_scale) {
+    fixture f;
+    moe_layer_config c = small_cfg(12, 6, 5, 4, 2, 0.75, 1);
+    c.H_shared = 4;
+    c.router.score = MOE_SCORE_SIGMOID;
+    c.router.route_scale = 2.5;
+    fx_init(&f, &c, 9, 1.0f);
+    fx_forward(&f, NULL);
+    ck_assert_int_gt(n_dropped(&f), 0);
+    check_all_gradients(&f);
+    fx_free(&f);
+    c = small_cfg(10, 6, 5, 3, 1, 1.0, 1);
+    c.router.score = MOE_SCORE_SIGMOID;
+    c.router.normalize_topk = false;
+    c.router.route_scale = 1.5;
+    fx_init(&f, &c, 10, 1.0f);
+    check_all_gradients(&f);
+    fx_free(&f);
+}
+END_TEST
+
 START_TEST(test_gradients_task_routing) {
     fixture f;
     moe_layer_config c = small_cfg(12, 6, 5, 4, 2, 1.0, 1);
@@ -632,6 +655,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_dropped_assignments_contribute_exactly_zero);
     tcase_add_test(tc, test_gradients_with_drops_and_shared_expert);
     tcase_add_test(tc, test_gradients_top1_raw_weights_aux_all_k);
+    tcase_add_test(tc, test_gradients_sigmoid_scores_route_scale);
     tcase_add_test(tc, test_gradients_task_routing);
     tcase_add_test(tc, test_gradients_with_router_jitter);
     tcase_add_test(tc, test_edge_expert_with_zero_tokens);

@@ -86,6 +86,11 @@ static const key_def keys[] = {
      "training noise on the routing decision"},
     {"router.noise_eps", K_DBL, F(router.noise_eps), NO, "0.01", NULL, RD(0, 1, HI_OPEN),
      "jitter half-width"},
+    {"router.score", K_ENUM, F(router.score), NO, "softmax", "softmax|sigmoid", R0,
+     "routing scores: softmax over the experts, or sigmoid per expert (DeepSeek-V3: top-k on "
+     "the scores, weights = chosen scores, over their sum when normalize_topk)"},
+    {"router.route_scale", K_DBL, F(router.route_scale), NO, "1.0", NULL, RD(0, 1e6, LO_OPEN),
+     "routed scaling factor: multiplies every combine weight (DeepSeek-V3 uses 2.5)"},
     {"router.aux_loss_coef", K_DBL, F(router.aux_loss_coef), NO, "0.01", NULL, RD(0, 1e6, 0),
      "load-balancing loss weight"},
     {"router.z_loss_coef", K_DBL, F(router.z_loss_coef), NO, "0.001", NULL, RD(0, 1e6, 0),

@@ -3,7 +3,8 @@
 // whose names and shapes are already Mixtral's. Byte vocabulary, no tokenizer
 // files. What Mixtral cannot express is refused, naming the feature: shared
 // experts, per-layer expert counts (pyramid), task-routed layers, dense
-// layers between MoE layers, unnormalised top-k weights.
+// layers between MoE layers, unnormalised top-k weights, sigmoid scores and
+// route_scale != 1.
 #include "moe/export.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
@@ -43,6 +44,11 @@ static void unsupported(const moe_config *c, char *msg, size_t cap) {
             c->moe.every);
     if (!c->router.normalize_topk)
         ADD("raw top-k weights (router.normalize_topk = false; Mixtral renormalises)");
+    if (c->router.score != MOE_SCORE_SOFTMAX)
+        ADD("sigmoid routing scores (router.score = sigmoid; Mixtral uses softmax)");
+    if (c->router.route_scale != 1.0)
+        ADD("scaled routing weights (router.route_scale = %g; Mixtral has no scale)",
+            c->router.route_scale);
 #undef ADD
 }
 

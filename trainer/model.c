@@ -472,13 +472,15 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
 #ifndef MOE_HAVE_CUDA
     if (cuda) return moe_fail(MOE_EINVAL, "built without CUDA");
 #endif
-    const char *no = h->ep                                 ? "parallel.ep > 1"
-                     : h->chunks > 1                       ? "memory.mini_seq > 1"
-                     : !strcmp(cfg->loss.impl, "cce")      ? "loss.impl = cce"
-                     : cfg->moe.n_task_layers > 0          ? "moe.task_layers"
-                     : cfg->router.noise != MOE_NOISE_NONE ? "router.noise other than none"
-                     : cfg->router.n_task_priority > 0     ? "router.task_priority"
-                                                           : NULL;
+    const char *no = h->ep                                    ? "parallel.ep > 1"
+                     : h->chunks > 1                          ? "memory.mini_seq > 1"
+                     : !strcmp(cfg->loss.impl, "cce")         ? "loss.impl = cce"
+                     : cfg->moe.n_task_layers > 0             ? "moe.task_layers"
+                     : cfg->router.noise != MOE_NOISE_NONE    ? "router.noise other than none"
+                     : cfg->router.n_task_priority > 0        ? "router.task_priority"
+                     : cfg->router.score != MOE_SCORE_SOFTMAX ? "router.score = sigmoid"
+                     : cfg->router.route_scale != 1.0         ? "router.route_scale other than 1"
+                                                              : NULL;
     if (no) return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet", no);
     *g = *h; // sizes, config, table and the host-side statistics arrays (shared)
     g->ops = ops;

@@ -381,6 +381,9 @@ extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, co
             "cuda router: call sizes T=%d E=%d k=%d do not fit the plan (T_max=%d E=%d k=%d)", T, E,
             k, p->T_max, p->E, p->k);
     MOE_TRY(moe_router_config_check(cfg, E));
+    if (cfg->score != MOE_SCORE_SOFTMAX || cfg->route_scale != 1.0)
+        return moe_fail(MOE_EINVAL, "cuda router: router.score = sigmoid and router.route_scale "
+                                    "!= 1 are not supported on the GPU (CPU router only)");
     if (training && cfg->noise == MOE_NOISE_GUMBEL)
         return moe_fail(MOE_EINVAL, "cuda router: router.noise = gumbel is not supported on the "
                                     "GPU (use jitter or none)");
@@ -518,6 +521,9 @@ extern "C" int moe_cuda_router_backward(float *dlogits, const float *dweight,
                                         const moe_cuda_plan *p, const moe_router_config *cfg,
                                         float aux_scale, float z_scale) {
     int T = p->T, E = p->E, k = p->k;
+    if (cfg->score != MOE_SCORE_SOFTMAX || cfg->route_scale != 1.0)
+        return moe_fail(MOE_EINVAL, "cuda router: router.score = sigmoid and router.route_scale "
+                                    "!= 1 are not supported on the GPU (CPU router only)");
     if (T == 0) return 0;
     moe_cuda_ctx c = {};
     MOE_TRY(moe_cuda_ctx_get(&c));

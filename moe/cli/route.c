@@ -32,9 +32,10 @@ static void help(FILE *fp) {
             "  --set KEY=VALUE  router config, e.g. --set router.top_k=1\n"
             "                   --set router.slot_order=priority --set router.task_priority=1,2\n"
             "                   keys: router.{top_k, capacity_factor (<= 0: dropless),\n"
-            "                   min_capacity, slot_order, normalize_topk, noise, noise_eps,\n"
-            "                   aux_loss_coef, z_loss_coef, aux_counts_all_k, task_priority,\n"
-            "                   seed}; capacity.mode must stay static (one call has no load\n"
+            "                   min_capacity, slot_order, normalize_topk, score (softmax |\n"
+            "                   sigmoid), route_scale, noise, noise_eps, aux_loss_coef,\n"
+            "                   z_loss_coef, aux_counts_all_k, task_priority, seed};\n"
+            "                   capacity.mode must stay static (one call has no load\n"
             "                   history for dynamic capacity)\n"
             "  --train          apply router.noise, seeded by (router.seed, --step). Here the\n"
             "                   logits are the router input: jitter multiplies the logits\n"
@@ -170,6 +171,9 @@ static void config_metadata(const moe_router_config *c, bool training, uint64_t 
     snprintf(KV("router.min_capacity"), META_LEN, "%d", c->min_capacity);
     snprintf(KV("router.slot_order"), META_LEN, "%s", orders[c->slot_order]);
     snprintf(KV("router.normalize_topk"), META_LEN, "%s", c->normalize_topk ? "true" : "false");
+    snprintf(KV("router.score"), META_LEN, "%s",
+             c->score == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax");
+    fmt_double(KV("router.route_scale"), META_LEN, c->route_scale);
     snprintf(KV("router.noise"), META_LEN, "%s", noises[c->noise]);
     fmt_double(KV("router.noise_eps"), META_LEN, c->noise_eps);
     fmt_double(KV("router.aux_loss_coef"), META_LEN, c->aux_loss_coef);

@@ -20,6 +20,14 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
         return moe_fail(MOE_EINVAL, "moe layer on the GPU: task routing (moe.task_layers), "
                                     "expert parallelism (parallel.ep) and memory.mini_seq are "
                                     "not supported yet");
+    if (cfg->router.score != MOE_SCORE_SOFTMAX)
+        return moe_fail(MOE_EINVAL, "moe layer on the GPU: router.score = sigmoid is not supported "
+                                    "yet (use softmax, or the CPU)");
+    if (cfg->router.route_scale != 1.0)
+        return moe_fail(MOE_EINVAL,
+                        "moe layer on the GPU: router.route_scale = %g is not supported yet "
+                        "(only 1; or use the CPU)",
+                        cfg->router.route_scale);
     a->ops = ops;
     a->cfg = *cfg;
     const size_t T = (size_t)cfg->T_max, D = (size_t)cfg->D, H = (size_t)cfg->H;

@@ -1,4 +1,4 @@
-// Gating: softmax, top-k with noise, capacity, slot order (position or
+// Gating: softmax or sigmoid scores, top-k with noise, capacity, slot order (position or
 // Batch Prioritized Routing), combine weights, aux and z losses, load
 // statistics and the dynamic-capacity controller. Plain arrays in, a plan out;
 // the router knows nothing of models or ranks. Semantics: DESIGN.md "Router
@@ -19,6 +19,9 @@ extern "C" {
 typedef enum { MOE_SLOT_POSITION = 0, MOE_SLOT_PRIORITY } moe_slot_order;
 typedef enum { MOE_NOISE_NONE = 0, MOE_NOISE_JITTER, MOE_NOISE_GUMBEL } moe_noise;
 typedef enum { MOE_CAPACITY_STATIC = 0, MOE_CAPACITY_DYNAMIC } moe_capacity_mode;
+// router.score: softmax over the experts, or an independent sigmoid per expert
+// (DeepSeek-V3); README "Router semantics" gives the weights and losses of each.
+typedef enum { MOE_SCORE_SOFTMAX = 0, MOE_SCORE_SIGMOID } moe_score;
 
 typedef struct {
     int top_k;                 // router.top_k
@@ -33,7 +36,9 @@ typedef struct {
     bool aux_counts_all_k;     // router.aux_counts_all_k
     int n_task_priority;       // length of router.task_priority (0: none)
     double task_priority[MOE_MAX_TASKS];
-    uint64_t seed; // router.seed
+    uint64_t seed;      // router.seed
+    moe_score score;    // router.score
+    double route_scale; // router.route_scale: multiplies every combine weight
 
     moe_capacity_mode capacity_mode; // capacity.mode
     double ema;                      // capacity.ema
@@ -60,14 +65,15 @@ typedef struct {
     int *choice;    // [T, k] expert of choice j before dropping (kept for stats)
     int *slot;      // [T, k] row within the expert's segment, -1 if dropped
     float *weight;  // [T, k] combine weight, 0 if dropped
-    float *probs;   // [T, E] softmax of the logits (saved for backward)
-    float *lse;     // [T] logsumexp of the logits (z-loss backward)
+    float *probs;   // [T, E] routing scores: softmax or sigmoid of the logits (router.score)
+    float *softmax; // [T, E] softmax of the logits under sigmoid scores (z-loss backward)
+    float *lse;     // [T] logsumexp of the logits (z-loss)
     int *counts;    // [E] assignments before dropping (all k choices)
     int *kept;      // [E] assignments kept
     int *capacity;  // [E] capacity used for this call
     int *offsets;   // [E + 1] start row of each expert in the permuted buffer
     float *aux_f;   // [E] f_e of the aux loss (treated as constant in backward)
-    float aux_loss; // E * sum_e f_e * P_e
+    float aux_loss; // E * sum_e f_e * P_e (P_e: mean score, sigmoid scores summed to 1 first)
     float z_loss;   // mean_t lse_t^2
     int *order;     // [T] token order used for slot assignment
     void *scratch;  // [T] sort keys for the priority order

@@ -5,6 +5,7 @@
 // trainer_state.json field validated.
 #include "moe/checkpoint.h"
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/fsio.h"
 #include "moe/log.h"
 #include "moe/safetensors.h"
@@ -477,12 +478,11 @@ static int check_layer_state(const char *path, json_t *o, int l, const moe_model
 }
 
 static int load_state(const char *path, moe_model *m, moe_adamw *opt, moe_train_state *st) {
-    struct stat sb; // a FIFO would block json_load_file forever
-    if (stat(path, &sb) != 0)
-        return moe_fail(MOE_ENOTFOUND, "%s: cannot open: %s", path, strerror(errno));
-    if (!S_ISREG(sb.st_mode)) return moe_fail(MOE_EFORMAT, "%s: not a regular file", path);
+    FILE *f; // a FIFO would block the read: refused
+    MOE_TRY(moe_fopen_regular(path, &f));
     json_error_t jerr;
-    json_t *doc = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *doc = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
+    fclose(f);
     if (!doc) return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
     int rc = 0, n_dyn = 0;
     json_int_t step = 0, adam_step = 0;

@@ -562,27 +562,32 @@ static int set_json(moe_config *cfg, const key_def *k, json_t *v) {
 }
 
 int moe_config_load(moe_config *cfg, moe_config_src *src, const char *path) {
-    MOE_TRY(moe_check_regular_file(path)); // a FIFO would block json_load_file
+    // Read once through moe_fopen_regular (a FIFO would block): jansson parses
+    // the text, json_pos_scan finds each key's line and column in it (jansson
+    // keeps none; without them, out of memory, messages fall back to 1:1).
     FILE *f;
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root) return moe_fail(MOE_EINVAL, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
-    int rc = 0, npos = 0;
-    json_pos *pos = NULL;
-    char *text = NULL, *key = NULL, *where = NULL;
-    // Re-read the text for key positions (jansson keeps none); without them
-    // (out of memory) messages fall back to 1:1.
-    f = fopen(path, "rb");
-    if (f && fseek(f, 0, SEEK_END) == 0) {
-        long len = ftell(f);
-        rewind(f);
-        text = len >= 0 ? calloc((size_t)len + 1, 1) : NULL;
-        if (text && fread(text, 1, (size_t)len, f) == (size_t)len) {
-            npos = json_pos_scan(text, &pos);
-            if (npos < 0) npos = 0;
-        }
+    MOE_TRY(moe_fopen_regular(path, &f));
+    long len = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
+    char *text = len >= 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)len + 1) : NULL;
+    int unread = !text || fread(text, 1, (size_t)len, f) != (size_t)len;
+    fclose(f);
+    if (unread) {
+        int code = text || len < 0 ? MOE_EIO : MOE_ENOMEM;
+        free(text);
+        return moe_fail(code, "%s: cannot read", path);
     }
-    if (f) fclose(f);
+    text[len] = 0;
+    json_error_t jerr;
+    json_t *root = json_loadb(text, (size_t)len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root) {
+        free(text);
+        return moe_fail(MOE_EINVAL, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
+    }
+    int rc = 0;
+    json_pos *pos = NULL;
+    char *key = NULL, *where = NULL;
+    int npos = json_pos_scan(text, &pos);
+    if (npos < 0) npos = 0;
 #define WHERE(key)                                                                                 \
     (json_pos_find(pos, npos, key) ? json_pos_find(pos, npos, key)->line : 1),                     \
         (json_pos_find(pos, npos, key) ? json_pos_find(pos, npos, key)->col : 1)

@@ -3,6 +3,7 @@
 // reports what it loaded (bytes read, experts per layer, peak RSS) on stderr.
 #include "moe/cli/cli.h"
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/infer.h"
 #include "moe/task_experts.h"
 
@@ -11,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <sys/stat.h>
 
 enum { MAX_LINES = 4096, MAX_LINE = 1 << 20, BATCH = 64 };
 
@@ -57,11 +57,8 @@ static void print_answer(FILE *f, const int32_t *t, int n, int stop) {
 // file that is not a regular file (a folder, a FIFO, /dev/zero) is refused with
 // the file and line named, before anything grows without bound.
 static int read_lines(const char *path, char **lines, int cap) {
-    struct stat sb;
-    if (stat(path, &sb) != 0) return moe_fail(MOE_ENOTFOUND, "%s: %s", path, strerror(errno));
-    if (!S_ISREG(sb.st_mode)) return moe_fail(MOE_EINVAL, "--input %s: not a regular file", path);
-    FILE *f = fopen(path, "r");
-    if (!f) return moe_fail(MOE_EIO, "%s: cannot open: %s", path, strerror(errno));
+    FILE *f;
+    MOE_TRY(moe_fopen_regular(path, &f));
     char *buf = malloc(MAX_LINE + 1);
     int n = 0, rc = buf ? 0 : moe_fail(MOE_ENOMEM, "%s: out of memory", path);
     for (int c = 0; rc == 0 && c != EOF;) {

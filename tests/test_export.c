@@ -15,32 +15,13 @@
 #include <string.h>
 #include <sys/wait.h>
 
-// tu_small_config (2 layers, d 32, 4 experts in every layer) on 2 x 16 tokens.
-static moe_config base(void) {
-    moe_config c = tu_small_config();
-    c.model.seq_len = 16;
-    c.train.batch_size = 2;
-    return c;
-}
-
-static void save(const moe_config *c, const char *dir) {
-    moe_model m;
-    moe_adamw opt;
-    ck_assert_int_eq(moe_model_init(&m, c, 2, 16, 5), 0);
-    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
-    moe_train_state st = {0};
-    ck_assert_int_eq(moe_ckpt_save(dir, &m, &opt, &st, NULL), 0);
-    moe_adamw_free(&opt);
-    moe_model_free(&m);
-}
-
 START_TEST(test_export_writes_a_mixtral_folder) {
     char root[600], ck[700], out[700], p[800];
     snprintf(root, sizeof root, "%s", tu_tmpdir());
     snprintf(ck, sizeof ck, "%s/ck", root);
     snprintf(out, sizeof out, "%s/hf", root);
-    moe_config c = base();
-    save(&c, ck);
+    moe_config c = tu_ckpt_config();
+    tu_save_checkpoint(&c, ck);
     ck_assert_int_eq(moe_export_hf(ck, out), 0);
     snprintf(p, sizeof p, "%s/config.json", out);
     json_error_t err;
@@ -94,11 +75,11 @@ START_TEST(test_export_refuses_what_mixtral_cannot_express) {
         {{"router.route_scale=2.5", ""}, "router.route_scale"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        moe_config c = base();
+        moe_config c = tu_ckpt_config();
         for (int j = 0; j < 2; j++)
             if (cases[i].set[j][0]) ck_assert_int_eq(moe_config_set(&c, NULL, cases[i].set[j]), 0);
         snprintf(ck, sizeof ck, "%s/ck%zu", root, i);
-        save(&c, ck);
+        tu_save_checkpoint(&c, ck);
         ck_assert_int_eq(moe_export_hf(ck, out), MOE_EINVAL);
         ck_assert_msg(strstr(moe_last_error(), cases[i].word), "%s", moe_last_error());
         ck_assert_ptr_nonnull(strstr(moe_last_error(), "Mixtral cannot express"));
@@ -118,9 +99,9 @@ START_TEST(test_dump_logits_matches_a_dropless_forward) {
     char root[600], ck[700], dump[800], cmd[2048];
     snprintf(root, sizeof root, "%s", tu_tmpdir());
     snprintf(ck, sizeof ck, "%s/ck", root);
-    moe_config c = base();
+    moe_config c = tu_ckpt_config();
     c.router.capacity_factor = 0.5; // the dump must ignore capacity
-    save(&c, ck);
+    tu_save_checkpoint(&c, ck);
     snprintf(dump, sizeof dump, "%s/logits.safetensors", root);
     snprintf(cmd, sizeof cmd,
              "'%s' eval '%s' --samples 0 --batches 1 --dump-logits '%s' >/dev/null",

@@ -27,25 +27,6 @@
 // A hang is the failure these tests look for: the alarm turns it into one.
 enum { HANG_GUARD_S = 120 };
 
-// tu_small_config (2 layers, d 32, 4 experts per layer) on 2 x 16 tokens.
-static moe_config base(void) {
-    moe_config c = tu_small_config();
-    c.model.seq_len = 16;
-    c.train.batch_size = 2;
-    return c;
-}
-
-static void save(const moe_config *c, const char *dir) {
-    moe_model m;
-    moe_adamw opt;
-    ck_assert_int_eq(moe_model_init(&m, c, 2, 16, 5), 0);
-    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
-    moe_train_state st = {0};
-    ck_assert_msg(moe_ckpt_save(dir, &m, &opt, &st, NULL) == 0, "%s", moe_last_error());
-    moe_adamw_free(&opt);
-    moe_model_free(&m);
-}
-
 static const char *join(const char *dir, const char *name) {
     static char buf[4][1024];
     static int k;
@@ -135,8 +116,8 @@ START_TEST(test_fifo_in_place_of_any_input_is_refused_without_blocking) {
     char root[600], ck[700];
     snprintf(root, sizeof root, "%s", tu_tmpdir());
     snprintf(ck, sizeof ck, "%s/ck", root);
-    moe_config c = base();
-    save(&c, ck);
+    moe_config c = tu_ckpt_config();
+    tu_save_checkpoint(&c, ck);
     moe_st_file *f;
     moe_st_set *s;
     // the helper itself: FIFO and folder refused, a regular file opened
@@ -187,12 +168,13 @@ START_TEST(test_fifo_in_place_of_any_input_is_refused_without_blocking) {
     make_fifo(join(ck, "trainer_state.json"));
     moe_model mm;
     ck_assert_int_eq(moe_model_init(&mm, &c, 2, 16, 5), 0);
-    expect(moe_ckpt_load(ck, &mm, NULL, NULL), MOE_EFORMAT, "trainer_state.json: not a regular file");
+    expect(moe_ckpt_load(ck, &mm, NULL, NULL), MOE_EFORMAT,
+           "trainer_state.json: not a regular file");
     moe_model_free(&mm);
     unlink(join(ck, "trainer_state.json"));
     rename(join(root, "state.keep"), join(ck, "trainer_state.json"));
     // a data file
-    moe_config dc = base();
+    moe_config dc = tu_ckpt_config();
     snprintf(dc.data.kind, sizeof dc.data.kind, "bin");
     snprintf(dc.data.path, sizeof dc.data.path, "%s", join(root, "fifo"));
     moe_data d;
@@ -212,8 +194,8 @@ START_TEST(test_non_finite_weights_are_refused_by_every_loader) {
     char root[600], ck[700], args[2048];
     snprintf(root, sizeof root, "%s", tu_tmpdir());
     snprintf(ck, sizeof ck, "%s/ck", root);
-    moe_config c = base();
-    save(&c, ck);
+    moe_config c = tu_ckpt_config();
+    tu_save_checkpoint(&c, ck);
     rewrite_model(ck, nan_in_norm);
     const char *word = "tensor 'model.layers.1.post_attention_layernorm.weight' has a non-finite "
                        "value at element 7 [7]";
@@ -233,7 +215,7 @@ START_TEST(test_non_finite_weights_are_refused_by_every_loader) {
     ck_assert_int_eq(tu_run_moe(root, args), 2);
     ck_assert_ptr_nonnull(strstr(tu_file_text(root, "err.txt"), word));
     // an expert weight, -Inf, in a fresh checkpoint (training resume reads it the same way)
-    save(&c, ck);
+    tu_save_checkpoint(&c, ck);
     rewrite_model(ck, inf_in_expert);
     ck_assert_int_eq(moe_model_init(&m, &c, 2, 16, 5), 0);
     expect(moe_ckpt_load(ck, &m, NULL, NULL), MOE_EFORMAT,
@@ -252,7 +234,7 @@ START_TEST(test_swiglu_carries_nan_and_inf_without_undefined_behaviour) {
     ck_assert_int_eq(moe_cpu_swiglu_forward(h, ab, 1, H), 0);
     ck_assert(isnan(h[0]));
     ck_assert(h[3] == 1e30f);              // silu(x) = x for large x
-    ck_assert(fabsf(h[4]) < 1e-6f); // and about 0 for very negative x
+    ck_assert(fabsf(h[4]) < 1e-6f);        // and about 0 for very negative x
     ck_assert(isinf(h[1]) || isnan(h[1])); // inf / (1 + e^-88)
     ck_assert_int_eq(moe_cpu_swiglu_backward(dab, dh, ab, 1, H), 0);
     ck_assert(isnan(dab[0]) && isnan(dab[H]));
@@ -265,8 +247,8 @@ START_TEST(test_expert_parallel_checkpoint_evaluates_and_exports_in_one_process)
     char root[600], ck[700], args[2048];
     snprintf(root, sizeof root, "%s", tu_tmpdir());
     snprintf(ck, sizeof ck, "%s/ck", root);
-    moe_config c = base();
-    save(&c, ck);
+    moe_config c = tu_ckpt_config();
+    tu_save_checkpoint(&c, ck);
     // rank 0 of an ep = 2 run writes every expert: the files differ only in config.json
     moe_config ep = c;
     ep.parallel.ep = 2;
@@ -295,8 +277,8 @@ START_TEST(test_export_refuses_a_tensor_of_the_wrong_dtype) {
     char root[600], ck[700];
     snprintf(root, sizeof root, "%s", tu_tmpdir());
     snprintf(ck, sizeof ck, "%s/ck", root);
-    moe_config c = base();
-    save(&c, ck);
+    moe_config c = tu_ckpt_config();
+    tu_save_checkpoint(&c, ck);
     rewrite_model(ck, norm_as_i32);
     expect(moe_export_hf(ck, join(root, "hf")), MOE_EFORMAT,
            "tensor 'model.norm.weight' is I32 [32], the config expects F32 [32]");
@@ -308,8 +290,8 @@ START_TEST(test_export_and_generate_refuse_tensors_the_config_lacks) {
     char root[600], ck[700], args[2048];
     snprintf(root, sizeof root, "%s", tu_tmpdir());
     snprintf(ck, sizeof ck, "%s/ck", root);
-    moe_config c = base();
-    save(&c, ck);
+    moe_config c = tu_ckpt_config();
+    tu_save_checkpoint(&c, ck);
     rewrite_model(ck, extra_tensor);
     expect(moe_export_hf(ck, join(root, "hf")), MOE_EFORMAT,
            "tensor 'model.layers.0.block_sparse_moe.experts.4.w9.weight' does not belong");
@@ -317,7 +299,7 @@ START_TEST(test_export_and_generate_refuse_tensors_the_config_lacks) {
     moe_infer_opts o = {.task = "copy"};
     expect(moe_infer_open(&inf, ck, &o), MOE_EFORMAT, "experts.4.w9.weight' does not belong");
     // config.json edited to one layer: the weights of layer 1 are extra
-    save(&c, ck);
+    tu_save_checkpoint(&c, ck);
     moe_config one = c;
     one.model.n_layers = 1;
     write_config(&one, join(ck, "config.json"));
@@ -343,9 +325,9 @@ START_TEST(test_export_never_writes_into_a_checkpoint_folder) {
     snprintf(root, sizeof root, "%s", tu_tmpdir());
     snprintf(ck, sizeof ck, "%s/ck", root);
     snprintf(other, sizeof other, "%s/other", root);
-    moe_config c = base();
-    save(&c, ck);
-    save(&c, other);
+    moe_config c = tu_ckpt_config();
+    tu_save_checkpoint(&c, ck);
+    tu_save_checkpoint(&c, other);
     long before = size_of(join(ck, "model.safetensors"));
     const char *cfg_before = strdup(tu_file_text(ck, "config.json"));
     expect(moe_export_hf(ck, ck), MOE_EINVAL, "is the checkpoint");

@@ -1,5 +1,9 @@
 // Test helpers (see testutil.h).
 #include "testutil.h"
+#include "moe/checkpoint.h"
+#include "moe/error.h"
+#include "moe/model.h"
+#include "moe/optim.h"
 
 #include <dirent.h>
 #include <math.h>
@@ -156,4 +160,22 @@ moe_config tu_small_config(void) {
     c.train.eval_every = 0;
     c.train.lr = 1e-2;
     return c;
+}
+
+moe_config tu_ckpt_config(void) {
+    moe_config c = tu_small_config();
+    c.model.seq_len = 16;
+    c.train.batch_size = 2;
+    return c;
+}
+
+void tu_save_checkpoint(const moe_config *c, const char *dir) {
+    moe_model m;
+    moe_adamw opt;
+    ck_assert_int_eq(moe_model_init(&m, c, 2, 16, 5), 0);
+    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
+    moe_train_state st = {0};
+    ck_assert_msg(moe_ckpt_save(dir, &m, &opt, &st, NULL) == 0, "%s", moe_last_error());
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
 }

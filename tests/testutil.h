@@ -41,6 +41,11 @@ int tu_count_entries(const char *dir);
 // A 2-layer d=32 model with 4 experts, batch 4 x 32 tokens, 60 steps at lr
 // 1e-2 (5 warmup), no evaluation: trains in a fraction of a second.
 moe_config tu_small_config(void);
+// tu_small_config on 2 x 16 tokens: the model the checkpoint tests save.
+moe_config tu_ckpt_config(void);
+// Saves a freshly initialised model of c (2 x 16 tokens, 5 tasks) with its
+// zero optimizer state to the checkpoint folder dir.
+void tu_save_checkpoint(const moe_config *c, const char *dir);
 
 // Runs the moe binary ($MOE_BIN, set by ctest) with args (a shell word list),
 // stdout to dir/out.txt and stderr to dir/err.txt; returns its exit status.

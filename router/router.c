@@ -1,8 +1,9 @@
 // Token-choice top-k routing: softmax or sigmoid scores (router/score.c),
-// top-k choices (ties to the lower expert; group-limited: router/groups.c), capacity with position
-// or priority slot order, combine weights (DeepSeek-V3 weights for sigmoid scores, arXiv 2412.19437
-// eq. 12-13, and router.route_scale), Switch/GShard aux loss (arXiv 2101.03961 eq. 4) and ST-MoE
-// z-loss (arXiv 2202.08906 eq. 5), and the backward pass of all three to the logits.
+// top-k choices (ties to the lower expert), capacity with position or priority
+// slot order, combine weights (DeepSeek-V3 weights for sigmoid scores, arXiv
+// 2412.19437 eq. 12-13, and router.route_scale), Switch/GShard aux loss (arXiv
+// 2101.03961 eq. 4) and ST-MoE z-loss (arXiv 2202.08906 eq. 5), and the
+// backward pass of all three to the logits.
 #include "moe/router.h"
 #include "moe/error.h"
 #include "router/internal.h"

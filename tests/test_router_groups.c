@@ -329,6 +329,32 @@ START_TEST(test_device_path_refuses_groups) {
 }
 END_TEST
 
+// moe plan at 16 nodes x 8 ranks, E = 256, top-8: the nodes a token reaches
+// and the per-node-copy bytes fall with topk_groups (topk_groups = 1: one
+// node, remote with probability 15/16); the row exchange's do not change.
+START_TEST(test_plan_inter_node_bytes_fall_with_topk_groups) {
+    moe_config c = tu_small_config();
+    ck_assert_int_eq(moe_config_set(&c, NULL, "moe.num_experts=256"), 0);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "router.top_k=8"), 0);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "parallel.ep=128"), 0);
+    moe_machine mc = {128, 16, 8, {400, 100}, {2, 5}};
+    const int tgs[4] = {1, 2, 4, 0};
+    moe_a2a_plan p[4];
+    for (int i = 0; i < 4; i++) {
+        c.router.topk_groups = tgs[i];
+        ck_assert_int_eq(moe_plan_a2a(&c, &mc, MOE_A2A_HIERARCHICAL, &p[i]), 0);
+        ck_assert_int_eq(p[i].nodes, 16);
+        ck_assert_int_eq(p[i].n_groups, 16);
+        ck_assert_int_eq(p[i].bytes_inter, p[0].bytes_inter);
+        if (i) ck_assert_int_lt(p[i - 1].bytes_inter_node_copy, p[i].bytes_inter_node_copy);
+        if (i) ck_assert(p[i - 1].remote_nodes < p[i].remote_nodes);
+    }
+    ck_assert_double_eq_tol(p[0].remote_nodes, 15.0 / 16, 1e-12);
+    ck_assert(p[1].remote_nodes <= 2 * 15.0 / 16 && p[3].remote_nodes < 8);
+    ck_assert_int_gt(p[0].bytes_inter, 0);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("router_groups");
     TCase *tc = tcase_create("core");
@@ -343,6 +369,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_node_default_resolves_to_one_group_in_one_process);
     tcase_add_test(tc, test_cli_train_with_groups_and_help);
     tcase_add_test(tc, test_device_path_refuses_groups);
+    tcase_add_test(tc, test_plan_inter_node_bytes_fall_with_topk_groups);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -81,7 +81,7 @@ START_TEST(test_group_score_max_without_bias_top2_sum_with_bias) {
     const float zero[8] = {0}, bias[8] = {0, 0, -0.5f, -0.5f, 0, 0, 0.4f, 0.4f};
     moe_router_config c = grp_cfg(2, 4, 1);
     unsigned char allow[8];
-    double gs[4];
+    double gs[8]; // n_groups of scratch: 8 in the last case
     moe_router_groups_allow(allow, gs, p, NULL, 8, &c); // max: group 0 (0.9)
     const unsigned char g0[8] = {1, 1, 0, 0, 0, 0, 0, 0};
     ck_assert_mem_eq(allow, g0, 8);

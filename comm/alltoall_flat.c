@@ -30,6 +30,8 @@ int moe_comm_mpi_alltoallv_flat(moe_comm *c, const void *send, const int *send_c
         if (d != me && send_counts[d] > 0) {
             c->stats.bytes_sent += (long)send_counts[d] * (long)elem_size;
             c->stats.msgs_sent++;
+            if (d / c->G != me / c->G)
+                c->stats.bytes_inter += (long)send_counts[d] * (long)elem_size;
         }
     return 0;
 }

@@ -77,8 +77,10 @@ int moe_comm_mpi_alltoallv_hier(moe_comm *c, const void *send, const int *send_c
         if (j != l && s1[j] > 0)
             c->stats.bytes_sent += (long)s1[j] * (long)es, c->stats.msgs_sent++;
     for (int m = 0; m < N; m++)
-        if (m != n && s2[m] > 0)
+        if (m != n && s2[m] > 0) {
             c->stats.bytes_sent += (long)s2[m] * (long)es, c->stats.msgs_sent++;
+            c->stats.bytes_inter += (long)s2[m] * (long)es;
+        }
     return 0;
 }
 

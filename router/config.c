@@ -5,6 +5,7 @@
 #include "moe/error.h"
 #include "moe/parse.h"
 #include "moe/router.h"
+#include "router/internal.h"
 
 #include <float.h>
 #include <math.h>
@@ -33,6 +34,8 @@ void moe_router_config_default(moe_router_config *cfg) {
     cfg->headroom = 0.1;
     cfg->update_every = 1;
     cfg->capacity_factor_max = 2.0;
+    cfg->n_groups = 0;    // one group per node: no limit until topk_groups is set
+    cfg->topk_groups = 0; // every group
 }
 
 enum { R_INT, R_DBL, R_DBLS };
@@ -53,6 +56,8 @@ static const range_def ranges[] = {
     {"router.aux_loss_coef", R_DBL, O(aux_loss_coef), 0, 1e6, 0},
     {"router.z_loss_coef", R_DBL, O(z_loss_coef), 0, 1e6, 0},
     {"router.route_scale", R_DBL, O(route_scale), 0, 1e6, MOE_RANGE_LO_OPEN},
+    {"router.n_groups", R_INT, O(n_groups), 0, 1 << 16, 0},
+    {"router.topk_groups", R_INT, O(topk_groups), 0, 1 << 16, 0},
     {"router.task_priority", R_DBLS, O(task_priority), -DBL_MAX, DBL_MAX, 0},
     {"capacity.ema", R_DBL, O(ema), 0, 1, MOE_RANGE_HI_OPEN},
     {"capacity.headroom", R_DBL, O(headroom), 0, 1e6, 0},
@@ -203,6 +208,7 @@ int moe_router_config_check(const moe_router_config *cfg, int E) {
         (unsigned)cfg->score > MOE_SCORE_SIGMOID)
         return moe_fail(MOE_EINVAL,
                         "router: slot_order, noise, score or capacity.mode out of range");
+    MOE_TRY(moe_router_groups_check(cfg, E));
     if (cfg->capacity_mode == MOE_CAPACITY_DYNAMIC && cfg->capacity_factor <= 0)
         return moe_fail(MOE_EINVAL,
                         "capacity.mode = dynamic needs router.capacity_factor > 0 "

@@ -17,13 +17,20 @@
 // expert index because only a strictly larger score replaces the best.
 // bias [E] (NULL: none) is added to the scores for the choice only, never to
 // the weights: the slot of DeepSeek-V3's auxiliary-loss-free balancing bias.
+// Group-limited routing (router/groups.c) first masks the experts outside the
+// token's groups, from the same biased scores; Gumbel-sampled choices stay
+// inside the groups too.
 static void topk_row(int *ch, const float *p, const float *bias, const float *x, int E, int k,
                      int gumbel, const moe_router_config *cfg, uint64_t step, size_t row) {
+    const bool grouped = moe_router_groups_active(cfg);
+    unsigned char allow[grouped ? E : 1];
+    double gscore[grouped ? cfg->n_groups : 1];
+    if (grouped) moe_router_groups_allow(allow, gscore, p, bias, E, cfg);
     for (int j = 0; j < k; j++) {
         int best = -1;
         double best_s = 0.0;
         for (int e = 0; e < E; e++) {
-            int taken = 0;
+            int taken = grouped && !allow[e];
             for (int i = 0; i < j; i++)
                 taken |= ch[i] == e;
             if (taken) continue;

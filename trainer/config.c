@@ -91,6 +91,13 @@ static const key_def keys[] = {
      "the scores, weights = chosen scores, over their sum when normalize_topk)"},
     {"router.route_scale", K_DBL, F(router.route_scale), NO, "1.0", NULL, RD(0, 1e6, LO_OPEN),
      "routed scaling factor: multiplies every combine weight (DeepSeek-V3 uses 2.5)"},
+    {"router.n_groups", K_INT, F(router.n_groups), NO, "0", NULL, RI(0, 1 << 16),
+     "expert groups for group-limited routing, consecutive experts each, dividing "
+     "moe.num_experts (0: one group per node of the expert-parallel group, 1 when "
+     "parallel.ep = 1)"},
+    {"router.topk_groups", K_INT, F(router.topk_groups), NO, "0", NULL, RI(0, 1 << 16),
+     "groups a token may route to, the best by their top-2 (biased) or top-1 score "
+     "(0: every group; with n_groups = 0 capped at the node count)"},
     {"router.aux_loss_coef", K_DBL, F(router.aux_loss_coef), NO, "0.01", NULL, RD(0, 1e6, 0),
      "load-balancing loss weight"},
     {"router.z_loss_coef", K_DBL, F(router.z_loss_coef), NO, "0.001", NULL, RD(0, 1e6, 0),

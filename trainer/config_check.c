@@ -143,6 +143,8 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
                             src_where2(src, "router.top_k", "moe.num_experts"), c->router.top_k,
                             e_min);
         int rc = moe_router_config_check(&c->router, e_min);
+        for (int i = 0; rc == 0 && i < c->moe.n_num_experts; i++) // every layer's groups
+            rc = moe_router_config_check(&c->router, c->moe.num_experts[i]);
         if (rc < 0) return moe_fail(rc, "config: %s", moe_last_error());
     }
     for (int i = 0; i < c->moe.n_task_layers; i++) {

@@ -480,7 +480,9 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
                      : cfg->router.n_task_priority > 0        ? "router.task_priority"
                      : cfg->router.score != MOE_SCORE_SOFTMAX ? "router.score = sigmoid"
                      : cfg->router.route_scale != 1.0         ? "router.route_scale other than 1"
-                                                              : NULL;
+                     : moe_router_groups_active(&cfg->router)
+                         ? "router.topk_groups (group-limited routing)"
+                         : NULL;
     if (no) return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet", no);
     *g = *h; // sizes, config, table and the host-side statistics arrays (shared)
     g->ops = ops;

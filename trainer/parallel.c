@@ -46,6 +46,29 @@ int moe_parallel_init(moe_parallel *p, moe_comm *world, const moe_config *cfg) {
     return 0;
 }
 
+int moe_parallel_ep_nodes(const moe_parallel *p) {
+    int G = p->ep ? moe_comm_ranks_per_node(p->ep) : 1;
+    return G >= 1 && p->ep_size % G == 0 ? p->ep_size / G : p->ep_size;
+}
+
+int moe_parallel_resolve_groups(const moe_parallel *p, moe_config *cfg) {
+    moe_router_config *r = &cfg->router;
+    if (r->n_groups != 0) return 0;
+    const int nodes = moe_parallel_ep_nodes(p);
+    r->n_groups = nodes;
+    if (r->topk_groups >= nodes) r->topk_groups = 0;
+    for (int l = 0; l < cfg->model.n_layers; l++) {
+        int E = moe_config_experts(cfg, l);
+        if (E && moe_router_groups_active(r) && (long)r->topk_groups * (E / nodes) < r->top_k)
+            return moe_fail(MOE_EINVAL,
+                            "router.n_groups = 0 makes one group per node: %d nodes of %d "
+                            "experts, and router.topk_groups = %d of them hold fewer than "
+                            "router.top_k = %d experts",
+                            nodes, E / nodes, r->topk_groups, r->top_k);
+    }
+    return 0;
+}
+
 void moe_parallel_free(moe_parallel *p) {
     if (p->ep) moe_comm_free(p->ep);
     if (p->edp) moe_comm_free(p->edp);

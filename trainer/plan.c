@@ -79,7 +79,7 @@ int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *ou
 // every peer, over P ranks in nodes of G (the formulas of comm.h's
 // moe_comm_a2a_predict for a uniform count matrix), and its alpha-beta time.
 static void a2a_call(long c, size_t es, int P, int G, moe_a2a_algo algo, const moe_machine *mc,
-                     long *bytes, long *msgs, double *sec) {
+                     long *bytes, long *msgs, double *sec, long *cross) {
     const int N = P / G;
     const double a[2] = {mc->latency_us[0] * 1e-6, mc->latency_us[1] * 1e-6};
     const double b[2] = {8.0 / (mc->gbps[0] * 1e9), 8.0 / (mc->gbps[1] * 1e9)}; // s per byte
@@ -88,6 +88,7 @@ static void a2a_call(long c, size_t es, int P, int G, moe_a2a_algo algo, const m
         long per = c * (long)es;
         int intra = G - 1, inter = P - G; // peers on my node, on other nodes
         *bytes += per * (P - 1);
+        *cross += per * (P - G);
         *msgs += P - 1;
         *sec += intra * (a[0] + per * b[0]) + inter * (a[1] + per * b[1]);
         return;
@@ -96,8 +97,42 @@ static void a2a_call(long c, size_t es, int P, int G, moe_a2a_algo algo, const m
     // step 2: to each other node, my node's rows for my index there (G c).
     long s1 = (long)N * c * (long)es, s2 = (long)G * c * (long)es;
     *bytes += s1 * (G - 1) + s2 * (N - 1);
+    *cross += s2 * (N - 1);
     *msgs += (G - 1) + (N - 1);
     *sec += (G - 1) * (a[0] + s1 * b[0]) + (N - 1) * (a[1] + s2 * b[1]);
+}
+
+// log C(n, r) (r <= n), for the ratios of binomials below.
+static double lchoose(int n, int r) {
+    return lgamma(n + 1.0) - lgamma(r + 1.0) - lgamma(n - r + 1.0);
+}
+
+// Expected nodes other than its own reached by a token's k choices, when the
+// experts (E / N per node, E / ng per group, consecutive) are equally likely:
+// the token's tg groups are any tg of ng, its k experts any k of theirs
+// (tg = 0: every group). A remote node m is missed with probability
+//   ng >= N: sum_j P(j of m's ng/N groups chosen) C(tg s - j s, k) / C(tg s, k)
+//   ng <  N: 1 - tg/ng + tg/ng C(tg s - E/N, k) / C(tg s, k)
+// with s = E / ng. -1 when groups and nodes do not nest.
+static double remote_nodes(int E, int k, int N, int ng, int tg) {
+    if (tg <= 0 || tg >= ng) ng = 1, tg = 1; // no limit: one group of every expert
+    const int s = E / ng, pool = tg * s;
+    if (N < 1 || E % N || E % ng || pool < k || (ng >= N ? ng % N : N % ng)) return -1;
+    double miss = 0.0;
+    if (ng >= N) {
+        const int t = ng / N;
+        for (int j = 0; j <= t && j <= tg; j++) {
+            if (tg - j > ng - t || pool - j * s < k) continue;
+            double pj = exp(lchoose(t, j) + lchoose(ng - t, tg - j) - lchoose(ng, tg));
+            miss += pj * exp(lchoose(pool - j * s, k) - lchoose(pool, k));
+        }
+    } else {
+        const double pick = (double)tg / ng;
+        const int w = E / N;
+        miss =
+            1.0 - pick + (pool - w >= k ? pick * exp(lchoose(pool - w, k) - lchoose(pool, k)) : 0);
+    }
+    return (N - 1) * (1.0 - miss);
 }
 
 int moe_plan_a2a(const moe_config *cfg, const moe_machine *mc, moe_a2a_algo algo,
@@ -110,18 +145,33 @@ int moe_plan_a2a(const moe_config *cfg, const moe_machine *mc, moe_a2a_algo algo
     // Nodes as the EP group (P consecutive ranks) sees them.
     int G = P <= G0 ? (G0 % P == 0 ? P : 1) : (P % G0 == 0 ? G0 : 1);
     const long tokens = (long)cfg->train.batch_size * cfg->model.seq_len;
-    const int k = cfg->router.top_k;
+    const int k = cfg->router.top_k, N = P / G;
+    // router.n_groups = 0: one group per node, as the trainer resolves it
+    out->nodes = N;
+    out->n_groups = cfg->router.n_groups ? cfg->router.n_groups : N;
+    out->topk_groups = cfg->router.topk_groups < out->n_groups ? cfg->router.topk_groups : 0;
+    out->remote_nodes = 0;
     for (int l = 0; l < cfg->model.n_layers; l++) {
         const int E = moe_config_experts(cfg, l);
         if (!E || P == 1) continue;
+        double rn = remote_nodes(E, k, N, out->n_groups, out->topk_groups);
+        if (rn < 0 || out->remote_nodes < 0) {
+            out->remote_nodes = -1;
+        } else {
+            out->remote_nodes = rn; // the last MoE layer's (equal when E is)
+            out->bytes_inter_node_copy += (long)llround(4.0 * cfg->train.grad_accum * tokens * rn *
+                                                        cfg->model.d_model * sizeof(float));
+        }
         int C = moe_capacity_static(&cfg->router, (int)tokens, E);
         if (C < 0) C = (int)((k * tokens + E - 1) / E); // dropless: balanced estimate
         const long El = E / P, rows = El * C;
         const size_t row_bytes = (size_t)cfg->model.d_model * sizeof(float);
         for (int a = 0; a < cfg->train.grad_accum; a++) {
-            a2a_call(El, sizeof(int), P, G, algo, mc, &out->bytes, &out->msgs, &out->seconds);
+            a2a_call(El, sizeof(int), P, G, algo, mc, &out->bytes, &out->msgs, &out->seconds,
+                     &out->bytes_inter);
             for (int i = 0; i < 4; i++) // rows out, back; in backward the same two
-                a2a_call(rows, row_bytes, P, G, algo, mc, &out->bytes, &out->msgs, &out->seconds);
+                a2a_call(rows, row_bytes, P, G, algo, mc, &out->bytes, &out->msgs, &out->seconds,
+                         &out->bytes_inter);
             out->calls += 5;
         }
     }
@@ -211,5 +261,29 @@ int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
     }
     fprintf(f, "  (every expert filled to its capacity: exact when all overflow, else an upper "
                "bound)\n");
+    moe_a2a_plan a;
+    MOE_TRY(moe_plan_a2a(cfg, mc, MOE_A2A_HIERARCHICAL, &a));
+    if (a.nodes < 2) return 0;
+    fprintf(f, "\ninter-node all-to-all per optimizer step per rank, %d nodes in the EP group:\n",
+            a.nodes);
+    for (int algo = 0; algo < 2; algo++) {
+        moe_a2a_plan b;
+        MOE_TRY(moe_plan_a2a(cfg, mc, (moe_a2a_algo)algo, &b));
+        fprintf(f, "  %-13s %14ld bytes (rows to experts on other nodes)\n",
+                algo ? "hierarchical" : "flat", b.bytes_inter);
+    }
+    fprintf(f, "  router.n_groups = %d, router.topk_groups = %d%s\n", a.n_groups, a.topk_groups,
+            a.topk_groups ? "" : " (every group: no limit)");
+    if (a.remote_nodes < 0) {
+        fprintf(f, "  (groups and nodes do not nest: no model of the nodes a token reaches)\n");
+        return 0;
+    }
+    fprintf(f,
+            "  balanced routing: a token's %d choices reach %.2f other nodes; one copy per token "
+            "and node\n  (DeepSeek-V3 dispatch) would send %ld bytes across nodes; this "
+            "exchange sends one row\n  per choice to other nodes (%.2f per token, whatever "
+            "the groups)\n",
+            cfg->router.top_k, a.remote_nodes, a.bytes_inter_node_copy,
+            cfg->router.top_k * (a.nodes - 1.0) / a.nodes);
     return 0;
 }

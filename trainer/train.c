@@ -69,6 +69,7 @@ static const char *nonfinite_grad(const moe_model *m) {
 typedef struct {
     long a2a_bytes, a2a_msgs, ar_bytes;
     double a2a_s, ar_s;
+    long a2a_inter; // the part of a2a_bytes sent to other nodes
 } comm_step;
 
 static comm_step comm_now(const moe_parallel *p) {
@@ -79,6 +80,7 @@ static comm_step comm_now(const moe_parallel *p) {
         moe_comm_stats_get(comms[i], &s);
         c.a2a_bytes += s.bytes_sent, c.a2a_msgs += s.msgs_sent, c.a2a_s += s.t_alltoall;
         c.ar_bytes += s.allreduce_bytes_sent, c.ar_s += s.t_allreduce;
+        c.a2a_inter += s.bytes_inter;
     }
     return c;
 }
@@ -109,8 +111,8 @@ static int write_metrics(FILE *f, long step, const moe_model *m, double loss, do
     }
     fprintf(f,
             "], \"comm\": {\"a2a_bytes\": %ld, \"a2a_msgs\": %ld, \"a2a_s\": %.6f, "
-            "\"allreduce_bytes\": %ld, \"allreduce_s\": %.6f}}\n",
-            c.a2a_bytes, c.a2a_msgs, c.a2a_s, c.ar_bytes, c.ar_s);
+            "\"allreduce_bytes\": %ld, \"allreduce_s\": %.6f, \"a2a_inter_bytes\": %ld}}\n",
+            c.a2a_bytes, c.a2a_msgs, c.a2a_s, c.ar_bytes, c.ar_s, c.a2a_inter);
     return fflush(f) != 0 || ferror(f) ? -1 : 0;
 }
 
@@ -166,8 +168,10 @@ static int make_dirs(const char *dir) {
     }
 }
 
-int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *r) {
+int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_result *r) {
     memset(r, 0, sizeof *r);
+    moe_config cfg_run = *cfg_in; // with router.n_groups = 0 resolved to the node count
+    const moe_config *cfg = &cfg_run;
     moe_comm *local = NULL, *world = o->world;
     if (!world) MOE_TRY(moe_comm_local(&local));
     if (!world) world = local;
@@ -191,6 +195,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     int rc = moe_config_check(cfg, NULL);
     if (rc == 0) rc = moe_device_check(cfg->train.device);
     if (rc == 0) rc = moe_parallel_init(&par, world, cfg);
+    if (rc == 0) rc = moe_parallel_resolve_groups(&par, &cfg_run);
     const bool lead = moe_comm_rank(world) == 0;
     if (rc == 0) rc = moe_data_open(&d, cfg);
     if (rc == 0)
@@ -355,6 +360,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         c.a2a_bytes -= c0.a2a_bytes, c.a2a_msgs -= c0.a2a_msgs, c.a2a_s -= c0.a2a_s;
         c.ar_bytes -= c0.ar_bytes, c.ar_s -= c0.ar_s;
         r->a2a_bytes += c.a2a_bytes, r->a2a_msgs += c.a2a_msgs;
+        c.a2a_inter -= c0.a2a_inter, r->a2a_inter_bytes += c.a2a_inter;
         if (metrics && write_metrics(metrics, step + 1, fm, loss, parts[1], parts[2], parts[3], lr,
                                      gnorm, tps, drop, c) < 0) {
             rc = metrics_failed(o->out_dir);

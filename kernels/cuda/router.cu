@@ -387,6 +387,10 @@ extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, co
     if (training && cfg->noise == MOE_NOISE_GUMBEL)
         return moe_fail(MOE_EINVAL, "cuda router: router.noise = gumbel is not supported on the "
                                     "GPU (use jitter or none)");
+    if (moe_router_groups_active(cfg))
+        return moe_fail(MOE_EINVAL, "cuda router: group-limited routing (router.n_groups, "
+                                    "router.topk_groups) is not supported on the GPU (CPU router "
+                                    "only)");
     bool priority = cfg->slot_order == MOE_SLOT_PRIORITY && T > 1;
     if (priority && cfg->n_task_priority > 0 && !task_id)
         return moe_fail(MOE_EINVAL, "router.task_priority is set but no task ids were given");

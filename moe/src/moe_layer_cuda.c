@@ -28,6 +28,12 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
                         "moe layer on the GPU: router.route_scale = %g is not supported yet "
                         "(only 1; or use the CPU)",
                         cfg->router.route_scale);
+    if (moe_router_groups_active(&cfg->router))
+        return moe_fail(MOE_EINVAL,
+                        "moe layer on the GPU: group-limited routing (router.n_groups = %d, "
+                        "router.topk_groups = %d) is not supported yet (set router.topk_groups = "
+                        "0, or use the CPU)",
+                        cfg->router.n_groups, cfg->router.topk_groups);
     a->ops = ops;
     a->cfg = *cfg;
     const size_t T = (size_t)cfg->T_max, D = (size_t)cfg->D, H = (size_t)cfg->H;

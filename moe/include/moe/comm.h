@@ -41,6 +41,10 @@ typedef struct {
     long a2a_calls, allreduce_calls;
     double t_alltoall, t_allreduce; // seconds, wall clock inside the ops
     long allreduce_bytes_sent;
+    // The part of bytes_sent that went to ranks on other nodes (flat: rows
+    // for ranks of other nodes; hierarchical: step 2). With no usable node
+    // structure (moe_comm_ranks_per_node 1) every peer counts as another node.
+    long bytes_inter;
 } moe_comm_stats;
 
 // All-reduce algorithm constants (the predictions depend on them). A buffer

@@ -35,4 +35,13 @@ int moe_parallel_allreduce_grads(moe_parallel *p, moe_model *m);
 // every layer, so one process and any grid give the same bits.
 int moe_parallel_grad_norm(moe_parallel *p, const moe_model *m, double *norm);
 
+// Nodes spanned by this rank's EP group: ep / (its ranks per node); every
+// rank is a node of its own when the group has no regular node layout.
+int moe_parallel_ep_nodes(const moe_parallel *p);
+// router.n_groups = 0 (one group per node) becomes the EP group's node count
+// in cfg, and topk_groups above it becomes 0 (every node), so the config the
+// run writes routes the same in one process. Refuses a node count whose
+// topk_groups groups hold fewer than router.top_k experts.
+int moe_parallel_resolve_groups(const moe_parallel *p, moe_config *cfg);
+
 #endif

@@ -40,6 +40,16 @@ typedef struct {
     long calls;       // all-to-all calls per step per rank
     long bytes, msgs; // payload sent to other ranks, per step per rank
     double seconds;   // alpha-beta estimate per step
+    long bytes_inter; // the part of bytes sent to other nodes (the counters' bytes_inter)
+    // Group-limited routing (router.n_groups, router.topk_groups), for routing
+    // balanced over the experts and groups: nodes other than its own that a
+    // token's k choices reach on average (-1: groups and nodes do not nest),
+    // and the inter-node bytes per step per rank of a dispatch that sends one
+    // copy per token and node (DeepSeek-V3's); this exchange sends one per
+    // choice, k (N-1)/N per token whatever the groups.
+    int nodes, n_groups, topk_groups; // N of the EP group; groups in force (topk 0: all)
+    double remote_nodes;
+    long bytes_inter_node_copy;
 } moe_a2a_plan;
 
 // All-to-all traffic of one rank per optimizer step, assuming every expert is

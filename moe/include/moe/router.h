@@ -45,6 +45,14 @@ typedef struct {
     double headroom;                 // capacity.headroom
     int update_every;                // capacity.update_every
     double capacity_factor_max;      // capacity.capacity_factor_max
+
+    // Group-limited routing (DeepSeek-V2/V3, router/groups.c): experts split
+    // into n_groups groups of consecutive experts; a token picks topk_groups
+    // groups, then its top-k inside them. n_groups 0: one group per node of
+    // the expert-parallel group, resolved by the trainer (1 elsewhere);
+    // topk_groups 0: every group (no limit).
+    int n_groups;    // router.n_groups
+    int topk_groups; // router.topk_groups
 } moe_router_config;
 
 // Fills every key with its documented default.
@@ -55,6 +63,17 @@ void moe_router_config_default(moe_router_config *cfg);
 int moe_router_config_set(moe_router_config *cfg, const char *key, const char *value);
 // Checks the config against E experts (top_k in 1..E, eps ranges, ...).
 int moe_router_config_check(const moe_router_config *cfg, int E);
+
+// Group-limited routing in force: the groups (n_groups, 0 read as 1) and the
+// groups a token may use (topk_groups, 0 read as all) leave some out.
+bool moe_router_groups_active(const moe_router_config *cfg);
+// Sets allow[e] = 1 for the experts of the token's topk_groups best groups, 0
+// elsewhere (README "Group-limited routing"). A group scores the sum of its
+// two highest scores p + bias when bias is given (DeepSeek-V3), else its
+// highest score p (DeepSeek-V2); ties go to the lower group. gscore holds
+// n_groups doubles of scratch. Needs moe_router_groups_active(cfg).
+void moe_router_groups_allow(unsigned char *allow, double *gscore, const float *p,
+                             const float *bias, int E, const moe_router_config *cfg);
 
 // The dispatch plan of one routing call. Arrays are sized once for
 // (T_max, E, k) by moe_plan_alloc and reused every step.

@@ -60,6 +60,7 @@ typedef struct {
     long a2a_bytes, a2a_msgs; // all-to-all payload this rank sent over the run
     size_t mem_peak;          // high-water mark of the library's allocations (moe/alloc.h)
     moe_eval_result eval;     // final evaluation (caller frees)
+    long a2a_inter_bytes;     // the part of a2a_bytes sent to other nodes
 } moe_train_result;
 
 int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *r);

@@ -1,0 +1,65 @@
+// Group-limited routing (DeepSeek-V2 arXiv 2405.04434 §2.1.3 "device-limited
+// routing", DeepSeek-V3 arXiv 2412.19437 §2.1.2 "node-limited routing"): the
+// experts form n_groups groups of consecutive experts; a token keeps the
+// topk_groups best groups and takes its top-k among their experts only. With
+// one group per node of the expert-parallel group, a token's rows reach at
+// most topk_groups nodes.
+#include "moe/error.h"
+#include "moe/router.h"
+#include "router/internal.h"
+
+#include <math.h>
+
+bool moe_router_groups_active(const moe_router_config *cfg) {
+    int ng = cfg->n_groups > 1 ? cfg->n_groups : 1;
+    return cfg->topk_groups >= 1 && cfg->topk_groups < ng;
+}
+
+int moe_router_groups_check(const moe_router_config *cfg, int E) {
+    const int ng = cfg->n_groups, tg = cfg->topk_groups;
+    if (ng >= 1 && E % ng)
+        return moe_fail(MOE_EINVAL,
+                        "router.n_groups = %d does not divide the %d experts (moe.num_experts)", ng,
+                        E);
+    if (ng >= 1 && tg > ng)
+        return moe_fail(MOE_EINVAL, "router.topk_groups = %d exceeds router.n_groups = %d", tg, ng);
+    if (moe_router_groups_active(cfg) && (long)tg * (E / ng) < cfg->top_k)
+        return moe_fail(MOE_EINVAL,
+                        "router.topk_groups = %d groups of %d experts (router.n_groups = %d, %d "
+                        "experts) hold fewer than router.top_k = %d experts",
+                        tg, E / ng, ng, E, cfg->top_k);
+    return 0;
+}
+
+// Group scores follow transformers: DeepseekV3TopkRouter sums the two highest
+// biased scores of a group (topk(2).sum; one expert per group: that score);
+// DeepseekV2's group_limited_greedy takes the highest score (max). The V3 rule
+// applies whenever a bias array is given, even one of zeros. Experts outside
+// the chosen groups are excluded, not set to score 0 as transformers'
+// masked_fill does, so a negative biased score never loses to a masked one.
+void moe_router_groups_allow(unsigned char *allow, double *gscore, const float *p,
+                             const float *bias, int E, const moe_router_config *cfg) {
+    const int ng = cfg->n_groups, tg = cfg->topk_groups, s = E / ng;
+    for (int g = 0; g < ng; g++) {
+        double b1 = -INFINITY, b2 = -INFINITY; // highest, second highest
+        for (int e = g * s; e < (g + 1) * s; e++) {
+            double v = bias ? (double)p[e] + bias[e] : p[e];
+            if (v > b1)
+                b2 = b1, b1 = v;
+            else if (v > b2)
+                b2 = v;
+        }
+        gscore[g] = bias ? (s > 1 ? b1 + b2 : b1) : b1;
+    }
+    for (int e = 0; e < E; e++)
+        allow[e] = 0;
+    // topk_groups passes of argmax; a chosen group is marked by its first
+    // expert's allow bit. Only a strictly larger score replaces the best.
+    for (int i = 0; i < tg; i++) {
+        int best = -1;
+        for (int g = 0; g < ng; g++)
+            if (!allow[g * s] && (best < 0 || gscore[g] > gscore[best])) best = g;
+        for (int e = best * s; e < (best + 1) * s; e++)
+            allow[e] = 1;
+    }
+}

@@ -159,7 +159,8 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
                         c->data.n_tasks);
     // Synthetic task names: known generators, each once (generate --task and
     // the checkpoint's task records look tasks up by name).
-    for (int i = 0; !strcmp(c->data.kind, "synthetic") && i < c->data.n_tasks; i++) {
+    const bool synth_names = !strcmp(c->data.kind, "synthetic") && !c->data.task_paths[0][0];
+    for (int i = 0; synth_names && i < c->data.n_tasks; i++) {
         if (moe_synth_task_index(c->data.tasks[i]) < 0)
             return moe_fail(MOE_EINVAL,
                             "%s: data.tasks entry %d is '%s', expected one of copy, reverse, "

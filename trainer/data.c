@@ -244,13 +244,15 @@ static int add_files(moe_data *d, moe_token_format fmt, const char *key, const c
         moe_token_file *f = &d->files[d->n_files];
         if ((rc = moe_token_file_open(f, paths[i], fmt, d->V)) < 0) break;
         int idx = d->n_files++;
-        long len = f->n_tokens, cut = split < 0 ? (long)(len * (1.0 - d->val_fraction)) : len;
+        // tokens [0, cut) train, [cut, len) validation
+        long len = f->n_tokens;
+        long cut = split < 0                  ? (long)(len * (1.0 - d->val_fraction))
+                   : split == MOE_SPLIT_TRAIN ? len
+                                              : 0;
         d->n_tokens += len;
-        if (split != MOE_SPLIT_VAL) d->n_train += cut;
-        if (split != MOE_SPLIT_VAL)
-            rc = add_seg(&d->part[task][MOE_SPLIT_TRAIN], idx, 0, cut, d->T);
-        if (rc == 0 && split != MOE_SPLIT_TRAIN)
-            rc = add_seg(&d->part[task][MOE_SPLIT_VAL], idx, split < 0 ? cut : 0, len - cut, d->T);
+        d->n_train += cut;
+        rc = add_seg(&d->part[task][MOE_SPLIT_TRAIN], idx, 0, cut, d->T);
+        if (rc == 0) rc = add_seg(&d->part[task][MOE_SPLIT_VAL], idx, cut, len - cut, d->T);
     }
     moe_glob_free(paths, n);
     return rc;

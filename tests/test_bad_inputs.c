@@ -727,6 +727,8 @@ START_TEST(test_bad_data_files_are_refused) {
         {"count_zero", M, 1, 0, 0, 5},
         {"too_few_tokens", M, 1, 10, 10, 5},
         {"token_beyond_vocab", M, 1, 4000, 4000, 300},
+        {"version_3", M, 3, 4000, 4000, 5},
+        {"v2_count_of_uint16_file", M, 2, 4000, 4000, 5},
     };
     for (size_t i = 0; i < sizeof bins / sizeof *bins; i++) {
         char path[900], name[200], out[900];
@@ -755,6 +757,10 @@ START_TEST(test_bad_data_files_are_refused) {
         {"fifo_text", "text", "fifo.bin"},
         {"dir_text", "text", "dir.bin"},
         {"no_path", "bin", ""},
+        {"empty_llmc", "llmc", "empty.txt"},
+        {"empty_nanogpt", "nanogpt", "empty.txt"},
+        {"odd_nanogpt", "nanogpt", "tiny.txt"},
+        {"glob_no_match", "llmc", "nothing_*.bin"},
     };
     for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
         char name[200], out[900];

@@ -43,6 +43,8 @@ typedef struct {
 #define HI_OPEN MOE_RANGE_HI_OPEN
 #define F(field) offsetof(moe_config, field)
 #define NO 0
+#define MOE_STR_(x) #x
+#define MOE_STR(x) MOE_STR_(x)
 static const key_def keys[] = {
     {"model.vocab_size", K_INT, F(model.vocab_size), NO, "256", NULL, RI(1, 1 << 24),
      "vocabulary size (256: byte tokenizer)"},
@@ -147,11 +149,25 @@ static const key_def keys[] = {
      "steps between checkpoints (0: only at the end)"},
     {"train.log_every", K_INT, F(train.log_every), NO, "10", NULL, RI(1, 1000000000),
      "steps between progress lines when not on a terminal"},
-    {"data.kind", K_STR, F(data.kind), NO, "synthetic", "synthetic|bin|text", R0,
-     "synthetic multi-task corpus, llm.c .bin tokens, or UTF-8 text (bytes)"},
-    {"data.path", K_STR, F(data.path), NO, "", NULL, R0, "data file for bin and text"},
+    {"data.kind", K_STR, F(data.kind), NO, "synthetic", "synthetic|bin|llmc|nanogpt|text", R0,
+     "synthetic multi-task corpus; llm.c shards (header + uint16/uint32 tokens, moe prepare "
+     "writes them; bin is the old name); nanoGPT raw uint16 train.bin/val.bin; UTF-8 text (bytes)"},
+    {"data.path", K_STR, F(data.path), NO, "", NULL, R0,
+     "token file or glob (\"dir/train_*.bin\", sorted) for llmc, nanogpt and text"},
+    {"data.val_path", K_STR, F(data.val_path), NO, "", NULL, R0,
+     "validation file or glob (\"\": the last data.val_fraction of each file)"},
     {"data.tasks", K_STRS, F(data.tasks), F(data.n_tasks),
-     "[\"copy\",\"reverse\",\"sort\",\"add\",\"caesar\"]", NULL, R0, "synthetic tasks"},
+     "[\"copy\",\"reverse\",\"sort\",\"add\",\"caesar\"]", NULL, R0,
+     "synthetic tasks, or one corpus per task: {\"name\": \"file or glob\", ...} in JSON, "
+     "name=glob,name=glob with --set (validation: the tail of each task's files)"},
+    {"data.task_sampling", K_ENUM, F(data.task_sampling), NO, "proportional",
+     "proportional|uniform|temperature", R0,
+     "file tasks: a training row's task is drawn with p_i proportional to the task's windows "
+     "n_i, uniform, or n_i^(1/data.task_temperature)"},
+    {"data.task_temperature", K_DBL, F(data.task_temperature), NO, "5", NULL, RD(0, 1e6, LO_OPEN),
+     "T of data.task_sampling = temperature (1: proportional, large: uniform)"},
+    {"data.shuffle", K_BOOL, F(data.shuffle), NO, "true", NULL, R0,
+     "file data: windows in a seeded order, a new permutation each epoch (false: file order)"},
     {"data.val_fraction", K_DBL, F(data.val_fraction), NO, "0.1", NULL, RD(0, 1, LO_OPEN | HI_OPEN),
      "share of the data held out for validation"},
     {"parallel.ep", K_INT, F(parallel.ep), NO, "1", NULL, RI(1, 1 << 16),
@@ -251,7 +267,12 @@ static bool is_router_key(const key_def *k) {
 }
 
 static size_t str_cap(const key_def *k) {
-    return !strcmp(k->key, "data.path") ? MOE_PATH_MAX : MOE_NAME_MAX;
+    return !strcmp(k->key, "data.path") || !strcmp(k->key, "data.val_path") ? MOE_PATH_MAX
+                                                                            : MOE_NAME_MAX;
+}
+
+static bool is_tasks_key(const key_def *k) {
+    return !strcmp(k->key, "data.tasks");
 }
 
 static int list_max(const key_def *k) {
@@ -302,6 +323,10 @@ static int check_key(const moe_config *cfg, const key_def *k) {
             if (k->kind == K_STRS && (!memchr(s, 0, MOE_NAME_MAX) || !s[0]))
                 return moe_fail(MOE_EINVAL, "%s item %d: expected 1..%d characters", k->key, i,
                                 MOE_NAME_MAX - 1);
+            if (k->kind == K_STRS && is_tasks_key(k) &&
+                !memchr(cfg->data.task_paths[i], 0, MOE_PATH_MAX))
+                return moe_fail(MOE_EINVAL, "%s item %d: file longer than %d characters", k->key, i,
+                                MOE_PATH_MAX - 1);
         }
         return 0;
     }
@@ -387,19 +412,43 @@ static int set_list(moe_config *cfg, const key_def *k, const char *const *items,
             char label[96]; // a table key and an index: bounded
             snprintf(label, sizeof label, "%s item %d", k->key, i);
             MOE_TRY(moe_parse_int(label, items[i], (long)k->lo, (long)k->hi, &vals[i]));
-        } else if (strlen(items[i]) >= MOE_NAME_MAX) {
-            return moe_fail(MOE_EINVAL, "%s item %d: value longer than %d characters", k->key, i,
-                            MOE_NAME_MAX - 1);
-        } else if (strpbrk(items[i], ",\"[]")) {
-            return moe_fail(MOE_EINVAL, "%s item %d: names may not contain ',', '\"', '[' or ']'",
-                            k->key, i);
+        } else {
+            // data.tasks items are task names, or name=path (one corpus per task)
+            const char *eq = is_tasks_key(k) ? strchr(items[i], '=') : NULL;
+            size_t nl = eq ? (size_t)(eq - items[i]) : strlen(items[i]);
+            if (is_tasks_key(k) && !eq != !strchr(items[0], '='))
+                return moe_fail(MOE_EINVAL,
+                                "%s: item %d: either every item is a task name or every item is "
+                                "name=file",
+                                k->key, i);
+            if (nl >= MOE_NAME_MAX)
+                return moe_fail(MOE_EINVAL, "%s item %d: value longer than %d characters", k->key,
+                                i, MOE_NAME_MAX - 1);
+            if (!nl) return moe_fail(MOE_EINVAL, "%s item %d: empty task name", k->key, i);
+            for (size_t j = 0; j < nl; j++)
+                if (strchr(",\"[]", items[i][j]))
+                    return moe_fail(MOE_EINVAL,
+                                    "%s item %d: names may not contain ',', '\"', '[' or ']'",
+                                    k->key, i);
+            if (eq && (!eq[1] || strlen(eq + 1) >= MOE_PATH_MAX))
+                return moe_fail(MOE_EINVAL, "%s item %d: the file of task '%.*s' %s", k->key, i,
+                                (int)nl, items[i],
+                                eq[1] ? "is longer than " MOE_STR(MOE_PATH_MAX) " characters"
+                                      : "is empty");
         }
     }
+    if (is_tasks_key(k)) memset(cfg->data.task_paths, 0, sizeof cfg->data.task_paths);
     for (int i = 0; i < n; i++) {
-        if (k->kind == K_INTS)
+        if (k->kind == K_INTS) {
             ((int *)(base + k->off))[i] = vals[i];
-        else
-            memcpy(base + k->off + (size_t)i * MOE_NAME_MAX, items[i], strlen(items[i]) + 1);
+            continue;
+        }
+        const char *eq = is_tasks_key(k) ? strchr(items[i], '=') : NULL;
+        size_t nl = eq ? (size_t)(eq - items[i]) : strlen(items[i]);
+        char *name = base + k->off + (size_t)i * MOE_NAME_MAX;
+        memcpy(name, items[i], nl);
+        name[nl] = 0;
+        if (eq) snprintf(cfg->data.task_paths[i], MOE_PATH_MAX, "%s", eq + 1);
     }
     *(int *)(base + k->count_off) = n;
     return 0;
@@ -456,6 +505,17 @@ static int set_text(moe_config *cfg, const key_def *k, const char *v) {
         memcpy(base + k->off, v, strlen(v));
         break;
     }
+    case K_ENUM: { // outside router.*: the index of v in k->values
+        if (!in_values(k->values, v))
+            return moe_fail(MOE_EINVAL, "%s = '%.64s': expected one of %s", k->key, v, k->values);
+        int idx = 0;
+        for (const char *p = k->values;
+             strncmp(p, v, strlen(v)) || (p[strlen(v)] && p[strlen(v)] != '|');
+             p = strchr(p, '|') + 1)
+            idx++;
+        *(int *)(base + k->off) = idx;
+        break;
+    }
     default:
         return moe_fail(MOE_EINVAL, "%s: cannot be set", k->key);
     }
@@ -503,6 +563,40 @@ static int json_text(const key_def *k, int item, json_t *v, const char **out) {
     return 0;
 }
 
+// data.tasks as {"name": "file or glob", ...}: items "name=path" for set_list.
+static int set_tasks_json(moe_config *cfg, const key_def *k, json_t *v) {
+    size_t n = json_object_size(v);
+    if (n > MOE_MAX_TASKS)
+        return moe_fail(MOE_EINVAL, "%s: %zu tasks, at most %d", k->key, n, MOE_MAX_TASKS);
+    char *items[MOE_MAX_TASKS];
+    int m = 0, rc = 0;
+    const char *name;
+    json_t *path;
+    json_object_foreach(v, name, path) {
+        const char *p;
+        if (!json_is_string(path)) {
+            rc = moe_fail(MOE_EINVAL, "%s: task '%.32s' must map to a file or glob (a string)",
+                          k->key, name);
+            break;
+        }
+        if ((rc = json_text(k, m, path, &p)) < 0) break;
+        if (strchr(name, '=') || !name[0]) {
+            rc = moe_fail(MOE_EINVAL, "%s: task name '%.32s' is empty or holds '='", k->key, name);
+            break;
+        }
+        if (!(items[m] = xprintf("%s=%s", name, p))) {
+            rc = moe_fail(MOE_ENOMEM, "%s: out of memory", k->key);
+            break;
+        }
+        m++;
+    }
+    if (rc == 0 && m == 0) rc = moe_fail(MOE_EINVAL, "%s: the task map is empty", k->key);
+    if (rc == 0) rc = set_list(cfg, k, (const char *const *)items, m);
+    for (int i = 0; i < m; i++)
+        free(items[i]);
+    return rc < 0 ? rc : check_key(cfg, k);
+}
+
 // Sets key k from a JSON value, checking the JSON type against the key's kind.
 // Numbers are formatted (bounded text, not user text) and go through the same
 // setter as --set, so both paths apply the same parsing and ranges.
@@ -531,6 +625,7 @@ static int set_json(moe_config *cfg, const key_def *k, json_t *v) {
         break;
     }
     const int max = list_max(k);
+    if (is_tasks_key(k) && json_is_object(v)) return set_tasks_json(cfg, k, v);
     const char *items[MOE_MAX_TASKS > MOE_MAX_LAYERS ? MOE_MAX_TASKS : MOE_MAX_LAYERS];
     char nums[sizeof items / sizeof items[0]][32];
     size_t n = 1;
@@ -696,8 +791,14 @@ static json_t *value_json(const moe_config *cfg, const key_def *k) {
     default:
         break;
     }
-    json_t *a = json_array();
     int n = *(const int *)(base + k->count_off);
+    if (is_tasks_key(k) && n > 0 && cfg->data.task_paths[0][0]) { // file tasks: the map
+        json_t *o = json_object();
+        for (int i = 0; i < n; i++)
+            json_object_set_new(o, cfg->data.tasks[i], json_string(cfg->data.task_paths[i]));
+        return o;
+    }
+    json_t *a = json_array();
     for (int i = 0; i < n; i++) {
         if (k->kind == K_INTS)
             json_array_append_new(a, json_integer(((const int *)(base + k->off))[i]));

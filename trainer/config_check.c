@@ -153,14 +153,16 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
             return moe_fail(MOE_EINVAL, "%s: moe.task_layers entry %d is not an MoE layer",
                             moe_config_where(src, "moe.task_layers"), l);
     }
-    if (c->router.n_task_priority > 0 && !strcmp(c->data.kind, "synthetic") &&
+    if (c->router.n_task_priority > 0 &&
+        (!strcmp(c->data.kind, "synthetic") || c->data.task_paths[0][0]) &&
         c->router.n_task_priority != c->data.n_tasks)
         return moe_fail(MOE_EINVAL, "%s: router.task_priority has %d entries for %d tasks",
                         moe_config_where(src, "router.task_priority"), c->router.n_task_priority,
                         c->data.n_tasks);
     // Synthetic task names: known generators, each once (generate --task and
     // the checkpoint's task records look tasks up by name).
-    for (int i = 0; !strcmp(c->data.kind, "synthetic") && i < c->data.n_tasks; i++) {
+    const bool synth_names = !strcmp(c->data.kind, "synthetic") && !c->data.task_paths[0][0];
+    for (int i = 0; synth_names && i < c->data.n_tasks; i++) {
         if (moe_synth_task_index(c->data.tasks[i]) < 0)
             return moe_fail(MOE_EINVAL,
                             "%s: data.tasks entry %d is '%s', expected one of copy, reverse, "
@@ -171,9 +173,34 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
                 return moe_fail(MOE_EINVAL, "%s: data.tasks lists '%s' twice",
                                 moe_config_where(src, "data.tasks"), c->data.tasks[i]);
     }
-    if (strcmp(c->data.kind, "synthetic") && !c->data.path[0])
-        return moe_fail(MOE_EINVAL, "%s: data.kind = %s needs data.path",
+    // File tasks (data.tasks = {name: glob}): one corpus per task, read in the
+    // format data.kind names; data.path and data.val_path would be a second
+    // corpus, so they stay empty.
+    const bool file_tasks = c->data.n_tasks > 0 && c->data.task_paths[0][0];
+    if (file_tasks && !strcmp(c->data.kind, "synthetic"))
+        return moe_fail(MOE_EINVAL,
+                        "%s: data.tasks maps tasks to files: set data.kind to llmc, nanogpt or "
+                        "text",
+                        moe_config_where(src, "data.tasks"));
+    if (file_tasks && (c->data.path[0] || c->data.val_path[0]))
+        return moe_fail(MOE_EINVAL,
+                        "%s: data.%s is set with file tasks in data.tasks: each task's files "
+                        "hold its training and validation data (the tail of each file)",
+                        moe_config_where(src, c->data.path[0] ? "data.path" : "data.val_path"),
+                        c->data.path[0] ? "path" : "val_path");
+    for (int i = 0; file_tasks && i < c->data.n_tasks; i++)
+        for (int j = 0; j < i; j++)
+            if (!strcmp(c->data.tasks[i], c->data.tasks[j]))
+                return moe_fail(MOE_EINVAL, "%s: data.tasks lists '%s' twice",
+                                moe_config_where(src, "data.tasks"), c->data.tasks[i]);
+    if (strcmp(c->data.kind, "synthetic") && !file_tasks && !c->data.path[0])
+        return moe_fail(MOE_EINVAL,
+                        "%s: data.kind = %s needs data.path (or file tasks in "
+                        "data.tasks)",
                         moe_config_where(src, "data.kind"), c->data.kind);
+    if (!strcmp(c->data.kind, "synthetic") && c->data.val_path[0])
+        return moe_fail(MOE_EINVAL, "%s: data.val_path is for file data (data.kind = synthetic)",
+                        moe_config_where(src, "data.val_path"));
     int chunked = c->memory.mini_seq > 1, recompute = strcmp(c->memory.recompute, "none") != 0;
     if (chunked != recompute)
         return moe_fail(MOE_EINVAL,

@@ -2,15 +2,17 @@
 // sort, caesar, add), each sample tagged with its task; rows pack samples of
 // one task; only answer tokens are scored. The validation split is disjoint
 // by construction: a sample belongs to the split chosen by a hash of its
-// input. Token files: llm.c format (256 x int32 header: magic 20240520,
-// version 1, token count; then uint16 tokens); text: UTF-8 bytes.
-#include "moe/alloc.h"
+// input. Token files (moe/shards.h, memory-mapped): llm.c shards, nanoGPT
+// uint16 files and UTF-8 text as bytes, by glob, one corpus or one per task.
 #include "moe/data.h"
+#include "moe/alloc.h"
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/rng.h"
+#include "moe/shards.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,24 +118,94 @@ static void synth_row(const moe_data *d, int split, uint64_t row, int32_t *input
     }
 }
 
+// Windows per piece of len tokens: inputs at stride T, each with T+1 tokens.
+static long windows_of(long len, int T) {
+    return len >= (long)T + 1 ? (len - 1) / T : 0;
+}
+
+// Element x of a seeded permutation of [0, n): a 4-round Feistel network on
+// the smallest even-bit domain >= n, cycle-walked back into [0, n) (the domain
+// is below 4n, so about 4 steps at most on average). O(1) per element, no
+// table: window order is a pure function of (seed, task, split, epoch).
+static uint64_t permute(uint64_t x, uint64_t n, uint64_t key) {
+    if (n <= 1) return 0;
+    int bits = 64 - __builtin_clzll(n - 1);
+    bits += bits & 1;
+    const int h = bits / 2;
+    const uint64_t mask = (1ull << h) - 1;
+    do {
+        uint64_t L = x >> h, R = x & mask;
+        for (uint64_t r = 0; r < 4; r++) {
+            uint64_t t = L ^ (moe_hash4(key, r, R, 0x9E37) & mask);
+            L = R;
+            R = t;
+        }
+        x = L << h | R;
+    } while (x >= n);
+    return x;
+}
+
+// The task of training row `row` (data.task_sampling's probabilities).
+static int train_task(const moe_data *d, uint64_t row) {
+    double u = moe_u01(moe_hash4(d->seed, 0x7A5C, row, 0));
+    for (int t = 0; t < d->n_tasks - 1; t++)
+        if (u < d->task_cdf[t]) return t;
+    return d->n_tasks - 1;
+}
+
+// Training row -> (task, how many earlier rows drew that task), counted
+// forward from the memo (rows are asked for in increasing order; going back,
+// as a resume into an older run does, recounts from row 0).
+static void train_slot(moe_data *d, uint64_t row, int *task, uint64_t *j) {
+    if (row < d->memo_row) {
+        d->memo_row = 0;
+        memset(d->memo_count, 0, sizeof d->memo_count);
+    }
+    for (; d->memo_row < row; d->memo_row++)
+        d->memo_count[train_task(d, d->memo_row)]++;
+    *task = train_task(d, row);
+    *j = d->memo_count[*task];
+}
+
+static void file_row(moe_data *d, int split, uint64_t row, int32_t *in, int32_t *tg,
+                     int32_t *task) {
+    int t = 0;
+    uint64_t j = row;
+    if (d->n_tasks > 1 && split == MOE_SPLIT_VAL)
+        t = (int)(row % (uint64_t)d->n_tasks), j = row / (uint64_t)d->n_tasks;
+    else if (d->n_tasks > 1)
+        train_slot(d, row, &t, &j);
+    const moe_data_part *p = &d->part[t][split];
+    const uint64_t n = (uint64_t)p->n_windows, epoch = j / n;
+    uint64_t w = j % n;
+    if (d->shuffle) w = permute(w, n, moe_hash4(d->seed, 0x5EED + (uint64_t)t, split, epoch));
+    int lo = 0, hi = p->n_seg - 1; // the piece holding window w
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if ((uint64_t)p->cum[mid] <= w)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const moe_data_seg *s = &p->seg[lo];
+    const moe_token_file *f = &d->files[s->file];
+    long start = s->start + (long)(w - (uint64_t)p->cum[lo]) * d->T;
+    for (int i = 0; i < d->T; i++) {
+        in[i] = moe_token_at(f, start + i);
+        tg[i] = moe_token_at(f, start + i + 1);
+    }
+    *task = t;
+}
+
 int moe_data_batch(moe_data *d, int split, uint64_t index, int32_t *inputs, int32_t *targets,
                    int32_t *task) {
     for (int r = 0; r < d->B; r++) {
         uint64_t row = index * d->B + r;
         int32_t *in = inputs + (size_t)r * d->T, *tg = targets + (size_t)r * d->T;
-        if (d->kind == 0) {
+        if (d->kind == 0)
             synth_row(d, split, row, in, tg, &task[r]);
-            continue;
-        }
-        long base = split == MOE_SPLIT_TRAIN ? 0 : d->n_train;
-        long len = split == MOE_SPLIT_TRAIN ? d->n_train : d->n_tokens - d->n_train;
-        long windows = (len - 1) / d->T; // non-overlapping windows of T+1 tokens
-        long start = base + (long)(row % (uint64_t)windows) * d->T;
-        for (int i = 0; i < d->T; i++) {
-            in[i] = d->tokens[start + i];
-            tg[i] = d->tokens[start + i + 1];
-        }
-        task[r] = 0;
+        else
+            file_row(d, split, row, in, tg, &task[r]);
     }
     return 0;
 }
@@ -144,116 +216,103 @@ int moe_data_next(moe_data *d, int split, int32_t *inputs, int32_t *targets, int
     return 0;
 }
 
-// Reads a whole file; *n gets its size.
-static int read_file(const char *path, unsigned char **buf, long *n) {
-    FILE *f;
-    MOE_TRY(moe_fopen_regular(path, &f));
-    struct stat st;
-    if (fstat(fileno(f), &st)) {
-        fclose(f);
-        return moe_fail(MOE_EIO, "%s: cannot stat: %s", path, strerror(errno));
-    }
-    *n = (long)st.st_size;
-    *buf = malloc(*n ? (size_t)*n : 1);
-    if (!*buf) {
-        fclose(f);
-        return moe_fail(MOE_ENOMEM, "%s: %ld bytes: out of memory", path, *n);
-    }
-    size_t got = fread(*buf, 1, (size_t)*n, f);
-    fclose(f);
-    if (got != (size_t)*n) {
-        free(*buf);
-        return moe_fail(MOE_EIO, "%s: short read at byte %zu of %ld", path, got, *n);
-    }
+static int add_seg(moe_data_part *p, int file, long start, long len, int T) {
+    long w = windows_of(len, T);
+    if (w == 0) return 0;
+    moe_data_seg *seg = realloc(p->seg, sizeof *seg * (size_t)(p->n_seg + 1));
+    if (!seg) return moe_fail(MOE_ENOMEM, "data: out of memory");
+    p->seg = seg;
+    seg[p->n_seg++] = (moe_data_seg){file, start, w};
+    p->n_windows += w;
     return 0;
 }
 
-static uint32_t le32(const unsigned char *p) {
-    return p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static int load_bin(moe_data *d, const char *path) {
-    unsigned char *b;
-    long n;
-    MOE_TRY(read_file(path, &b, &n));
+// Opens every file pattern names and adds its tokens to the task's parts:
+// split < 0 splits each file (train head, validation tail of val_fraction).
+static int add_files(moe_data *d, moe_token_format fmt, const char *key, const char *pattern,
+                     int task, int split) {
+    char **paths;
+    int n;
+    MOE_TRY(moe_glob_paths(key, pattern, &paths, &n));
     int rc = 0;
-    if (n < 1024) {
-        rc = moe_fail(MOE_EFORMAT, "%s: truncated header: %ld bytes, expected at least 1024", path,
-                      n);
-        goto fail;
+    moe_token_file *files = realloc(d->files, sizeof *files * (size_t)(d->n_files + n));
+    if (!files)
+        rc = moe_fail(MOE_ENOMEM, "%s: out of memory", key);
+    else
+        d->files = files;
+    for (int i = 0; rc == 0 && i < n; i++) {
+        moe_token_file *f = &d->files[d->n_files];
+        if ((rc = moe_token_file_open(f, paths[i], fmt, d->V)) < 0) break;
+        int idx = d->n_files++;
+        // tokens [0, cut) train, [cut, len) validation
+        long len = f->n_tokens;
+        long cut = split < 0                  ? (long)(len * (1.0 - d->val_fraction))
+                   : split == MOE_SPLIT_TRAIN ? len
+                                              : 0;
+        d->n_tokens += len;
+        d->n_train += cut;
+        rc = add_seg(&d->part[task][MOE_SPLIT_TRAIN], idx, 0, cut, d->T);
+        if (rc == 0) rc = add_seg(&d->part[task][MOE_SPLIT_VAL], idx, cut, len - cut, d->T);
     }
-    if (le32(b) != 20240520) {
-        rc = moe_fail(MOE_EFORMAT, "%s: byte 0: magic %u, expected 20240520 (llm.c token file)",
-                      path, le32(b));
-        goto fail;
-    }
-    if (le32(b + 4) != 1) {
-        rc = moe_fail(MOE_EFORMAT, "%s: byte 4: version %u, expected 1", path, le32(b + 4));
-        goto fail;
-    }
-    long ntok = (long)le32(b + 8);
-    if (n - 1024 != 2 * ntok) {
-        rc = moe_fail(MOE_EFORMAT,
-                      "%s: byte 8: header says %ld tokens (%ld bytes) but %ld bytes follow the "
-                      "header%s",
-                      path, ntok, 2 * ntok, n - 1024, n - 1024 < 2 * ntok ? " (truncated)" : "");
-        goto fail;
-    }
-    d->tokens = moe_malloc(sizeof(int32_t) * (ntok ? ntok : 1));
-    if (!d->tokens) {
-        rc = moe_fail(MOE_ENOMEM, "%s: %ld tokens: out of memory", path, ntok);
-        goto fail;
-    }
-    for (long i = 0; i < ntok; i++) {
-        int32_t t = b[1024 + 2 * i] | b[1024 + 2 * i + 1] << 8;
-        if (t >= d->V) {
-            rc = moe_fail(MOE_EFORMAT, "%s: byte %ld: token %d >= model.vocab_size %d", path,
-                          1024 + 2 * i, t, d->V);
-            goto fail;
-        }
-        d->tokens[i] = t;
-    }
-    d->n_tokens = ntok;
-fail:
-    if (rc < 0) moe_data_close(d);
-    free(b);
+    moe_glob_free(paths, n);
     return rc;
 }
 
-// Offset of the first byte that breaks UTF-8, or -1.
-static long utf8_bad(const unsigned char *s, long n) {
-    for (long i = 0; i < n;) {
-        int len = s[i] < 0x80         ? 1
-                  : (s[i] >> 5) == 6  ? 2
-                  : (s[i] >> 4) == 14 ? 3
-                  : (s[i] >> 3) == 30 ? 4
-                                      : 0;
-        if (!len || i + len > n) return i;
-        for (int j = 1; j < len; j++)
-            if ((s[i + j] & 0xC0) != 0x80) return i + j;
-        i += len;
-    }
-    return -1;
+static int finish_part(moe_data_part *p) {
+    p->cum = malloc(sizeof *p->cum * (size_t)(p->n_seg + 1));
+    if (!p->cum) return moe_fail(MOE_ENOMEM, "data: out of memory");
+    p->cum[0] = 0;
+    for (int i = 0; i < p->n_seg; i++)
+        p->cum[i + 1] = p->cum[i] + p->seg[i].n_windows;
+    return 0;
 }
 
-static int load_text(moe_data *d, const char *path) {
-    unsigned char *b;
-    long n;
-    MOE_TRY(read_file(path, &b, &n));
-    long bad = utf8_bad(b, n);
-    if (bad >= 0) {
-        free(b);
-        return moe_fail(MOE_EFORMAT, "%s: byte %ld: invalid UTF-8", path, bad);
+// Training task probabilities from each task's training windows n_i:
+// proportional n_i, uniform, or temperature n_i^(1/T) (multilingual MT).
+static void task_probabilities(moe_data *d, const moe_config *cfg) {
+    double w[MOE_MAX_TASKS], sum = 0, acc = 0;
+    for (int t = 0; t < d->n_tasks; t++) {
+        double n = (double)d->part[t][MOE_SPLIT_TRAIN].n_windows;
+        w[t] = cfg->data.task_sampling == MOE_TASK_SAMPLING_UNIFORM ? 1.0
+               : cfg->data.task_sampling == MOE_TASK_SAMPLING_TEMPERATURE
+                   ? pow(n, 1.0 / cfg->data.task_temperature)
+                   : n;
+        sum += w[t];
     }
-    d->tokens = moe_malloc(sizeof(int32_t) * (n ? n : 1));
-    if (!d->tokens) {
-        free(b);
-        return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+    for (int t = 0; t < d->n_tasks; t++)
+        d->task_cdf[t] = (acc += w[t] / sum);
+}
+
+static int open_files(moe_data *d, const moe_config *cfg) {
+    const char *kind = cfg->data.kind;
+    moe_token_format fmt = !strcmp(kind, "text")      ? MOE_TOKENS_TEXT
+                           : !strcmp(kind, "nanogpt") ? MOE_TOKENS_NANOGPT
+                                                      : MOE_TOKENS_LLMC;
+    d->kind = fmt == MOE_TOKENS_TEXT ? 2 : 1;
+    if (fmt == MOE_TOKENS_TEXT && d->V < 256)
+        return moe_fail(MOE_EINVAL, "text data needs model.vocab_size >= 256, it is %d", d->V);
+    const bool tasks = cfg->data.n_tasks > 0 && cfg->data.task_paths[0][0];
+    d->n_tasks = tasks ? cfg->data.n_tasks : 1;
+    for (int t = 0; t < d->n_tasks; t++) {
+        snprintf(d->task_names[t], MOE_NAME_MAX, "%s", tasks ? cfg->data.tasks[t] : "all");
+        char key[64 + MOE_NAME_MAX];
+        snprintf(key, sizeof key, tasks ? "data.tasks.%s" : "data.path", cfg->data.tasks[t]);
+        const char *pattern = tasks ? cfg->data.task_paths[t] : cfg->data.path;
+        const bool val_files = !tasks && cfg->data.val_path[0];
+        MOE_TRY(add_files(d, fmt, key, pattern, t, val_files ? MOE_SPLIT_TRAIN : -1));
+        if (val_files)
+            MOE_TRY(add_files(d, fmt, "data.val_path", cfg->data.val_path, t, MOE_SPLIT_VAL));
+        for (int s = 0; s < 2; s++) {
+            if (d->part[t][s].n_windows == 0)
+                return moe_fail(MOE_EFORMAT,
+                                "%s: %ld tokens are too few for %s windows of %d tokens%s",
+                                s == MOE_SPLIT_VAL && val_files ? cfg->data.val_path : pattern,
+                                d->n_tokens, s ? "validation" : "training", d->T + 1,
+                                s && !val_files ? " (data.val_fraction of each file)" : "");
+            MOE_TRY(finish_part(&d->part[t][s]));
+        }
     }
-    for (long i = 0; i < n; i++)
-        d->tokens[i] = b[i];
-    d->n_tokens = n;
-    free(b);
+    task_probabilities(d, cfg);
     return 0;
 }
 
@@ -264,6 +323,7 @@ int moe_data_open(moe_data *d, const moe_config *cfg) {
     d->V = cfg->model.vocab_size;
     d->seed = cfg->train.seed;
     d->val_fraction = cfg->data.val_fraction;
+    d->shuffle = cfg->data.shuffle;
     const char *kind = cfg->data.kind;
     if (!strcmp(kind, "synthetic")) {
         d->kind = 0;
@@ -282,29 +342,21 @@ int moe_data_open(moe_data *d, const moe_config *cfg) {
         }
         return 0;
     }
-    d->n_tasks = 1;
-    snprintf(d->task_names[0], MOE_NAME_MAX, "%s", "all");
-    if (!strcmp(kind, "bin")) {
-        d->kind = 1;
-        MOE_TRY(load_bin(d, cfg->data.path));
-    } else {
-        d->kind = 2;
-        if (d->V < 256)
-            return moe_fail(MOE_EINVAL, "text data needs model.vocab_size >= 256, it is %d", d->V);
-        MOE_TRY(load_text(d, cfg->data.path));
-    }
-    d->n_train = (long)(d->n_tokens * (1.0 - d->val_fraction));
-    if (d->n_train < d->T + 1 || d->n_tokens - d->n_train < d->T + 1) {
-        long have = d->n_tokens;
-        moe_data_close(d);
-        return moe_fail(MOE_EFORMAT,
-                        "%s: %ld tokens are too few for train and validation windows of %d",
-                        cfg->data.path, have, d->T + 1);
-    }
-    return 0;
+    int rc = open_files(d, cfg);
+    if (rc < 0) moe_data_close(d);
+    return rc;
 }
 
 void moe_data_close(moe_data *d) {
-    moe_mfree(d->tokens);
-    d->tokens = NULL;
+    for (int i = 0; i < d->n_files; i++)
+        moe_token_file_close(&d->files[i]);
+    free(d->files);
+    d->files = NULL;
+    d->n_files = 0;
+    for (int t = 0; t < MOE_MAX_TASKS; t++)
+        for (int s = 0; s < 2; s++) {
+            free(d->part[t][s].seg);
+            free(d->part[t][s].cum);
+            d->part[t][s] = (moe_data_part){0};
+        }
 }

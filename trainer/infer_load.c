@@ -458,6 +458,9 @@ int moe_infer_open(moe_infer *m, const char *dir, const moe_infer_opts *o) {
     dir = rdir;
     MOE_TRY(moe_ckpt_config(dir, &m->cfg));
     const moe_config *c = &m->cfg;
+    moe_infer_opts one; // a model of one task (one corpus) needs no --task
+    char names[MOE_MAX_TASKS][MOE_NAME_MAX];
+    if (!o->task && moe_config_task_names(c, names) == 1) one = *o, one.task = names[0], o = &one;
     if (!o->task) return moe_fail(MOE_EINVAL, "no task given (--task NAME)");
     int task = moe_config_task_index(c, o->task);
     if (task < 0) return task;
@@ -468,7 +471,6 @@ int moe_infer_open(moe_infer *m, const char *dir, const moe_infer_opts *o) {
     m->V = c->model.vocab_size, m->D = c->model.d_model, m->L = c->model.n_layers;
     m->Hq = c->model.n_heads, m->Hkv = c->model.n_kv_heads, m->hd = m->D / m->Hq;
     m->F = c->model.d_ff, m->k = c->router.top_k;
-    char names[MOE_MAX_TASKS][MOE_NAME_MAX];
     m->n_tasks = moe_config_task_names(c, names);
     m->max_batch = o->max_batch > 0 ? o->max_batch : 1;
     m->max_seq = o->max_seq > 0 ? o->max_seq : c->model.seq_len;

@@ -6,6 +6,7 @@
 #include "moe/file.h"
 #include "moe/model.h"
 #include "moe/router.h"
+#include "moe/task_experts.h"
 
 #include <errno.h>
 #include <math.h>
@@ -15,27 +16,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-// Tokens a data file will hold in memory (bin: header count; text: bytes).
-static int data_tokens(const moe_config *cfg, size_t *n) {
-    *n = 0;
-    if (!strcmp(cfg->data.kind, "synthetic")) return 0;
-    FILE *f;
-    MOE_TRY(moe_fopen_regular(cfg->data.path, &f));
-    if (!strcmp(cfg->data.kind, "bin")) {
-        int32_t h[3];
-        if (fread(h, sizeof h, 1, f) != 1) {
-            fclose(f);
-            return moe_fail(MOE_EFORMAT, "%s: truncated header", cfg->data.path);
-        }
-        *n = (size_t)(uint32_t)h[2];
-    } else {
-        struct stat st;
-        if (fstat(fileno(f), &st) == 0) *n = (size_t)st.st_size;
-    }
-    fclose(f);
-    return 0;
-}
-
 int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *out) {
     memset(out, 0, sizeof *out);
     MOE_TRY(moe_config_check(cfg, NULL));
@@ -43,7 +23,8 @@ int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *ou
     if (world < 1 || world % ep || rank < 0 || rank >= world)
         return moe_fail(MOE_EINVAL, "plan: %d ranks cannot hold expert-parallel groups of %d",
                         world, ep);
-    int n_tasks = strcmp(cfg->data.kind, "synthetic") ? 1 : cfg->data.n_tasks;
+    char names[MOE_MAX_TASKS][MOE_NAME_MAX];
+    int n_tasks = moe_config_task_names(cfg, names);
     moe_model_mem mm;
     MOE_TRY(moe_model_memory(cfg, B, T, n_tasks, ep, rank % ep, &mm));
     const size_t n = mm.n_params;
@@ -55,9 +36,7 @@ int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *ou
     out->moe = mm.moe;
     out->step = 2 * (size_t)B * T * sizeof(int32_t) + (size_t)B * sizeof(int32_t) +
                 (cfg->train.grad_accum > 1 ? n : 1) * sizeof(float);
-    size_t tokens;
-    MOE_TRY(data_tokens(cfg, &tokens));
-    out->data = tokens * sizeof(int32_t);
+    out->data = 0; // token files are memory-mapped (page cache), not allocated
     // The all-reduce staging grows to the larger of the dense gradients
     // (summed over the world) and the expert gradients (over the DP group).
     size_t expert = 0;

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 int moe_config_task_names(const moe_config *cfg, char names[][MOE_NAME_MAX]) {
-    if (strcmp(cfg->data.kind, "synthetic") != 0) {
+    if (strcmp(cfg->data.kind, "synthetic") != 0 && !cfg->data.task_paths[0][0]) {
         snprintf(names[0], MOE_NAME_MAX, "all");
         return 1;
     }

@@ -27,6 +27,7 @@ static const command commands[] = {
     {"generate", moe_cli_generate,
      "generate for one task, loading only the experts it routes to (KV cache)"},
     {"export", moe_cli_export, "write a Hugging Face Mixtral folder from a checkpoint"},
+    {"prepare", moe_cli_prepare, "tokenize text files into llm.c shards (train/val by document)"},
     {"ablate", moe_cli_ablate, "train a grid of config variants and tabulate the results"},
     {"plan", moe_cli_plan, "memory per rank and all-to-all traffic of a config on a machine"},
     {"route", moe_cli_route, "route logits from a safetensors file into a dispatch plan"},

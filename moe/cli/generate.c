@@ -16,7 +16,7 @@
 enum { MAX_LINES = 4096, MAX_LINE = 1 << 20, BATCH = 64 };
 
 static const char *generate_help =
-    "usage: moe generate CKPT_DIR --task NAME (--prompt TEXT | --input FILE)\n"
+    "usage: moe generate CKPT_DIR [--task NAME] (--prompt TEXT | --input FILE)\n"
     "                    [--max-new N] [--temperature T] [--top-k K] [--seed S]\n"
     "                    [--full-load] [--expert-budget P] [--quantize int8] [--raw] [--quiet]\n"
     "\n"
@@ -163,7 +163,6 @@ static int parse(int argc, char **argv, gen_args *a) {
         }
     }
     if (!a->dir) return moe_fail(MOE_EINVAL, "no checkpoint folder given"), -1;
-    if (!a->task) return moe_fail(MOE_EINVAL, "--task NAME is required"), -1;
     if (!a->prompt == !a->input)
         return moe_fail(MOE_EINVAL, "give exactly one of --prompt TEXT and --input FILE"), -1;
     if (a->io.full_load && a->io.expert_budget > 0)

@@ -1,11 +1,18 @@
-// libFuzzer target: an llm.c token file (256 x int32 header, then uint16
-// tokens). Opening must validate the header against the file's length; an
-// accepted file must give batches whose tokens are in the vocabulary.
+// libFuzzer target: an llm.c token file (256 x int32 header, then uint16 or
+// uint32 tokens). The header parser and the mapped open must validate the
+// header against the file's length; an accepted file must give batches whose
+// tokens are in the vocabulary.
 #include "fuzz_util.h"
 #include "moe/config.h"
 #include "moe/data.h"
+#include "moe/shards.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    int width;
+    long n_tok;
+    if (moe_llmc_header_parse(data, size, size, "fuzz", &width, &n_tok) == 0 &&
+        (size_t)n_tok * (size_t)width + MOE_LLMC_HEADER != size)
+        abort(); // an accepted header accounts for every byte
     const char *path = fuzz_path("tokens.bin");
     fuzz_write(path, data, size);
     moe_config cfg;

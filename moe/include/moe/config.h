@@ -15,6 +15,13 @@
 #define MOE_NAME_MAX 32
 #define MOE_PATH_MAX 512
 
+// data.task_sampling: how training rows pick a file task.
+enum {
+    MOE_TASK_SAMPLING_PROPORTIONAL = 0,
+    MOE_TASK_SAMPLING_UNIFORM,
+    MOE_TASK_SAMPLING_TEMPERATURE
+};
+
 typedef struct {
     struct {
         int vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, seq_len;
@@ -40,11 +47,18 @@ typedef struct {
         char compute[MOE_NAME_MAX]; // fp32 | bf16 (GEMMs on the GPU)
     } train;
     struct {
-        char kind[MOE_NAME_MAX]; // synthetic | bin | text
-        char path[MOE_PATH_MAX];
+        char kind[MOE_NAME_MAX]; // synthetic | bin (= llmc) | llmc | nanogpt | text
+        char path[MOE_PATH_MAX]; // a file or a glob (sorted)
         int n_tasks;
         char tasks[MOE_MAX_TASKS][MOE_NAME_MAX];
         double val_fraction;
+        char val_path[MOE_PATH_MAX]; // validation file or glob ("": the tail of each file)
+        // File tasks (data.tasks = {name: file or glob}): one corpus per task;
+        // all "" for synthetic task names.
+        char task_paths[MOE_MAX_TASKS][MOE_PATH_MAX];
+        int task_sampling;       // MOE_TASK_SAMPLING_*
+        double task_temperature; // temperature sampling: p_i proportional to n_i^(1/T)
+        bool shuffle;            // windows in a seeded order per epoch (false: file order)
     } data;
     struct {
         int ep;

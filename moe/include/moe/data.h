@@ -1,11 +1,13 @@
 // Training data: the built-in synthetic multi-task corpus (zero setup), llm.c
-// token files (.bin) and raw UTF-8 text with the byte tokenizer. Batches are a
-// pure function of (seed, split, cursor), so resuming needs only the cursor.
+// shards and nanoGPT .bin files (memory-mapped, by glob), raw UTF-8 text with
+// the byte tokenizer, and one such corpus per task. Batches are a pure function
+// of (seed, split, cursor), so resuming needs only the cursor.
 #ifndef MOE_DATA_H
 #define MOE_DATA_H
 
 #include "moe/config.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 enum { MOE_SPLIT_TRAIN = 0, MOE_SPLIT_VAL = 1 };
@@ -21,17 +23,41 @@ typedef struct {
     int32_t tok[MOE_SYNTH_MAX_SAMPLE];
 } moe_sample;
 
+// The windows of one (task, split): pieces of token files, each holding
+// n_windows windows of T+1 tokens at stride T from its first token.
 typedef struct {
-    int kind; // 0 synthetic, 1 bin, 2 text
+    int file;   // index into moe_data.files
+    long start; // first token of the piece in that file
+    long n_windows;
+} moe_data_seg;
+
+typedef struct {
+    moe_data_seg *seg;
+    long *cum; // [n_seg + 1]: windows before each piece
+    int n_seg;
+    long n_windows;
+} moe_data_part;
+
+struct moe_token_file;
+
+typedef struct {
+    int kind; // 0 synthetic, 1 token files (llmc, nanogpt), 2 text
     int B, T, V;
     int n_tasks;
     int task_fn[MOE_MAX_TASKS]; // generator index of each configured task
     char task_names[MOE_MAX_TASKS][MOE_NAME_MAX];
     double val_fraction;
     uint64_t seed;
-    int32_t *tokens;        // bin/text: all tokens
-    long n_tokens, n_train; // tokens [0, n_train) train, [n_train, n_tokens) val
-    uint64_t cursor[2];     // batches drawn per split
+    bool shuffle;                         // file windows in a seeded order per epoch
+    struct moe_token_file *files;         // every file, memory-mapped
+    int n_files;                          // (moe/shards.h)
+    moe_data_part part[MOE_MAX_TASKS][2]; // windows of each task and split
+    double task_cdf[MOE_MAX_TASKS];       // training rows: cumulative task probabilities
+    long n_tokens, n_train;               // tokens in all files, in the training pieces
+    uint64_t cursor[2];                   // batches drawn per split
+    // Training rows before memo_row drew each task memo_count[t] times: row r's
+    // place in its task's window order (a cache: a pure function of the seed).
+    uint64_t memo_row, memo_count[MOE_MAX_TASKS];
 } moe_data;
 
 // Known synthetic task names ("copy", "reverse", "sort", "add", "caesar").
@@ -41,7 +67,12 @@ int moe_data_open(moe_data *d, const moe_config *cfg);
 void moe_data_close(moe_data *d);
 
 // Next batch of `split`: inputs/targets [B, T] (target -1: not scored), task
-// [B] (0 for bin/text). Advances that split's cursor.
+// [B] (0 for a single file corpus). Advances that split's cursor.
+// File data: row r of a split is a window of T+1 tokens. Training rows draw
+// their task with data.task_sampling (a hash of seed and row), then take the
+// task's next window in its order: a seeded permutation of all its windows,
+// a new one each epoch (sampling without replacement), or file order with
+// data.shuffle = false. Validation rows take the tasks in turn.
 int moe_data_next(moe_data *d, int split, int32_t *inputs, int32_t *targets, int32_t *task);
 // The batch at `index` without touching the cursor (eval uses fixed batches).
 int moe_data_batch(moe_data *d, int split, uint64_t index, int32_t *inputs, int32_t *targets,

@@ -15,7 +15,7 @@ typedef struct {
     size_t activations;              // dense activations and scratch
     size_t moe;                      // routing plans, expert row buffers, capacity state
     size_t step;                     // token/target/task buffers, accumulation buffer
-    size_t data;                     // tokens of a bin/text data file
+    size_t data;                     // 0: token files are memory-mapped, not allocated
     size_t grad_pack;                // staging of the gradient all-reduces
     size_t total;                    // predicted peak of the library's allocations
     size_t n_params;                 // parameters held by this rank

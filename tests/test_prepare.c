@@ -1,0 +1,208 @@
+// moe prepare: text -> shards -> the same bytes back, shard headers, a split
+// by whole documents that does not depend on input order, bad UTF-8 named by
+// file and offset with nothing written, and the CLI end to end (prepare,
+// train on the shards by glob, generate without --task).
+#include "moe/data.h"
+#include "moe/error.h"
+#include "moe/prepare.h"
+#include "moe/shards.h"
+#include "testutil.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static void write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+// The tokens of every shard split_NNNNNN.bin in dir, as bytes, appended to buf.
+static size_t read_split(const char *dir, const char *split, char *buf, size_t cap, int *shards) {
+    size_t n = 0;
+    *shards = 0;
+    for (int i = 0;; i++) {
+        char p[900];
+        snprintf(p, sizeof p, "%s/%s_%06d.bin", dir, split, i);
+        if (access(p, F_OK)) break;
+        moe_token_file f;
+        ck_assert_msg(moe_token_file_open(&f, p, MOE_TOKENS_LLMC, 256) == 0, "%s",
+                      moe_last_error());
+        ck_assert_int_eq(f.width, 2);
+        for (long k = 0; k < f.n_tokens; k++) {
+            ck_assert_uint_lt(n, cap);
+            buf[n++] = (char)moe_token_at(&f, k);
+        }
+        moe_token_file_close(&f);
+        ++*shards;
+    }
+    return n;
+}
+
+static int prepare(const char *out, const char *const *in, int n, double vf, moe_doc_unit doc,
+                   long shard, moe_prepare_result *r) {
+    moe_prepare_tokenizer tk;
+    ck_assert_int_eq(moe_prepare_tokenizer_open(&tk, "bytes"), 0);
+    moe_prepare_opts o = {.out_dir = out,
+                          .inputs = in,
+                          .n_inputs = n,
+                          .tokenizer = &tk,
+                          .val_fraction = vf,
+                          .seed = 7,
+                          .doc = doc,
+                          .shard_tokens = shard};
+    return moe_prepare(&o, r);
+}
+
+static const char *A = "Première ligne\nsecond line\n\nnew paragraph\n";
+static const char *B = "ünïcödé\n∑ x_i\nthird\nfourth\nfifth\n";
+
+START_TEST(test_prepare_round_trip_and_shard_headers) {
+    char dir[600], out[700];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(out, sizeof out, "%s/out", dir);
+    char pa[700], pb[700];
+    snprintf(pa, sizeof pa, "%s/b.txt", dir); // folder order: a.txt then b.txt
+    write_text(pa, B);
+    snprintf(pb, sizeof pb, "%s/a.txt", dir);
+    write_text(pb, A);
+    const char *in[] = {dir};
+    moe_prepare_result r;
+    ck_assert_msg(prepare(out, in, 1, 0, MOE_DOC_FILE, 16, &r) == 0, "%s", moe_last_error());
+    size_t la = strlen(A), lb = strlen(B);
+    ck_assert_int_eq(r.files, 2);
+    ck_assert_int_eq(r.tokens[0], (long)(la + lb));
+    ck_assert_int_eq(r.shards[0], (int)((la + lb + 15) / 16));
+    ck_assert_int_eq(r.shards[1], 0);
+    char buf[4096];
+    int shards;
+    size_t n = read_split(out, "train", buf, sizeof buf, &shards);
+    ck_assert_int_eq(shards, r.shards[0]);
+    ck_assert_int_eq(n, la + lb);
+    ck_assert(memcmp(buf, A, la) == 0 && memcmp(buf + la, B, lb) == 0);
+    // every shard but the last holds exactly 16 tokens (header count = size)
+    char p[900];
+    snprintf(p, sizeof p, "%s/train_000000.bin", out);
+    struct stat st;
+    ck_assert_int_eq(stat(p, &st), 0);
+    ck_assert_int_eq(st.st_size, 1024 + 2 * 16);
+    char want[64];
+    snprintf(want, sizeof want, "\"tokens\": %zu", la + lb);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(out, "manifest.json"), want));
+}
+END_TEST
+
+START_TEST(test_prepare_splits_whole_documents_order_free) {
+    char dir[600], o1[700], o2[700], pa[700], pb[700];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(pa, sizeof pa, "%s/a.txt", dir);
+    snprintf(pb, sizeof pb, "%s/b.txt", dir);
+    write_text(pa, A);
+    write_text(pb, B);
+    snprintf(o1, sizeof o1, "%s/o1", dir);
+    snprintf(o2, sizeof o2, "%s/o2", dir);
+    const char *ab[] = {pa, pb}, *ba[] = {pb, pa};
+    moe_prepare_result r1, r2;
+    ck_assert_msg(prepare(o1, ab, 2, 0.5, MOE_DOC_LINE, 1000, &r1) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(prepare(o2, ba, 2, 0.5, MOE_DOC_LINE, 1000, &r2), 0);
+    ck_assert_int_gt(r1.documents[1], 0);
+    ck_assert_int_gt(r1.documents[0], 0);
+    ck_assert_int_eq(r1.documents[0] + r1.documents[1], 9); // lines, the empty one included
+    ck_assert_int_eq(r1.documents[1], r2.documents[1]);      // the same lines, whatever the order
+    char t[4096], v[4096];
+    int s;
+    size_t nt = read_split(o1, "train", t, sizeof t, &s);
+    size_t nv = read_split(o1, "val", v, sizeof v, &s);
+    ck_assert_int_eq(nt + nv, strlen(A) + strlen(B));
+    // each split is a sequence of whole lines of the input
+    t[nt] = v[nv] = 0;
+    for (char *x = strtok(v, "\n"); x; x = strtok(NULL, "\n"))
+        ck_assert_msg(strstr(A, x) || strstr(B, x), "'%s' is not a line of the input", x);
+    ck_assert(nt && t[nt - 1] == '\n' && nv && v[nv - 1] == 0); // strtok cut v
+}
+END_TEST
+
+START_TEST(test_prepare_bad_utf8_names_file_and_offset) {
+    char dir[600], out[700], p[700];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(p, sizeof p, "%s/bad.txt", dir);
+    write_text(p, "good\nbad \xC3(\n");
+    snprintf(out, sizeof out, "%s/out", dir);
+    const char *in[] = {p};
+    moe_prepare_result r;
+    ck_assert_int_eq(prepare(out, in, 1, 0, MOE_DOC_FILE, 100, &r), MOE_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "bad.txt: byte 10: invalid UTF-8"));
+    ck_assert_int_ne(access(out, F_OK), 0); // nothing written
+    moe_prepare_tokenizer tk;
+    ck_assert_int_eq(moe_prepare_tokenizer_open(&tk, "m.model"), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "--tokenizer 'm.model'"));
+}
+END_TEST
+
+// The CLI end to end: prepare, train on the shards by glob with val_path,
+// generate without --task (one corpus), then two file tasks and --task.
+START_TEST(test_prepare_train_generate_cli) {
+    char dir[600], args[4000];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    char text[20000];
+    size_t n = 0;
+    for (int i = 0; n < sizeof text - 100; i++)
+        n += (size_t)snprintf(text + n, sizeof text - n, "line %d of a small corpus\n", i);
+    char p[800];
+    snprintf(p, sizeof p, "%s/corpus.txt", dir);
+    write_text(p, text);
+    snprintf(args, sizeof args, "prepare '%s' --out '%s/sh' --doc line --quiet", p, dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 0);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "out.txt"), "prepared 1 files"));
+    snprintf(args, sizeof args, "prepare '%s' --out '%s/sh' --quiet", p, dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 2); // the manifest exists
+    snprintf(args, sizeof args, "prepare '%s' --out '%s/x' --tokenizer sp.model", p, dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 2);
+    const char *common = "--set model.d_model=32 --set model.n_layers=2 --set model.d_ff=32 "
+                         "--set moe.num_experts=4 --set train.batch_size=2 --set "
+                         "model.seq_len=16 --set train.steps=3 --set train.eval_every=0 --quiet";
+    snprintf(args, sizeof args,
+             "train %s/configs/tiny.json %s --set data.kind=llmc --set "
+             "'data.path=%s/sh/train_*.bin' --set 'data.val_path=%s/sh/val_*.bin' --out %s/run1",
+             MOE_SOURCE_DIR, common, dir, dir, dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    snprintf(args, sizeof args, "generate %s/run1/checkpoint --prompt 'line ' --max-new 4", dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    snprintf(args, sizeof args,
+             "train %s/configs/tiny.json %s --set data.kind=text --set "
+             "'data.tasks=en=%s,fr=%s' --out %s/run2",
+             MOE_SOURCE_DIR, common, p, p, dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "out.txt"), "fr "));
+    snprintf(args, sizeof args,
+             "generate %s/run2/checkpoint --task fr --prompt 'line ' "
+             "--max-new 4",
+             dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    snprintf(args, sizeof args, "generate %s/run2/checkpoint --prompt 'line '", dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 2); // two tasks: --task is needed
+    snprintf(args, sizeof args, "eval %s/run2/checkpoint", dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "out.txt"), "en "));
+}
+END_TEST
+
+static Suite *prepare_suite(void) {
+    Suite *s = suite_create("prepare");
+    TCase *tc = tcase_create("prepare");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_prepare_round_trip_and_shard_headers);
+    tcase_add_test(tc, test_prepare_splits_whole_documents_order_free);
+    tcase_add_test(tc, test_prepare_bad_utf8_names_file_and_offset);
+    tcase_add_test(tc, test_prepare_train_generate_cli);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run(prepare_suite());
+}

@@ -1,0 +1,401 @@
+// `moe prepare`: text files -> llm.c token shards (moe/prepare.h). Two
+// passes: the first checks every input (regular file, UTF-8) so that bad input
+// leaves nothing behind; the second splits documents into train and
+// validation by a hash of their bytes, encodes them and streams the tokens
+// into shards whose header count is written when the shard closes.
+#include "moe/prepare.h"
+#include "moe/data.h"
+#include "moe/error.h"
+#include "moe/file.h"
+#include "moe/rng.h"
+#include "moe/shards.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+int moe_tokens_reserve(moe_tokens *t, size_t extra) {
+    if (t->n + extra <= t->cap) return 0;
+    size_t cap = t->cap ? t->cap : 4096;
+    while (cap < t->n + extra)
+        cap *= 2;
+    uint32_t *p = realloc(t->tok, sizeof *p * cap);
+    if (!p) return moe_fail(MOE_ENOMEM, "tokens: out of memory (%zu)", cap);
+    t->tok = p, t->cap = cap;
+    return 0;
+}
+
+void moe_tokens_free(moe_tokens *t) {
+    free(t->tok);
+    memset(t, 0, sizeof *t);
+}
+
+static int encode_bytes(void *ctx, const char *text, size_t len, moe_tokens *out) {
+    (void)ctx;
+    MOE_TRY(moe_tokens_reserve(out, len));
+    for (size_t i = 0; i < len; i++)
+        out->tok[out->n++] = (unsigned char)text[i];
+    return 0;
+}
+
+int moe_prepare_tokenizer_open(moe_prepare_tokenizer *t, const char *spec) {
+    memset(t, 0, sizeof *t);
+    if (!strcmp(spec, "bytes")) {
+        snprintf(t->name, sizeof t->name, "bytes");
+        t->vocab_size = 256;
+        t->encode = encode_bytes;
+        return 0;
+    }
+    // A SentencePiece model plugs in here: fill name, vocab_size, encode
+    // (text -> ids through the wrapper), free and ctx from spec.
+    return moe_fail(MOE_EINVAL, "--tokenizer '%.200s': only 'bytes' is supported in this build",
+                    spec);
+}
+
+void moe_prepare_tokenizer_close(moe_prepare_tokenizer *t) {
+    if (t->free && t->ctx) t->free(t->ctx);
+    t->ctx = NULL;
+}
+
+// --- inputs --------------------------------------------------------------------------
+
+typedef struct {
+    char **path;
+    int n;
+} path_list;
+
+static int list_add(path_list *l, const char *p) {
+    char **a = realloc(l->path, sizeof *a * (size_t)(l->n + 1));
+    if (!a || !(a[l->n] = strdup(p))) {
+        if (a) l->path = a;
+        return moe_fail(MOE_ENOMEM, "prepare: out of memory");
+    }
+    l->path = a;
+    l->n++;
+    return 0;
+}
+
+static void list_free(path_list *l) {
+    for (int i = 0; i < l->n; i++)
+        free(l->path[i]);
+    free(l->path);
+    memset(l, 0, sizeof *l);
+}
+
+// Regular files under dir, sorted by name, hidden entries skipped.
+static int walk(path_list *l, const char *dir, int depth) {
+    if (depth > 64) return moe_fail(MOE_EINVAL, "%s: folders nested deeper than 64", dir);
+    struct dirent **ents;
+    int n = scandir(dir, &ents, NULL, alphasort);
+    if (n < 0) return moe_fail(MOE_EIO, "%s: cannot list: %s", dir, strerror(errno));
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        const char *name = ents[i]->d_name;
+        char p[4096];
+        struct stat st;
+        if (rc == 0 && name[0] != '.') {
+            if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p)
+                rc = moe_fail(MOE_EINVAL, "%s/%s: path too long", dir, name);
+            else if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
+                rc = walk(l, p, depth + 1);
+            else if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
+                rc = list_add(l, p);
+        }
+        free(ents[i]);
+    }
+    free(ents);
+    return rc;
+}
+
+// A read-only mapping of a whole input (NULL data for an empty file).
+typedef struct {
+    const char *data;
+    size_t len;
+} text_map;
+
+static int map_text(const char *path, text_map *m) {
+    m->data = NULL, m->len = 0;
+    int fd;
+    MOE_TRY(moe_open_regular(path, &fd));
+    struct stat st;
+    if (fstat(fd, &st)) {
+        int e = errno;
+        close(fd);
+        return moe_fail(MOE_EIO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    m->len = (size_t)st.st_size;
+    if (m->len) {
+        void *p = mmap(NULL, m->len, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return moe_fail(MOE_EIO, "%s: cannot map: %s", path, strerror(e));
+        }
+        m->data = p;
+    }
+    close(fd);
+    return 0;
+}
+
+static void unmap_text(text_map *m) {
+    if (m->data) munmap((void *)m->data, m->len);
+    m->data = NULL;
+}
+
+// --- shards --------------------------------------------------------------------------
+
+typedef struct {
+    const char *dir, *split;
+    int width, version;
+    long per_shard;
+    FILE *f;
+    long n;         // tokens in the open shard
+    int count;      // shards started
+    path_list done; // every shard file started (removed on failure)
+} shard_writer;
+
+static int shard_close(shard_writer *w) {
+    if (!w->f) return 0;
+    unsigned char hdr[MOE_LLMC_HEADER];
+    moe_llmc_header_fill(hdr, w->version, w->n);
+    int bad = fseek(w->f, 0, SEEK_SET) || fwrite(hdr, sizeof hdr, 1, w->f) != 1;
+    bad |= fclose(w->f) != 0;
+    w->f = NULL;
+    if (bad)
+        return moe_fail(MOE_EIO, "%s: write failed: %s", w->done.path[w->done.n - 1],
+                        strerror(errno));
+    return 0;
+}
+
+static int shard_write(shard_writer *w, const uint32_t *tok, size_t n) {
+    unsigned char buf[8192];
+    while (n > 0) {
+        if (!w->f) {
+            char p[4096];
+            snprintf(p, sizeof p, "%s/%s_%06d.bin", w->dir, w->split, w->count++);
+            MOE_TRY(list_add(&w->done, p));
+            unsigned char hdr[MOE_LLMC_HEADER];
+            moe_llmc_header_fill(hdr, w->version, 0); // rewritten with the count at close
+            if (!(w->f = fopen(p, "wb")) || fwrite(hdr, sizeof hdr, 1, w->f) != 1)
+                return moe_fail(MOE_EIO, "%s: cannot write: %s", p, strerror(errno));
+            w->n = 0;
+        }
+        size_t room = (size_t)(w->per_shard - w->n), take = n < room ? n : room;
+        size_t per = sizeof buf / (size_t)w->width;
+        for (size_t done = 0; done < take;) {
+            size_t k = take - done < per ? take - done : per;
+            for (size_t i = 0; i < k; i++)
+                for (int b = 0; b < w->width; b++)
+                    buf[i * w->width + b] = (unsigned char)(tok[done + i] >> (8 * b));
+            if (fwrite(buf, (size_t)w->width, k, w->f) != k)
+                return moe_fail(MOE_EIO, "%s: write failed: %s", w->done.path[w->done.n - 1],
+                                strerror(errno));
+            done += k;
+        }
+        w->n += (long)take, tok += take, n -= take;
+        if (w->n == w->per_shard) MOE_TRY(shard_close(w));
+    }
+    return 0;
+}
+
+// --- documents -----------------------------------------------------------------------
+
+// Length of the document starting at s[0, n): through the end of the line,
+// through the blank line ending a paragraph, or the rest.
+static size_t doc_len(const char *s, size_t n, moe_doc_unit unit) {
+    if (unit == MOE_DOC_FILE) return n;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i] != '\n') continue;
+        if (unit == MOE_DOC_LINE) return i + 1;
+        size_t j = i + 1; // a paragraph ends after a line holding only blanks
+        while (j < n && (s[j] == ' ' || s[j] == '\t' || s[j] == '\r'))
+            j++;
+        if (j < n && s[j] == '\n') {
+            while (j < n && s[j] == '\n')
+                j++;
+            return j;
+        }
+    }
+    return n;
+}
+
+static int doc_split(const char *s, size_t n, uint64_t seed, double val_fraction) {
+    uint64_t h = 0xCBF29CE484222325ull; // FNV-1a, then mixed with the seed
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ (unsigned char)s[i]) * 0x100000001B3ull;
+    return moe_u01(moe_hash4(seed, h, n, 0xD0C)) < val_fraction ? MOE_SPLIT_VAL : MOE_SPLIT_TRAIN;
+}
+
+typedef struct {
+    size_t bytes;
+    long docs[2], tokens[2];
+} file_stat;
+
+static int write_manifest(const moe_prepare_opts *o, const path_list *in, const file_stat *fs,
+                          const moe_prepare_result *r, shard_writer w[2]) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/manifest.json", o->out_dir);
+    static const char *const docs[] = {"file", "paragraph", "line"};
+    json_t *root = json_object(), *files = json_array(), *splits = json_object();
+    json_object_set_new(root, "format", json_string("llm.c"));
+    json_object_set_new(root, "version", json_integer(r->version));
+    json_object_set_new(root, "tokenizer", json_string(o->tokenizer->name));
+    json_object_set_new(root, "vocab_size", json_integer(o->tokenizer->vocab_size));
+    json_object_set_new(root, "document", json_string(docs[o->doc]));
+    json_object_set_new(root, "val_fraction", json_real(o->val_fraction));
+    json_object_set_new(root, "seed", json_integer((json_int_t)o->seed));
+    for (int i = 0; i < in->n; i++) {
+        json_t *f = json_object();
+        json_object_set_new(f, "path", json_string(in->path[i]));
+        json_object_set_new(f, "bytes", json_integer((json_int_t)fs[i].bytes));
+        json_object_set_new(f, "documents", json_integer(fs[i].docs[0] + fs[i].docs[1]));
+        json_object_set_new(f, "train_documents", json_integer(fs[i].docs[0]));
+        json_object_set_new(f, "val_documents", json_integer(fs[i].docs[1]));
+        json_object_set_new(f, "tokens", json_integer(fs[i].tokens[0] + fs[i].tokens[1]));
+        json_array_append_new(files, f);
+    }
+    for (int s = 0; s < 2; s++) {
+        json_t *o2 = json_object(), *names = json_array();
+        json_object_set_new(o2, "bytes", json_integer((json_int_t)r->split_bytes[s]));
+        json_object_set_new(o2, "documents", json_integer(r->documents[s]));
+        json_object_set_new(o2, "tokens", json_integer(r->tokens[s]));
+        for (int i = 0; i < w[s].done.n; i++) {
+            const char *slash = strrchr(w[s].done.path[i], '/');
+            json_array_append_new(names, json_string(slash ? slash + 1 : w[s].done.path[i]));
+        }
+        json_object_set_new(o2, "shards", names);
+        json_object_set_new(splits, s ? "val" : "train", o2);
+    }
+    json_object_set_new(root, "files", files);
+    json_object_set_new(root, "splits", splits);
+    int rc =
+        json_dump_file(root, p, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    json_decref(root);
+    return rc ? moe_fail(MOE_EIO, "%s: cannot write", p) : 0;
+}
+
+int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
+    memset(r, 0, sizeof *r);
+    if (o->val_fraction < 0 || o->val_fraction >= 1)
+        return moe_fail(MOE_EINVAL, "--val-fraction %g: expected 0 <= f < 1", o->val_fraction);
+    if (o->shard_tokens < 1 || o->shard_tokens > INT32_MAX)
+        return moe_fail(MOE_EINVAL, "--shard-tokens %ld: expected 1..%d", o->shard_tokens,
+                        INT32_MAX);
+    if (o->n_inputs < 1) return moe_fail(MOE_EINVAL, "no input files or folders");
+    const moe_prepare_tokenizer *tk = o->tokenizer;
+    r->version = tk->vocab_size <= 65536 ? 1 : 2;
+    path_list in = {0};
+    file_stat *fs = NULL;
+    moe_tokens toks = {0};
+    shard_writer w[2];
+    for (int s = 0; s < 2; s++)
+        w[s] = (shard_writer){.dir = o->out_dir,
+                              .split = s ? "val" : "train",
+                              .width = r->version * 2,
+                              .version = r->version,
+                              .per_shard = o->shard_tokens};
+    int rc = 0;
+    char p[4096];
+    // Pass 1: every input is a readable regular file of UTF-8 text.
+    for (int i = 0; rc == 0 && i < o->n_inputs; i++) {
+        struct stat st;
+        if (stat(o->inputs[i], &st) == 0 && S_ISDIR(st.st_mode))
+            rc = walk(&in, o->inputs[i], 0);
+        else
+            rc = list_add(&in, o->inputs[i]);
+    }
+    size_t total = 0;
+    for (int i = 0; rc == 0 && i < in.n; i++) {
+        text_map m;
+        if ((rc = map_text(in.path[i], &m)) < 0) break;
+        long bad = moe_utf8_bad((const unsigned char *)m.data, (long)m.len);
+        if (bad >= 0) rc = moe_fail(MOE_EFORMAT, "%s: byte %ld: invalid UTF-8", in.path[i], bad);
+        total += m.len;
+        unmap_text(&m);
+    }
+    if (rc == 0 && in.n == 0) rc = moe_fail(MOE_EINVAL, "no files in the inputs given");
+    if (rc == 0 && total == 0) rc = moe_fail(MOE_EFORMAT, "the inputs hold no text (all empty)");
+    if (rc < 0) goto fail;
+    snprintf(p, sizeof p, "%s/manifest.json", o->out_dir);
+    if (access(p, F_OK) == 0) {
+        rc = moe_fail(MOE_EINVAL, "%s exists: %s already holds prepared shards", p, o->out_dir);
+        goto fail;
+    }
+    if (mkdir(o->out_dir, 0755) && errno != EEXIST) {
+        rc = moe_fail(MOE_EIO, "%s: cannot create: %s", o->out_dir, strerror(errno));
+        goto fail;
+    }
+    fs = calloc((size_t)in.n, sizeof *fs);
+    if (!fs) {
+        rc = moe_fail(MOE_ENOMEM, "prepare: out of memory");
+        goto fail;
+    }
+    // Pass 2: documents -> tokens -> shards.
+    moe_prepare_progress pr = {0, total, 0, in.n};
+    for (int i = 0; i < in.n; i++) {
+        text_map m;
+        MOE_TRY_GOTO(map_text(in.path[i], &m), rc);
+        fs[i].bytes = m.len;
+        for (size_t at = 0; at < m.len && rc == 0;) {
+            size_t n = doc_len(m.data + at, m.len - at, o->doc);
+            int s = doc_split(m.data + at, n, o->seed, o->val_fraction);
+            toks.n = 0;
+            if ((rc = tk->encode(tk->ctx, m.data + at, n, &toks)) < 0) break;
+            for (size_t k = 0; k < toks.n && rc == 0; k++)
+                if (toks.tok[k] >= (uint32_t)tk->vocab_size)
+                    rc = moe_fail(MOE_EINVAL, "%s: tokenizer %s gave token %u >= its vocabulary %d",
+                                  in.path[i], tk->name, toks.tok[k], tk->vocab_size);
+            if (rc == 0) rc = shard_write(&w[s], toks.tok, toks.n);
+            fs[i].docs[s]++, fs[i].tokens[s] += (long)toks.n;
+            r->documents[s]++, r->tokens[s] += (long)toks.n, r->split_bytes[s] += n;
+            // progress about every MiB inside large files
+            if (o->progress && (at >> 20) != ((at + n) >> 20)) {
+                pr.bytes_done += n;
+                o->progress(o->progress_ctx, &pr);
+                pr.bytes_done -= n;
+            }
+            at += n;
+        }
+        unmap_text(&m);
+        if (rc < 0) goto fail;
+        pr.bytes_done += fs[i].bytes, pr.files_done++;
+        if (o->progress) o->progress(o->progress_ctx, &pr);
+    }
+    for (int s = 0; s < 2; s++)
+        MOE_TRY_GOTO(shard_close(&w[s]), rc);
+    if (o->val_fraction > 0 && r->documents[MOE_SPLIT_VAL] == 0) {
+        rc = moe_fail(MOE_EINVAL,
+                      "no document went to validation (%ld documents, --val-fraction %g): "
+                      "use --doc paragraph or line, more documents, or --val-fraction 0",
+                      r->documents[0], o->val_fraction);
+        goto fail;
+    }
+    if (r->tokens[MOE_SPLIT_TRAIN] == 0) {
+        rc = moe_fail(MOE_EINVAL, "no training tokens: every document went to validation");
+        goto fail;
+    }
+    r->files = in.n;
+    r->bytes = total;
+    r->shards[0] = w[0].done.n, r->shards[1] = w[1].done.n;
+    rc = write_manifest(o, &in, fs, r, w);
+fail:
+    for (int s = 0; s < 2; s++) {
+        if (w[s].f) fclose(w[s].f);
+        for (int i = 0; rc < 0 && i < w[s].done.n; i++)
+            unlink(w[s].done.path[i]);
+        list_free(&w[s].done);
+    }
+    if (rc < 0 && fs) { // the folder goes too when prepare created it and it is empty now
+        rmdir(o->out_dir);
+    }
+    moe_tokens_free(&toks);
+    free(fs);
+    list_free(&in);
+    return rc;
+}

@@ -33,6 +33,7 @@ void moe_router_config_default(moe_router_config *cfg) {
     cfg->headroom = 0.1;
     cfg->update_every = 1;
     cfg->capacity_factor_max = 2.0;
+    cfg->bias_update_rate = 0.0;
 }
 
 enum { R_INT, R_DBL, R_DBLS };
@@ -53,6 +54,7 @@ static const range_def ranges[] = {
     {"router.aux_loss_coef", R_DBL, O(aux_loss_coef), 0, 1e6, 0},
     {"router.z_loss_coef", R_DBL, O(z_loss_coef), 0, 1e6, 0},
     {"router.route_scale", R_DBL, O(route_scale), 0, 1e6, MOE_RANGE_LO_OPEN},
+    {"router.bias_update_rate", R_DBL, O(bias_update_rate), 0, 1, 0},
     {"router.task_priority", R_DBLS, O(task_priority), -DBL_MAX, DBL_MAX, 0},
     {"capacity.ema", R_DBL, O(ema), 0, 1, MOE_RANGE_HI_OPEN},
     {"capacity.headroom", R_DBL, O(headroom), 0, 1e6, 0},
@@ -203,6 +205,12 @@ int moe_router_config_check(const moe_router_config *cfg, int E) {
         (unsigned)cfg->score > MOE_SCORE_SIGMOID)
         return moe_fail(MOE_EINVAL,
                         "router: slot_order, noise, score or capacity.mode out of range");
+    if (cfg->bias_update_rate > 0 && cfg->noise == MOE_NOISE_GUMBEL)
+        return moe_fail(MOE_EINVAL,
+                        "router.bias_update_rate = %g with router.noise = gumbel: gumbel picks "
+                        "choices 2..k on noisy logits, where the balancing bias cannot act "
+                        "(use noise none or jitter)",
+                        cfg->bias_update_rate);
     if (cfg->capacity_mode == MOE_CAPACITY_DYNAMIC && cfg->capacity_factor <= 0)
         return moe_fail(MOE_EINVAL,
                         "capacity.mode = dynamic needs router.capacity_factor > 0 "

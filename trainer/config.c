@@ -91,6 +91,9 @@ static const key_def keys[] = {
      "the scores, weights = chosen scores, over their sum when normalize_topk)"},
     {"router.route_scale", K_DBL, F(router.route_scale), NO, "1.0", NULL, RD(0, 1e6, LO_OPEN),
      "routed scaling factor: multiplies every combine weight (DeepSeek-V3 uses 2.5)"},
+    {"router.bias_update_rate", K_DBL, F(router.bias_update_rate), NO, "0", NULL, RD(0, 1, 0),
+     "auxiliary-loss-free balancing (DeepSeek-V3): after each step, expert bias += rate * "
+     "sign(mean load - load); the bias shifts top-k selection only, never the weights (0: off)"},
     {"router.aux_loss_coef", K_DBL, F(router.aux_loss_coef), NO, "0.01", NULL, RD(0, 1e6, 0),
      "load-balancing loss weight"},
     {"router.z_loss_coef", K_DBL, F(router.z_loss_coef), NO, "0.001", NULL, RD(0, 1e6, 0),

@@ -216,8 +216,8 @@ START_TEST(test_training_with_bias_lowers_max_vio) {
     double last0, last1;
     moe_config c0 = skewed(0.0), c1 = skewed(0.001);
     double v0 = train_max_vio(&c0, "off", &last0), v1 = train_max_vio(&c1, "on", &last1);
-    printf("mean MaxVio over 60 steps: rate 0 %.3f, rate 0.001 %.3f; last step %.3f vs %.3f\n",
-           v0, v1, last0, last1);
+    printf("mean MaxVio over 60 steps: rate 0 %.3f, rate 0.001 %.3f; last step %.3f vs %.3f\n", v0,
+           v1, last0, last1);
     ck_assert_msg(v0 > 2.0 && last0 > 2.5, "the setup is not skewed: MaxVio %.3f, last %.3f", v0,
                   last0);
     ck_assert_msg(v1 < 0.6 * v0, "MaxVio with the bias %.3f, without %.3f", v1, v0);
@@ -324,11 +324,8 @@ START_TEST(test_checkpoint_bias_loads_and_bad_bias_refused) {
 
     // a bias of the wrong length, then a NaN: refused naming the tensor
     float bad[5] = {0, 0, 0, 0, 0};
-    moe_st_entry e5 = {"model.layers.0.block_sparse_moe.gate.e_score_correction_bias",
-                       MOE_ST_F32,
-                       1,
-                       {5},
-                       bad};
+    moe_st_entry e5 = {
+        "model.layers.0.block_sparse_moe.gate.e_score_correction_bias", MOE_ST_F32, 1, {5}, bad};
     char p[700], bad_dir[600];
     snprintf(bad_dir, sizeof bad_dir, "%s", tu_tmpdir()); // a fresh folder per call
     snprintf(p, sizeof p, "%s/model.safetensors", bad_dir);
@@ -412,8 +409,8 @@ START_TEST(test_route_reads_bias_from_logits_file) {
     snprintf(out, sizeof out, "%s/plan.safetensors", tu_tmpdir());
     moe_st_entry e[2] = {{"logits", MOE_ST_F32, 2, {T, E}, x}, {"bias", MOE_ST_F32, 1, {E}, b}};
     ck_assert_int_eq(moe_st_write(in, e, 2, NULL), 0);
-    ck_assert_int_eq(MOE("route", "--logits", in, "--set", "router.capacity_factor=1", "--out", out),
-                     0);
+    ck_assert_int_eq(
+        MOE("route", "--logits", in, "--set", "router.capacity_factor=1", "--out", out), 0);
     moe_router_config c;
     moe_router_config_default(&c);
     c.capacity_factor = 1.0;

@@ -154,11 +154,12 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
     // A task-routed layer picks k experts per task (moe/task_experts.h derives
     // them from the gate alone): a token-load bias has nothing to balance there.
     if (c->router.bias_update_rate > 0 && c->moe.n_task_layers > 0)
-        return moe_fail(MOE_EINVAL,
-                        "%s: router.bias_update_rate = %g with moe.task_layers: auxiliary-loss-free "
-                        "balancing needs token-routed layers (set one of them to 0 / [])",
-                        src_where2(src, "router.bias_update_rate", "moe.task_layers"),
-                        c->router.bias_update_rate);
+        return moe_fail(
+            MOE_EINVAL,
+            "%s: router.bias_update_rate = %g with moe.task_layers: auxiliary-loss-free "
+            "balancing needs token-routed layers (set one of them to 0 / [])",
+            src_where2(src, "router.bias_update_rate", "moe.task_layers"),
+            c->router.bias_update_rate);
     if (c->router.n_task_priority > 0 && !strcmp(c->data.kind, "synthetic") &&
         c->router.n_task_priority != c->data.n_tasks)
         return moe_fail(MOE_EINVAL, "%s: router.task_priority has %d entries for %d tasks",

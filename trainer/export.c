@@ -160,7 +160,8 @@ static int check_bias(const char *ckpt, const moe_config *c, const moe_st_set *s
         for (int e = 0; rc == 0 && found && e < E; e++)
             if (b[e] != 0.0f)
                 rc = moe_fail(MOE_EINVAL,
-                              "%s: Mixtral cannot express an expert selection bias (tensor '" MOE_CKPT_BIAS_FMT
+                              "%s: Mixtral cannot express an expert selection bias (tensor "
+                              "'" MOE_CKPT_BIAS_FMT
                               "' is non-zero: trained with router.bias_update_rate = %g); not "
                               "exported",
                               ckpt, l, c->router.bias_update_rate);

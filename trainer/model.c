@@ -511,11 +511,11 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
                      : cfg->router.n_task_priority > 0        ? "router.task_priority"
                      : cfg->router.score != MOE_SCORE_SOFTMAX ? "router.score = sigmoid"
                      : cfg->router.route_scale != 1.0         ? "router.route_scale other than 1"
-                     : cfg->router.bias_update_rate != 0
-                         ? "router.bias_update_rate other than 0 (auxiliary-loss-free balancing)"
-                     : h->bias_on ? "a non-zero expert selection bias (the checkpoint's "
-                                    "gate.e_score_correction_bias)"
                                                               : NULL;
+    if (!no && cfg->router.bias_update_rate != 0)
+        no = "router.bias_update_rate other than 0 (auxiliary-loss-free balancing)";
+    if (!no && h->bias_on)
+        no = "a non-zero expert selection bias (the checkpoint's gate.e_score_correction_bias)";
     if (no) return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet", no);
     *g = *h; // sizes, config, table and the host-side statistics arrays (shared)
     g->ops = ops;

@@ -356,8 +356,8 @@ static int route_file(const route_args *a) {
         goto fail;
     ex = MOE_EXIT_RUNTIME; // from here on, failures are not the input's fault
     if ((rc = write_plan(a->out_path, &plan, &cfg, a->train, a->step)) < 0) goto fail;
-    if (bias) printf("selection bias: 'bias' of %s added to the scores for the choice\n",
-                     a->logits_path);
+    if (bias)
+        printf("selection bias: 'bias' of %s added to the scores for the choice\n", a->logits_path);
     print_summary(&plan, &cfg);
     printf("wrote %s\n", a->out_path);
     ex = MOE_EXIT_OK;

@@ -7,6 +7,7 @@
 #include "moe/cli/cli.h"
 #include "moe/error.h"
 #include "moe/export.h"
+#include "moe/infer.h"
 #include "moe/router.h"
 #include "moe/safetensors.h"
 #include "moe/train.h"
@@ -358,6 +359,59 @@ START_TEST(test_checkpoint_bias_loads_and_bad_bias_refused) {
 }
 END_TEST
 
+// Inference (`moe generate`, `moe eval`) routes with the checkpoint's bias: the
+// KV-cache prefill equals the training forward of the loaded model, and a bias
+// that moves choices changes the logits.
+START_TEST(test_inference_routes_with_the_checkpoint_bias) {
+    moe_config c = tu_ckpt_config();
+    c.router.bias_update_rate = 0.01;
+    moe_model m;
+    moe_adamw opt;
+    ck_assert_int_eq(moe_model_init(&m, &c, 2, 16, 5), 0);
+    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
+    for (int l = 0; l < 2; l++)
+        for (int e = 0; e < 4; e++)
+            moe_model_bias(&m, l)[e] = e == 3 - l ? 0.5f : 0.0f; // every token picks 3 - l
+    moe_train_state st = {0};
+    char ck[600];
+    snprintf(ck, sizeof ck, "%s/ck", tu_tmpdir());
+    ck_assert_int_eq(moe_ckpt_save(ck, &m, &opt, &st, NULL), 0);
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+
+    moe_config c0 = tu_ckpt_config();
+    moe_model ref, plain;
+    ck_assert_int_eq(moe_model_init(&ref, &c0, 1, 16, 5), 0);
+    ck_assert_int_eq(moe_model_init(&plain, &c0, 1, 16, 5), 0);
+    ck_assert_int_eq(moe_ckpt_load(ck, &ref, NULL, NULL), 0);
+    ck_assert_int_eq(moe_ckpt_load(ck, &plain, NULL, NULL), 0);
+    for (int l = 0; l < 2; l++) // the same weights routed without the bias
+        plain.a[l].moe.plan.bias = NULL;
+    ref.dropless = plain.dropless = true;
+    int32_t tok[7] = {128 + 2, 'c', 'a', 'b', 'x', 'q', 'm'}, tid = 2;
+    ck_assert_int_eq(moe_model_forward(&ref, tok, NULL, &tid, 1, 7, false, 0), 0);
+    ck_assert_int_eq(moe_model_forward(&plain, tok, NULL, &tid, 1, 7, false, 0), 0);
+    for (int t = 0; t < 7; t++)
+        ck_assert_int_eq(ref.a[1].moe.plan.choice[t * 2], 2);
+    moe_infer e;
+    moe_infer_opts o = {.task = "sort"};
+    ck_assert_msg(moe_infer_open(&e, ck, &o) == 0, "%s", moe_last_error());
+    ck_assert_ptr_nonnull(e.layer[0].plan.bias);
+    int seq[7] = {0}, pos[7] = {0, 1, 2, 3, 4, 5, 6};
+    ck_assert_msg(moe_infer_forward(&e, tok, seq, pos, 7) == 0, "%s", moe_last_error());
+    double worst = 0, moved = 0;
+    for (int i = 0; i < 7 * ref.V; i++) {
+        worst = fmax(worst, fabs(e.logits[i] - ref.logits[i]));
+        moved = fmax(moved, fabs(plain.logits[i] - ref.logits[i]));
+    }
+    ck_assert_msg(worst <= 1e-5, "inference vs forward: %g", worst);
+    ck_assert_msg(moved > 1e-4, "the bias did not change the logits (%g)", moved);
+    moe_infer_free(&e);
+    moe_model_free(&ref);
+    moe_model_free(&plain);
+}
+END_TEST
+
 // Export: a zero bias is left out (Mixtral has none), a non-zero one refused.
 START_TEST(test_export_refuses_nonzero_bias) {
     moe_config c = tu_ckpt_config();
@@ -523,6 +577,7 @@ static Suite *bias_suite(void) {
     tcase_add_test(tc, test_training_with_bias_lowers_max_vio);
     tcase_add_test(tc, test_resume_is_bit_exact_with_bias);
     tcase_add_test(tc, test_checkpoint_bias_loads_and_bad_bias_refused);
+    tcase_add_test(tc, test_inference_routes_with_the_checkpoint_bias);
     tcase_add_test(tc, test_export_refuses_nonzero_bias);
     tcase_add_test(tc, test_route_reads_bias_from_logits_file);
     tcase_add_test(tc, test_device_path_refuses_bias);

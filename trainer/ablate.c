@@ -236,7 +236,9 @@ int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes, co
                 r->accuracy[t] = res.eval.accuracy[t];
             }
             moe_eval_result_free(&res.eval);
-            if (log) fprintf(log, " val loss %.4f (%.0f s)\n", r->val_loss, r->seconds);
+            if (log)
+                fprintf(log, " val loss %.4f, MaxVio %.3f (%.0f s)\n", r->val_loss, r->max_vio,
+                        r->seconds);
         }
     }
     // Failed rows take their task names from a finished one for the header.

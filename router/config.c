@@ -36,6 +36,7 @@ void moe_router_config_default(moe_router_config *cfg) {
     cfg->capacity_factor_max = 2.0;
     cfg->n_groups = 0;    // one group per node: no limit until topk_groups is set
     cfg->topk_groups = 0; // every group
+    cfg->bias_update_rate = 0.0;
 }
 
 enum { R_INT, R_DBL, R_DBLS };
@@ -58,6 +59,7 @@ static const range_def ranges[] = {
     {"router.route_scale", R_DBL, O(route_scale), 0, 1e6, MOE_RANGE_LO_OPEN},
     {"router.n_groups", R_INT, O(n_groups), 0, 1 << 16, 0},
     {"router.topk_groups", R_INT, O(topk_groups), 0, 1 << 16, 0},
+    {"router.bias_update_rate", R_DBL, O(bias_update_rate), 0, 1, 0},
     {"router.task_priority", R_DBLS, O(task_priority), -DBL_MAX, DBL_MAX, 0},
     {"capacity.ema", R_DBL, O(ema), 0, 1, MOE_RANGE_HI_OPEN},
     {"capacity.headroom", R_DBL, O(headroom), 0, 1e6, 0},
@@ -209,6 +211,12 @@ int moe_router_config_check(const moe_router_config *cfg, int E) {
         return moe_fail(MOE_EINVAL,
                         "router: slot_order, noise, score or capacity.mode out of range");
     MOE_TRY(moe_router_groups_check(cfg, E));
+    if (cfg->bias_update_rate > 0 && cfg->noise == MOE_NOISE_GUMBEL)
+        return moe_fail(MOE_EINVAL,
+                        "router.bias_update_rate = %g with router.noise = gumbel: gumbel picks "
+                        "choices 2..k on noisy logits, where the balancing bias cannot act "
+                        "(use noise none or jitter)",
+                        cfg->bias_update_rate);
     if (cfg->capacity_mode == MOE_CAPACITY_DYNAMIC && cfg->capacity_factor <= 0)
         return moe_fail(MOE_EINVAL,
                         "capacity.mode = dynamic needs router.capacity_factor > 0 "

@@ -73,7 +73,7 @@ int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, 
         }
         z += (double)plan->lse[t] * plan->lse[t];
         int *ch = plan->choice + (size_t)t * k;
-        topk_row(ch, p, NULL, x, E, k, gumbel, cfg, step, t);
+        topk_row(ch, p, plan->bias, x, E, k, gumbel, cfg, step, t);
         for (int j = 0; j < k; j++)
             plan->counts[ch[j]]++;
     }

@@ -69,7 +69,7 @@ typedef struct {
     int idx[MOE_GRID_MAX_AXES];
     int ok;
     char error[256];
-    double val_loss, tokens_per_s, drop_rate, seconds;
+    double val_loss, tokens_per_s, drop_rate, max_vio, seconds;
     int n_tasks;
     char task[MOE_MAX_TASKS][MOE_NAME_MAX];
     double accuracy[MOE_MAX_TASKS];
@@ -98,7 +98,7 @@ static int write_results(const char *out, const moe_grid_axis *axes, int n_axes,
         fprintf(f, "run");
         for (int a = 0; a < n_axes; a++)
             fprintf(f, ",%s", axes[a].key);
-        fprintf(f, ",status,val_loss,tokens_per_s,drop_rate,seconds");
+        fprintf(f, ",status,val_loss,tokens_per_s,drop_rate,max_vio,seconds");
         for (int t = 0; t < rows[0].n_tasks; t++)
             fprintf(f, ",acc_%s", rows[0].task[t]);
         fprintf(f, ",error\n");
@@ -107,8 +107,9 @@ static int write_results(const char *out, const moe_grid_axis *axes, int n_axes,
             fprintf(f, "%d", i);
             for (int a = 0; a < n_axes; a++)
                 fprintf(f, ",\"%s\"", axes[a].values[r->idx[a]]);
-            fprintf(f, ",%s,%.6f,%.1f,%.6f,%.1f", r->ok ? "ok" : "failed",
-                    r->ok ? r->val_loss : NAN, r->tokens_per_s, r->drop_rate, r->seconds);
+            fprintf(f, ",%s,%.6f,%.1f,%.6f,%.4f,%.1f", r->ok ? "ok" : "failed",
+                    r->ok ? r->val_loss : NAN, r->tokens_per_s, r->drop_rate,
+                    r->ok ? r->max_vio : NAN, r->seconds);
             for (int t = 0; t < rows[0].n_tasks; t++)
                 fprintf(f, ",%.4f", r->ok ? r->accuracy[t] : NAN);
             fprintf(f, ",\"%s\"\n", r->error);
@@ -125,8 +126,8 @@ static int write_results(const char *out, const moe_grid_axis *axes, int n_axes,
     fprintf(f, " val loss |");
     for (int t = 0; t < rows[0].n_tasks; t++)
         fprintf(f, " acc %s |", rows[0].task[t]);
-    fprintf(f, " tokens/s | drop rate |\n|---|");
-    for (int a = 0; a < n_axes + 3 + rows[0].n_tasks; a++)
+    fprintf(f, " tokens/s | drop rate | MaxVio |\n|---|");
+    for (int a = 0; a < n_axes + 4 + rows[0].n_tasks; a++)
         fprintf(f, "---|");
     fputc('\n', f);
     for (int i = 0; i < n; i++) {
@@ -136,7 +137,7 @@ static int write_results(const char *out, const moe_grid_axis *axes, int n_axes,
             fprintf(f, " %s |", axes[a].values[r->idx[a]]);
         if (!r->ok) {
             fprintf(f, " failed: %s |", r->error);
-            for (int t = 0; t < rows[0].n_tasks + 2; t++)
+            for (int t = 0; t < rows[0].n_tasks + 3; t++)
                 fprintf(f, " |");
             fputc('\n', f);
             continue;
@@ -148,7 +149,7 @@ static int write_results(const char *out, const moe_grid_axis *axes, int n_axes,
             else
                 fprintf(f, " %.1f%% |", 100 * r->accuracy[t]);
         }
-        fprintf(f, " %.0f | %.2f%% |\n", r->tokens_per_s, 100 * r->drop_rate);
+        fprintf(f, " %.0f | %.2f%% | %.3f |\n", r->tokens_per_s, 100 * r->drop_rate, r->max_vio);
     }
     return closed_bad(f) ? moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno)) : 0;
 }
@@ -228,13 +229,16 @@ int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes, co
             r->val_loss = res.eval.val_loss;
             r->tokens_per_s = res.tokens_per_s;
             r->drop_rate = res.drop_rate;
+            r->max_vio = res.max_vio;
             r->n_tasks = res.eval.n_tasks;
             for (int t = 0; t < r->n_tasks; t++) {
                 snprintf(r->task[t], MOE_NAME_MAX, "%s", res.eval.task[t]);
                 r->accuracy[t] = res.eval.accuracy[t];
             }
             moe_eval_result_free(&res.eval);
-            if (log) fprintf(log, " val loss %.4f (%.0f s)\n", r->val_loss, r->seconds);
+            if (log)
+                fprintf(log, " val loss %.4f, MaxVio %.3f (%.0f s)\n", r->val_loss, r->max_vio,
+                        r->seconds);
         }
     }
     // Failed rows take their task names from a finished one for the header.

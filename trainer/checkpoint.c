@@ -100,7 +100,7 @@ static int is_expert(const char *name) {
 
 static int build_entries(entry_list *out, const moe_model *m, const float *buf, float **gathered,
                          const char *suffix) {
-    int n_max = m->table.count;
+    int n_max = m->table.count + m->L; // + the selection biases (add_bias_entries)
     for (int l = 0; l < m->L; l++)
         if (m->is_moe[l]) n_max += 3 * m->moe_cfg[l].E;
     out->e = calloc((size_t)n_max, sizeof *out->e);
@@ -140,6 +140,17 @@ static int build_entries(entry_list *out, const moe_model *m, const float *buf, 
     return 0;
 }
 
+// The MoE layers' selection biases (moe/checkpoint.h), replicated on every rank.
+static void add_bias_entries(entry_list *out, const moe_model *m) {
+    for (int l = 0; l < m->L; l++) {
+        if (!m->is_moe[l]) continue;
+        snprintf(out->names[out->n], sizeof out->names[0], MOE_CKPT_BIAS_FMT, l);
+        out->e[out->n] = (moe_st_entry){
+            out->names[out->n], MOE_ST_F32, 1, {m->moe_cfg[l].E}, moe_model_bias(m, l)};
+        out->n++;
+    }
+}
+
 static void free_entries(entry_list *l) {
     free(l->e);
     free(l->names);
@@ -169,6 +180,7 @@ static void write_tensors(int *rc, const char *path, const moe_model *m, moe_par
     int sharded = par && par->ep_size > 1, r = 0;
     if (sharded) r = gather_experts(m, par, buf, gathered);
     if (r == 0) r = build_entries(&el, m, buf, sharded ? gathered : NULL, suffix);
+    if (r == 0 && m->bias_on && buf == m->params) add_bias_entries(&el, m);
     if (r == 0 && *rc == 0 && (!par || par->rank == 0)) r = moe_st_write(path, el.e, el.n, meta);
     if (*rc == 0) *rc = r;
     free_entries(&el);
@@ -357,6 +369,11 @@ int moe_ckpt_config(const char *dir, moe_config *cfg) {
     return rc < 0 ? moe_fail(rc, "%s: %s", p, moe_last_error()) : 0;
 }
 
+static int is_bias_of(const moe_model *m, const char *name) {
+    int l = moe_ckpt_bias_layer(name);
+    return l >= 0 && l < m->L && m->is_moe[l];
+}
+
 // Reads this model's tensors (each view's name + suffix) from the set s into
 // buf; what names the set in messages. With extras_allowed == 0 a tensor the
 // model lacks is an error, except another shard's experts on an
@@ -388,7 +405,7 @@ static int load_tensors(const moe_st_set *s, const char *what, moe_model *m, flo
         const moe_st_file *f = s->files[k];
         for (int i = 0; i < f->n_tensors; i++)
             if (!moe_param_table_find(&m->table, f->tensors[i].name) &&
-                !(m->ep && is_expert(f->tensors[i].name)))
+                !(m->ep && is_expert(f->tensors[i].name)) && !is_bias_of(m, f->tensors[i].name))
                 return moe_fail(MOE_EFORMAT, "%s: tensor '%s' does not belong to this config",
                                 f->path, f->tensors[i].name);
     }
@@ -557,6 +574,15 @@ int moe_ckpt_load(const char *dir, moe_model *m, moe_adamw *opt, moe_train_state
         join(p, rdir,
              layout == MOE_CKPT_SHARDED ? "/model.safetensors.index.json" : "/model.safetensors"));
     int rc = load_tensors(s, p, m, m->params, "", 0);
+    bool any = false; // a bias that routes: attached even where it would not move
+    for (int l = 0; rc == 0 && l < m->L; l++) {
+        float *b = moe_model_bias(m, l);
+        bool found = false;
+        if (b) rc = moe_ckpt_bias_read(s, p, l, m->moe_cfg[l].E, b, &found);
+        for (int e = 0; found && e < m->moe_cfg[l].E; e++)
+            any |= b[e] != 0.0f;
+    }
+    if (rc == 0 && any) moe_model_bias_attach(m);
     moe_st_set_close(s);
     if (rc < 0) return rc;
     if (opt) {

@@ -100,6 +100,9 @@ static const key_def keys[] = {
     {"router.topk_groups", K_INT, F(router.topk_groups), NO, "0", NULL, RI(0, 1 << 16),
      "groups a token may route to, the best by their top-2 (biased) or top-1 score "
      "(0: every group; with n_groups = 0 capped at the node count)"},
+    {"router.bias_update_rate", K_DBL, F(router.bias_update_rate), NO, "0", NULL, RD(0, 1, 0),
+     "auxiliary-loss-free balancing (DeepSeek-V3): after each step, expert bias += rate * "
+     "sign(mean load - load); the bias shifts top-k selection only, never the weights (0: off)"},
     {"router.aux_loss_coef", K_DBL, F(router.aux_loss_coef), NO, "0.01", NULL, RD(0, 1e6, 0),
      "load-balancing loss weight"},
     {"router.z_loss_coef", K_DBL, F(router.z_loss_coef), NO, "0.001", NULL, RD(0, 1e6, 0),

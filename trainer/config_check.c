@@ -153,6 +153,15 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
             return moe_fail(MOE_EINVAL, "%s: moe.task_layers entry %d is not an MoE layer",
                             moe_config_where(src, "moe.task_layers"), l);
     }
+    // A task-routed layer picks k experts per task (moe/task_experts.h derives
+    // them from the gate alone): a token-load bias has nothing to balance there.
+    if (c->router.bias_update_rate > 0 && c->moe.n_task_layers > 0)
+        return moe_fail(
+            MOE_EINVAL,
+            "%s: router.bias_update_rate = %g with moe.task_layers: auxiliary-loss-free "
+            "balancing needs token-routed layers (set one of them to 0 / [])",
+            src_where2(src, "router.bias_update_rate", "moe.task_layers"),
+            c->router.bias_update_rate);
     if (c->router.n_task_priority > 0 &&
         (!strcmp(c->data.kind, "synthetic") || c->data.task_paths[0][0]) &&
         c->router.n_task_priority != c->data.n_tasks)

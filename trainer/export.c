@@ -3,8 +3,8 @@
 // whose names and shapes are already Mixtral's. Byte vocabulary, no tokenizer
 // files. What Mixtral cannot express is refused, naming the feature: shared
 // experts, per-layer expert counts (pyramid), task-routed layers, dense
-// layers between MoE layers, unnormalised top-k weights, sigmoid scores and
-// route_scale != 1.
+// layers between MoE layers, unnormalised top-k weights, sigmoid scores,
+// route_scale != 1 and a non-zero expert selection bias (a zero one is left out).
 #include "moe/export.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
@@ -133,7 +133,8 @@ static int check_tensors(const char *ckpt, const moe_config *c, const moe_st_set
     for (int i = 0; i < s->n_files; i++)
         for (int j = 0; j < s->files[i]->n_tensors; j++) {
             const char *name = s->files[i]->tensors[j].name;
-            if (!moe_param_table_find(&m.table, name))
+            int bl = moe_ckpt_bias_layer(name); // checked and handled by check_bias
+            if (!moe_param_table_find(&m.table, name) && !(bl >= 0 && bl < m.L && m.is_moe[bl]))
                 MOE_TRY_GOTO(moe_fail(MOE_EFORMAT,
                                       "%s: tensor '%s' does not belong to the model of config.json "
                                       "(%d layers, %d experts)",
@@ -143,6 +144,29 @@ static int check_tensors(const char *ckpt, const moe_config *c, const moe_st_set
         }
 fail:
     moe_model_free(&m);
+    return rc;
+}
+
+// The selection bias of auxiliary-loss-free balancing shifts which experts
+// Mixtral's router would pick; only an all-zero bias (or none) exports.
+static int check_bias(const char *ckpt, const moe_config *c, const moe_st_set *s) {
+    const int E = c->moe.num_experts[0];
+    float *b = malloc(sizeof(float) * (size_t)E);
+    if (!b) return moe_fail(MOE_ENOMEM, "export: out of memory");
+    int rc = 0;
+    for (int l = 0; l < c->model.n_layers && rc == 0; l++) {
+        bool found = false;
+        rc = moe_ckpt_bias_read(s, ckpt, l, E, b, &found);
+        for (int e = 0; rc == 0 && found && e < E; e++)
+            if (b[e] != 0.0f)
+                rc = moe_fail(MOE_EINVAL,
+                              "%s: Mixtral cannot express an expert selection bias (tensor "
+                              "'" MOE_CKPT_BIAS_FMT
+                              "' is non-zero: trained with router.bias_update_rate = %g); not "
+                              "exported",
+                              ckpt, l, c->router.bias_update_rate);
+    }
+    free(b);
     return rc;
 }
 
@@ -245,6 +269,7 @@ int moe_export_hf(const char *ckpt, const char *out) {
     moe_st_entry *e = NULL;
     void **data = NULL;
     MOE_TRY_GOTO(check_tensors(ckpt, &c, s), rc);
+    MOE_TRY_GOTO(check_bias(ckpt, &c, s), rc);
     MOE_TRY_GOTO(check_out_dir(ckpt, out), rc);
     for (int i = 0; i < s->n_files; i++)
         n += s->files[i]->n_tensors;
@@ -255,6 +280,7 @@ int moe_export_hf(const char *ckpt, const char *out) {
     for (int i = 0; i < s->n_files; i++)
         for (int j = 0; j < s->files[i]->n_tensors; j++) {
             const moe_st_tensor *t = &s->files[i]->tensors[j];
+            if (moe_ckpt_bias_layer(t->name) >= 0) continue; // all zero (check_bias)
             MOE_TRY_GOTO(moe_st_load(s->files[i], t->name, t->dtype, -1, NULL, &data[m]), rc);
             e[m] = (moe_st_entry){t->name, t->dtype, t->ndim, {0}, data[m]};
             memcpy(e[m].shape, t->shape, sizeof(int64_t) * t->ndim);

@@ -95,6 +95,7 @@ static int check_no_extra(const moe_infer *m, const moe_st_set *s, const char *d
             continue;
         }
         MOE_TRY_GOTO(add_name(&nl, "%s.%d.%s.gate.weight", pre, l, bs), rc);
+        MOE_TRY_GOTO(add_name(&nl, MOE_CKPT_BIAS_FMT, l), rc); // optional
         if (y->task_routed)
             MOE_TRY_GOTO(add_name(&nl, "%s.%d.%s.task_embedding.weight", pre, l, bs), rc);
         for (int w = 1; w <= 3; w++) {
@@ -135,7 +136,7 @@ static size_t dense_floats(const moe_infer *m) {
         if (!y->is_moe)
             n += 3 * (size_t)m->F * D;
         else
-            n += (size_t)y->E * D + (y->task_routed ? (size_t)m->n_tasks * D : 0) +
+            n += (size_t)y->E * (D + 1) + (y->task_routed ? (size_t)m->n_tasks * D : 0) +
                  3 * (size_t)y->Hs * D;
     }
     return n;
@@ -176,6 +177,12 @@ static int load_dense(moe_infer *m, moe_st_set *s, const char *dir) {
         const char *bs = "block_sparse_moe";
         TAKE(y->gate, (size_t)y->E * D);
         MOE_TRY(load(s, dir, y->gate, y->E, D, "%s.%d.%s.gate.weight", pre, l, bs));
+        TAKE(y->bias, y->E); // routing uses it only when present and non-zero
+        bool found = false, any = false;
+        MOE_TRY(moe_ckpt_bias_read(s, dir, l, y->E, y->bias, &found));
+        for (int e = 0; found && e < y->E; e++)
+            any |= y->bias[e] != 0.0f;
+        if (!any) y->bias = NULL;
         if (y->task_routed) {
             TAKE(y->task_emb, (size_t)m->n_tasks * D);
             MOE_TRY(load(s, dir, y->task_emb, m->n_tasks, D, "%s.%d.%s.task_embedding.weight", pre,
@@ -444,8 +451,14 @@ static int alloc_scratch(moe_infer *m) {
     if (!m->row || !m->cap || !m->task_tok)
         return moe_fail(MOE_ENOMEM, "inference scratch: out of memory");
     for (int l = 0; l < m->L; l++)
-        if (m->layer[l].is_moe)
-            MOE_TRY(moe_plan_alloc(&m->layer[l].plan, (int)N, m->layer[l].E, m->k));
+        if (m->layer[l].is_moe) {
+            moe_infer_layer *y = &m->layer[l];
+            MOE_TRY(moe_plan_alloc(&y->plan, (int)N, y->E, m->k));
+            // an expert left out by the budget must stay unpickable with a bias too
+            for (int e = 0; y->bias && y->allowed && e < y->E; e++)
+                if (!y->allowed[e]) y->bias[e] = -1e30f;
+            y->plan.bias = y->bias;
+        }
     return 0;
 }
 

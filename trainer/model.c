@@ -252,7 +252,7 @@ int moe_model_memory(const moe_config *cfg, int B, int T, int n_tasks, int ep_si
     out->grads = out->params;
     out->activations = layout_acts(&m, NULL) * sizeof(float) + (size_t)B * T * sizeof(int32_t) +
                        ((size_t)m.usage_E + 1) * sizeof(int) +
-                       (moe_model_load_len(&m) + 1) * sizeof(double);
+                       (moe_model_load_len(&m) + 1) * (sizeof(double) + sizeof(float));
     for (int l = 0; l < m.L; l++) {
         if (!m.is_moe[l]) continue;
         out->moe += moe_layer_acts_bytes(&m.moe_cfg[l], m.ops);
@@ -276,7 +276,8 @@ int moe_model_init_ep(moe_model *m, const moe_config *cfg, int B, int T, int n_t
     m->task_tok = moe_calloc((size_t)B * T, sizeof(int32_t));
     m->cap_all = moe_calloc((size_t)m->usage_E + 1, sizeof(int));
     m->load = moe_calloc(moe_model_load_len(m) + 1, sizeof(double));
-    if (!m->params || !m->grads || !acts || !m->task_tok || !m->cap_all || !m->load) {
+    m->bias = moe_calloc(moe_model_load_len(m) + 1, sizeof(float));
+    if (!m->params || !m->grads || !acts || !m->task_tok || !m->cap_all || !m->load || !m->bias) {
         moe_mfree(acts);
         rc = moe_fail(MOE_ENOMEM,
                       "model with %zu parameters and %zu activation floats: out of "
@@ -301,6 +302,7 @@ int moe_model_init_ep(moe_model *m, const moe_config *cfg, int B, int T, int n_t
             MOE_TRY_GOTO(moe_capacity_ctl_init(&m->cap[l], &cfg->router, B * T, m->moe_cfg[l].E),
                          rc);
     }
+    if (cfg->router.bias_update_rate > 0) moe_model_bias_attach(m);
     init_params(m);
     return 0;
 fail:
@@ -320,6 +322,7 @@ void moe_model_free(moe_model *m) {
     moe_mfree(m->task_tok);
     moe_mfree(m->cap_all);
     moe_mfree(m->load);
+    moe_mfree(m->bias);
     free(m->task_share);
     moe_param_table_free(&m->table);
     memset(m, 0, sizeof *m);
@@ -359,6 +362,34 @@ void moe_model_capacity_step(moe_model *m) {
     }
     memset(m->load, 0, sizeof(double) * moe_model_load_len(m));
     m->load_calls = 0;
+}
+
+float *moe_model_bias(const moe_model *m, int l) {
+    if (l < 0 || l >= m->L || !m->is_moe[l]) return NULL;
+    int idx = 0;
+    for (int i = 0; i < l; i++)
+        idx += m->is_moe[i];
+    return m->bias + (size_t)idx * m->usage_E;
+}
+
+void moe_model_bias_attach(moe_model *m) {
+    for (int l = 0; l < m->L; l++)
+        if (m->is_moe[l]) m->a[l].moe.plan.bias = moe_model_bias(m, l);
+    m->bias_on = true;
+}
+
+void moe_model_bias_step(moe_model *m) {
+    int idx = 0;
+    for (int l = 0; l < m->L; l++) {
+        if (!m->is_moe[l]) continue;
+        const double *load = m->load + (size_t)idx * m->usage_E;
+        const int E = m->moe_cfg[l].E;
+        m->max_vio[l] = moe_router_max_vio(load, E);
+        if (m->cfg.router.bias_update_rate > 0 && m->load_calls > 0)
+            moe_router_bias_update(m->bias + (size_t)idx * m->usage_E, load, E,
+                                   m->cfg.router.bias_update_rate);
+        idx++;
+    }
 }
 
 // ab [n, 2F] = in @ [w1; w3]^T, h [n, F] = silu(a) * b (a dense SwiGLU block).
@@ -483,6 +514,10 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
                      : moe_router_groups_active(&cfg->router)
                          ? "router.topk_groups (group-limited routing)"
                          : NULL;
+    if (!no && cfg->router.bias_update_rate != 0)
+        no = "router.bias_update_rate other than 0 (auxiliary-loss-free balancing)";
+    if (!no && h->bias_on)
+        no = "a non-zero expert selection bias (the checkpoint's gate.e_score_correction_bias)";
     if (no) return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet", no);
     *g = *h; // sizes, config, table and the host-side statistics arrays (shared)
     g->ops = ops;

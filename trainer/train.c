@@ -99,8 +99,8 @@ static int write_metrics(FILE *f, long step, const moe_model *m, double loss, do
         const moe_plan *p = &m->a[l].moe.plan;
         moe_load_stats st;
         moe_plan_stats(p, &st);
-        fprintf(f, "%s{\"layer\": %d, \"drop_rate\": %.6f, \"load\": [", first ? "" : ", ", l,
-                st.drop_rate);
+        fprintf(f, "%s{\"layer\": %d, \"drop_rate\": %.6f, \"max_vio\": %.6f, \"load\": [",
+                first ? "" : ", ", l, st.drop_rate, m->max_vio[l]);
         for (int e = 0; e < p->E; e++)
             fprintf(f, "%s%d", e ? ", " : "", p->counts[e]);
         fprintf(f, "], \"capacity\": [");
@@ -136,6 +136,14 @@ static double mean_drop_rate(const moe_model *m) {
         s += st.drop_rate;
         n++;
     }
+    return n ? s / n : 0.0;
+}
+
+static double mean_max_vio(const moe_model *m) {
+    double s = 0;
+    int n = 0;
+    for (int l = 0; l < m->L; l++)
+        if (m->is_moe[l]) s += m->max_vio[l], n++;
     return n ? s / n : 0.0;
 }
 
@@ -254,7 +262,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 on_gpu ? (gpu.ops == &moe_ops_cpu ? " (device path on the CPU)" : " on the GPU")
                        : "",
                 total, d.B, d.T, accum, W);
-    double t_start = now(), tokens = 0, drop_sum = 0;
+    double t_start = now(), tokens = 0, drop_sum = 0, vio_sum = 0;
     long steps_run = 0;
     for (long step = st.step; step < total; step++) {
         double t0 = now(), parts[4] = {0, 0, 0, 0}; // loss, ce, aux, z
@@ -284,6 +292,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
             MOE_TRY_GOTO(moe_comm_allreduce_f64(world, gpu.m.load, moe_model_load_len(&gpu.m)), rc);
             MOE_TRY_GOTO(moe_comm_allreduce_i64(world, &gcalls, 1), rc);
             gpu.m.load_calls = (long)gcalls;
+            moe_model_bias_step(&gpu.m);
             moe_model_capacity_step(&gpu.m);
             rc = moe_gpu_optimizer_step(&gpu, &opt, accum * W, lr, cfg, &gnorm);
             if (rc < 0) {
@@ -336,6 +345,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         MOE_TRY_GOTO(moe_comm_allreduce_f64(world, m.load, moe_model_load_len(&m)), rc);
         MOE_TRY_GOTO(moe_comm_allreduce_i64(world, &calls, 1), rc);
         m.load_calls = (long)calls;
+        moe_model_bias_step(&m); // the global load: every rank moves its bias alike
         moe_model_capacity_step(&m);
         MOE_TRY_GOTO(moe_parallel_grad_norm(&par, &m, &gnorm), rc);
         if (!isfinite(gnorm)) {
@@ -352,6 +362,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         double dt = now() - t0, tps = (double)nt * accum * W / dt, drop = mean_drop_rate(fm);
         tokens += (double)nt * accum * W;
         drop_sum += drop;
+        vio_sum += mean_max_vio(fm);
         steps_run++;
         if (o->losses) o->losses[step] = loss;
         if (steps_run == 1) r->first_loss = loss;
@@ -404,6 +415,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     r->steps = st.step;
     r->tokens_per_s = steps_run ? tokens / (now() - t_start) : 0;
     r->drop_rate = steps_run ? drop_sum / steps_run : 0;
+    r->max_vio = steps_run ? vio_sum / steps_run : 0;
     r->mem_peak = moe_mem_peak();
     if (!r->interrupted) {
         st.cursor[0] = d.cursor[0];
@@ -418,8 +430,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
             goto fail;
         }
         if (o->report && lead) {
-            fprintf(o->report, "\ntrained %ld steps: %.0f tokens/s, mean drop rate %.2f%%\n",
-                    r->steps, r->tokens_per_s, 100 * r->drop_rate);
+            fprintf(o->report,
+                    "\ntrained %ld steps: %.0f tokens/s, mean drop rate %.2f%%, mean MaxVio %.3f\n",
+                    r->steps, r->tokens_per_s, 100 * r->drop_rate, r->max_vio);
             moe_eval_print(&r->eval, o->report);
             moe_mem_plan mp; // rank 0's buffers against the planner's prediction
             if (moe_plan_memory(cfg, W, 0, &mp) == 0)

@@ -384,6 +384,11 @@ extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, co
     if (cfg->score != MOE_SCORE_SOFTMAX || cfg->route_scale != 1.0)
         return moe_fail(MOE_EINVAL, "cuda router: router.score = sigmoid and router.route_scale "
                                     "!= 1 are not supported on the GPU (CPU router only)");
+    if (cfg->bias_update_rate != 0)
+        return moe_fail(MOE_EINVAL,
+                        "cuda router: router.bias_update_rate = %g (auxiliary-loss-free "
+                        "balancing) is not supported on the GPU (CPU router only)",
+                        cfg->bias_update_rate);
     if (training && cfg->noise == MOE_NOISE_GUMBEL)
         return moe_fail(MOE_EINVAL, "cuda router: router.noise = gumbel is not supported on the "
                                     "GPU (use jitter or none)");

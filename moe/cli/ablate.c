@@ -14,7 +14,7 @@ static const char *help =
     "\n"
     "Trains every combination of the grid values (same seed and data), then writes\n"
     "results.csv (every run) and results.md (sorted by final validation loss: per-task\n"
-    "accuracy, tokens/s, drop rate) into DIR (default runs/ablate-<config name>).\n"
+    "accuracy, tokens/s, drop rate, MaxVio) into DIR (default runs/ablate-<config name>).\n"
     "Example: moe ablate configs/tiny.json --grid router.slot_order=position,priority \\\n"
     "           --grid router.capacity_factor=0.5,1.0,2.0 --steps 200\n";
 

@@ -27,7 +27,10 @@ static void help(FILE *fp) {
             "Routes logits [T, E] with the top-k router and writes the dispatch plan.\n"
             "\n"
             "  --logits FILE    safetensors with 'logits' F32 [T, E] and optionally\n"
-            "                   'task_ids' I32 [T] (task of each token, >= 0)\n"
+            "                   'task_ids' I32 [T] (task of each token, >= 0) and 'bias'\n"
+            "                   F32 [E] (expert selection bias of auxiliary-loss-free\n"
+            "                   balancing: added to the scores for the top-k choice only,\n"
+            "                   the weights stay the unbiased scores)\n"
             "  --task-ids FILE  take 'task_ids' I32 [T] from FILE instead\n"
             "  --set KEY=VALUE  router config, e.g. --set router.top_k=1\n"
             "                   --set router.slot_order=priority --set router.task_priority=1,2\n"
@@ -159,7 +162,7 @@ static void fmt_double(char *buf, size_t n, double x) {
 enum { META_KEYS = 20, META_LEN = 64 };
 
 // The resolved config as metadata strings, keyed as in config files.
-static void config_metadata(const moe_router_config *c, bool training, uint64_t step,
+static void config_metadata(const moe_router_config *c, bool training, uint64_t step, bool bias,
                             char vals[][META_LEN], const char **kv) {
     static const char *const orders[] = {"position", "priority"};
     static const char *const noises[] = {"none", "jitter", "gumbel"};
@@ -192,6 +195,7 @@ static void config_metadata(const moe_router_config *c, bool training, uint64_t 
     snprintf(KV("capacity.mode"), META_LEN, "static");
     snprintf(KV("route.training"), META_LEN, "%s", training ? "true" : "false");
     snprintf(KV("route.step"), META_LEN, "%llu", (unsigned long long)step);
+    snprintf(KV("route.bias"), META_LEN, "%s", bias ? "true" : "false");
 #undef KV
     assert(n <= META_KEYS);
     kv[m] = NULL;
@@ -212,7 +216,7 @@ static int write_plan(const char *path, const moe_plan *p, const moe_router_conf
     };
     char vals[META_KEYS][META_LEN];
     const char *kv[2 * META_KEYS + 1];
-    config_metadata(cfg, training, step, vals, kv);
+    config_metadata(cfg, training, step, p->bias != NULL, vals, kv);
     return moe_st_write(path, e, (int)(sizeof e / sizeof *e), kv);
 }
 
@@ -260,10 +264,33 @@ static int load_task_ids(moe_st_file *f, int64_t T, int **out) {
     return 0;
 }
 
+// Loads bias F32 [E] from f: one finite number per expert.
+static int load_bias(moe_st_file *f, int E, float **out) {
+    int64_t shape[1];
+    MOE_TRY(moe_st_load(f, "bias", MOE_ST_F32, 1, shape, (void **)out));
+    int bad = -1;
+    for (int e = 0; shape[0] == E && e < E && bad < 0; e++)
+        if (!isfinite((*out)[e])) bad = e;
+    int rc = 0;
+    if (shape[0] != E)
+        rc = moe_fail(MOE_EFORMAT,
+                      "%s: tensor 'bias' has %lld entries, logits have %d experts (one bias "
+                      "per expert)",
+                      f->path, (long long)shape[0], E);
+    else if (bad >= 0)
+        rc = moe_fail(MOE_EFORMAT, "%s: bias[%d] is %g, expected a finite number", f->path, bad,
+                      (*out)[bad]);
+    if (rc < 0) {
+        free(*out);
+        *out = NULL;
+    }
+    return rc;
+}
+
 static int route_file(const route_args *a) {
     int ex = MOE_EXIT_USAGE, rc;
     moe_st_file *lf = NULL, *tf = NULL;
-    float *logits = NULL;
+    float *logits = NULL, *bias = NULL;
     int *task = NULL;
     moe_plan plan = {0};
     moe_router_config cfg = a->cfg;
@@ -290,6 +317,7 @@ static int route_file(const route_args *a) {
     } else if (moe_st_find(lf, "task_ids")) {
         if ((rc = load_task_ids(lf, T, &task)) < 0) goto fail;
     }
+    if (moe_st_find(lf, "bias") && (rc = load_bias(lf, E, &bias)) < 0) goto fail;
     // Task priorities take effect only under priority order; there every
     // token needs a task id with an entry.
     if (cfg.slot_order == MOE_SLOT_PRIORITY && cfg.n_task_priority > 0) {
@@ -324,10 +352,13 @@ static int route_file(const route_args *a) {
         moe_router_jitter(logits, (size_t)T * E, cfg.noise_eps, cfg.seed, a->step);
 
     if ((rc = moe_plan_alloc(&plan, T, E, cfg.top_k)) < 0) goto fail;
+    plan.bias = bias;
     if ((rc = moe_router_forward(&plan, logits, task, NULL, T, E, &cfg, a->train, a->step)) < 0)
         goto fail;
     ex = MOE_EXIT_RUNTIME; // from here on, failures are not the input's fault
     if ((rc = write_plan(a->out_path, &plan, &cfg, a->train, a->step)) < 0) goto fail;
+    if (bias)
+        printf("selection bias: 'bias' of %s added to the scores for the choice\n", a->logits_path);
     print_summary(&plan, &cfg);
     printf("wrote %s\n", a->out_path);
     ex = MOE_EXIT_OK;
@@ -338,6 +369,7 @@ fail:
     }
     moe_plan_free(&plan);
     free(task);
+    free(bias);
     free(logits);
     moe_st_close(tf);
     moe_st_close(lf);

@@ -23,6 +23,11 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
     if (cfg->router.score != MOE_SCORE_SOFTMAX)
         return moe_fail(MOE_EINVAL, "moe layer on the GPU: router.score = sigmoid is not supported "
                                     "yet (use softmax, or the CPU)");
+    if (cfg->router.bias_update_rate != 0)
+        return moe_fail(MOE_EINVAL,
+                        "moe layer on the GPU: router.bias_update_rate = %g (auxiliary-loss-free "
+                        "balancing) is not supported yet (only 0; or use the CPU)",
+                        cfg->router.bias_update_rate);
     if (cfg->router.route_scale != 1.0)
         return moe_fail(MOE_EINVAL,
                         "moe layer on the GPU: router.route_scale = %g is not supported yet "

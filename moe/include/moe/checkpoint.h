@@ -30,7 +30,9 @@
 #include "moe/model.h"
 #include "moe/optim.h"
 #include "moe/parallel.h"
+#include "moe/safetensors.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -73,6 +75,19 @@ int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
 // picks. Every field of trainer_state.json is checked (type and range) and a
 // bad one is refused naming the file and the field.
 int moe_ckpt_load(const char *dir, moe_model *m, moe_adamw *opt, moe_train_state *st);
+// The selection bias of MoE layer l (auxiliary-loss-free balancing,
+// router.bias_update_rate): F32 [E] in model.safetensors, named after
+// transformers' DeepseekV3 mlp.gate.e_score_correction_bias. Written while the
+// model routes with a bias; optional on reading (absent: zeros).
+#define MOE_CKPT_BIAS_FMT "model.layers.%d.block_sparse_moe.gate.e_score_correction_bias"
+// The layer of a bias tensor name (exactly MOE_CKPT_BIAS_FMT), else -1.
+int moe_ckpt_bias_layer(const char *name);
+// Reads layer l's bias from set s into out [E] when the tensor is present
+// (*found = true), checked F32 [E] and finite; what names the set in messages.
+// Absent: out untouched, *found = false.
+int moe_ckpt_bias_read(const moe_st_set *s, const char *what, int l, int E, float *out,
+                       bool *found);
+
 // Loads config.json of the resolved folder over the defaults.
 int moe_ckpt_config(const char *dir, moe_config *cfg);
 

@@ -52,6 +52,7 @@ typedef struct {
     float *q_scale; // int8: [n_loaded][2H + D] one scale per output row
     float *kc, *vc; // [max_batch, max_seq, Hkv * hd]
     moe_plan plan;  // routing of the last forward (MoE layers)
+    float *bias;    // [E] the checkpoint's non-zero selection bias, or NULL
 } moe_infer_layer;
 
 typedef struct {

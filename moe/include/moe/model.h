@@ -64,6 +64,14 @@ typedef struct {
     // capacity update: [n MoE layers][usage_E], and the number of forwards
     double *load;
     long load_calls;
+    // auxiliary-loss-free balancing (router/bias.c): the selection bias of
+    // each MoE layer, [n MoE layers][usage_E] (zeros until moved or loaded);
+    // bias_on: attached to the layers' plans (router.bias_update_rate > 0, or
+    // a bias loaded from a checkpoint). max_vio: MaxVio of the last step's
+    // global load per layer (moe_model_bias_step)
+    float *bias;
+    bool bias_on;
+    double max_vio[MOE_MAX_LAYERS];
     // whole-model activations and scratch
     float *xf, *lnf, *rstdf, *logits, *losses; // [N, D], [N, D], [N], [N or T, V], [N]
     float *lse, *cce_scratch;
@@ -145,6 +153,16 @@ size_t moe_model_load_len(const moe_model *m);
 // m->load_calls, which the caller may first sum over ranks) to each layer's
 // dynamic-capacity controller, then clears the accumulators.
 void moe_model_capacity_step(moe_model *m);
+
+// Once per optimizer step, before moe_model_capacity_step and after the
+// caller summed m->load over ranks: MaxVio of each MoE layer's load into
+// m->max_vio, then the bias update of router.bias_update_rate (if > 0).
+void moe_model_bias_step(moe_model *m);
+// Layer l's selection bias [E] (NULL for a dense layer).
+float *moe_model_bias(const moe_model *m, int l);
+// Attaches the bias to every MoE layer's routing (after a checkpoint
+// brought a non-zero one into a model that would not move it).
+void moe_model_bias_attach(moe_model *m);
 
 // Floats in the model's parameter buffer.
 static inline size_t moe_model_numel(const moe_model *m) {

@@ -53,6 +53,9 @@ typedef struct {
     // topk_groups 0: every group (no limit).
     int n_groups;    // router.n_groups
     int topk_groups; // router.topk_groups
+    // router.bias_update_rate: auxiliary-loss-free balancing (router/bias.c);
+    // 0: the selection bias never moves
+    double bias_update_rate;
 } moe_router_config;
 
 // Fills every key with its documented default.
@@ -97,6 +100,10 @@ typedef struct {
     int *order;     // [T] token order used for slot assignment
     void *scratch;  // [T] sort keys for the priority order
     void *block;    // one allocation backing every array above
+    // [E] selection bias (auxiliary-loss-free balancing, router/bias.c), added
+    // to the scores for the top-k choice only; owned and set by the caller
+    // after moe_plan_alloc. NULL (the default): no bias.
+    const float *bias;
 } moe_plan;
 
 int moe_plan_alloc(moe_plan *plan, int T_max, int E, int k);
@@ -161,6 +168,17 @@ void moe_capacity_ctl_update(moe_capacity_ctl *ctl, const moe_router_config *cfg
 // number of routing calls, so every rank computes the same C_e.
 void moe_capacity_ctl_update_mean(moe_capacity_ctl *ctl, const moe_router_config *cfg,
                                   const double *load, int T);
+
+// Auxiliary-loss-free load balancing (DeepSeek-V3, arXiv 2412.19437 sec 2.1.2;
+// Wang et al. 2024, arXiv 2408.15664). load [E]: tokens routed to each expert
+// (pre-drop choices) over a whole global batch. After an optimizer step,
+// bias_e += rate * sign(mean load - load_e): overloaded experts down, underloaded
+// up, an expert at the mean unchanged. Identical loads give identical bits on
+// every rank.
+void moe_router_bias_update(float *bias, const double *load, int E, double rate);
+// MaxVio of a load [E] (Wang et al. 2024): max_e load_e / mean load - 1; 0 when
+// no token was routed. 0 is perfect balance, E - 1 all load on one expert.
+double moe_router_max_vio(const double *load, int E);
 
 #ifdef __cplusplus
 }

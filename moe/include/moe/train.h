@@ -57,6 +57,7 @@ typedef struct {
     double first_loss, last_loss;
     double tokens_per_s;      // mean over the run
     double drop_rate;         // mean over the run
+    double max_vio;           // MaxVio (router/bias.c), mean over MoE layers and steps
     long a2a_bytes, a2a_msgs; // all-to-all payload this rank sent over the run
     size_t mem_peak;          // high-water mark of the library's allocations (moe/alloc.h)
     moe_eval_result eval;     // final evaluation (caller frees)

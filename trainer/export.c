@@ -2,8 +2,9 @@
 // model_type "mixtral" and model.safetensors with the checkpoint's tensors,
 // whose names and shapes are already Mixtral's. A byte vocabulary has no
 // tokenizer files; a SentencePiece one (model.tokenizer) is written as
-// transformers' LlamaTokenizer reads it: tokenizer.model, tokenizer_config.json
-// and special_tokens_map.json, so AutoTokenizer loads the folder. What Mixtral
+// transformers' LlamaTokenizer reads it: tokenizer.model, tokenizer.json (BPE
+// models; trainer/export_tokenizer.c), tokenizer_config.json and
+// special_tokens_map.json, so AutoTokenizer loads the folder. What Mixtral
 // cannot express is refused, naming the feature: shared experts, per-layer
 // expert counts (pyramid), task-routed layers, dense layers between MoE
 // layers, unnormalised top-k weights, sigmoid scores and route_scale != 1.
@@ -91,6 +92,10 @@ static int write_tokenizer(const char *out, const moe_tokenizer *t, int seq_len)
     bool bad = fwrite(bytes, 1, len, f) != len;
     bad |= fclose(f) != 0;
     if (bad) return moe_fail(MOE_EIO, "%s: write failed", p);
+    if (moe_tok_model_type(t) == 2) { // BPE; transformers converts the others itself
+        snprintf(p, sizeof p, "%s/tokenizer.json", out);
+        MOE_TRY(moe_export_tokenizer_json(p, t));
+    }
     const int bos = moe_tok_bos_id(t), eos = moe_tok_eos_id(t);
     json_t *o = json_object();
     json_object_set_new(o, "tokenizer_class", json_string("LlamaTokenizer"));
@@ -342,9 +347,9 @@ int moe_export_hf(const char *ckpt, const char *out) {
     snprintf(p, sizeof p, "%s/config.json", out);
     MOE_TRY_GOTO(write_config(p, &c, tok), rc);
     if (tok) MOE_TRY_GOTO(write_tokenizer(out, tok, c.model.seq_len), rc);
-    for (int i = 0; !tok && was_export && i < 3; i++) { // a SentencePiece export's, now stale
-        static const char *const stale[] = {"tokenizer.model", "tokenizer_config.json",
-                                            "special_tokens_map.json"};
+    for (int i = 0; !tok && was_export && i < 4; i++) { // a SentencePiece export's, now stale
+        static const char *const stale[] = {"tokenizer.model", "tokenizer.json",
+                                            "tokenizer_config.json", "special_tokens_map.json"};
         snprintf(p, sizeof p, "%s/%s", out, stale[i]);
         unlink(p);
     }
@@ -352,9 +357,9 @@ fail:
     if (rc < 0 && created) { // a write failed: take back the folder this call made
         snprintf(p, sizeof p, "%s/model.safetensors", out);
         unlink(p);
-        static const char *const made[] = {"config.json", "tokenizer.model",
+        static const char *const made[] = {"config.json", "tokenizer.model", "tokenizer.json",
                                            "tokenizer_config.json", "special_tokens_map.json"};
-        for (int i = 0; i < 4; i++) {
+        for (int i = 0; i < 5; i++) {
             snprintf(p, sizeof p, "%s/%s", out, made[i]);
             unlink(p);
         }

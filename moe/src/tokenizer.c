@@ -45,6 +45,12 @@ int moe_spm_decode(const moe_spm *s, const int32_t *ids, size_t n, char **text, 
 int moe_spm_piece(const moe_spm *s, int32_t id, char *buf, size_t cap) {
     return moe_fail(MOE_EINVAL, "tokenizer: built without libsentencepiece");
 }
+float moe_spm_score(const moe_spm *s, int32_t id) {
+    return 0.0f;
+}
+int moe_spm_is_special(const moe_spm *s, int32_t id) {
+    return 0;
+}
 int moe_spm_train(const char *input, const char *model_prefix, int vocab_size) {
     return moe_fail(MOE_EINVAL,
                     "%s: this build has no libsentencepiece (install libsentencepiece-dev and "
@@ -187,6 +193,60 @@ int moe_tok_piece(const moe_tokenizer *t, int32_t id, char *buf, size_t cap) {
     else
         snprintf(buf, cap, "<0x%02X>", (unsigned)id);
     return 0;
+}
+
+float moe_tok_score(const moe_tokenizer *t, int32_t id) {
+    return t->spm && id >= 0 && id < moe_tok_vocab_size(t) ? moe_spm_score(t->spm, id) : 0.0f;
+}
+
+bool moe_tok_is_special(const moe_tokenizer *t, int32_t id) {
+    return t->spm && id >= 0 && id < moe_tok_vocab_size(t) && moe_spm_is_special(t->spm, id);
+}
+
+// A protobuf varint at *p (bounded by end); false when it runs off the end.
+static bool varint(const unsigned char **p, const unsigned char *end, uint64_t *v) {
+    *v = 0;
+    for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+        unsigned char b = *(*p)++;
+        *v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) return true;
+    }
+    return false;
+}
+
+// Field `field` of the protobuf message [p, end): a varint (*v) or a
+// length-delimited value ([*sub, *sub_end)); false when absent or malformed.
+static bool proto_field(const unsigned char *p, const unsigned char *end, unsigned field,
+                        uint64_t *v, const unsigned char **sub, const unsigned char **sub_end) {
+    while (p < end) {
+        uint64_t key, x;
+        if (!varint(&p, end, &key)) return false;
+        const unsigned wt = key & 7;
+        if (wt == 0) {
+            if (!varint(&p, end, &x)) return false;
+            if ((key >> 3) == field) return *v = x, true;
+        } else if (wt == 2) {
+            if (!varint(&p, end, &x) || x > (uint64_t)(end - p)) return false;
+            if ((key >> 3) == field && sub) return *sub = p, *sub_end = p + x, true;
+            p += x;
+        } else if (wt == 5 || wt == 1) {
+            const size_t n = wt == 5 ? 4 : 8;
+            if ((size_t)(end - p) < n) return false;
+            p += n;
+        } else {
+            return false;
+        }
+    }
+    return false;
+}
+
+int moe_tok_model_type(const moe_tokenizer *t) {
+    if (!t->spm) return 0;
+    // ModelProto.trainer_spec (field 2) . model_type (field 3); absent: UNIGRAM
+    const unsigned char *p = t->model, *end = p + t->model_len, *s, *se;
+    uint64_t v = 1, unused;
+    if (proto_field(p, end, 2, &unused, &s, &se)) proto_field(s, se, 3, &v, NULL, NULL);
+    return (int)v;
 }
 
 int moe_tok_check_config(const moe_config *cfg) {

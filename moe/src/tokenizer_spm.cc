@@ -144,6 +144,22 @@ extern "C" int moe_spm_piece(const moe_spm *s, int32_t id, char *buf, size_t cap
     }
 }
 
+extern "C" float moe_spm_score(const moe_spm *s, int32_t id) {
+    try {
+        return s->sp.GetScore(id);
+    } catch (...) {
+        return 0.0f;
+    }
+}
+
+extern "C" int moe_spm_is_special(const moe_spm *s, int32_t id) {
+    try {
+        return s->sp.IsControl(id) || s->sp.IsUnknown(id);
+    } catch (...) {
+        return 0;
+    }
+}
+
 extern "C" int moe_spm_train(const char *input, const char *model_prefix, int vocab_size) {
     try {
         quiet();

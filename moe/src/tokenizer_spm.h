@@ -24,6 +24,8 @@ int moe_spm_eos_id(const moe_spm *s);
 int moe_spm_encode(const moe_spm *s, const char *text, size_t len, int32_t **ids, size_t *n);
 int moe_spm_decode(const moe_spm *s, const int32_t *ids, size_t n, char **text, size_t *len);
 int moe_spm_piece(const moe_spm *s, int32_t id, char *buf, size_t cap);
+float moe_spm_score(const moe_spm *s, int32_t id);
+int moe_spm_is_special(const moe_spm *s, int32_t id); // control or unknown
 int moe_spm_train(const char *input, const char *model_prefix, int vocab_size);
 
 #ifdef __cplusplus

@@ -52,6 +52,14 @@ int moe_tok_decode(const moe_tokenizer *t, const int32_t *ids, size_t n, char **
 // truncated when longer). MOE_EINVAL for an id outside the vocabulary.
 int moe_tok_piece(const moe_tokenizer *t, int32_t id, char *buf, size_t cap);
 
+// SentencePiece piece score (0 for bytes) and whether id is a control or
+// unknown piece (<unk>, <s>, </s>: special tokens in transformers).
+float moe_tok_score(const moe_tokenizer *t, int32_t id);
+bool moe_tok_is_special(const moe_tokenizer *t, int32_t id);
+// The SentencePiece model type of its trainer spec: 1 unigram, 2 BPE, 3 word,
+// 4 char (0 for bytes).
+int moe_tok_model_type(const moe_tokenizer *t);
+
 // The .model file's bytes (NULL, 0 for bytes): what a checkpoint copies.
 const void *moe_tok_model_bytes(const moe_tokenizer *t, size_t *len);
 
@@ -62,8 +70,8 @@ int moe_tok_check_config(const moe_config *cfg);
 
 // Trains a SentencePiece model on the text file input (one sentence per
 // line) as spm_train does: model_prefix.model and model_prefix.vocab, BPE with
-// byte fallback and Llama's identity normalizer, vocab_size pieces. For tests and small experiments; the
-// sentencepiece tools (spm_train) are the way to train a real one.
+// byte fallback and Llama's identity normalizer, vocab_size pieces. For tests and small
+// experiments; the sentencepiece tools (spm_train) are the way to train a real one.
 int moe_tok_train_spm(const char *input, const char *model_prefix, int vocab_size);
 
 #ifdef __cplusplus

@@ -503,6 +503,35 @@ START_TEST(test_export_writes_the_tokenizer_for_transformers) {
     ck_assert_ptr_nonnull(sm);
     ck_assert_str_eq(json_string_value(json_object_get(sm, "unk_token")), "<unk>");
     json_decref(sm);
+    // tokenizer.json: every piece at its id; every merge joins two pieces into
+    // a piece, ranked by the merged piece's id (the order SentencePiece merges)
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open(model_path, &t), 0);
+    snprintf(p, sizeof p, "%s/tokenizer.json", out);
+    json_t *tj = json_load_file(p, 0, &je);
+    ck_assert_msg(tj != NULL, "%s: %s", p, je.text);
+    json_t *model = json_object_get(tj, "model");
+    ck_assert_str_eq(json_string_value(json_object_get(model, "type")), "BPE");
+    json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
+    ck_assert_int_eq(json_object_size(vocab), VOCAB);
+    char piece[256], joined[512];
+    for (int id = 0; id < VOCAB; id++) {
+        ck_assert_int_eq(moe_tok_piece(t, id, piece, sizeof piece), 0);
+        ck_assert_int_eq(json_integer_value(json_object_get(vocab, piece)), id);
+    }
+    ck_assert_int_gt(json_array_size(merges), 100);
+    json_int_t last = -1;
+    for (size_t i = 0; i < json_array_size(merges); i++) {
+        json_t *m = json_array_get(merges, i);
+        snprintf(joined, sizeof joined, "%s%s", json_string_value(json_array_get(m, 0)),
+                 json_string_value(json_array_get(m, 1)));
+        json_t *id = json_object_get(vocab, joined);
+        ck_assert_msg(id != NULL, "merge %zu makes '%s', not a piece", i, joined);
+        ck_assert_int_ge(json_integer_value(id), last);
+        last = json_integer_value(id);
+    }
+    json_decref(tj);
+    moe_tok_free(t);
     snprintf(p, sizeof p, "%s/config.json", out);
     json_t *cf = json_load_file(p, 0, &je);
     ck_assert_ptr_nonnull(cf);

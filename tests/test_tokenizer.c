@@ -8,6 +8,8 @@
 #include "moe/error.h"
 #include "moe/fsio.h"
 #include "moe/infer.h"
+#include "moe/model.h"
+#include "moe/optim.h"
 #include "moe/tokenizer.h"
 #include "testutil.h"
 
@@ -543,6 +545,56 @@ START_TEST(test_export_writes_the_tokenizer_for_transformers) {
 }
 END_TEST
 
+// A save with a tokenizer through the counted calls (moe/fsio.h): its copy
+// costs three more calls (create, write, fsync), and a failure at any call of
+// the save leaves a checkpoint whose config names a tokenizer that opens.
+START_TEST(test_save_with_tokenizer_survives_a_failed_call_at_every_point) {
+    train_tokenizer();
+    moe_config c = tu_ckpt_config();
+    c.model.vocab_size = VOCAB + 24;
+    snprintf(c.data.kind, sizeof c.data.kind, "bin");
+    snprintf(c.data.path, sizeof c.data.path, "unused.bin");
+    moe_model m;
+    moe_adamw opt;
+    ck_assert_int_eq(moe_model_init(&m, &c, 2, 16, 1), 0);
+    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/faults", root);
+    moe_train_state st = {1, {0, 0}};
+    moe_fs_fault_arm(0, MOE_FAULT_OFF);
+    ck_assert_int_eq(moe_ckpt_save(dir, &m, &opt, &st, NULL), 0);
+    moe_fs_fault_arm(0, MOE_FAULT_OFF); // a save over an existing checkpoint, as below
+    ck_assert_int_eq(moe_ckpt_save(dir, &m, &opt, &st, NULL), 0);
+    const long bytes_calls = moe_fs_op_count();
+    snprintf(m.cfg.model.tokenizer, sizeof m.cfg.model.tokenizer, "%s", model_path);
+    moe_fs_fault_arm(0, MOE_FAULT_OFF);
+    ck_assert_int_eq(moe_ckpt_save(dir, &m, &opt, &st, NULL), 0);
+    const long n = moe_fs_op_count();
+    ck_assert_int_eq(n, bytes_calls + 3);
+    for (long i = 1; i <= n; i++) {
+        st.step = 10 + i;
+        moe_fs_fault_arm(i, MOE_FAULT_FAIL);
+        int rc = moe_ckpt_save(dir, &m, &opt, &st, NULL);
+        moe_fs_fault_arm(0, MOE_FAULT_OFF);
+        (void)rc; // a failure after the swap is logged, not returned
+        moe_config got;
+        ck_assert_msg(moe_ckpt_config(dir, &got) == 0, "fault at call %ld: %s", i,
+                      moe_last_error());
+        moe_tokenizer *t;
+        ck_assert_msg(moe_tok_open(got.model.tokenizer, &t) == 0, "fault at call %ld: %s", i,
+                      moe_last_error());
+        ck_assert_int_eq(moe_tok_vocab_size(t), VOCAB);
+        moe_tok_free(t);
+    }
+    ck_assert_int_eq(moe_ckpt_save(dir, &m, &opt, &st, NULL), 0);
+    char p[800];
+    snprintf(p, sizeof p, "%s/%s", dir, MOE_CKPT_TOKENIZER);
+    ck_assert_int_eq(access(p, F_OK), 0);
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("tokenizer");
     TCase *tc = tcase_create("bytes");
@@ -564,6 +616,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_spm_ids_equal_spm_encode);
     tcase_add_test(tc, test_bad_model_files_are_refused);
     tcase_add_test(tc, test_vocab_size_below_the_tokenizer_is_refused);
+    tcase_add_test(tc, test_save_with_tokenizer_survives_a_failed_call_at_every_point);
     tcase_add_unchecked_fixture(tc, NULL, suite_teardown);
     suite_add_tcase(s, tc);
     tc = tcase_create("checkpoint");

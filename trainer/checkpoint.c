@@ -10,6 +10,7 @@
 #include "moe/log.h"
 #include "moe/safetensors.h"
 #include "moe/task_experts.h"
+#include "moe/tokenizer.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -220,7 +221,7 @@ static void write_moments(int *rc, const char *path, const moe_model *m, const m
 
 // manifest.json: each file of the folder and its size. Written last and
 // fsynced, it tells a reader that the folder is complete (moe_ckpt_complete).
-static int write_manifest(const char *tmp, long step) {
+static int write_manifest(const char *tmp, long step, bool tokenizer) {
     char p[PATH_MAX];
     json_t *doc = json_object(), *sizes = json_object();
     int rc = 0;
@@ -228,13 +229,14 @@ static int write_manifest(const char *tmp, long step) {
     json_object_set_new(doc, "version", json_integer(1));
     json_object_set_new(doc, "step", json_integer(step));
     json_object_set_new(doc, "files", sizes);
-    for (int i = 0; i < N_FILES && rc == 0; i++) {
+    for (int i = 0; i < N_FILES + tokenizer && rc == 0; i++) {
         struct stat st;
-        if (snprintf(p, sizeof p, "%s/%s", tmp, files[i]) >= (int)sizeof p)
+        const char *name = i < N_FILES ? files[i] : MOE_CKPT_TOKENIZER;
+        if (snprintf(p, sizeof p, "%s/%s", tmp, name) >= (int)sizeof p)
             rc = moe_fail(MOE_EINVAL, "%s: path too long", tmp);
         if (rc == 0 && stat(p, &st) != 0)
             rc = moe_fail(MOE_EIO, "%s: missing after writing: %s", p, strerror(errno));
-        if (rc == 0) json_object_set_new(sizes, files[i], json_integer((json_int_t)st.st_size));
+        if (rc == 0) json_object_set_new(sizes, name, json_integer((json_int_t)st.st_size));
     }
     if (rc == 0) rc = join(p, tmp, "/manifest.json");
     if (rc == 0) rc = write_json(p, doc);
@@ -242,9 +244,11 @@ static int write_manifest(const char *tmp, long step) {
     return rc;
 }
 
-// Rank 0's part: the five files and the manifest, in that order.
+// Rank 0's part: the five files (the tokenizer's copy before config.json,
+// which names it) and the manifest, in that order.
 static int save_files(const char *tmp, const moe_model *m, const moe_adamw *opt,
-                      const moe_train_state *st, moe_parallel *par, int rc) {
+                      const moe_train_state *st, moe_parallel *par, const moe_tokenizer *tok,
+                      int rc) {
     char p[PATH_MAX];
     const char *meta[] = {"format", "pt", "producer", "moe", NULL};
     join(p, tmp, "/model.safetensors");
@@ -252,8 +256,16 @@ static int save_files(const char *tmp, const moe_model *m, const moe_adamw *opt,
     join(p, tmp, "/optimizer.safetensors");
     write_moments(&rc, p, m, opt, par);
     if (rc < 0 || (par && par->rank != 0)) return rc;
+    moe_config cfg = m->cfg;
+    size_t tok_len = 0;
+    const void *tok_bytes = tok ? moe_tok_model_bytes(tok, &tok_len) : NULL;
+    if (tok_bytes) {
+        MOE_TRY(join(p, tmp, "/" MOE_CKPT_TOKENIZER));
+        MOE_TRY(moe_fs_write_file(p, tok_bytes, tok_len));
+        snprintf(cfg.model.tokenizer, sizeof cfg.model.tokenizer, "%s", MOE_CKPT_TOKENIZER);
+    }
     MOE_TRY(join(p, tmp, "/config.json"));
-    MOE_TRY(write_config(p, &m->cfg));
+    MOE_TRY(write_config(p, &cfg));
     MOE_TRY(join(p, tmp, "/task_experts.json"));
     moe_task_experts te;
     MOE_TRY(moe_task_experts_from_model(&te, m));
@@ -262,7 +274,7 @@ static int save_files(const char *tmp, const moe_model *m, const moe_adamw *opt,
     if (rc < 0) return rc;
     MOE_TRY(join(p, tmp, "/trainer_state.json"));
     MOE_TRY(write_state(p, m, opt, st));
-    MOE_TRY(write_manifest(tmp, st->step));
+    MOE_TRY(write_manifest(tmp, st->step, tok_bytes != NULL));
     if (moe_fs_fsync_dir(tmp) != 0)
         return moe_fail(MOE_EIO, "%s: fsync failed: %s", tmp, strerror(errno));
     return 0;
@@ -324,13 +336,17 @@ int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
     MOE_TRY(join(trash, dir, ".trash"));
     MOE_TRY(join(p, tmp, "/optimizer.safetensors.tmp.XXXXXX")); // the longest name fits: all fit
     int rank0 = !par || par->rank == 0, rc = 0;
-    if (rank0) {
+    moe_tokenizer *tok = NULL; // read before recover() may move the folder it lives in
+    if (rank0 && strcmp(m->cfg.model.tokenizer, "bytes"))
+        rc = moe_tok_open(m->cfg.model.tokenizer, &tok);
+    if (rank0 && rc == 0) {
         rc = recover(dir, tmp, old, trash);
         if (rc == 0 && moe_fs_mkdir(tmp, 0755) != 0)
             rc = moe_fail(MOE_EIO, "%s: cannot create: %s", tmp, strerror(errno));
     }
     // Every rank takes part in the gathers; rank 0 writes; all learn its status.
-    rc = save_files(tmp, m, opt, st, par, rc);
+    rc = save_files(tmp, m, opt, st, par, tok, rc);
+    moe_tok_free(tok);
     if (par) rc = moe_comm_agree(par->world, rc);
     if (!rank0) return rc;
     if (rc < 0) goto fail;
@@ -366,7 +382,17 @@ int moe_ckpt_config(const char *dir, moe_config *cfg) {
     moe_config_default(cfg);
     MOE_TRY(moe_config_load(cfg, NULL, p));
     int rc = moe_config_check(cfg, NULL); // readers size arrays by it: check before use
-    return rc < 0 ? moe_fail(rc, "%s: %s", p, moe_last_error()) : 0;
+    if (rc < 0) return moe_fail(rc, "%s: %s", p, moe_last_error());
+    // A tokenizer named by a relative path is the folder's own copy.
+    char *tok = cfg->model.tokenizer;
+    if (strcmp(tok, "bytes") && tok[0] != '/') {
+        char full[PATH_MAX];
+        int n = snprintf(full, sizeof full, "%s/%s", rdir, tok);
+        if (n < 0 || (size_t)n >= sizeof cfg->model.tokenizer)
+            return moe_fail(MOE_EINVAL, "%s: model.tokenizer: path %s/%s too long", p, rdir, tok);
+        memcpy(tok, full, (size_t)n + 1);
+    }
+    return 0;
 }
 
 static int is_bias_of(const moe_model *m, const char *name) {

@@ -65,6 +65,9 @@ static const key_def keys[] = {
      "RMSNorm epsilon"},
     {"model.tie_embeddings", K_BOOL, F(model.tie_embeddings), NO, "true", NULL, R0,
      "LM head shares the embedding matrix"},
+    {"model.tokenizer", K_STR, F(model.tokenizer), NO, "bytes", NULL, R0,
+     "bytes, or a SentencePiece .model file (train one with spm_train; model.vocab_size must "
+     "be at least its vocabulary); checkpoints keep a copy"},
     {"moe.num_experts", K_INTS, F(moe.num_experts), F(moe.n_num_experts), "8", NULL, RI(1, 1 << 16),
      "experts per MoE layer: one number, or a list with one entry per MoE layer (pyramid)"},
     {"moe.d_expert", K_INT, F(moe.d_expert), NO, "0", NULL, RI(0, 1 << 20),
@@ -270,8 +273,10 @@ static bool is_router_key(const key_def *k) {
 }
 
 static size_t str_cap(const key_def *k) {
-    return !strcmp(k->key, "data.path") || !strcmp(k->key, "data.val_path") ? MOE_PATH_MAX
-                                                                            : MOE_NAME_MAX;
+    return !strcmp(k->key, "data.path") || !strcmp(k->key, "data.val_path") ||
+                   !strcmp(k->key, "model.tokenizer")
+               ? MOE_PATH_MAX
+               : MOE_NAME_MAX;
 }
 
 static bool is_tasks_key(const key_def *k) {

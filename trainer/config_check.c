@@ -210,6 +210,18 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
     if (!strcmp(c->data.kind, "synthetic") && c->data.val_path[0])
         return moe_fail(MOE_EINVAL, "%s: data.val_path is for file data (data.kind = synthetic)",
                         moe_config_where(src, "data.val_path"));
+    if (!c->model.tokenizer[0])
+        return moe_fail(MOE_EINVAL, "%s: model.tokenizer is empty: bytes or a .model file",
+                        moe_config_where(src, "model.tokenizer"));
+    // The synthetic tasks and text files are byte tokens: another tokenizer
+    // would decode them into nonsense. Token files come from moe prepare.
+    if (strcmp(c->model.tokenizer, "bytes") &&
+        (!strcmp(c->data.kind, "synthetic") || !strcmp(c->data.kind, "text")))
+        return moe_fail(MOE_EINVAL,
+                        "%s: model.tokenizer = %s with data.kind = %s, which is byte tokens: use "
+                        "model.tokenizer = bytes, or token files written with that tokenizer",
+                        src_where2(src, "model.tokenizer", "data.kind"), c->model.tokenizer,
+                        c->data.kind);
     int chunked = c->memory.mini_seq > 1, recompute = strcmp(c->memory.recompute, "none") != 0;
     if (chunked != recompute)
         return moe_fail(MOE_EINVAL,

@@ -1,16 +1,21 @@
 // Export to a Hugging Face MixtralForCausalLM folder: config.json with
 // model_type "mixtral" and model.safetensors with the checkpoint's tensors,
-// whose names and shapes are already Mixtral's. Byte vocabulary, no tokenizer
-// files. What Mixtral cannot express is refused, naming the feature: shared
-// experts, per-layer expert counts (pyramid), task-routed layers, dense
-// layers between MoE layers, unnormalised top-k weights, sigmoid scores,
-// route_scale != 1 and a non-zero expert selection bias (a zero one is left out).
+// whose names and shapes are already Mixtral's. A byte vocabulary has no
+// tokenizer files; a SentencePiece one (model.tokenizer) is written as
+// transformers' LlamaTokenizer reads it: tokenizer.model, tokenizer.json (BPE
+// models; trainer/export_tokenizer.c), tokenizer_config.json and
+// special_tokens_map.json, so AutoTokenizer loads the folder. What Mixtral
+// cannot express is refused, naming the feature: shared experts, per-layer
+// expert counts (pyramid), task-routed layers, dense layers between MoE
+// layers, unnormalised top-k weights, sigmoid scores, route_scale != 1 and
+// a non-zero expert selection bias (a zero one is left out).
 #include "moe/export.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/model.h"
 #include "moe/safetensors.h"
+#include "moe/tokenizer.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -52,7 +57,70 @@ static void unsupported(const moe_config *c, char *msg, size_t cap) {
 #undef ADD
 }
 
-static int write_config(const char *path, const moe_config *c) {
+// A JSON document to path (plain stdio: an export is not a checkpoint).
+static int dump_json(const char *path, json_t *o) {
+    FILE *f = fopen(path, "w");
+    int rc = 0;
+    if (!f) {
+        rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+    } else {
+        int bad = json_dumpf(o, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+        bad |= fputc('\n', f) == EOF;
+        bad |= fclose(f) != 0;
+        if (bad) rc = moe_fail(MOE_EIO, "%s: write failed", path);
+    }
+    json_decref(o);
+    return rc;
+}
+
+// The piece of id as a JSON string, or null when the tokenizer has no such token.
+static json_t *piece_json(const moe_tokenizer *t, int id) {
+    char buf[256];
+    if (id < 0 || moe_tok_piece(t, id, buf, sizeof buf) < 0) return json_null();
+    return json_string(buf);
+}
+
+// tokenizer.model, tokenizer_config.json (LlamaTokenizer: BOS added before
+// the text, no EOS, the SentencePiece model's own pieces for the specials)
+// and special_tokens_map.json.
+static int write_tokenizer(const char *out, const moe_tokenizer *t, int seq_len) {
+    char p[PATH_MAX];
+    size_t len;
+    const void *bytes = moe_tok_model_bytes(t, &len);
+    snprintf(p, sizeof p, "%s/tokenizer.model", out);
+    FILE *f = fopen(p, "wb");
+    if (!f) return moe_fail(MOE_EIO, "%s: cannot create: %s", p, strerror(errno));
+    bool bad = fwrite(bytes, 1, len, f) != len;
+    bad |= fclose(f) != 0;
+    if (bad) return moe_fail(MOE_EIO, "%s: write failed", p);
+    if (moe_tok_model_type(t) == 2) { // BPE; transformers converts the others itself
+        snprintf(p, sizeof p, "%s/tokenizer.json", out);
+        MOE_TRY(moe_export_tokenizer_json(p, t));
+    }
+    const int bos = moe_tok_bos_id(t), eos = moe_tok_eos_id(t);
+    json_t *o = json_object();
+    json_object_set_new(o, "tokenizer_class", json_string("LlamaTokenizer"));
+    json_object_set_new(o, "add_bos_token", json_boolean(bos >= 0));
+    json_object_set_new(o, "add_eos_token", json_false());
+    json_object_set_new(o, "bos_token", piece_json(t, bos));
+    json_object_set_new(o, "eos_token", piece_json(t, eos));
+    json_object_set_new(o, "unk_token", piece_json(t, 0));
+    json_object_set_new(o, "pad_token", json_null());
+    // legacy: text encodes exactly as SentencePiece encodes it (what moe does)
+    json_object_set_new(o, "legacy", json_true());
+    json_object_set_new(o, "clean_up_tokenization_spaces", json_false());
+    json_object_set_new(o, "model_max_length", json_integer(seq_len));
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", out);
+    MOE_TRY(dump_json(p, o));
+    o = json_object();
+    json_object_set_new(o, "bos_token", piece_json(t, bos));
+    json_object_set_new(o, "eos_token", piece_json(t, eos));
+    json_object_set_new(o, "unk_token", piece_json(t, 0));
+    snprintf(p, sizeof p, "%s/special_tokens_map.json", out);
+    return dump_json(p, o);
+}
+
+static int write_config(const char *path, const moe_config *c, const moe_tokenizer *t) {
     const int H = c->moe.d_expert ? c->moe.d_expert : c->model.d_ff;
     json_t *o = json_object();
     json_object_set_new(o, "architectures", json_pack("[s]", "MixtralForCausalLM"));
@@ -79,23 +147,17 @@ static int write_config(const char *path, const moe_config *c) {
     json_object_set_new(o, "router_jitter_noise", json_real(0.0));
     // lm_head.weight is written out even when tied: the folder is self-contained
     json_object_set_new(o, "tie_word_embeddings", json_false());
-    // tokens are bytes (0..255; synthetic task markers 128 + task id); no tokenizer
-    json_object_set_new(o, "bos_token_id", json_null());
-    json_object_set_new(o, "eos_token_id", json_integer('\n'));
-    json_object_set_new(o, "torch_dtype", json_string("float32"));
-    json_object_set_new(o, "moe_tokenizer", json_string("bytes"));
-    FILE *f = fopen(path, "w");
-    int rc = 0;
-    if (!f) {
-        rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
-    } else {
-        int bad = json_dumpf(o, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-        bad |= fputc('\n', f) == EOF;
-        bad |= fclose(f) != 0;
-        if (bad) rc = moe_fail(MOE_EIO, "%s: write failed", path);
+    if (t) { // the SentencePiece model's BOS and EOS (-1: it has none)
+        const int bos = moe_tok_bos_id(t), eos = moe_tok_eos_id(t);
+        json_object_set_new(o, "bos_token_id", bos >= 0 ? json_integer(bos) : json_null());
+        json_object_set_new(o, "eos_token_id", eos >= 0 ? json_integer(eos) : json_null());
+    } else { // bytes (0..255; synthetic task markers 128 + task id); no tokenizer
+        json_object_set_new(o, "bos_token_id", json_null());
+        json_object_set_new(o, "eos_token_id", json_integer('\n'));
     }
-    json_decref(o);
-    return rc;
+    json_object_set_new(o, "torch_dtype", json_string("float32"));
+    json_object_set_new(o, "moe_tokenizer", json_string(t ? "sentencepiece" : "bytes"));
+    return dump_json(path, o);
 }
 
 // "F32 [4, 32]": a tensor's dtype and shape for messages.
@@ -261,16 +323,19 @@ int moe_export_hf(const char *ckpt, const char *out) {
     unsupported(&c, msg, sizeof msg);
     if (msg[0])
         return moe_fail(MOE_EINVAL, "%s: Mixtral cannot express %s; not exported", ckpt, msg);
-    moe_st_set *s;
-    MOE_TRY(moe_st_set_open(ckpt, &s));
+    moe_tokenizer *tok = NULL; // opened (and checked) before anything is written
+    if (strcmp(c.model.tokenizer, "bytes")) MOE_TRY(moe_tok_open(c.model.tokenizer, &tok));
+    moe_st_set *s = NULL;
     int n = 0, m = 0, rc = 0;
     bool created = false;
     char p[PATH_MAX];
     moe_st_entry *e = NULL;
     void **data = NULL;
+    MOE_TRY_GOTO(moe_st_set_open(ckpt, &s), rc);
     MOE_TRY_GOTO(check_tensors(ckpt, &c, s), rc);
     MOE_TRY_GOTO(check_bias(ckpt, &c, s), rc);
     MOE_TRY_GOTO(check_out_dir(ckpt, out), rc);
+    const bool was_export = is_export(out);
     for (int i = 0; i < s->n_files; i++)
         n += s->files[i]->n_tensors;
     e = calloc((size_t)n + 1, sizeof *e);
@@ -307,19 +372,31 @@ int moe_export_hf(const char *ckpt, const char *out) {
     snprintf(p, sizeof p, "%s/model.safetensors", out);
     MOE_TRY_GOTO(moe_st_write(p, e, m, meta), rc);
     snprintf(p, sizeof p, "%s/config.json", out);
-    MOE_TRY_GOTO(write_config(p, &c), rc);
+    MOE_TRY_GOTO(write_config(p, &c, tok), rc);
+    if (tok) MOE_TRY_GOTO(write_tokenizer(out, tok, c.model.seq_len), rc);
+    for (int i = 0; !tok && was_export && i < 4; i++) { // a SentencePiece export's, now stale
+        static const char *const stale[] = {"tokenizer.model", "tokenizer.json",
+                                            "tokenizer_config.json", "special_tokens_map.json"};
+        snprintf(p, sizeof p, "%s/%s", out, stale[i]);
+        unlink(p);
+    }
 fail:
     if (rc < 0 && created) { // a write failed: take back the folder this call made
         snprintf(p, sizeof p, "%s/model.safetensors", out);
         unlink(p);
-        snprintf(p, sizeof p, "%s/config.json", out);
-        unlink(p);
+        static const char *const made[] = {"config.json", "tokenizer.model", "tokenizer.json",
+                                           "tokenizer_config.json", "special_tokens_map.json"};
+        for (int i = 0; i < 5; i++) {
+            snprintf(p, sizeof p, "%s/%s", out, made[i]);
+            unlink(p);
+        }
         rmdir(out);
     }
     for (int i = 0; data && i < n; i++)
         free(data[i]);
     free(data);
     free(e);
-    moe_st_set_close(s);
+    if (s) moe_st_set_close(s);
+    moe_tok_free(tok);
     return rc;
 }

@@ -12,6 +12,7 @@
 #include "moe/parallel.h"
 #include "moe/plan.h"
 #include "moe/task_experts.h"
+#include "moe/tokenizer.h"
 #include "trainer/train_gpu.h"
 
 #include <errno.h>
@@ -201,6 +202,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     // Setup: every rank checks; all agree on the first failure (lowest rank),
     // so an invalid config or file on one rank ends every rank cleanly.
     int rc = moe_config_check(cfg, NULL);
+    if (rc == 0) rc = moe_tok_check_config(cfg); // the tokenizer fits model.vocab_size
     if (rc == 0) rc = moe_device_check(cfg->train.device);
     if (rc == 0) rc = moe_parallel_init(&par, world, cfg);
     if (rc == 0) rc = moe_parallel_resolve_groups(&par, &cfg_run);

@@ -6,6 +6,7 @@
 #include "moe/file.h"
 #include "moe/infer.h"
 #include "moe/task_experts.h"
+#include "moe/tokenizer.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -30,16 +31,37 @@ static const char *generate_help =
     "bit for bit when no budget is set). --quantize int8 keeps experts as int8 with one\n"
     "scale per output row.\n"
     "\n"
-    "Tokens are bytes. With the synthetic tasks the task's marker byte is put before the\n"
+    "With model.tokenizer = bytes tokens are bytes. With the synthetic tasks the task's marker "
+    "byte is put before the\n"
     "prompt (not with --raw) and an answer ends at a newline; a prompt is the task input\n"
     "and '=', e.g. --task reverse --prompt 'abcd='. Greedy by default; --temperature T > 0\n"
     "samples (among the --top-k K most likely tokens when K > 0) with --seed S (default\n"
     "0). --max-new N (default 32) caps the tokens per answer. Answers go to stdout, bytes\n"
     "outside printable ASCII as \\xNN; what was loaded and the speed go to stderr\n"
-    "(--quiet: not printed).\n"
+    "(--quiet: not printed). A checkpoint trained with a SentencePiece tokenizer keeps\n"
+    "it (tokenizer.model): prompts are encoded with it after its BOS token, an answer\n"
+    "ends at its EOS token and is printed decoded (UTF-8; control bytes as \\xNN).\n"
     "\n"
     "exit status: 0 ok, 1 runtime failure, 2 bad usage or input (unknown task, missing\n"
     "or truncated checkpoint, missing expert tensor)\n";
+
+// An answer of a SentencePiece model, decoded: one line of UTF-8 text.
+static int print_text(FILE *f, const moe_tokenizer *tok, const int32_t *t, int n, int stop) {
+    if (n > 0 && t[n - 1] == stop) n--;
+    char *s;
+    size_t len;
+    MOE_TRY(moe_tok_decode(tok, t, (size_t)n, &s, &len));
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c < 32 || c == 127)
+            fprintf(f, "\\x%02x", c);
+        else
+            fputc(c, f);
+    }
+    fputc('\n', f);
+    free(s);
+    return 0;
+}
 
 static void print_answer(FILE *f, const int32_t *t, int n, int stop) {
     if (n > 0 && t[n - 1] == stop) n--; // the newline that ends an answer
@@ -230,6 +252,19 @@ int moe_cli_generate(int argc, char **argv) {
     }
     synth = !strcmp(m.cfg.data.kind, "synthetic");
     a.go.stop = synth ? '\n' : -1;
+    moe_tokenizer *tok = NULL; // NULL: bytes
+    if (strcmp(m.cfg.model.tokenizer, "bytes")) {
+        if ((rc = moe_tok_open(m.cfg.model.tokenizer, &tok)) < 0 ||
+            (moe_tok_vocab_size(tok) > m.V &&
+             (rc = moe_fail(MOE_EFORMAT, "%s: its tokenizer has %d pieces, the model %d", a.dir,
+                            moe_tok_vocab_size(tok), m.V)) < 0)) {
+            code = moe_cli_fail("generate", moe_cli_input_exit_code(rc), "%s", moe_last_error());
+            moe_tok_free(tok);
+            moe_infer_free(&m);
+            goto done;
+        }
+        a.go.stop = moe_tok_eos_id(tok);
+    }
     moe_gen_stats total = {0};
     for (int b0 = 0; b0 < n_lines && rc == 0; b0 += BATCH) {
         const int B = n_lines - b0 < BATCH ? n_lines - b0 : BATCH;
@@ -240,6 +275,24 @@ int moe_cli_generate(int argc, char **argv) {
         for (int b = 0; b < B && rc == 0; b++) {
             const unsigned char *s = (const unsigned char *)lines[b0 + b];
             int n = (int)strlen((const char *)s), j = 0;
+            if (tok) { // BOS, then the text's pieces (transformers' add_bos_token)
+                int32_t *ids;
+                size_t n_ids;
+                if ((rc = moe_tok_encode(tok, (const char *)s, (size_t)n, &ids, &n_ids)) < 0) break;
+                const int bos = moe_tok_bos_id(tok);
+                if (!(prompt[b] = malloc(sizeof(int32_t) * (n_ids + 1)))) {
+                    free(ids);
+                    rc = moe_fail(MOE_ENOMEM, "out of memory");
+                    break;
+                }
+                if (bos >= 0) prompt[b][j++] = bos;
+                memcpy(prompt[b] + j, ids, sizeof(int32_t) * n_ids);
+                free(ids);
+                n_prompt[b] = j + (int)n_ids;
+                cp[b] = prompt[b];
+                if (n_ids == 0) rc = moe_fail(MOE_EINVAL, "prompt %d is empty", b0 + b + 1);
+                continue;
+            }
             if (!(prompt[b] = malloc(sizeof(int32_t) * (n + 1)))) {
                 rc = moe_fail(MOE_ENOMEM, "out of memory");
                 break;
@@ -261,8 +314,11 @@ int moe_cli_generate(int argc, char **argv) {
         if (rc == 0) {
             moe_gen_stats gs;
             rc = moe_generate(&m, B, cp, n_prompt, &a.go, out, n_out, &gs);
-            if (rc == 0)
-                for (int b = 0; b < B; b++)
+            for (int b = 0; rc == 0 && b < B; b++)
+                if (tok)
+                    rc = print_text(stdout, tok, out + (size_t)b * a.go.max_new, n_out[b],
+                                    a.go.stop);
+                else
                     print_answer(stdout, out + (size_t)b * a.go.max_new, n_out[b], a.go.stop);
             total.prefill_tokens += gs.prefill_tokens, total.decode_tokens += gs.decode_tokens;
             total.prefill_s += gs.prefill_s, total.decode_s += gs.decode_s;
@@ -275,6 +331,7 @@ int moe_cli_generate(int argc, char **argv) {
         code = moe_cli_fail("generate", moe_cli_exit_code(rc), "%s", moe_last_error());
     else if (!a.quiet)
         print_stats(&m, &total);
+    moe_tok_free(tok);
     moe_infer_free(&m);
 done:
     for (int i = 0; i < n_lines; i++)

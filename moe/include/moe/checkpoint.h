@@ -2,7 +2,9 @@
 // names), optimizer.safetensors (AdamW moments per tensor, NAME.exp_avg and
 // NAME.exp_avg_sq), config.json (the resolved run config), trainer_state.json
 // (step, data cursors, dynamic-capacity state), task_experts.json (each task's
-// experts, moe/task_experts.h) and manifest.json (every other file and its
+// experts, moe/task_experts.h), tokenizer.model (a copy of model.tokenizer's
+// SentencePiece model, when not bytes; config.json then says "tokenizer.model",
+// a path relative to the folder) and manifest.json (every other file and its
 // size, written last: the folder's completeness marker).
 //
 // Save protocol for folder DIR (one writer; the folders beside it are DIR.tmp,
@@ -35,6 +37,9 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+// The checkpoint's copy of its tokenizer (model.tokenizer other than bytes).
+#define MOE_CKPT_TOKENIZER "tokenizer.model"
 
 typedef struct {
     long step;          // optimizer steps completed
@@ -88,7 +93,8 @@ int moe_ckpt_bias_layer(const char *name);
 int moe_ckpt_bias_read(const moe_st_set *s, const char *what, int l, int E, float *out,
                        bool *found);
 
-// Loads config.json of the resolved folder over the defaults.
+// Loads config.json of the resolved folder over the defaults. A relative
+// model.tokenizer is resolved against that folder (its tokenizer.model).
 int moe_ckpt_config(const char *dir, moe_config *cfg);
 
 #endif

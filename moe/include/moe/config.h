@@ -27,6 +27,7 @@ typedef struct {
         int vocab_size, d_model, n_layers, n_heads, n_kv_heads, d_ff, seq_len;
         double rope_theta, norm_eps;
         bool tie_embeddings;
+        char tokenizer[MOE_PATH_MAX]; // "bytes" or a SentencePiece .model (moe/tokenizer.h)
     } model;
     struct {
         int n_num_experts;               // 1: one value for every MoE layer

@@ -1,0 +1,188 @@
+// SentencePiece tokenizer for moe/tokenizer.h: a thin C wrapper over
+// libsentencepiece's C++ API (SentencePieceProcessor, SentencePieceTrainer).
+// C++ exceptions (std::bad_alloc, anything else) stop here: every entry point
+// catches all and returns an MOE_E* code with a message, as the C code expects.
+#include "moe/src/tokenizer_spm.h"
+#include "moe/error.h"
+
+#include <sentencepiece_processor.h>
+#include <sentencepiece_trainer.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+// Exported by libsentencepiece (common.h, not installed): its LOG(INFO/ERROR)
+// lines go to stderr, and library code of moe never prints.
+namespace sentencepiece {
+namespace logging {
+void SetMinLogLevel(int v);
+}
+} // namespace sentencepiece
+
+struct moe_spm {
+    sentencepiece::SentencePieceProcessor sp;
+};
+
+namespace {
+
+void quiet() {
+    sentencepiece::logging::SetMinLogLevel(3); // FATAL only: the errors come back as Status
+}
+
+// One line of a Status: libsentencepiece's parse failure names its own source
+// line and the protobuf call, which means nothing to a user.
+std::string explain(const sentencepiece::util::Status &st) {
+    std::string m = st.ToString();
+    if (m.find("ParseFromArray") != std::string::npos)
+        return "not a SentencePiece model (protobuf parse failed; truncated or another format?)";
+    return "not a usable SentencePiece model (" + m + ")";
+}
+
+} // namespace
+
+extern "C" int moe_spm_load(const void *bytes, size_t len, const char *name, moe_spm **out) {
+    *out = nullptr;
+    try {
+        quiet();
+        moe_spm *s = new moe_spm;
+        auto st = s->sp.LoadFromSerializedProto(
+            std::string(static_cast<const char *>(bytes), len)); // absl or std string_view
+        if (!st.ok()) {
+            std::string why = explain(st);
+            delete s;
+            return moe_fail(MOE_EFORMAT, "%s: %s", name, why.c_str());
+        }
+        if (s->sp.GetPieceSize() < 1) {
+            delete s;
+            return moe_fail(MOE_EFORMAT, "%s: SentencePiece model with no pieces", name);
+        }
+        *out = s;
+        return 0;
+    } catch (const std::bad_alloc &) {
+        return moe_fail(MOE_ENOMEM, "%s: out of memory", name);
+    } catch (const std::exception &e) {
+        return moe_fail(MOE_EFORMAT, "%s: SentencePiece: %s", name, e.what());
+    } catch (...) {
+        return moe_fail(MOE_EFORMAT, "%s: SentencePiece failed to load it", name);
+    }
+}
+
+extern "C" void moe_spm_free(moe_spm *s) {
+    delete s;
+}
+
+extern "C" int moe_spm_vocab_size(const moe_spm *s) {
+    return s->sp.GetPieceSize();
+}
+
+extern "C" int moe_spm_bos_id(const moe_spm *s) {
+    return s->sp.bos_id();
+}
+
+extern "C" int moe_spm_eos_id(const moe_spm *s) {
+    return s->sp.eos_id();
+}
+
+extern "C" int moe_spm_encode(const moe_spm *s, const char *text, size_t len, int32_t **ids,
+                              size_t *n) {
+    *ids = nullptr;
+    *n = 0;
+    try {
+        std::vector<int> v;
+        auto st = s->sp.Encode(std::string(text, len), &v);
+        if (!st.ok())
+            return moe_fail(MOE_EINVAL, "tokenizer: cannot encode: %s", st.ToString().c_str());
+        int32_t *o = static_cast<int32_t *>(malloc(sizeof(int32_t) * (v.size() ? v.size() : 1)));
+        if (!o) return moe_fail(MOE_ENOMEM, "tokenizer: %zu tokens: out of memory", v.size());
+        for (size_t i = 0; i < v.size(); i++)
+            o[i] = v[i];
+        *ids = o;
+        *n = v.size();
+        return 0;
+    } catch (const std::bad_alloc &) {
+        return moe_fail(MOE_ENOMEM, "tokenizer: encoding %zu bytes: out of memory", len);
+    } catch (...) {
+        return moe_fail(MOE_EINVAL, "tokenizer: encoding %zu bytes failed", len);
+    }
+}
+
+extern "C" int moe_spm_decode(const moe_spm *s, const int32_t *ids, size_t n, char **text,
+                              size_t *len) {
+    *text = nullptr;
+    *len = 0;
+    try {
+        std::vector<int> v(ids, ids + n);
+        std::string out;
+        auto st = s->sp.Decode(v, &out);
+        if (!st.ok())
+            return moe_fail(MOE_EINVAL, "tokenizer: cannot decode: %s", st.ToString().c_str());
+        char *o = static_cast<char *>(malloc(out.size() + 1));
+        if (!o) return moe_fail(MOE_ENOMEM, "tokenizer: decoding: out of memory");
+        memcpy(o, out.data(), out.size());
+        o[out.size()] = 0;
+        *text = o;
+        *len = out.size();
+        return 0;
+    } catch (const std::bad_alloc &) {
+        return moe_fail(MOE_ENOMEM, "tokenizer: decoding %zu tokens: out of memory", n);
+    } catch (...) {
+        return moe_fail(MOE_EINVAL, "tokenizer: decoding %zu tokens failed", n);
+    }
+}
+
+extern "C" int moe_spm_piece(const moe_spm *s, int32_t id, char *buf, size_t cap) {
+    try {
+        const std::string &p = s->sp.IdToPiece(id);
+        snprintf(buf, cap, "%s", p.c_str());
+        return 0;
+    } catch (...) {
+        return moe_fail(MOE_EINVAL, "tokenizer: no piece for id %d", id);
+    }
+}
+
+extern "C" float moe_spm_score(const moe_spm *s, int32_t id) {
+    try {
+        return s->sp.GetScore(id);
+    } catch (...) {
+        return 0.0f;
+    }
+}
+
+extern "C" int moe_spm_is_special(const moe_spm *s, int32_t id) {
+    try {
+        return s->sp.IsControl(id) || s->sp.IsUnknown(id);
+    } catch (...) {
+        return 0;
+    }
+}
+
+extern "C" int moe_spm_train(const char *input, const char *model_prefix, int vocab_size) {
+    try {
+        quiet();
+        std::unordered_map<std::string, std::string> args = {
+            {"input", input},
+            {"model_prefix", model_prefix},
+            {"vocab_size", std::to_string(vocab_size)},
+            {"model_type", "bpe"},
+            {"byte_fallback", "true"},
+            {"character_coverage", "1.0"},
+            // Llama's normalizer: text as given (transformers' LlamaTokenizerFast
+            // reproduces it; NFKC and whitespace folding it does not)
+            {"normalization_rule_name", "identity"},
+            {"remove_extra_whitespaces", "false"},
+        };
+        auto st = sentencepiece::SentencePieceTrainer::Train(args);
+        if (!st.ok())
+            return moe_fail(MOE_EINVAL, "%s: training a SentencePiece model failed: %s", input,
+                            st.ToString().c_str());
+        return 0;
+    } catch (const std::bad_alloc &) {
+        return moe_fail(MOE_ENOMEM, "%s: training a SentencePiece model: out of memory", input);
+    } catch (...) {
+        return moe_fail(MOE_EINVAL, "%s: training a SentencePiece model failed", input);
+    }
+}

@@ -1,0 +1,635 @@
+// Tokenizers (moe/tokenizer.h): the byte tokenizer, SentencePiece models
+// trained here on the repository's README through libsentencepiece (round
+// trips, equality with the spm_encode tool, bad .model files refused), the
+// model.tokenizer key, and a checkpoint that keeps its tokenizer: moe generate
+// decodes with it after a reload, and moe export --hf writes it for transformers.
+#include "moe/checkpoint.h"
+#include "moe/config.h"
+#include "moe/error.h"
+#include "moe/fsio.h"
+#include "moe/infer.h"
+#include "moe/model.h"
+#include "moe/optim.h"
+#include "moe/tokenizer.h"
+#include "testutil.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define VOCAB 1000
+
+// The suite's folder: the SentencePiece model (tok.model), trained once.
+static char root[400], model_path[480];
+
+static void train_tokenizer(void) {
+    if (root[0]) return;
+    const char *t = tu_tmpdir();
+    ck_assert_ptr_nonnull(t);
+    snprintf(root, sizeof root, "%s", t);
+    char prefix[440];
+    snprintf(prefix, sizeof prefix, "%s/tok", root);
+    snprintf(model_path, sizeof model_path, "%s.model", prefix);
+    ck_assert_msg(moe_tok_train_spm(MOE_SOURCE_DIR "/README.md", prefix, VOCAB) == 0, "%s",
+                  moe_last_error());
+}
+
+static char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)n + 1);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_int_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    b[n] = 0;
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+static void write_bytes(const char *path, const void *b, size_t n) {
+    FILE *f = fopen(path, "wb");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fwrite(b, 1, n, f), n);
+    fclose(f);
+}
+
+// text -> ids -> text must give text back, every id inside the vocabulary.
+static void round_trip(const moe_tokenizer *t, const char *text, size_t len) {
+    int32_t *ids;
+    size_t n;
+    ck_assert_msg(moe_tok_encode(t, text, len, &ids, &n) == 0, "%s", moe_last_error());
+    for (size_t i = 0; i < n; i++)
+        ck_assert(ids[i] >= 0 && ids[i] < moe_tok_vocab_size(t));
+    char *back;
+    size_t blen;
+    ck_assert_msg(moe_tok_decode(t, ids, n, &back, &blen) == 0, "%s", moe_last_error());
+    ck_assert_msg(blen == len && !memcmp(back, text, len), "'%.*s' came back as '%s'", (int)len,
+                  text, back);
+    ck_assert_int_eq(back[blen], 0);
+    free(ids);
+    free(back);
+}
+
+START_TEST(test_bytes_tokenizer_is_the_identity_on_bytes) {
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open("bytes", &t), 0);
+    ck_assert_str_eq(moe_tok_kind(t), "bytes");
+    ck_assert_int_eq(moe_tok_vocab_size(t), 256);
+    ck_assert_int_eq(moe_tok_bos_id(t), -1);
+    ck_assert_int_eq(moe_tok_eos_id(t), -1);
+    const char text[] = "ab\n\xc3\xa9\xff\x01 z"; // UTF-8, a stray 0xff, a control byte
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(moe_tok_encode(t, text, sizeof text - 1, &ids, &n), 0);
+    ck_assert_int_eq(n, sizeof text - 1);
+    for (size_t i = 0; i < n; i++)
+        ck_assert_int_eq(ids[i], (unsigned char)text[i]);
+    free(ids);
+    round_trip(t, text, sizeof text - 1);
+    round_trip(t, "", 0);
+    char piece[16];
+    ck_assert_int_eq(moe_tok_piece(t, 'A', piece, sizeof piece), 0);
+    ck_assert_str_eq(piece, "A");
+    ck_assert_int_eq(moe_tok_piece(t, '\n', piece, sizeof piece), 0);
+    ck_assert_str_eq(piece, "<0x0A>");
+    size_t len;
+    ck_assert_ptr_null(moe_tok_model_bytes(t, &len));
+    ck_assert_int_eq(len, 0);
+    moe_tok_free(t);
+}
+END_TEST
+
+START_TEST(test_decode_refuses_ids_outside_the_vocabulary) {
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open("bytes", &t), 0);
+    char *s;
+    size_t n;
+    const int32_t bad[] = {65, 256};
+    ck_assert_int_eq(moe_tok_decode(t, bad, 2, &s, &n), MOE_EINVAL);
+    ck_assert_ptr_null(s);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "token 256"));
+    const int32_t neg[] = {-1};
+    ck_assert_int_eq(moe_tok_decode(t, neg, 1, &s, &n), MOE_EINVAL);
+    char piece[8];
+    ck_assert_int_eq(moe_tok_piece(t, 300, piece, sizeof piece), MOE_EINVAL);
+    moe_tok_free(t);
+    if (!moe_tok_have_sentencepiece()) return;
+    train_tokenizer();
+    ck_assert_int_eq(moe_tok_open(model_path, &t), 0);
+    const int32_t over[] = {5, VOCAB};
+    ck_assert_int_eq(moe_tok_decode(t, over, 2, &s, &n), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "outside the vocabulary 0..999"));
+    moe_tok_free(t);
+}
+END_TEST
+
+START_TEST(test_spm_model_has_the_trained_vocabulary_and_specials) {
+    train_tokenizer();
+    moe_tokenizer *t;
+    ck_assert_msg(moe_tok_open(model_path, &t) == 0, "%s", moe_last_error());
+    ck_assert_str_eq(moe_tok_kind(t), "sentencepiece");
+    ck_assert_int_eq(moe_tok_vocab_size(t), VOCAB);
+    ck_assert_int_eq(moe_tok_bos_id(t), 1); // spm_train's defaults: <unk> 0, <s> 1, </s> 2
+    ck_assert_int_eq(moe_tok_eos_id(t), 2);
+    char piece[64];
+    ck_assert_int_eq(moe_tok_piece(t, 1, piece, sizeof piece), 0);
+    ck_assert_str_eq(piece, "<s>");
+    ck_assert_int_eq(moe_tok_piece(t, 2, piece, sizeof piece), 0);
+    ck_assert_str_eq(piece, "</s>");
+    ck_assert_int_eq(moe_tok_piece(t, 3 + '\n', piece, sizeof piece), 0); // byte fallback
+    ck_assert_str_eq(piece, "<0x0A>");
+    size_t len, flen;
+    const void *b = moe_tok_model_bytes(t, &len);
+    char *file = slurp(model_path, &flen);
+    ck_assert_int_eq(len, flen);
+    ck_assert(!memcmp(b, file, len));
+    free(file);
+    // Text the model saw encodes into fewer tokens than bytes (merges were learned).
+    const char *seen = "The checkpoint is written to a temp name, fsynced, renamed";
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(moe_tok_encode(t, seen, strlen(seen), &ids, &n), 0);
+    ck_assert_msg(n > 0 && n < strlen(seen) / 2, "%zu tokens for %zu bytes", n, strlen(seen));
+    free(ids);
+    moe_tok_free(t);
+}
+END_TEST
+
+START_TEST(test_spm_round_trips_text_through_libsentencepiece) {
+    train_tokenizer();
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open(model_path, &t), 0);
+    const char *texts[] = {
+        "Mixture of Experts",
+        "moe train configs/tiny.json --set router.top_k=1",
+        "  two leading spaces,  two inside, one trailing ",
+        "lines\nand\ttabs\r\n",
+        "caf\xc3\xa9 na\xc3\xafve \xe2\x86\x92 \xe6\x97\xa5\xe6\x9c\xac\xe8\xaa\x9e", // é ï →
+                                                                                      // 日本語
+        "\xf0\x9f\x99\x82 emoji, digits 0123456789, symbols {}[]<>#$%^&*~`|\\",
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+        round_trip(t, texts[i], strlen(texts[i]));
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(moe_tok_encode(t, "", 0, &ids, &n), 0);
+    ck_assert_int_eq(n, 0);
+    free(ids);
+    // BOS and EOS decode to nothing (transformers' skip_special_tokens)
+    const int32_t with_specials[] = {1, 3 + 'h', 3 + 'i', 2};
+    char *s;
+    ck_assert_int_eq(moe_tok_decode(t, with_specials, 4, &s, &n), 0);
+    ck_assert_str_eq(s, "hi");
+    free(s);
+    moe_tok_free(t);
+}
+END_TEST
+
+// The ids of the wrapper equal those of the sentencepiece tools' spm_encode
+// (the reference), when the tools are installed.
+START_TEST(test_spm_ids_equal_spm_encode) {
+    if (system("command -v spm_encode >/dev/null 2>&1") != 0) {
+        fprintf(stderr, "test_spm_ids_equal_spm_encode: skipped (no spm_encode tool)\n");
+        return;
+    }
+    train_tokenizer();
+    const char *text =
+        "Experts are sharded over the expert-parallel group, caf\xc3\xa9 \xe2\x86\x92";
+    char in[800], out[800], cmd[2600];
+    snprintf(in, sizeof in, "%s/line.txt", root);
+    snprintf(out, sizeof out, "%s/ids.txt", root);
+    FILE *f = fopen(in, "w");
+    fprintf(f, "%s\n", text);
+    fclose(f);
+    snprintf(cmd, sizeof cmd, "spm_encode --model='%s' --output_format=id <'%s' >'%s'", model_path,
+             in, out);
+    ck_assert_int_eq(system(cmd), 0);
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open(model_path, &t), 0);
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(moe_tok_encode(t, text, strlen(text), &ids, &n), 0);
+    f = fopen(out, "r");
+    ck_assert_ptr_nonnull(f);
+    size_t k = 0;
+    int v;
+    while (fscanf(f, "%d", &v) == 1) {
+        ck_assert_msg(k < n, "spm_encode gives more than %zu ids", n);
+        ck_assert_int_eq(ids[k], v);
+        k++;
+    }
+    fclose(f);
+    ck_assert_int_eq(k, n);
+    free(ids);
+    moe_tok_free(t);
+}
+END_TEST
+
+// A bad .model is refused with the file named and the code of the fault.
+static void refused(const char *path, int code, const char *what) {
+    moe_tokenizer *t = (moe_tokenizer *)1;
+    int rc = moe_tok_open(path, &t);
+    ck_assert_msg(rc == code, "%s: code %d, expected %d (%s)", path, rc, code, moe_last_error());
+    ck_assert_ptr_null(t);
+    ck_assert_msg(strstr(moe_last_error(), path) && strstr(moe_last_error(), what),
+                  "message '%s' lacks '%s' or '%s'", moe_last_error(), path, what);
+}
+
+START_TEST(test_bad_model_files_are_refused) {
+    train_tokenizer();
+    char p[800];
+    snprintf(p, sizeof p, "%s/absent.model", root);
+    refused(p, MOE_ENOTFOUND, "cannot open");
+    snprintf(p, sizeof p, "%s/empty.model", root);
+    write_bytes(p, "", 0);
+    refused(p, MOE_EFORMAT, "0 bytes");
+    snprintf(p, sizeof p, "%s/text.model", root);
+    write_bytes(p, "this is not a model\n", 20);
+    refused(p, MOE_EFORMAT, "not a SentencePiece model");
+    snprintf(p, sizeof p, "%s/adir.model", root);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    refused(p, MOE_EFORMAT, "not a regular file");
+    rmdir(p);
+    // Truncated at many lengths: never a crash, always refused or (a prefix
+    // that is itself a whole model) a model whose ids stay in range.
+    size_t len;
+    char *good = slurp(model_path, &len);
+    snprintf(p, sizeof p, "%s/cut.model", root);
+    int n_refused = 0;
+    for (size_t cut = 1; cut < len; cut += len / 97 + 1) {
+        write_bytes(p, good, cut);
+        moe_tokenizer *t;
+        if (moe_tok_open(p, &t) < 0) {
+            ck_assert_ptr_nonnull(strstr(moe_last_error(), p));
+            n_refused++;
+            continue;
+        }
+        round_trip(t, "abc", 3);
+        moe_tok_free(t);
+    }
+    ck_assert_int_gt(n_refused, 50);
+    write_bytes(p, good, len / 2);
+    refused(p, MOE_EFORMAT, "SentencePiece");
+    free(good);
+}
+END_TEST
+
+START_TEST(test_spm_model_is_refused_without_the_library) {
+    if (moe_tok_have_sentencepiece()) return; // covered by the build without it
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open(MOE_SOURCE_DIR "/README.md", &t), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "libsentencepiece"));
+}
+END_TEST
+
+START_TEST(test_vocab_size_below_the_tokenizer_is_refused) {
+    train_tokenizer();
+    moe_config c = tu_small_config();
+    snprintf(c.model.tokenizer, sizeof c.model.tokenizer, "%s", model_path);
+    snprintf(c.data.kind, sizeof c.data.kind, "bin");
+    c.model.vocab_size = VOCAB - 1;
+    ck_assert_int_eq(moe_tok_check_config(&c), MOE_EINVAL);
+    const char *m = moe_last_error();
+    ck_assert_msg(strstr(m, "has 1000 pieces") && strstr(m, "model.vocab_size = 999") &&
+                      strstr(m, "set model.vocab_size >= 1000"),
+                  "%s", m);
+    c.model.vocab_size = VOCAB;
+    ck_assert_msg(moe_tok_check_config(&c) == 0, "%s", moe_last_error());
+    snprintf(c.model.tokenizer, sizeof c.model.tokenizer, "bytes");
+    ck_assert_int_eq(moe_tok_check_config(&c), 0);
+}
+END_TEST
+
+START_TEST(test_config_key_and_byte_data_combinations) {
+    moe_config c;
+    moe_config_default(&c);
+    ck_assert_str_eq(c.model.tokenizer, "bytes");
+    moe_config_src *src = moe_config_src_new();
+    ck_assert_int_eq(moe_config_set(&c, src, "model.tokenizer=some/tok.model"), 0);
+    ck_assert_str_eq(c.model.tokenizer, "some/tok.model");
+    // synthetic tasks (the default data) are byte tokens
+    ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "--set model.tokenizer") &&
+                      strstr(moe_last_error(), "data.kind = synthetic"),
+                  "%s", moe_last_error());
+    ck_assert_int_eq(moe_config_set(&c, src, "data.kind=text"), 0);
+    ck_assert_int_eq(moe_config_set(&c, src, "data.path=x.txt"), 0);
+    ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL);
+    ck_assert_int_eq(moe_config_set(&c, src, "data.kind=bin"), 0);
+    ck_assert_msg(moe_config_check(&c, src) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(moe_config_set(&c, src, "model.tokenizer="), 0);
+    ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "model.tokenizer is empty"));
+    moe_config_src_free(src);
+}
+END_TEST
+
+// --- a tiny model trained on tokens of the README, through the CLI ----------
+
+static char run_dir[700], ckpt[800];
+
+// README tokens as an llm.c token file (header of 256 int32, uint16 tokens),
+// a config naming the tokenizer, and `moe train` on it: once per test case.
+static void train_model(void) {
+    if (ckpt[0]) return;
+    train_tokenizer();
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open(model_path, &t), 0);
+    size_t len, n;
+    char *text = slurp(MOE_SOURCE_DIR "/README.md", &len);
+    int32_t *ids;
+    ck_assert_int_eq(moe_tok_encode(t, text, len, &ids, &n), 0);
+    free(text);
+    moe_tok_free(t);
+    char p[800];
+    snprintf(p, sizeof p, "%s/readme.bin", root);
+    FILE *f = fopen(p, "wb");
+    int32_t hdr[256] = {20240520, 1, (int32_t)n};
+    fwrite(hdr, sizeof hdr, 1, f);
+    for (size_t i = 0; i < n; i++) {
+        uint16_t v = (uint16_t)ids[i];
+        fwrite(&v, 2, 1, f);
+    }
+    fclose(f);
+    free(ids);
+    snprintf(p, sizeof p, "%s/cfg.json", root);
+    f = fopen(p, "w");
+    fprintf(f,
+            "{\"model\": {\"vocab_size\": %d, \"d_model\": 32, \"n_layers\": 2, \"d_ff\": 48,"
+            " \"seq_len\": 32, \"tokenizer\": \"%s\"},\n"
+            " \"moe\": {\"num_experts\": 4},\n"
+            " \"train\": {\"steps\": 30, \"batch_size\": 4, \"lr\": 1e-2, \"warmup_steps\": 5,"
+            " \"eval_every\": 0},\n"
+            " \"data\": {\"kind\": \"bin\", \"path\": \"%s/readme.bin\"}}\n",
+            VOCAB + 16, model_path, root); // a vocabulary larger than the tokenizer's is fine
+    fclose(f);
+    snprintf(run_dir, sizeof run_dir, "%s/run", root);
+    char args[2400];
+    snprintf(args, sizeof args, "train '%s/cfg.json' --out '%s'", root, run_dir);
+    ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint", run_dir);
+}
+
+static void suite_teardown(void) {
+    if (root[0]) moe_fs_remove_tree(root);
+    root[0] = ckpt[0] = 0;
+}
+
+START_TEST(test_checkpoint_keeps_a_copy_of_its_tokenizer) {
+    train_model();
+    char p[900];
+    snprintf(p, sizeof p, "%s/tokenizer.model", ckpt);
+    size_t a, b;
+    char *copy = slurp(p, &a), *orig = slurp(model_path, &b);
+    ck_assert_ptr_nonnull(copy);
+    ck_assert(a == b && !memcmp(copy, orig, a));
+    free(copy);
+    free(orig);
+    // config.json names the copy relative to the folder; the manifest lists it
+    ck_assert_ptr_nonnull(strstr(tu_file_text(ckpt, "config.json"), "\"tokenizer.model\""));
+    ck_assert_ptr_nonnull(strstr(tu_file_text(ckpt, "manifest.json"), "\"tokenizer.model\""));
+    ck_assert(moe_ckpt_complete(ckpt));
+    moe_config c;
+    ck_assert_int_eq(moe_ckpt_config(ckpt, &c), 0);
+    ck_assert_str_eq(c.model.tokenizer, p);
+}
+END_TEST
+
+// The answer of the CLI equals the library's greedy generation decoded with
+// the checkpoint's tokenizer (BOS first, stop at EOS, control bytes as \xNN).
+static void expected_answer(const char *dir, const char *prompt, int max_new, char *out,
+                            size_t cap) {
+    moe_infer m;
+    moe_infer_opts io = {.task = "all", .max_batch = 1};
+    ck_assert_msg(moe_infer_open(&m, dir, &io) == 0, "%s", moe_last_error());
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open(m.cfg.model.tokenizer, &t), 0);
+    int32_t *ids, pr[256], gen[64];
+    size_t n;
+    ck_assert_int_eq(moe_tok_encode(t, prompt, strlen(prompt), &ids, &n), 0);
+    pr[0] = moe_tok_bos_id(t);
+    memcpy(pr + 1, ids, sizeof(int32_t) * n);
+    free(ids);
+    const int32_t *cp[1] = {pr};
+    int np[1] = {(int)n + 1}, nout[1];
+    moe_gen_opts go = {.max_new = max_new, .stop = moe_tok_eos_id(t)};
+    moe_gen_stats gs;
+    ck_assert_int_eq(moe_generate(&m, 1, cp, np, &go, gen, nout, &gs), 0);
+    int k = nout[0];
+    if (k > 0 && gen[k - 1] == go.stop) k--;
+    char *s;
+    ck_assert_int_eq(moe_tok_decode(t, gen, (size_t)k, &s, &n), 0);
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 5 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        o += (size_t)snprintf(out + o, cap - o, c < 32 || c == 127 ? "\\x%02x" : "%c", c);
+    }
+    snprintf(out + o, cap - o, "\n");
+    free(s);
+    moe_tok_free(t);
+    moe_infer_free(&m);
+}
+
+START_TEST(test_generate_decodes_with_the_checkpoint_tokenizer) {
+    train_model();
+    // Moved away from where it was trained, its tokenizer's original gone:
+    // the checkpoint stands alone.
+    char moved[900], hidden[900], args[2400];
+    snprintf(moved, sizeof moved, "%s/moved", root);
+    snprintf(hidden, sizeof hidden, "%s.hidden", model_path);
+    ck_assert_int_eq(rename(ckpt, moved), 0);
+    ck_assert_int_eq(rename(model_path, hidden), 0);
+    snprintf(args, sizeof args, "generate '%s' --task all --prompt 'The router' --max-new 12",
+             moved);
+    int rc = tu_run_moe(root, args);
+    char want[1024];
+    expected_answer(moved, "The router", 12, want, sizeof want);
+    ck_assert_int_eq(rename(moved, ckpt), 0);
+    ck_assert_int_eq(rename(hidden, model_path), 0);
+    ck_assert_msg(rc == 0, "%s", tu_file_text(root, "err.txt"));
+    const char *got = tu_file_text(root, "out.txt");
+    ck_assert_msg(!strcmp(got, want), "moe generate printed '%s', the library decodes '%s'", got,
+                  want);
+    ck_assert_msg(strlen(got) > 1, "empty answer");
+}
+END_TEST
+
+START_TEST(test_generate_refuses_a_checkpoint_whose_tokenizer_is_broken) {
+    train_model();
+    char p[900], keep[900], args[1200];
+    snprintf(p, sizeof p, "%s/tokenizer.model", ckpt);
+    snprintf(keep, sizeof keep, "%s/tokenizer.keep", root);
+    ck_assert_int_eq(rename(p, keep), 0);
+    write_bytes(p, "garbage", 7);
+    snprintf(args, sizeof args, "generate '%s' --task all --prompt 'x' --quiet", ckpt);
+    int rc = tu_run_moe(root, args);
+    ck_assert_int_eq(rename(keep, p), 0);
+    ck_assert_int_eq(rc, 2);
+    const char *err = tu_file_text(root, "err.txt");
+    ck_assert_msg(strstr(err, "tokenizer.model") && strstr(err, "not a SentencePiece model"), "%s",
+                  err);
+}
+END_TEST
+
+START_TEST(test_export_writes_the_tokenizer_for_transformers) {
+    train_model();
+    char out[900], args[2400], p[1000];
+    snprintf(out, sizeof out, "%s/hf", root);
+    snprintf(args, sizeof args, "export '%s' --hf '%s'", ckpt, out);
+    ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));
+    snprintf(p, sizeof p, "%s/tokenizer.model", out);
+    size_t a, b;
+    char *copy = slurp(p, &a), *orig = slurp(model_path, &b);
+    ck_assert_ptr_nonnull(copy);
+    ck_assert(a == b && !memcmp(copy, orig, a));
+    free(copy);
+    free(orig);
+    json_error_t je;
+    snprintf(p, sizeof p, "%s/tokenizer_config.json", out);
+    json_t *tc = json_load_file(p, 0, &je);
+    ck_assert_ptr_nonnull(tc);
+    ck_assert_str_eq(json_string_value(json_object_get(tc, "tokenizer_class")), "LlamaTokenizer");
+    ck_assert_str_eq(json_string_value(json_object_get(tc, "bos_token")), "<s>");
+    ck_assert_str_eq(json_string_value(json_object_get(tc, "eos_token")), "</s>");
+    ck_assert(json_is_true(json_object_get(tc, "add_bos_token")));
+    ck_assert(json_is_false(json_object_get(tc, "add_eos_token")));
+    json_decref(tc);
+    snprintf(p, sizeof p, "%s/special_tokens_map.json", out);
+    json_t *sm = json_load_file(p, 0, &je);
+    ck_assert_ptr_nonnull(sm);
+    ck_assert_str_eq(json_string_value(json_object_get(sm, "unk_token")), "<unk>");
+    json_decref(sm);
+    // tokenizer.json: every piece at its id; every merge joins two pieces into
+    // a piece, ranked by the merged piece's id (the order SentencePiece merges)
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open(model_path, &t), 0);
+    snprintf(p, sizeof p, "%s/tokenizer.json", out);
+    json_t *tj = json_load_file(p, 0, &je);
+    ck_assert_msg(tj != NULL, "%s: %s", p, je.text);
+    json_t *model = json_object_get(tj, "model");
+    ck_assert_str_eq(json_string_value(json_object_get(model, "type")), "BPE");
+    json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
+    ck_assert_int_eq(json_object_size(vocab), VOCAB);
+    char piece[256], joined[512];
+    for (int id = 0; id < VOCAB; id++) {
+        ck_assert_int_eq(moe_tok_piece(t, id, piece, sizeof piece), 0);
+        ck_assert_int_eq(json_integer_value(json_object_get(vocab, piece)), id);
+    }
+    ck_assert_int_gt(json_array_size(merges), 100);
+    json_int_t last = -1;
+    for (size_t i = 0; i < json_array_size(merges); i++) {
+        json_t *m = json_array_get(merges, i);
+        snprintf(joined, sizeof joined, "%s%s", json_string_value(json_array_get(m, 0)),
+                 json_string_value(json_array_get(m, 1)));
+        json_t *id = json_object_get(vocab, joined);
+        ck_assert_msg(id != NULL, "merge %zu makes '%s', not a piece", i, joined);
+        ck_assert_int_ge(json_integer_value(id), last);
+        last = json_integer_value(id);
+    }
+    json_decref(tj);
+    moe_tok_free(t);
+    snprintf(p, sizeof p, "%s/config.json", out);
+    json_t *cf = json_load_file(p, 0, &je);
+    ck_assert_ptr_nonnull(cf);
+    ck_assert_int_eq(json_integer_value(json_object_get(cf, "bos_token_id")), 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(cf, "eos_token_id")), 2);
+    ck_assert_int_eq(json_integer_value(json_object_get(cf, "vocab_size")), VOCAB + 16);
+    ck_assert_str_eq(json_string_value(json_object_get(cf, "moe_tokenizer")), "sentencepiece");
+    json_decref(cf);
+}
+END_TEST
+
+// A save with a tokenizer through the counted calls (moe/fsio.h): its copy
+// costs three more calls (create, write, fsync), and a failure at any call of
+// the save leaves a checkpoint whose config names a tokenizer that opens.
+START_TEST(test_save_with_tokenizer_survives_a_failed_call_at_every_point) {
+    train_tokenizer();
+    moe_config c = tu_ckpt_config();
+    c.model.vocab_size = VOCAB + 24;
+    snprintf(c.data.kind, sizeof c.data.kind, "bin");
+    snprintf(c.data.path, sizeof c.data.path, "unused.bin");
+    moe_model m;
+    moe_adamw opt;
+    ck_assert_int_eq(moe_model_init(&m, &c, 2, 16, 1), 0);
+    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
+    char dir[700];
+    snprintf(dir, sizeof dir, "%s/faults", root);
+    moe_train_state st = {1, {0, 0}};
+    moe_fs_fault_arm(0, MOE_FAULT_OFF);
+    ck_assert_int_eq(moe_ckpt_save(dir, &m, &opt, &st, NULL), 0);
+    moe_fs_fault_arm(0, MOE_FAULT_OFF); // a save over an existing checkpoint, as below
+    ck_assert_int_eq(moe_ckpt_save(dir, &m, &opt, &st, NULL), 0);
+    const long bytes_calls = moe_fs_op_count();
+    snprintf(m.cfg.model.tokenizer, sizeof m.cfg.model.tokenizer, "%s", model_path);
+    moe_fs_fault_arm(0, MOE_FAULT_OFF);
+    ck_assert_int_eq(moe_ckpt_save(dir, &m, &opt, &st, NULL), 0);
+    const long n = moe_fs_op_count();
+    ck_assert_int_eq(n, bytes_calls + 3);
+    for (long i = 1; i <= n; i++) {
+        st.step = 10 + i;
+        moe_fs_fault_arm(i, MOE_FAULT_FAIL);
+        int rc = moe_ckpt_save(dir, &m, &opt, &st, NULL);
+        moe_fs_fault_arm(0, MOE_FAULT_OFF);
+        (void)rc; // a failure after the swap is logged, not returned
+        moe_config got;
+        ck_assert_msg(moe_ckpt_config(dir, &got) == 0, "fault at call %ld: %s", i,
+                      moe_last_error());
+        moe_tokenizer *t;
+        ck_assert_msg(moe_tok_open(got.model.tokenizer, &t) == 0, "fault at call %ld: %s", i,
+                      moe_last_error());
+        ck_assert_int_eq(moe_tok_vocab_size(t), VOCAB);
+        moe_tok_free(t);
+    }
+    ck_assert_int_eq(moe_ckpt_save(dir, &m, &opt, &st, NULL), 0);
+    char p[800];
+    snprintf(p, sizeof p, "%s/%s", dir, MOE_CKPT_TOKENIZER);
+    ck_assert_int_eq(access(p, F_OK), 0);
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("tokenizer");
+    TCase *tc = tcase_create("bytes");
+    tcase_add_test(tc, test_bytes_tokenizer_is_the_identity_on_bytes);
+    tcase_add_test(tc, test_decode_refuses_ids_outside_the_vocabulary);
+    tcase_add_test(tc, test_spm_model_is_refused_without_the_library);
+    tcase_add_test(tc, test_config_key_and_byte_data_combinations);
+    tcase_add_unchecked_fixture(tc, NULL, suite_teardown);
+    suite_add_tcase(s, tc);
+    if (!moe_tok_have_sentencepiece()) {
+        fprintf(stderr, "test_tokenizer: SentencePiece tests skipped: this build has no "
+                        "libsentencepiece (install libsentencepiece-dev and reconfigure)\n");
+        return s;
+    }
+    tc = tcase_create("sentencepiece");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_spm_model_has_the_trained_vocabulary_and_specials);
+    tcase_add_test(tc, test_spm_round_trips_text_through_libsentencepiece);
+    tcase_add_test(tc, test_spm_ids_equal_spm_encode);
+    tcase_add_test(tc, test_bad_model_files_are_refused);
+    tcase_add_test(tc, test_vocab_size_below_the_tokenizer_is_refused);
+    tcase_add_test(tc, test_save_with_tokenizer_survives_a_failed_call_at_every_point);
+    tcase_add_unchecked_fixture(tc, NULL, suite_teardown);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("checkpoint");
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_checkpoint_keeps_a_copy_of_its_tokenizer);
+    tcase_add_test(tc, test_generate_decodes_with_the_checkpoint_tokenizer);
+    tcase_add_test(tc, test_generate_refuses_a_checkpoint_whose_tokenizer_is_broken);
+    tcase_add_test(tc, test_export_writes_the_tokenizer_for_transformers);
+    tcase_add_unchecked_fixture(tc, NULL, suite_teardown);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run(suite());
+}

@@ -29,4 +29,12 @@ int moe_slot_order_fill(int *order, void *scratch, const float *probs, const int
 float moe_score_softmax_row(float *p, const float *x, int E);
 void moe_score_sigmoid_row(float *s, const float *x, int E);
 
+// Expert-choice routing (router/expert_choice.c), reached from
+// moe_router_forward/backward when cfg->type is MOE_ROUTER_EXPERT_CHOICE; the
+// plan has k = E entries per token. The backward adds into dlogits.
+int moe_expert_choice_forward(moe_plan *plan, const float *logits, int T, int E,
+                              const moe_router_config *cfg);
+void moe_expert_choice_backward(float *dlogits, const float *dweight, const moe_plan *plan,
+                                const moe_router_config *cfg, float z_scale);
+
 #endif

@@ -22,6 +22,11 @@ typedef enum { MOE_CAPACITY_STATIC = 0, MOE_CAPACITY_DYNAMIC } moe_capacity_mode
 // router.score: softmax over the experts, or an independent sigmoid per expert
 // (DeepSeek-V3); README "Router semantics" gives the weights and losses of each.
 typedef enum { MOE_SCORE_SOFTMAX = 0, MOE_SCORE_SIGMOID } moe_score;
+// router.type: each token picks its top-k experts, or each expert picks its
+// top-C tokens (Zhou et al. 2022, router/expert_choice.c; README "Expert-choice routing").
+typedef enum { MOE_ROUTER_TOKEN_CHOICE = 0, MOE_ROUTER_EXPERT_CHOICE } moe_router_type;
+// router.ec_fallback: how inference routes an expert-choice model (it cannot see the batch).
+typedef enum { MOE_EC_FALLBACK_NONE = 0, MOE_EC_FALLBACK_TOKEN_CHOICE } moe_ec_fallback;
 
 typedef struct {
     int top_k;                 // router.top_k
@@ -45,6 +50,9 @@ typedef struct {
     double headroom;                 // capacity.headroom
     int update_every;                // capacity.update_every
     double capacity_factor_max;      // capacity.capacity_factor_max
+
+    moe_router_type type;        // router.type
+    moe_ec_fallback ec_fallback; // router.ec_fallback (inference of an expert-choice model)
 } moe_router_config;
 
 // Fills every key with its documented default.
@@ -57,27 +65,31 @@ int moe_router_config_set(moe_router_config *cfg, const char *key, const char *v
 int moe_router_config_check(const moe_router_config *cfg, int E);
 
 // The dispatch plan of one routing call. Arrays are sized once for
-// (T_max, E, k) by moe_plan_alloc and reused every step.
+// (T_max, E, k) by moe_plan_alloc and reused every step. Under expert choice
+// k is E (moe_router_plan_k): token t's experts fill expert[t, 0..n_t) in
+// descending score (ties to the lower expert), the rest is -1 / -1 / 0.
 typedef struct {
     int T, E, k; // this call's sizes (T <= T_max)
     int T_max;
-    int *expert;    // [T, k] expert of choice j, -1 if dropped
-    int *choice;    // [T, k] expert of choice j before dropping (kept for stats)
-    int *slot;      // [T, k] row within the expert's segment, -1 if dropped
-    float *weight;  // [T, k] combine weight, 0 if dropped
-    float *probs;   // [T, E] routing scores: softmax or sigmoid of the logits (router.score)
-    float *softmax; // [T, E] softmax of the logits under sigmoid scores (z-loss backward)
-    float *lse;     // [T] logsumexp of the logits (z-loss)
-    int *counts;    // [E] assignments before dropping (all k choices)
-    int *kept;      // [E] assignments kept
-    int *capacity;  // [E] capacity used for this call
-    int *offsets;   // [E + 1] start row of each expert in the permuted buffer
-    float *aux_f;   // [E] f_e of the aux loss (treated as constant in backward)
-    float aux_loss; // E * sum_e f_e * P_e (P_e: mean score, sigmoid scores summed to 1 first)
-    float z_loss;   // mean_t lse_t^2
-    int *order;     // [T] token order used for slot assignment
-    void *scratch;  // [T] sort keys for the priority order
-    void *block;    // one allocation backing every array above
+    int *expert;        // [T, k] expert of choice j, -1 if dropped
+    int *choice;        // [T, k] expert of choice j before dropping (kept for stats)
+    int *slot;          // [T, k] row within the expert's segment, -1 if dropped
+    float *weight;      // [T, k] combine weight, 0 if dropped
+    float *probs;       // [T, E] routing scores: softmax or sigmoid of the logits (router.score)
+    float *softmax;     // [T, E] softmax of the logits under sigmoid scores (z-loss backward)
+    float *lse;         // [T] logsumexp of the logits (z-loss)
+    int *counts;        // [E] assignments before dropping (all k choices)
+    int *kept;          // [E] assignments kept
+    int *capacity;      // [E] capacity used for this call
+    int *offsets;       // [E + 1] start row of each expert in the permuted buffer
+    float *aux_f;       // [E] f_e of the aux loss (treated as constant in backward)
+    float aux_loss;     // E * sum_e f_e * P_e (P_e: mean score, sigmoid scores summed to 1 first)
+    float z_loss;       // mean_t lse_t^2
+    int *order;         // [T] token order used for slot assignment
+    void *scratch;      // [T] sort keys for the priority order
+    void *block;        // one allocation backing every array above
+    bool expert_choice; // routed by expert choice (counts = kept = capacity = C for every expert)
+    int unrouted;       // expert choice: tokens that no expert took (they skip the experts)
 } moe_plan;
 
 int moe_plan_alloc(moe_plan *plan, int T_max, int E, int k);
@@ -88,6 +100,15 @@ void moe_plan_free(moe_plan *plan);
 // Static capacity C = max(min_capacity, ceil(k*T/E * capacity_factor)).
 // Dropless configs (capacity_factor <= 0) return -1: capacity is the max count.
 int moe_capacity_static(const moe_router_config *cfg, int T, int E);
+
+// Entries per token in a plan: top_k under token choice, E under expert choice.
+int moe_router_plan_k(const moe_router_config *cfg, int E);
+// Expert-choice capacity, the tokens every expert takes from a call of T tokens:
+// C = ceil(capacity_factor * k * T / E) (representation error ignored as in the
+// static formula), clamped to 1..T (0 when T = 0). router.min_capacity is not used.
+int moe_expert_choice_capacity(const moe_router_config *cfg, int T, int E);
+// Most kept rows one call of T tokens can produce: T * top_k, or E * C under expert choice.
+long moe_router_rows_max(const moe_router_config *cfg, int T, int E);
 
 // Routes T tokens. logits [T, E] row-major. task_id [T] or NULL (needed only
 // for priority with task_priority). capacity [E] or NULL: per-expert C_e from
@@ -109,6 +130,8 @@ void moe_router_backward(float *dlogits, const float *dweight, const moe_plan *p
 void moe_router_jitter(float *x, size_t n, double eps, uint64_t seed, uint64_t step);
 
 // Per-call load statistics of a plan.
+// Under expert choice assigned = kept = capacity = E * C, dropped counts the
+// tokens that no expert took and drop_rate = dropped / T.
 typedef struct {
     long assigned;    // sum of counts
     long kept;        // sum of kept

@@ -626,7 +626,8 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
             if (m->usage)
                 for (int n = 0; n < N; n++) {
                     size_t row = (size_t)moe_idx * m->n_tasks + m->task_tok[n];
-                    m->usage[row * m->usage_E + plan->choice[(size_t)n * plan->k]]++;
+                    const int e0 = plan->choice[(size_t)n * plan->k]; // -1: expert choice took none
+                    if (e0 >= 0) m->usage[row * m->usage_E + e0]++;
                 }
             moe_idx++;
         }

@@ -114,7 +114,9 @@ int moe_plan_a2a(const moe_config *cfg, const moe_machine *mc, moe_a2a_algo algo
     for (int l = 0; l < cfg->model.n_layers; l++) {
         const int E = moe_config_experts(cfg, l);
         if (!E || P == 1) continue;
-        int C = moe_capacity_static(&cfg->router, (int)tokens, E);
+        int C = cfg->router.type == MOE_ROUTER_EXPERT_CHOICE
+                    ? moe_expert_choice_capacity(&cfg->router, (int)tokens, E)
+                    : moe_capacity_static(&cfg->router, (int)tokens, E);
         if (C < 0) C = (int)((k * tokens + E - 1) / E); // dropless: balanced estimate
         const long El = E / P, rows = El * C;
         const size_t row_bytes = (size_t)cfg->model.d_model * sizeof(float);

@@ -115,7 +115,8 @@ static int layer_buffers(moe_layer_acts *a, const moe_layer_config *cfg, const m
     size_t Tc = chunked ? (T + cfg->n_chunks - 1) / cfg->n_chunks : T;
     size_t Hm = H > Hs ? H : Hs;
     size_t rows = Tc * k;
-    if (cfg->router.type == MOE_ROUTER_EXPERT_CHOICE) { // an expert takes <= C of T, <= Tc of a chunk
+    // Expert choice: an expert takes C of all T tokens, and at most Tc of a chunk's.
+    if (cfg->router.type == MOE_ROUTER_EXPERT_CHOICE) {
         const size_t C = (size_t)moe_expert_choice_capacity(&cfg->router, (int)T, cfg->E);
         rows = E * (C < Tc ? C : Tc);
     }

@@ -23,6 +23,9 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
     if (cfg->router.score != MOE_SCORE_SOFTMAX)
         return moe_fail(MOE_EINVAL, "moe layer on the GPU: router.score = sigmoid is not supported "
                                     "yet (use softmax, or the CPU)");
+    if (cfg->router.type != MOE_ROUTER_TOKEN_CHOICE)
+        return moe_fail(MOE_EINVAL, "moe layer on the GPU: router.type = expert_choice is not "
+                                    "supported yet (use token_choice, or the CPU)");
     if (cfg->router.route_scale != 1.0)
         return moe_fail(MOE_EINVAL,
                         "moe layer on the GPU: router.route_scale = %g is not supported yet "

@@ -71,23 +71,24 @@ int moe_router_config_check(const moe_router_config *cfg, int E);
 typedef struct {
     int T, E, k; // this call's sizes (T <= T_max)
     int T_max;
-    int *expert;        // [T, k] expert of choice j, -1 if dropped
-    int *choice;        // [T, k] expert of choice j before dropping (kept for stats)
-    int *slot;          // [T, k] row within the expert's segment, -1 if dropped
-    float *weight;      // [T, k] combine weight, 0 if dropped
-    float *probs;       // [T, E] routing scores: softmax or sigmoid of the logits (router.score)
-    float *softmax;     // [T, E] softmax of the logits under sigmoid scores (z-loss backward)
-    float *lse;         // [T] logsumexp of the logits (z-loss)
-    int *counts;        // [E] assignments before dropping (all k choices)
-    int *kept;          // [E] assignments kept
-    int *capacity;      // [E] capacity used for this call
-    int *offsets;       // [E + 1] start row of each expert in the permuted buffer
-    float *aux_f;       // [E] f_e of the aux loss (treated as constant in backward)
-    float aux_loss;     // E * sum_e f_e * P_e (P_e: mean score, sigmoid scores summed to 1 first)
-    float z_loss;       // mean_t lse_t^2
-    int *order;         // [T] token order used for slot assignment
-    void *scratch;      // [T] sort keys for the priority order
-    void *block;        // one allocation backing every array above
+    int *expert;    // [T, k] expert of choice j, -1 if dropped
+    int *choice;    // [T, k] expert of choice j before dropping (kept for stats)
+    int *slot;      // [T, k] row within the expert's segment, -1 if dropped
+    float *weight;  // [T, k] combine weight, 0 if dropped
+    float *probs;   // [T, E] routing scores: softmax or sigmoid of the logits (router.score)
+    float *softmax; // [T, E] softmax of the logits under sigmoid scores (z-loss backward)
+    float *lse;     // [T] logsumexp of the logits (z-loss)
+    int *counts;    // [E] assignments before dropping (all k choices)
+    int *kept;      // [E] assignments kept
+    int *capacity;  // [E] capacity used for this call
+    int *offsets;   // [E + 1] start row of each expert in the permuted buffer
+    float *aux_f;   // [E] f_e of the aux loss (treated as constant in backward)
+    float aux_loss; // E * sum_e f_e * P_e (P_e: mean score, sigmoid scores summed to 1 first)
+    float z_loss;   // mean_t lse_t^2
+    int *order;     // [T] token order used for slot assignment
+    void *scratch;  // [T] sort keys for the priority order
+    void *block;    // one allocation backing every array above
+
     bool expert_choice; // routed by expert choice (counts = kept = capacity = C for every expert)
     int unrouted;       // expert choice: tokens that no expert took (they skip the experts)
 } moe_plan;

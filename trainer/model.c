@@ -480,7 +480,8 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
                      : cfg->router.n_task_priority > 0        ? "router.task_priority"
                      : cfg->router.score != MOE_SCORE_SOFTMAX ? "router.score = sigmoid"
                      : cfg->router.route_scale != 1.0         ? "router.route_scale other than 1"
-                                                              : NULL;
+                     : cfg->router.type != MOE_ROUTER_TOKEN_CHOICE ? "router.type = expert_choice"
+                                                                   : NULL;
     if (no) return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet", no);
     *g = *h; // sizes, config, table and the host-side statistics arrays (shared)
     g->ops = ops;
@@ -608,7 +609,7 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
             // Learned capacities apply to batches of the training shape; other
             // shapes (generation) use the static formula.
             const int *cap = m->cap[l].capacity && N == m->B * m->T ? m->cap[l].capacity : NULL;
-            if (m->dropless) {
+            if (m->dropless && m->cfg.router.type != MOE_ROUTER_EXPERT_CHOICE) { // EC: no C_e
                 for (int e = 0; e < m->moe_cfg[l].E; e++)
                     m->cap_all[e] = N;
                 cap = m->cap_all;

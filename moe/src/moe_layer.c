@@ -131,8 +131,8 @@ static int layer_buffers(moe_layer_acts *a, const moe_layer_config *cfg, const m
     ALLOC(gate_in, jit);
     ALLOC(logits_g, nt * E);
     ALLOC(logits, T * E);
-    ALLOC(row, chunked ? 0 : rows);
-    ALLOC(crow, chunked ? rows : 0);
+    ALLOC(row, chunked ? 0 : Tc * k); // one entry per (token, plan entry)
+    ALLOC(crow, chunked ? Tc * k : 0);
     ALLOC(coff, chunked ? E + 1 : 0);
     ALLOC(cfill, chunked ? E : 0);
     ALLOC(xe, rows * D);

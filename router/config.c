@@ -37,6 +37,8 @@ void moe_router_config_default(moe_router_config *cfg) {
     cfg->n_groups = 0;    // one group per node: no limit until topk_groups is set
     cfg->topk_groups = 0; // every group
     cfg->bias_update_rate = 0.0;
+    cfg->type = MOE_ROUTER_TOKEN_CHOICE;
+    cfg->ec_fallback = MOE_EC_FALLBACK_NONE;
 }
 
 enum { R_INT, R_DBL, R_DBLS };
@@ -154,6 +156,8 @@ int moe_router_config_set(moe_router_config *cfg, const char *key, const char *v
     static const char *const noises[] = {"none", "jitter", "gumbel"};
     static const char *const modes[] = {"static", "dynamic"};
     static const char *const scores[] = {"softmax", "sigmoid"};
+    static const char *const types[] = {"token_choice", "expert_choice"};
+    static const char *const fallbacks[] = {"none", "token_choice"};
     int e = 0;
     const range_def *r = find_range(key);
     if (r) return set_number(cfg, r, v);
@@ -165,6 +169,16 @@ int moe_router_config_set(moe_router_config *cfg, const char *key, const char *v
     if (!strcmp(key, "router.score")) {
         MOE_TRY(parse_enum(key, v, scores, 2, &e));
         cfg->score = (moe_score)e;
+        return 0;
+    }
+    if (!strcmp(key, "router.type")) {
+        MOE_TRY(parse_enum(key, v, types, 2, &e));
+        cfg->type = (moe_router_type)e;
+        return 0;
+    }
+    if (!strcmp(key, "router.ec_fallback")) {
+        MOE_TRY(parse_enum(key, v, fallbacks, 2, &e));
+        cfg->ec_fallback = (moe_ec_fallback)e;
         return 0;
     }
     if (!strcmp(key, "router.normalize_topk")) return moe_parse_bool(key, v, &cfg->normalize_topk);
@@ -182,6 +196,47 @@ int moe_router_config_set(moe_router_config *cfg, const char *key, const char *v
         return 0;
     }
     return moe_fail(MOE_EINVAL, "unknown key '%.64s%s'", key, strlen(key) > 64 ? "..." : "");
+}
+
+// Keys that mean nothing when experts pick tokens are refused by name rather
+// than ignored, except the two a token-choice base config sets by default
+// (normalize_topk, aux_loss_coef): README "Expert-choice routing" says why
+// those are ignored.
+static int check_expert_choice(const moe_router_config *cfg) {
+    static const char *const pre = "router.type = expert_choice";
+    if (cfg->score != MOE_SCORE_SOFTMAX)
+        return moe_fail(MOE_EINVAL,
+                        "%s uses softmax scores; router.score = sigmoid is not "
+                        "supported with it",
+                        pre);
+    if (cfg->capacity_factor <= 0)
+        return moe_fail(MOE_EINVAL,
+                        "%s needs router.capacity_factor > 0 (it is %g): every expert takes "
+                        "C = capacity_factor * T * top_k / E tokens, there is no dropless mode",
+                        pre, cfg->capacity_factor);
+    if (cfg->capacity_mode != MOE_CAPACITY_STATIC)
+        return moe_fail(MOE_EINVAL,
+                        "%s balances the load by construction; capacity.mode must be "
+                        "static (not dynamic)",
+                        pre);
+    if (cfg->slot_order != MOE_SLOT_POSITION || cfg->n_task_priority > 0)
+        return moe_fail(MOE_EINVAL,
+                        "%s has no token-choice slot order: router.slot_order = "
+                        "priority and router.task_priority (Batch Prioritized "
+                        "Routing) do not apply",
+                        pre);
+    if (cfg->noise == MOE_NOISE_GUMBEL)
+        return moe_fail(MOE_EINVAL,
+                        "%s: router.noise = gumbel perturbs token choices 2..k and "
+                        "does not apply (use none or jitter)",
+                        pre);
+    // Both act on a token's choice of experts, which expert choice does not make.
+    if (cfg->bias_update_rate > 0 || moe_router_groups_active(cfg))
+        return moe_fail(MOE_EINVAL,
+                        "%s: router.bias_update_rate and router.topk_groups shape token "
+                        "choices and do not apply (set them to 0)",
+                        pre);
+    return 0;
 }
 
 int moe_router_config_check(const moe_router_config *cfg, int E) {
@@ -207,9 +262,11 @@ int moe_router_config_check(const moe_router_config *cfg, int E) {
                         cfg->top_k, E);
     if ((unsigned)cfg->slot_order > MOE_SLOT_PRIORITY || (unsigned)cfg->noise > MOE_NOISE_GUMBEL ||
         (unsigned)cfg->capacity_mode > MOE_CAPACITY_DYNAMIC ||
-        (unsigned)cfg->score > MOE_SCORE_SIGMOID)
-        return moe_fail(MOE_EINVAL,
-                        "router: slot_order, noise, score or capacity.mode out of range");
+        (unsigned)cfg->score > MOE_SCORE_SIGMOID ||
+        (unsigned)cfg->type > MOE_ROUTER_EXPERT_CHOICE ||
+        (unsigned)cfg->ec_fallback > MOE_EC_FALLBACK_TOKEN_CHOICE)
+        return moe_fail(MOE_EINVAL, "router: slot_order, noise, score, type, ec_fallback or "
+                                    "capacity.mode out of range");
     MOE_TRY(moe_router_groups_check(cfg, E));
     if (cfg->bias_update_rate > 0 && cfg->noise == MOE_NOISE_GUMBEL)
         return moe_fail(MOE_EINVAL,
@@ -217,6 +274,7 @@ int moe_router_config_check(const moe_router_config *cfg, int E) {
                         "choices 2..k on noisy logits, where the balancing bias cannot act "
                         "(use noise none or jitter)",
                         cfg->bias_update_rate);
+    if (cfg->type == MOE_ROUTER_EXPERT_CHOICE) MOE_TRY(check_expert_choice(cfg));
     if (cfg->capacity_mode == MOE_CAPACITY_DYNAMIC && cfg->capacity_factor <= 0)
         return moe_fail(MOE_EINVAL,
                         "capacity.mode = dynamic needs router.capacity_factor > 0 "

@@ -32,5 +32,12 @@ void moe_score_sigmoid_row(float *s, const float *x, int E);
 // router.n_groups and router.topk_groups against E experts and top_k
 // (router/groups.c): the groups divide E, a token's groups hold top_k experts.
 int moe_router_groups_check(const moe_router_config *cfg, int E);
+// Expert-choice routing (router/expert_choice.c), reached from
+// moe_router_forward/backward when cfg->type is MOE_ROUTER_EXPERT_CHOICE; the
+// plan has k = E entries per token. The backward adds into dlogits.
+int moe_expert_choice_forward(moe_plan *plan, const float *logits, int T, int E,
+                              const moe_router_config *cfg);
+void moe_expert_choice_backward(float *dlogits, const float *dweight, const moe_plan *plan,
+                                const moe_router_config *cfg, float z_scale);
 
 #endif

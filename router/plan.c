@@ -73,5 +73,9 @@ void moe_plan_stats(const moe_plan *plan, moe_load_stats *st) {
     }
     st->dropped = st->assigned - st->kept;
     st->drop_rate = st->assigned ? (double)st->dropped / st->assigned : 0.0;
+    if (plan->expert_choice) { // no assignment drops; a token can go without an expert
+        st->dropped = plan->unrouted;
+        st->drop_rate = plan->T ? (double)plan->unrouted / plan->T : 0.0;
+    }
     st->padding = st->capacity ? (double)(st->capacity - st->kept) / st->capacity : 0.0;
 }

@@ -42,9 +42,19 @@ static void topk_row(int *ch, const float *p, const float *bias, const float *x,
     }
 }
 
+int moe_router_plan_k(const moe_router_config *cfg, int E) {
+    return cfg->type == MOE_ROUTER_EXPERT_CHOICE ? E : cfg->top_k;
+}
+
+long moe_router_rows_max(const moe_router_config *cfg, int T, int E) {
+    if (cfg->type == MOE_ROUTER_EXPERT_CHOICE)
+        return (long)E * moe_expert_choice_capacity(cfg, T, E);
+    return (long)T * cfg->top_k;
+}
+
 int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, const int *capacity,
                        int T, int E, const moe_router_config *cfg, bool training, uint64_t step) {
-    int k = cfg->top_k;
+    int k = moe_router_plan_k(cfg, E);
     if (T < 0 || T > plan->T_max || E != plan->E || k != plan->k)
         return moe_fail(
             MOE_EINVAL,
@@ -52,6 +62,14 @@ int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, 
             plan->T_max, plan->E, plan->k);
     MOE_TRY(moe_router_config_check(cfg, E));
     plan->T = T;
+    plan->expert_choice = cfg->type == MOE_ROUTER_EXPERT_CHOICE;
+    plan->unrouted = 0;
+    if (plan->expert_choice) {
+        if (capacity)
+            return moe_fail(MOE_EINVAL, "router.type = expert_choice takes no per-expert "
+                                        "capacity (capacity.mode must be static)");
+        return moe_expert_choice_forward(plan, logits, T, E, cfg);
+    }
     int gumbel = training && cfg->noise == MOE_NOISE_GUMBEL;
     const bool sigmoid = cfg->score == MOE_SCORE_SIGMOID;
 
@@ -172,6 +190,10 @@ void moe_router_backward(float *dlogits, const float *dweight, const moe_plan *p
                          const moe_router_config *cfg, float aux_scale, float z_scale) {
     int T = plan->T, E = plan->E, k = plan->k;
     if (T == 0) return;
+    if (plan->expert_choice) {
+        moe_expert_choice_backward(dlogits, dweight, plan, cfg, z_scale);
+        return;
+    }
     const bool sigmoid = cfg->score == MOE_SCORE_SIGMOID;
     double aux_c = (double)aux_scale * E / T;
     for (int t = 0; t < T; t++) {

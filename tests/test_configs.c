@@ -44,8 +44,8 @@ static void run_config(const char *name) {
 
 START_TEST(test_config_trains) {
     static const char *names[] = {
-        "tiny",     "switch_top1", "top2_position", "bpr_priority",  "dynamic_capacity",
-        "task_moe", "pr_moe",      "dense",         "sigmoid_router"};
+        "tiny",     "switch_top1", "top2_position", "bpr_priority",   "dynamic_capacity",
+        "task_moe", "pr_moe",      "dense",         "sigmoid_router", "expert_choice"};
     run_config(names[_i]);
 }
 END_TEST
@@ -54,7 +54,7 @@ static Suite *configs_suite(void) {
     Suite *s = suite_create("configs");
     TCase *tc = tcase_create("configs");
     tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, test_config_trains, 0, 9);
+    tcase_add_loop_test(tc, test_config_trains, 0, 10);
     suite_add_tcase(s, tc);
     return s;
 }

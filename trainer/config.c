@@ -94,6 +94,12 @@ static const key_def keys[] = {
     {"router.score", K_ENUM, F(router.score), NO, "softmax", "softmax|sigmoid", R0,
      "routing scores: softmax over the experts, or sigmoid per expert (DeepSeek-V3: top-k on "
      "the scores, weights = chosen scores, over their sum when normalize_topk)"},
+    {"router.type", K_ENUM, F(router.type), NO, "token_choice", "token_choice|expert_choice", R0,
+     "token_choice: each token takes its top_k experts; expert_choice (training only): each "
+     "expert takes its top C = capacity_factor*T*top_k/E tokens, weights = softmax scores"},
+    {"router.ec_fallback", K_ENUM, F(router.ec_fallback), NO, "none", "none|token_choice", R0,
+     "inference (generate) of an expert_choice model: none refuses; token_choice routes top_k "
+     "by token with the same gate"},
     {"router.route_scale", K_DBL, F(router.route_scale), NO, "1.0", NULL, RD(0, 1e6, LO_OPEN),
      "routed scaling factor: multiplies every combine weight (DeepSeek-V3 uses 2.5)"},
     {"router.n_groups", K_INT, F(router.n_groups), NO, "0", NULL, RI(0, 1 << 16),

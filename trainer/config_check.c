@@ -147,6 +147,11 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
             rc = moe_router_config_check(&c->router, c->moe.num_experts[i]);
         if (rc < 0) return moe_fail(rc, "config: %s", moe_last_error());
     }
+    if (c->router.type == MOE_ROUTER_EXPERT_CHOICE && c->moe.n_task_layers > 0)
+        return moe_fail(MOE_EINVAL,
+                        "%s: router.type = expert_choice with moe.task_layers: task-routed layers "
+                        "send every token of a task to the same top_k experts (token choice)",
+                        src_where2(src, "router.type", "moe.task_layers"));
     for (int i = 0; i < c->moe.n_task_layers; i++) {
         int l = c->moe.task_layers[i];
         if (l >= c->model.n_layers || !moe_config_is_moe(c, l))

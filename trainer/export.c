@@ -8,7 +8,8 @@
 // cannot express is refused, naming the feature: shared experts, per-layer
 // expert counts (pyramid), task-routed layers, dense layers between MoE
 // layers, unnormalised top-k weights, sigmoid scores, route_scale != 1 and
-// a non-zero expert selection bias (a zero one is left out).
+// a non-zero expert selection bias (a zero one is left out), expert choice
+// without a token-choice fallback.
 #include "moe/export.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
@@ -51,6 +52,10 @@ static void unsupported(const moe_config *c, char *msg, size_t cap) {
         ADD("raw top-k weights (router.normalize_topk = false; Mixtral renormalises)");
     if (c->router.score != MOE_SCORE_SOFTMAX)
         ADD("sigmoid routing scores (router.score = sigmoid; Mixtral uses softmax)");
+    if (c->router.type == MOE_ROUTER_EXPERT_CHOICE &&
+        c->router.ec_fallback != MOE_EC_FALLBACK_TOKEN_CHOICE)
+        ADD("expert-choice routing (router.type = expert_choice; Mixtral routes token choice, "
+            "allowed with router.ec_fallback = token_choice)");
     if (c->router.route_scale != 1.0)
         ADD("scaled routing weights (router.route_scale = %g; Mixtral has no scale)",
             c->router.route_scale);

@@ -479,7 +479,16 @@ int moe_infer_open(moe_infer *m, const char *dir, const moe_infer_opts *o) {
     if (task < 0) return task;
     if (o->expert_budget < 0 || o->expert_budget > 1)
         return moe_fail(MOE_EINVAL, "expert budget %g is not a share in [0, 1]", o->expert_budget);
-    if (c->parallel.ep != 1) m->cfg.parallel.ep = 1; // inference runs in one process
+    if (c->parallel.ep != 1) m->cfg.parallel.ep = 1;  // inference runs in one process
+    if (c->router.type == MOE_ROUTER_EXPERT_CHOICE) { // README "Expert-choice routing"
+        if (c->router.ec_fallback != MOE_EC_FALLBACK_TOKEN_CHOICE)
+            return moe_fail(MOE_EINVAL,
+                            "%s/config.json: router.type = expert_choice routes over a whole "
+                            "batch and is training only; inference needs router.ec_fallback = "
+                            "token_choice (top_k token choice with the same gate)",
+                            dir);
+        m->cfg.router.type = MOE_ROUTER_TOKEN_CHOICE;
+    }
     m->task = task;
     m->V = c->model.vocab_size, m->D = c->model.d_model, m->L = c->model.n_layers;
     m->Hq = c->model.n_heads, m->Hkv = c->model.n_kv_heads, m->hd = m->D / m->Hq;

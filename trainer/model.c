@@ -513,7 +513,8 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
                      : cfg->router.route_scale != 1.0         ? "router.route_scale other than 1"
                      : moe_router_groups_active(&cfg->router)
                          ? "router.topk_groups (group-limited routing)"
-                         : NULL;
+                     : cfg->router.type != MOE_ROUTER_TOKEN_CHOICE ? "router.type = expert_choice"
+                                                                   : NULL;
     if (!no && cfg->router.bias_update_rate != 0)
         no = "router.bias_update_rate other than 0 (auxiliary-loss-free balancing)";
     if (!no && h->bias_on)
@@ -645,7 +646,7 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
             // Learned capacities apply to batches of the training shape; other
             // shapes (generation) use the static formula.
             const int *cap = m->cap[l].capacity && N == m->B * m->T ? m->cap[l].capacity : NULL;
-            if (m->dropless) {
+            if (m->dropless && m->cfg.router.type != MOE_ROUTER_EXPERT_CHOICE) { // EC: no C_e
                 for (int e = 0; e < m->moe_cfg[l].E; e++)
                     m->cap_all[e] = N;
                 cap = m->cap_all;
@@ -663,7 +664,8 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
             if (m->usage)
                 for (int n = 0; n < N; n++) {
                     size_t row = (size_t)moe_idx * m->n_tasks + m->task_tok[n];
-                    m->usage[row * m->usage_E + plan->choice[(size_t)n * plan->k]]++;
+                    const int e0 = plan->choice[(size_t)n * plan->k]; // -1: expert choice took none
+                    if (e0 >= 0) m->usage[row * m->usage_E + e0]++;
                 }
             moe_idx++;
         }

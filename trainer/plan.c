@@ -141,7 +141,9 @@ int moe_plan_a2a(const moe_config *cfg, const moe_machine *mc, moe_a2a_algo algo
             out->bytes_inter_node_copy += (long)llround(4.0 * cfg->train.grad_accum * tokens * rn *
                                                         cfg->model.d_model * sizeof(float));
         }
-        int C = moe_capacity_static(&cfg->router, (int)tokens, E);
+        int C = cfg->router.type == MOE_ROUTER_EXPERT_CHOICE
+                    ? moe_expert_choice_capacity(&cfg->router, (int)tokens, E)
+                    : moe_capacity_static(&cfg->router, (int)tokens, E);
         if (C < 0) C = (int)((k * tokens + E - 1) / E); // dropless: balanced estimate
         const long El = E / P, rows = El * C;
         const size_t row_bytes = (size_t)cfg->model.d_model * sizeof(float);

@@ -141,6 +141,7 @@ int moe_task_share_measure(moe_model *m, moe_data *d, int n_batches) {
             const moe_plan *pl = &m->a[l].moe.plan;
             for (int i = 0; i < pl->T * pl->k; i++) {
                 int t = m->task_tok[i / pl->k];
+                if (pl->choice[i] < 0) continue; // expert choice: an unused entry
                 share[((size_t)idx * m->n_tasks + t) * m->usage_E + pl->choice[i]] += 1.0;
             }
             idx++;

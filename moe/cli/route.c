@@ -24,7 +24,7 @@ static void help(FILE *fp) {
             "                 [--set KEY=VALUE]... [--train [--step N]] --out PLAN.safetensors\n"
             "       moe route --example [--set KEY=VALUE]... [--out PLAN.safetensors]\n"
             "\n"
-            "Routes logits [T, E] with the top-k router and writes the dispatch plan.\n"
+            "Routes logits [T, E] with the router and writes the dispatch plan.\n"
             "\n"
             "  --logits FILE    safetensors with 'logits' F32 [T, E] and optionally\n"
             "                   'task_ids' I32 [T] (task of each token, >= 0) and 'bias'\n"
@@ -34,7 +34,8 @@ static void help(FILE *fp) {
             "  --task-ids FILE  take 'task_ids' I32 [T] from FILE instead\n"
             "  --set KEY=VALUE  router config, e.g. --set router.top_k=1\n"
             "                   --set router.slot_order=priority --set router.task_priority=1,2\n"
-            "                   keys: router.{top_k, capacity_factor (<= 0: dropless),\n"
+            "                   keys: router.{type (token_choice | expert_choice), top_k,\n"
+            "                   capacity_factor (<= 0: dropless),\n"
             "                   min_capacity, slot_order, normalize_topk, score (softmax |\n"
             "                   sigmoid), route_scale, noise, noise_eps, aux_loss_coef,\n"
             "                   z_loss_coef, aux_counts_all_k, task_priority, seed,\n"
@@ -47,7 +48,9 @@ static void help(FILE *fp) {
             "  --step N         training step that keys the noise (default 0)\n"
             "  --out FILE       plan: expert, slot I32 [T, k] (-1 = dropped), weight F32\n"
             "                   [T, k], counts, kept, capacity I32 [E], aux_loss, z_loss F32\n"
-            "                   [1]; metadata holds the resolved config. Written atomically;\n"
+            "                   [1]; metadata holds the resolved config. Under expert choice\n"
+            "                   k is E: a token's experts in descending score, then -1.\n"
+            "                   Written atomically;\n"
             "                   on any error no file is created\n"
             "  --example        route a built-in batch (T=16, E=4, k=2, two tasks) with\n"
             "                   capacity_factor 1 under position and priority slot order and\n"
@@ -113,7 +116,8 @@ static int parse_args(int argc, char **argv, route_args *a) {
             if (moe_router_config_set(&a->cfg, key, eq + 1) < 0)
                 return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--set %s: %s", v, moe_last_error());
             static const char *const fixed[] = {"router.top_k", "router.task_priority",
-                                                "router.slot_order", "router.capacity_factor"};
+                                                "router.slot_order", "router.capacity_factor",
+                                                "router.type"};
             for (size_t f = 0; f < sizeof fixed / sizeof *fixed; f++)
                 if (!a->fixed_set && !strcmp(key, fixed[f])) a->fixed_set = v;
         } else {
@@ -136,7 +140,8 @@ static int parse_args(int argc, char **argv, route_args *a) {
         if (a->fixed_set)
             return moe_cli_fail(CMD, MOE_EXIT_USAGE,
                                 "--example fixes router.top_k, router.slot_order, "
-                                "router.capacity_factor and router.task_priority; --set %s "
+                                "router.capacity_factor, router.task_priority and router.type "
+                                "(token_choice); --set %s "
                                 "cannot apply (route your own logits with --logits)",
                                 a->fixed_set);
         return 0;
@@ -159,7 +164,7 @@ static void fmt_double(char *buf, size_t n, double x) {
     }
 }
 
-enum { META_KEYS = 20, META_LEN = 64 };
+enum { META_KEYS = 24, META_LEN = 64 };
 
 // The resolved config as metadata strings, keyed as in config files.
 static void config_metadata(const moe_router_config *c, bool training, uint64_t step, bool bias,
@@ -170,6 +175,8 @@ static void config_metadata(const moe_router_config *c, bool training, uint64_t 
 #define KV(key) (kv[m++] = (key), kv[m++] = vals[n], vals[n++])
     snprintf(KV("format"), META_LEN, "moe-plan");
     snprintf(KV("moe.version"), META_LEN, "%s", MOE_VERSION);
+    snprintf(KV("router.type"), META_LEN, "%s",
+             c->type == MOE_ROUTER_EXPERT_CHOICE ? "expert_choice" : "token_choice");
     snprintf(KV("router.top_k"), META_LEN, "%d", c->top_k);
     fmt_double(KV("router.capacity_factor"), META_LEN, c->capacity_factor);
     snprintf(KV("router.min_capacity"), META_LEN, "%d", c->min_capacity);
@@ -225,6 +232,18 @@ static int write_plan(const char *path, const moe_plan *p, const moe_router_conf
 static void print_summary(const moe_plan *p, const moe_router_config *cfg) {
     moe_load_stats st;
     moe_plan_stats(p, &st);
+    if (p->expert_choice) { // README "Expert-choice routing"
+        printf("plan: T=%d tokens, E=%d experts, expert choice (top_k %d, factor %g: every "
+               "expert takes C = %d tokens)\n",
+               p->T, p->E, cfg->top_k, cfg->capacity_factor, p->E ? p->capacity[0] : 0);
+        printf("  expert  tokens\n");
+        for (int e = 0; e < p->E; e++)
+            printf("  %6d  %6d\n", e, p->kept[e]);
+        printf("  %ld of %d tokens got no expert (drop rate %.2f%%)\n", st.dropped, p->T,
+               100.0 * st.drop_rate);
+        printf("  aux_loss %.6f (none under expert choice)  z_loss %.6f\n", p->aux_loss, p->z_loss);
+        return;
+    }
     printf("plan: T=%d tokens, E=%d experts, k=%d, slot order %s, ", p->T, p->E, p->k,
            cfg->slot_order == MOE_SLOT_PRIORITY ? "priority" : "position");
     if (cfg->capacity_factor <= 0)
@@ -351,7 +370,7 @@ static int route_file(const route_args *a) {
     if (a->train && cfg.noise == MOE_NOISE_JITTER)
         moe_router_jitter(logits, (size_t)T * E, cfg.noise_eps, cfg.seed, a->step);
 
-    if ((rc = moe_plan_alloc(&plan, T, E, cfg.top_k)) < 0) goto fail;
+    if ((rc = moe_plan_alloc(&plan, T, E, moe_router_plan_k(&cfg, E))) < 0) goto fail;
     plan.bias = bias;
     if ((rc = moe_router_forward(&plan, logits, task, NULL, T, E, &cfg, a->train, a->step)) < 0)
         goto fail;

@@ -12,6 +12,12 @@
 
 // ---- config and parameter layout ----------------------------------------------------
 
+// Plan entries per token (top_k, or E under expert choice) and the most kept
+// rows of T tokens (T * top_k, or E * C): router.h.
+static int plan_k(const moe_layer_config *cfg) {
+    return moe_router_plan_k(&cfg->router, cfg->E);
+}
+
 int moe_layer_config_check(const moe_layer_config *cfg) {
     if (!cfg) return moe_fail(MOE_EINVAL, "moe layer: NULL config");
     if (cfg->T_max < 1) return moe_fail(MOE_EINVAL, "moe layer: T_max = %d < 1", cfg->T_max);
@@ -22,6 +28,9 @@ int moe_layer_config_check(const moe_layer_config *cfg) {
         return moe_fail(MOE_EINVAL, "moe layer: H_shared = %d < 0", cfg->H_shared);
     if (cfg->n_tasks < 0) return moe_fail(MOE_EINVAL, "moe layer: n_tasks = %d < 0", cfg->n_tasks);
     MOE_TRY(moe_router_config_check(&cfg->router, cfg->E));
+    if (cfg->n_tasks > 0 && cfg->router.type == MOE_ROUTER_EXPERT_CHOICE)
+        return moe_fail(MOE_EINVAL, "moe layer: router.type = expert_choice cannot route by task "
+                                    "(moe.task_layers)");
     if (cfg->n_chunks < 0 || cfg->n_chunks > cfg->T_max || (cfg->n_chunks > 1 && cfg->ep_size > 1))
         return moe_fail(MOE_EINVAL,
                         "moe layer: %d chunks (T_max %d) with expert parallelism %d: chunking "
@@ -32,7 +41,7 @@ int moe_layer_config_check(const moe_layer_config *cfg) {
         return moe_fail(MOE_EINVAL,
                         "moe layer: %d experts cannot be sharded over %d ranks (rank %d)", cfg->E,
                         cfg->ep_size, cfg->ep_rank);
-    long k = cfg->router.top_k;
+    long k = plan_k(cfg);
     long Hm = cfg->H > cfg->H_shared ? cfg->H : cfg->H_shared;
     // Row indices are int; element offsets are size_t but sizes stay int in the op table.
     if ((long)cfg->T_max * k > INT_MAX / 2 || (long)cfg->T_max * 2 * Hm > INT_MAX ||
@@ -98,13 +107,19 @@ int moe_layer_param_table(moe_param_table *t, const char *prefix, const moe_laye
 static int layer_buffers(moe_layer_acts *a, const moe_layer_config *cfg, const moe_ops *ops,
                          size_t *total) {
     size_t T = (size_t)cfg->T_max, D = (size_t)cfg->D, H = (size_t)cfg->H, E = (size_t)cfg->E;
-    size_t k = (size_t)cfg->router.top_k, Hs = (size_t)cfg->H_shared;
+    size_t k = (size_t)plan_k(cfg), Hs = (size_t)cfg->H_shared;
     size_t nt = (size_t)cfg->n_tasks;
     size_t G = nt ? nt : T, jit = cfg->router.noise == MOE_NOISE_JITTER ? G * D : 0;
     // Expert-side buffers hold one chunk: Tc tokens, Tc*k rows.
     const int chunked = cfg->n_chunks > 1;
     size_t Tc = chunked ? (T + cfg->n_chunks - 1) / cfg->n_chunks : T;
-    size_t Hm = H > Hs ? H : Hs, rows = Tc * k;
+    size_t Hm = H > Hs ? H : Hs;
+    size_t rows = Tc * k;
+    // Expert choice: an expert takes C of all T tokens, and at most Tc of a chunk's.
+    if (cfg->router.type == MOE_ROUTER_EXPERT_CHOICE) {
+        const size_t C = (size_t)moe_expert_choice_capacity(&cfg->router, (int)T, cfg->E);
+        rows = E * (C < Tc ? C : Tc);
+    }
     size_t bytes = 0;
 #define ALLOC(field, n)                                                                            \
     do {                                                                                           \
@@ -116,8 +131,8 @@ static int layer_buffers(moe_layer_acts *a, const moe_layer_config *cfg, const m
     ALLOC(gate_in, jit);
     ALLOC(logits_g, nt * E);
     ALLOC(logits, T * E);
-    ALLOC(row, chunked ? 0 : rows);
-    ALLOC(crow, chunked ? rows : 0);
+    ALLOC(row, chunked ? 0 : Tc * k); // one entry per (token, plan entry)
+    ALLOC(crow, chunked ? Tc * k : 0);
     ALLOC(coff, chunked ? E + 1 : 0);
     ALLOC(cfill, chunked ? E : 0);
     ALLOC(xe, rows * D);
@@ -162,7 +177,7 @@ fail:
 
 size_t moe_layer_acts_bytes(const moe_layer_config *cfg, const moe_ops *ops) {
     moe_layer_acts dummy;
-    size_t total = moe_plan_bytes(cfg->T_max, cfg->E, cfg->router.top_k);
+    size_t total = moe_plan_bytes(cfg->T_max, cfg->E, plan_k(cfg));
     layer_buffers(&dummy, cfg, ops, &total);
     return total;
 }
@@ -173,7 +188,7 @@ int moe_layer_acts_alloc(moe_layer_acts *a, const moe_layer_config *cfg, const m
     MOE_TRY(moe_layer_config_check(cfg));
     a->ops = ops;
     a->cfg = *cfg;
-    int rc = moe_plan_alloc(&a->plan, cfg->T_max, cfg->E, cfg->router.top_k);
+    int rc = moe_plan_alloc(&a->plan, cfg->T_max, cfg->E, plan_k(cfg));
     if (rc < 0) return moe_trace(rc, __FILE__, __LINE__);
     rc = layer_buffers(a, cfg, ops, NULL);
     if (rc < 0) moe_layer_acts_free(a);
@@ -260,7 +275,7 @@ static int dispatch(moe_layer_acts *a) {
     int got[g->size];
     MOE_TRY(g->alltoallv(g->ctx, pl->kept, per_peer, a->recv_kept, got, (size_t)g->size * El,
                          sizeof(int)));
-    const size_t cap = (size_t)g->size * cfg->T_max * cfg->router.top_k;
+    const size_t cap = (size_t)g->size * moe_router_rows_max(&cfg->router, cfg->T_max, cfg->E);
     MOE_TRY(g->alltoallv(g->ctx, a->xe, a->send_rows, a->xr, a->recv_rows, cap,
                          (size_t)D * sizeof(float)));
     // Received rows lie source by source, each source's in local-expert order.
@@ -286,7 +301,7 @@ static int combine(moe_layer_acts *a, const float *from, float *to) {
     if (cfg->ep_size <= 1) return 0; // aliases: nothing to move
     int got[cfg->ep_size];
     MOE_TRY(a->ep->alltoallv(a->ep->ctx, from, a->recv_rows, to, got,
-                             (size_t)cfg->T_max * cfg->router.top_k,
+                             (size_t)moe_router_rows_max(&cfg->router, cfg->T_max, cfg->E),
                              (size_t)cfg->D * sizeof(float)));
     return 0;
 }
@@ -297,7 +312,8 @@ static int redispatch(moe_layer_acts *a, const float *from, float *to) {
     if (cfg->ep_size <= 1) return 0;
     int got[cfg->ep_size];
     MOE_TRY(a->ep->alltoallv(a->ep->ctx, from, a->send_rows, to, got,
-                             (size_t)cfg->ep_size * cfg->T_max * cfg->router.top_k,
+                             (size_t)cfg->ep_size *
+                                 moe_router_rows_max(&cfg->router, cfg->T_max, cfg->E),
                              (size_t)cfg->D * sizeof(float)));
     return 0;
 }
@@ -342,7 +358,7 @@ static int ffn_forward(const moe_ops *ops, float *out, float *ab, float *h, cons
 static int chunk_experts(moe_layer_acts *a, const float *x, const moe_layer_params *p, int t0,
                          int tc) {
     const moe_ops *ops = a->ops;
-    const int D = a->cfg.D, H = a->cfg.H, k = a->cfg.router.top_k;
+    const int D = a->cfg.D, H = a->cfg.H, k = plan_k(&a->cfg);
     chunk_rows(a, t0, tc);
     MOE_TRY(ops->permute_forward(a->xe, x + (size_t)t0 * D, a->crow, tc, k, D));
     for (int e = 0; e < a->cfg.E; e++) {
@@ -363,7 +379,7 @@ static int chunk_shared(moe_layer_acts *a, const float *x, const moe_layer_param
 
 static int chunked_forward(float *y, const float *x, const moe_layer_params *p, moe_layer_acts *a,
                            int T) {
-    const int D = a->cfg.D, k = a->cfg.router.top_k, Hs = a->cfg.H_shared;
+    const int D = a->cfg.D, k = plan_k(&a->cfg), Hs = a->cfg.H_shared;
     const int Tc = (a->cfg.T_max + a->cfg.n_chunks - 1) / a->cfg.n_chunks;
     for (int t0 = 0; t0 < T; t0 += Tc) {
         const int tc = T - t0 < Tc ? T - t0 : Tc;
@@ -390,7 +406,7 @@ static int ffn_backward(const moe_ops *ops, float *din, float din_beta, float *d
 static int chunked_backward(float *dx, const moe_layer_params *dp, const float *dy, const float *x,
                             const moe_layer_params *p, moe_layer_acts *a, int T) {
     const moe_ops *ops = a->ops;
-    const int D = a->cfg.D, H = a->cfg.H, k = a->cfg.router.top_k, Hs = a->cfg.H_shared;
+    const int D = a->cfg.D, H = a->cfg.H, k = plan_k(&a->cfg), Hs = a->cfg.H_shared;
     const int Tc = (a->cfg.T_max + a->cfg.n_chunks - 1) / a->cfg.n_chunks;
     for (int t0 = 0; t0 < T; t0 += Tc) {
         const int tc = T - t0 < Tc ? T - t0 : Tc;
@@ -429,7 +445,7 @@ int moe_layer_forward(float *y, const float *x, const int *task_id, const int *c
     if (T < 1 || T > cfg->T_max)
         return moe_fail(MOE_EINVAL, "moe layer forward: T = %d not in 1..T_max = %d", T,
                         cfg->T_max);
-    const int D = cfg->D, H = cfg->H, E = cfg->E, k = cfg->router.top_k, Hs = cfg->H_shared;
+    const int D = cfg->D, H = cfg->H, E = cfg->E, k = plan_k(cfg), Hs = cfg->H_shared;
     const int nt = cfg->n_tasks;
     if (nt > 0) MOE_TRY(check_tasks(task_id, T, nt));
     if (!p->gate || (nt && !p->task_emb) || (Hs && (!p->shared_w13 || !p->shared_w2)) ||
@@ -537,7 +553,7 @@ int moe_layer_backward(float *dx, const moe_layer_params *dp, const float *dy, c
                         a->T);
     const moe_layer_config *cfg = &a->cfg;
     const moe_ops *ops = a->ops;
-    const int D = cfg->D, H = cfg->H, E = cfg->E, k = cfg->router.top_k, Hs = cfg->H_shared;
+    const int D = cfg->D, H = cfg->H, E = cfg->E, k = plan_k(cfg), Hs = cfg->H_shared;
     const int nt = cfg->n_tasks;
     if (nt > 0) MOE_TRY(check_tasks(task_id, T, nt));
     if (!dp->gate || (nt && !dp->task_emb) || (Hs && (!dp->shared_w13 || !dp->shared_w2)) ||

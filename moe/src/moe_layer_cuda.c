@@ -28,6 +28,9 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
                         "moe layer on the GPU: router.bias_update_rate = %g (auxiliary-loss-free "
                         "balancing) is not supported yet (only 0; or use the CPU)",
                         cfg->router.bias_update_rate);
+    if (cfg->router.type != MOE_ROUTER_TOKEN_CHOICE)
+        return moe_fail(MOE_EINVAL, "moe layer on the GPU: router.type = expert_choice is not "
+                                    "supported yet (use token_choice, or the CPU)");
     if (cfg->router.route_scale != 1.0)
         return moe_fail(MOE_EINVAL,
                         "moe layer on the GPU: router.route_scale = %g is not supported yet "

@@ -107,7 +107,8 @@ typedef struct {
 
 // Activations saved by forward for backward, and backward's scratch; sized
 // once for cfg by moe_layer_acts_alloc (backend memory from ops->alloc, the
-// plan in host memory). rows_max = T_max * k.
+// plan in host memory). rows_max = T_max * k; under expert choice k is E
+// (plan entries per token) and rows_max = E * C (moe_router_rows_max).
 typedef struct {
     const moe_ops *ops;
     moe_layer_config cfg; // the sizes it was allocated for

@@ -22,6 +22,11 @@ typedef enum { MOE_CAPACITY_STATIC = 0, MOE_CAPACITY_DYNAMIC } moe_capacity_mode
 // router.score: softmax over the experts, or an independent sigmoid per expert
 // (DeepSeek-V3); README "Router semantics" gives the weights and losses of each.
 typedef enum { MOE_SCORE_SOFTMAX = 0, MOE_SCORE_SIGMOID } moe_score;
+// router.type: each token picks its top-k experts, or each expert picks its
+// top-C tokens (Zhou et al. 2022, router/expert_choice.c; README "Expert-choice routing").
+typedef enum { MOE_ROUTER_TOKEN_CHOICE = 0, MOE_ROUTER_EXPERT_CHOICE } moe_router_type;
+// router.ec_fallback: how inference routes an expert-choice model (it cannot see the batch).
+typedef enum { MOE_EC_FALLBACK_NONE = 0, MOE_EC_FALLBACK_TOKEN_CHOICE } moe_ec_fallback;
 
 typedef struct {
     int top_k;                 // router.top_k
@@ -56,6 +61,8 @@ typedef struct {
     // router.bias_update_rate: auxiliary-loss-free balancing (router/bias.c);
     // 0: the selection bias never moves
     double bias_update_rate;
+    moe_router_type type;        // router.type
+    moe_ec_fallback ec_fallback; // router.ec_fallback (inference of an expert-choice model)
 } moe_router_config;
 
 // Fills every key with its documented default.
@@ -79,7 +86,9 @@ void moe_router_groups_allow(unsigned char *allow, double *gscore, const float *
                              const float *bias, int E, const moe_router_config *cfg);
 
 // The dispatch plan of one routing call. Arrays are sized once for
-// (T_max, E, k) by moe_plan_alloc and reused every step.
+// (T_max, E, k) by moe_plan_alloc and reused every step. Under expert choice
+// k is E (moe_router_plan_k): token t's experts fill expert[t, 0..n_t) in
+// descending score (ties to the lower expert), the rest is -1 / -1 / 0.
 typedef struct {
     int T, E, k; // this call's sizes (T <= T_max)
     int T_max;
@@ -104,6 +113,9 @@ typedef struct {
     // to the scores for the top-k choice only; owned and set by the caller
     // after moe_plan_alloc. NULL (the default): no bias.
     const float *bias;
+
+    bool expert_choice; // routed by expert choice (counts = kept = capacity = C for every expert)
+    int unrouted;       // expert choice: tokens that no expert took (they skip the experts)
 } moe_plan;
 
 int moe_plan_alloc(moe_plan *plan, int T_max, int E, int k);
@@ -114,6 +126,15 @@ void moe_plan_free(moe_plan *plan);
 // Static capacity C = max(min_capacity, ceil(k*T/E * capacity_factor)).
 // Dropless configs (capacity_factor <= 0) return -1: capacity is the max count.
 int moe_capacity_static(const moe_router_config *cfg, int T, int E);
+
+// Entries per token in a plan: top_k under token choice, E under expert choice.
+int moe_router_plan_k(const moe_router_config *cfg, int E);
+// Expert-choice capacity, the tokens every expert takes from a call of T tokens:
+// C = ceil(capacity_factor * k * T / E) (representation error ignored as in the
+// static formula), clamped to 1..T (0 when T = 0). router.min_capacity is not used.
+int moe_expert_choice_capacity(const moe_router_config *cfg, int T, int E);
+// Most kept rows one call of T tokens can produce: T * top_k, or E * C under expert choice.
+long moe_router_rows_max(const moe_router_config *cfg, int T, int E);
 
 // Routes T tokens. logits [T, E] row-major. task_id [T] or NULL (needed only
 // for priority with task_priority). capacity [E] or NULL: per-expert C_e from
@@ -135,6 +156,8 @@ void moe_router_backward(float *dlogits, const float *dweight, const moe_plan *p
 void moe_router_jitter(float *x, size_t n, double eps, uint64_t seed, uint64_t step);
 
 // Per-call load statistics of a plan.
+// Under expert choice assigned = kept = capacity = E * C, dropped counts the
+// tokens that no expert took and drop_rate = dropped / T.
 typedef struct {
     long assigned;    // sum of counts
     long kept;        // sum of kept

@@ -1,0 +1,118 @@
+// Expert-choice routing with expert parallelism (run under `mpirun -np 4`)
+// equals one process: each rank routes its own micro-batch, as the reference
+// (one process, grad_accum = 4) routes micro-batch r, so the step losses and
+// the final weights are bit-identical, with flat and hierarchical all-to-all.
+#include "moe/comm.h"
+#include "moe/error.h"
+#include "moe/safetensors.h"
+#include "moe/train.h"
+#include "testutil.h"
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { STEPS = 5, W = 4 };
+static int rank;
+
+#define CHECK(cond, ...) TU_MPI_CHECK(rank, cond, __VA_ARGS__)
+
+static moe_config base(int ep, const char *a2a) {
+    moe_config c;
+    moe_config_default(&c);
+    const char *sets[] = {
+        "model.d_model=32",          "model.n_layers=2",           "model.d_ff=48",
+        "model.seq_len=16",          "moe.num_experts=8",          "train.batch_size=2",
+        "train.eval_every=0",        "train.warmup_steps=2",       "router.noise=jitter",
+        "router.type=expert_choice", "router.capacity_factor=0.75"};
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+        CHECK(moe_config_set(&c, NULL, sets[i]) == 0, "%s: %s", sets[i], moe_last_error());
+    c.train.steps = STEPS;
+    c.parallel.ep = ep;
+    snprintf(c.comm.all_to_all, sizeof c.comm.all_to_all, "%s", a2a);
+    return c;
+}
+
+// Every tensor of two checkpoints' model.safetensors is bit-identical.
+static void same_models(const char *a, const char *b, const char *what) {
+    char pa[1024], pb[1024];
+    snprintf(pa, sizeof pa, "%s/checkpoint/model.safetensors", a);
+    snprintf(pb, sizeof pb, "%s/checkpoint/model.safetensors", b);
+    moe_st_file *fa = NULL, *fb = NULL;
+    if (moe_st_open(pa, &fa) || moe_st_open(pb, &fb)) {
+        CHECK(0, "%s: %s", what, moe_last_error());
+        moe_st_close(fa);
+        return;
+    }
+    CHECK(fa->n_tensors == fb->n_tensors, "%s: %d vs %d tensors", what, fa->n_tensors,
+          fb->n_tensors);
+    for (int i = 0; i < fa->n_tensors; i++) {
+        const moe_st_tensor *ta = &fa->tensors[i], *tb = moe_st_find(fb, ta->name);
+        CHECK(tb && tb->nbytes == ta->nbytes, "%s: tensor %s", what, ta->name);
+        if (!tb || tb->nbytes != ta->nbytes) continue;
+        char *x = malloc(ta->nbytes), *y = malloc(tb->nbytes);
+        moe_st_read(fa, ta, x, ta->nbytes);
+        moe_st_read(fb, tb, y, tb->nbytes);
+        CHECK(!memcmp(x, y, ta->nbytes), "%s: %s differs", what, ta->name);
+        free(x);
+        free(y);
+    }
+    moe_st_close(fa);
+    moe_st_close(fb);
+}
+
+static void scenario(const char *dir, int ranks_per_node, const char *a2a) {
+    moe_comm *world;
+    if (moe_comm_mpi_world(&world, ranks_per_node)) {
+        CHECK(0, "world: %s", moe_last_error());
+        return;
+    }
+    char dist[800], ref[800];
+    snprintf(dist, sizeof dist, "%s/ec-%s-dist", dir, a2a);
+    snprintf(ref, sizeof ref, "%s/ec-%s-ref", dir, a2a);
+    moe_config c = base(W, a2a);
+    double ld[STEPS] = {0}, lr[STEPS] = {0};
+    moe_train_result r;
+    moe_train_opts o = {.out_dir = dist, .quiet = true, .losses = ld, .world = world};
+    int rc = moe_train(&c, &o, &r);
+    CHECK(rc == 0, "distributed training: %s", moe_last_error());
+    if (rc == 0) moe_eval_result_free(&r.eval);
+    if (rank == 0) {
+        c.parallel.ep = 1;
+        c.train.grad_accum = W;
+        moe_train_opts o1 = {.out_dir = ref, .quiet = true, .losses = lr};
+        rc = moe_train(&c, &o1, &r);
+        CHECK(rc == 0, "reference training: %s", moe_last_error());
+        if (rc == 0) moe_eval_result_free(&r.eval);
+        for (int s = 0; s < STEPS; s++)
+            CHECK(ld[s] == lr[s], "%s step %d: loss %.17g vs %.17g", a2a, s, ld[s], lr[s]);
+        same_models(dist, ref, a2a);
+        printf("expert choice, ep=4 %s: losses %.6f -> %.6f, equal to one process\n", a2a, ld[0],
+               ld[STEPS - 1]);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    moe_comm_free(world);
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    char dir[512] = "";
+    if (rank == 0) snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (size != W) {
+        if (rank == 0) fprintf(stderr, "mpi_router_ec: run with mpirun -np %d\n", W);
+        MPI_Finalize();
+        return 2;
+    }
+    scenario(dir, 0, "flat");
+    scenario(dir, 2, "hierarchical");
+    int total[2] = {tu_failures, tu_checks};
+    MPI_Allreduce(MPI_IN_PLACE, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0) printf("mpi_router_ec: %d passed, %d failed\n", total[1] - total[0], total[0]);
+    MPI_Finalize();
+    return total[0] ? 1 : 0;
+}

@@ -47,7 +47,7 @@ static uint32_t tok_big(long i) {
 static moe_config file_cfg(const char *kind, const char *path, int V) {
     moe_config c = tu_small_config();
     snprintf(c.data.kind, sizeof c.data.kind, "%s", kind);
-    snprintf(c.data.path, sizeof c.data.path, "%s", path);
+    ck_assert_int_lt(snprintf(c.data.path, sizeof c.data.path, "%s", path), sizeof c.data.path);
     c.model.vocab_size = V;
     c.model.seq_len = 16;
     c.train.batch_size = 4;

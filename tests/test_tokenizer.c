@@ -10,6 +10,7 @@
 #include "moe/infer.h"
 #include "moe/model.h"
 #include "moe/optim.h"
+#include "moe/prepare.h"
 #include "moe/tokenizer.h"
 #include "testutil.h"
 
@@ -232,6 +233,60 @@ START_TEST(test_spm_ids_equal_spm_encode) {
 END_TEST
 
 // A bad .model is refused with the file named and the code of the fault.
+// moe prepare --tokenizer PATH: the shard holds BOS + the document's ids, and
+// decoding them gives the document back byte for byte.
+START_TEST(test_prepare_with_spm_writes_bos_and_ids_that_decode_to_the_text) {
+    train_tokenizer();
+    moe_prepare_tokenizer ptk;
+    ck_assert_msg(moe_prepare_tokenizer_open(&ptk, model_path) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(ptk.vocab_size, VOCAB);
+    char out[480];
+    snprintf(out, sizeof out, "%s/shards", root);
+    const char *inputs[] = {MOE_SOURCE_DIR "/README.md"};
+    moe_prepare_opts o = {.out_dir = out,
+                          .inputs = inputs,
+                          .n_inputs = 1,
+                          .tokenizer = &ptk,
+                          .val_fraction = 0,
+                          .seed = 1,
+                          .doc = MOE_DOC_FILE,
+                          .shard_tokens = 100000000};
+    moe_prepare_result r;
+    ck_assert_msg(moe_prepare(&o, &r) == 0, "%s", moe_last_error());
+    moe_prepare_tokenizer_close(&ptk);
+    ck_assert_int_eq(r.version, 1);
+    char shard[520];
+    snprintf(shard, sizeof shard, "%s/train_000000.bin", out);
+    size_t len, tlen;
+    char *bin = slurp(shard, &len);
+    char *text = slurp(MOE_SOURCE_DIR "/README.md", &tlen);
+    const int32_t *h = (const int32_t *)bin;
+    ck_assert_int_eq(h[0], 20240520);
+    ck_assert_int_eq(h[1], 1);
+    size_t n = (size_t)h[2];
+    ck_assert_uint_eq(len, 256 * sizeof(int32_t) + n * sizeof(uint16_t));
+    ck_assert_int_eq((long)n, r.tokens[0]);
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open(model_path, &t), 0);
+    const uint16_t *tok = (const uint16_t *)(bin + 256 * sizeof(int32_t));
+    ck_assert_int_eq(tok[0], moe_tok_bos_id(t));
+    int32_t *ids = malloc(n * sizeof *ids);
+    ck_assert_ptr_nonnull(ids);
+    for (size_t i = 0; i < n; i++)
+        ids[i] = tok[i];
+    char *back;
+    size_t blen;
+    ck_assert_msg(moe_tok_decode(t, ids + 1, n - 1, &back, &blen) == 0, "%s", moe_last_error());
+    ck_assert_msg(blen == tlen && !memcmp(back, text, tlen), "decoded %zu bytes, README has %zu",
+                  blen, tlen);
+    free(back);
+    free(ids);
+    moe_tok_free(t);
+    free(bin);
+    free(text);
+}
+END_TEST
+
 static void refused(const char *path, int code, const char *what) {
     moe_tokenizer *t = (moe_tokenizer *)1;
     int rc = moe_tok_open(path, &t);
@@ -614,6 +669,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_spm_model_has_the_trained_vocabulary_and_specials);
     tcase_add_test(tc, test_spm_round_trips_text_through_libsentencepiece);
     tcase_add_test(tc, test_spm_ids_equal_spm_encode);
+    tcase_add_test(tc, test_prepare_with_spm_writes_bos_and_ids_that_decode_to_the_text);
     tcase_add_test(tc, test_bad_model_files_are_refused);
     tcase_add_test(tc, test_vocab_size_below_the_tokenizer_is_refused);
     tcase_add_test(tc, test_save_with_tokenizer_survives_a_failed_call_at_every_point);

@@ -9,6 +9,7 @@
 #include "moe/file.h"
 #include "moe/rng.h"
 #include "moe/shards.h"
+#include "moe/tokenizer.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -44,6 +45,25 @@ static int encode_bytes(void *ctx, const char *text, size_t len, moe_tokens *out
     return 0;
 }
 
+// A SentencePiece document starts with BOS: what moe generate and
+// transformers put before a prompt, so training sees the same context.
+static int encode_spm(void *ctx, const char *text, size_t len, moe_tokens *out) {
+    const moe_tokenizer *tk = ctx;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    MOE_TRY(moe_tok_encode(tk, text, len, &ids, &n));
+    int rc = moe_tokens_reserve(out, n + 1);
+    if (rc == 0) {
+        if (moe_tok_bos_id(tk) >= 0) out->tok[out->n++] = (uint32_t)moe_tok_bos_id(tk);
+        for (size_t i = 0; i < n; i++)
+            out->tok[out->n++] = (uint32_t)ids[i];
+    }
+    free(ids);
+    return rc;
+}
+
+static void free_spm(void *ctx) { moe_tok_free(ctx); }
+
 int moe_prepare_tokenizer_open(moe_prepare_tokenizer *t, const char *spec) {
     memset(t, 0, sizeof *t);
     if (!strcmp(spec, "bytes")) {
@@ -52,10 +72,17 @@ int moe_prepare_tokenizer_open(moe_prepare_tokenizer *t, const char *spec) {
         t->encode = encode_bytes;
         return 0;
     }
-    // A SentencePiece model plugs in here: fill name, vocab_size, encode
-    // (text -> ids through the wrapper), free and ctx from spec.
-    return moe_fail(MOE_EINVAL, "--tokenizer '%.200s': only 'bytes' is supported in this build",
-                    spec);
+    if (strlen(spec) >= sizeof t->name)
+        return moe_fail(MOE_EINVAL, "--tokenizer: path longer than %zu characters",
+                        sizeof t->name - 1);
+    moe_tokenizer *tk;
+    MOE_TRY(moe_tok_open(spec, &tk));
+    snprintf(t->name, sizeof t->name, "%s", spec);
+    t->vocab_size = moe_tok_vocab_size(tk);
+    t->encode = encode_spm;
+    t->free = free_spm;
+    t->ctx = tk;
+    return 0;
 }
 
 void moe_prepare_tokenizer_close(moe_prepare_tokenizer *t) {

@@ -27,9 +27,8 @@ typedef struct {
     void *ctx;
 } moe_prepare_tokenizer;
 
-// spec "bytes": one token per byte (vocab 256). Any other spec (a
-// SentencePiece .model path) is refused until a SentencePiece encoder is
-// wired in here (MOE_EINVAL naming the option).
+// spec "bytes": one token per byte (vocab 256); else the path of a
+// SentencePiece .model (moe/tokenizer.h): every document starts with its BOS.
 int moe_prepare_tokenizer_open(moe_prepare_tokenizer *t, const char *spec);
 void moe_prepare_tokenizer_close(moe_prepare_tokenizer *t);
 

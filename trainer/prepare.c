@@ -354,10 +354,7 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
         rc = moe_fail(MOE_EINVAL, "%s exists: %s already holds prepared shards", p, o->out_dir);
         goto fail;
     }
-    if (mkdir(o->out_dir, 0755) && errno != EEXIST) {
-        rc = moe_fail(MOE_EIO, "%s: cannot create: %s", o->out_dir, strerror(errno));
-        goto fail;
-    }
+    if ((rc = moe_make_dirs(o->out_dir)) < 0) goto fail;
     fs = calloc((size_t)in.n, sizeof *fs);
     if (!fs) {
         rc = moe_fail(MOE_ENOMEM, "prepare: out of memory");

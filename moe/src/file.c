@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -52,4 +53,22 @@ int moe_check_regular_file(const char *path) {
     MOE_TRY(moe_open_regular(path, &fd));
     close(fd);
     return 0;
+}
+
+int moe_make_dirs(const char *dir) {
+    char p[PATH_MAX];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
+        return moe_fail(MOE_EINVAL, "%.200s...: path longer than %d characters", dir, PATH_MAX - 1);
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s) continue;
+        char c = *s;
+        *s = 0;
+        struct stat sb;
+        int err = mkdir(p, 0755) ? errno : 0;
+        if (err == EEXIST && stat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) err = 0;
+        if (err == EEXIST || err == ENOTDIR) // a file where a folder goes
+            return moe_fail(MOE_EINVAL, "%s: exists and is not a folder", p);
+        if (err) return moe_fail(MOE_EIO, "%s: cannot create: %s", p, strerror(err));
+        if (!(*s = c)) return 0;
+    }
 }

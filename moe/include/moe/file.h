@@ -17,5 +17,8 @@ int moe_fopen_regular(const char *path, FILE **f);
 // 0 if path is a regular file that can be opened for reading, else the error
 // of moe_open_regular. For readers that hand the path to another library.
 int moe_check_regular_file(const char *path);
+// mkdir -p: creates dir and its missing parents (0755). MOE_EINVAL when a
+// file stands where a folder goes, MOE_EIO otherwise, naming the path.
+int moe_make_dirs(const char *dir);
 
 #endif

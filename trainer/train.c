@@ -15,6 +15,7 @@
 #include "trainer/train_gpu.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -30,6 +31,13 @@ enum { EVAL_BATCHES = 8, EVAL_SAMPLES = 20, SHARE_BATCHES = 4 };
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// Unix seconds of a metrics record: lines another tool can place in time.
+static double wall_time(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
@@ -88,9 +96,10 @@ static comm_step comm_now(const moe_parallel *p) {
 static int write_metrics(FILE *f, long step, const moe_model *m, double loss, double ce, double aux,
                          double z, float lr, double gnorm, double tps, double drop, comm_step c) {
     fprintf(f,
-            "{\"step\": %ld, \"loss\": %.6f, \"ce\": %.6f, \"aux\": %.6f, \"z\": %.6f, \"lr\": "
-            "%.6g, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"drop_rate\": %.6f, \"layers\": [",
-            step, loss, ce, aux, z, lr, gnorm, tps, drop);
+            "{\"step\": %ld, \"time\": %.3f, \"loss\": %.6f, \"ce\": %.6f, \"aux\": %.6f, \"z\": "
+            "%.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"drop_rate\": %.6f, "
+            "\"layers\": [",
+            step, wall_time(), loss, ce, aux, z, lr, gnorm, tps, drop);
     int first = 1;
     for (int l = 0; l < m->L; l++) {
         if (!m->is_moe[l]) continue;
@@ -118,9 +127,35 @@ static int metrics_failed(const char *out_dir) {
     return moe_fail(MOE_EIO, "%s/metrics.jsonl: write failed: %s", out_dir, strerror(errno));
 }
 
-// One eval line of metrics.jsonl; -1 when the stream failed.
-static int write_eval(FILE *f, long step, double val_loss) {
-    fprintf(f, "{\"eval_step\": %ld, \"val_loss\": %.6f}\n", step, val_loss);
+// One eval line of metrics.jsonl: per-task loss and accuracy (null where not
+// scored) and each MoE layer's task x expert first-choice counts, rows in the
+// order of "tasks" (the run report draws them). -1 when the stream failed.
+static int write_eval(FILE *f, long step, const moe_eval_result *ev) {
+    fprintf(f, "{\"eval_step\": %ld, \"time\": %.3f, \"val_loss\": %.6f, \"tasks\": [", step,
+            wall_time(), ev->val_loss);
+    for (int t = 0; t < ev->n_tasks; t++) {
+        json_t *name = json_string(ev->task[t]); // task names of file corpora: escaped
+        char *q = name ? json_dumps(name, JSON_ENCODE_ANY) : NULL;
+        fprintf(f, "%s{\"name\": %s, \"loss\": ", t ? ", " : "", q ? q : "\"?\"");
+        free(q);
+        json_decref(name);
+        fprintf(f, isfinite(ev->task_loss[t]) ? "%.6f" : "null", ev->task_loss[t]);
+        fprintf(f, ev->accuracy[t] >= 0 ? ", \"accuracy\": %.4f}" : ", \"accuracy\": null}",
+                ev->accuracy[t]);
+    }
+    fprintf(f, "], \"usage\": [");
+    for (int i = 0; i < ev->n_moe && ev->usage; i++) {
+        fprintf(f, "%s{\"layer\": %d, \"counts\": [", i ? ", " : "", ev->moe_layer[i]);
+        for (int t = 0; t < ev->n_tasks; t++) {
+            const long *u = ev->usage + ((size_t)i * ev->n_tasks + t) * ev->E;
+            fprintf(f, "%s[", t ? ", " : "");
+            for (int e = 0; e < ev->E; e++)
+                fprintf(f, "%s%ld", e ? ", " : "", u[e]);
+            fputc(']', f);
+        }
+        fprintf(f, "]}");
+    }
+    fprintf(f, "]}\n");
     return fflush(f) != 0 || ferror(f) ? -1 : 0;
 }
 
@@ -367,8 +402,8 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
             step + 1 < total) {
             moe_eval_result ev; // every rank evaluates the same batches in step
             if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc); // eval on the host
-            MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, 0, &ev), rc);
-            if (metrics && write_eval(metrics, step + 1, ev.val_loss) < 0) {
+            MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &ev), rc);
+            if (metrics && write_eval(metrics, step + 1, &ev) < 0) {
                 moe_eval_result_free(&ev);
                 rc = metrics_failed(o->out_dir);
                 goto fail;
@@ -406,7 +441,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
         MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st, &par), rc);
         MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &r->eval), rc);
-        if (metrics && write_eval(metrics, st.step, r->eval.val_loss) < 0) {
+        if (metrics && write_eval(metrics, st.step, &r->eval) < 0) {
             moe_eval_result_free(&r->eval);
             rc = metrics_failed(o->out_dir);
             goto fail;

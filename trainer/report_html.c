@@ -400,13 +400,13 @@ int moe_report_html(moe_run_metrics *m, const char *run_dir, const char *path) {
 
 // ---- the comparison page of an ablation grid ------------------------------------------
 
-static int overlay(FILE *f, const moe_report_run *runs, int n, const char *series,
-                   const char *figure, const char *title) {
+static int overlay(FILE *f, const moe_report_run *runs, moe_run_metrics *ms, int n,
+                   const char *series, const char *figure, const char *title) {
     svg_line *l = calloc((size_t)n + 1, sizeof *l);
     if (!l) return moe_fail(MOE_ENOMEM, "report: out of memory");
     int k = 0;
     for (int i = 0; i < n; i++) {
-        const moe_series *s = runs[i].m ? moe_metrics_find(runs[i].m, series) : NULL;
+        const moe_series *s = ms[i].n_train ? moe_metrics_find(&ms[i], series) : NULL;
         if (s) l[k++] = line_of(s, 0, runs[i].name);
     }
     int rc = k ? chart(f, figure, -1, title, "nats/token", 1, l, k, NULL) : 0;
@@ -414,57 +414,68 @@ static int overlay(FILE *f, const moe_report_run *runs, int n, const char *serie
     return rc;
 }
 
+static void run_row(FILE *f, const moe_report_run *r, const moe_run_metrics *m,
+                    const moe_series *acc0) {
+    const moe_series *loss = moe_metrics_find(m, "loss"), *acc = moe_metrics_find(m, "eval.accuracy");
+    fputs("<tr><td>", f);
+    svg_esc(f, r->name);
+    fputs("</td><td>", f);
+    svg_esc(f, r->label);
+    fputs("</td>", f);
+    double v[5] = {loss && loss->n ? loss->step[loss->n - 1] : NAN, last_value(loss, 0),
+                   last_value(moe_metrics_find(m, "eval.val_loss"), 0),
+                   mean_value(moe_metrics_find(m, "tokens_per_s")),
+                   100 * mean_value(moe_metrics_find(m, "drop_rate"))};
+    static const char *fmt[5] = {"%.0f", "%.4f", "%.4f", "%.0f", "%.2f%%"};
+    for (int k = 0; k < 5; k++) {
+        fputs("<td class=\"num\">", f);
+        if (isfinite(v[k])) fprintf(f, fmt[k], v[k]);
+        else fputs("n/a", f);
+        fputs("</td>", f);
+    }
+    for (int t = 0; acc0 && t < acc0->ncol; t++) {
+        double a = acc && t < acc->ncol ? last_value(acc, t) : NAN;
+        if (isfinite(a)) fprintf(f, "<td class=\"num\">%.1f%%</td>", 100 * a);
+        else fputs("<td class=\"num\">n/a</td>", f);
+    }
+    fputs("<td>", f);
+    svg_esc(f, r->error && *r->error ? r->error : "ok");
+    fputs("</td></tr>\n", f);
+}
+
 int moe_report_compare_html(const char *path, const char *title, const moe_report_run *runs,
                             int n) {
+    moe_run_metrics *ms = calloc((size_t)n + 1, sizeof *ms);
+    if (!ms) return moe_fail(MOE_ENOMEM, "report: out of memory");
+    for (int i = 0; i < n; i++) // a run with no readable metrics keeps an empty (zeroed) one
+        if (moe_metrics_read(runs[i].dir, &ms[i]) < 0) memset(&ms[i], 0, sizeof ms[i]);
     FILE *f = fopen(path, "w");
-    if (!f) return moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+    int rc = f ? 0 : moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+    if (rc < 0) goto done;
     page_open(f, "moe ablation report", title);
     fputs("<h2>Runs</h2><table><tr><th>run</th><th>settings</th><th>steps</th>"
           "<th>final loss</th><th>final val loss</th><th>tokens/s</th><th>drop rate</th>",
           f);
-    const moe_run_metrics *any = NULL;
-    for (int i = 0; i < n && !any; i++)
-        if (runs[i].m && moe_metrics_find(runs[i].m, "eval.accuracy")) any = runs[i].m;
-    const moe_series *acc0 = any ? moe_metrics_find(any, "eval.accuracy") : NULL;
+    const moe_series *acc0 = NULL; // the task columns: from the first run that has them
+    for (int i = 0; i < n && !acc0; i++)
+        acc0 = moe_metrics_find(&ms[i], "eval.accuracy");
     for (int t = 0; acc0 && t < acc0->ncol; t++) {
         fputs("<th>acc ", f);
         svg_esc(f, acc0->col[t]);
         fputs("</th>", f);
     }
     fputs("<th>status</th></tr>\n", f);
-    for (int i = 0; i < n; i++) {
-        const moe_run_metrics *m = runs[i].m;
-        const moe_series *loss = m ? moe_metrics_find(m, "loss") : NULL;
-        const moe_series *acc = m ? moe_metrics_find(m, "eval.accuracy") : NULL;
-        fputs("<tr><td>", f);
-        svg_esc(f, runs[i].name);
-        fputs("</td><td>", f);
-        svg_esc(f, runs[i].label);
-        fputs("</td>", f);
-        double v[5] = {loss && loss->n ? loss->step[loss->n - 1] : NAN, last_value(loss, 0),
-                       m ? last_value(moe_metrics_find(m, "eval.val_loss"), 0) : NAN,
-                       m ? mean_value(moe_metrics_find(m, "tokens_per_s")) : NAN,
-                       m ? 100 * mean_value(moe_metrics_find(m, "drop_rate")) : NAN};
-        static const char *fmt[5] = {"%.0f", "%.4f", "%.4f", "%.0f", "%.2f%%"};
-        for (int k = 0; k < 5; k++) {
-            fputs("<td class=\"num\">", f);
-            if (isfinite(v[k])) fprintf(f, fmt[k], v[k]);
-            else fputs("n/a", f);
-            fputs("</td>", f);
-        }
-        for (int t = 0; acc0 && t < acc0->ncol; t++) {
-            double a = acc && t < acc->ncol ? last_value(acc, t) : NAN;
-            if (isfinite(a)) fprintf(f, "<td class=\"num\">%.1f%%</td>", 100 * a);
-            else fputs("<td class=\"num\">n/a</td>", f);
-        }
-        fputs("<td>", f);
-        svg_esc(f, runs[i].error && *runs[i].error ? runs[i].error : "ok");
-        fputs("</td></tr>\n", f);
-    }
+    for (int i = 0; i < n; i++)
+        run_row(f, &runs[i], &ms[i], acc0);
     fputs("</table>\n<h2>Loss</h2><div class=\"charts\">\n", f);
-    int rc = overlay(f, runs, n, "loss", "loss", "Training loss");
-    if (rc == 0) rc = overlay(f, runs, n, "eval.val_loss", "val_loss", "Validation loss");
+    rc = overlay(f, runs, ms, n, "loss", "loss", "Training loss");
+    if (rc == 0) rc = overlay(f, runs, ms, n, "eval.val_loss", "val_loss", "Validation loss");
     fputs("</div>\n", f);
     int rc2 = page_close(f, path);
-    return rc < 0 ? rc : rc2;
+    if (rc == 0) rc = rc2;
+done:
+    for (int i = 0; i < n; i++)
+        moe_metrics_free(&ms[i]);
+    free(ms);
+    return rc;
 }

@@ -67,13 +67,14 @@ int moe_report_html(moe_run_metrics *m, const char *run_dir, const char *path);
 // layer (one row per task). *n_files gets the count written.
 int moe_report_csv(const moe_run_metrics *m, const char *dir, int *n_files);
 
-// Runs of a grid for the comparison page: m NULL when the run left no
-// metrics; error non-empty when it failed.
+// Runs of a grid for the comparison page: each run folder's metrics are read
+// here; a run that failed (error non-empty) or left no readable metrics gets
+// its row without curves.
 typedef struct {
+    const char *dir;
     const char *name;  // short, for legends ("run_003")
     const char *label; // what differs ("router.top_k=2 train.lr=0.01")
-    const moe_run_metrics *m;
-    const char *error;
+    const char *error; // "" when the run finished
 } moe_report_run;
 // Loss curves of every run overlaid and a table of final figures per run.
 int moe_report_compare_html(const char *path, const char *title, const moe_report_run *runs,

@@ -59,16 +59,20 @@ static double mean_value(const moe_series *s) {
     return n ? sum / n : NAN;
 }
 
-static void row_num(FILE *f, const char *key, const char *fmt, double v) {
-    fprintf(f, "<tr><th>%s</th><td class=\"num\">", key);
-    if (isfinite(v)) fprintf(f, fmt, v);
-    else fputs("n/a", f);
-    fputs("</td></tr>\n", f);
+// The summary is one table row: a heading and a value per figure.
+typedef struct {
+    char head[MOE_NAME_MAX + 16], val[32];
+} cell;
+
+static void cell_num(cell *c, const char *head, const char *fmt, double v) {
+    snprintf(c->head, sizeof c->head, "%s", head);
+    if (isfinite(v)) snprintf(c->val, sizeof c->val, fmt, v);
+    else snprintf(c->val, sizeof c->val, "n/a");
 }
 
 static int chart(FILE *f, const char *figure, int layer, const char *title, const char *ylabel,
                  double yscale, const svg_line *lines, int n, const char *caption) {
-    svg_chart c = {figure, layer, title, "step", ylabel, yscale, n > 1};
+    svg_chart c = {figure, layer, title, "step", ylabel, yscale, n > 1, yscale == 100};
     return svg_line_chart(f, &c, lines, n, caption) < 0
                ? moe_fail(MOE_ENOMEM, "report: out of memory")
                : 0;
@@ -114,7 +118,7 @@ static int series_heatmap(FILE *f, const char *figure, int layer, const char *ti
     if (share) vmin = 0;
     svg_grid g = {rows, cols, v, names, xs, NULL, vmin, vmax, false};
     svg_chart c = {figure, layer, title, "step", share ? "expert" : "column", share ? 100 : 1,
-                   false};
+                   false, false};
     char cap[256];
     if (k > 1)
         snprintf(cap, sizeof cap, "%ld steps drawn as %d columns, each the mean of %ld steps.",
@@ -156,7 +160,7 @@ static int usage_heatmap(FILE *f, const moe_run_metrics *m, const moe_usage *u) 
              u->layer);
     snprintf(cap, sizeof cap, "First choices on the validation batches at step %ld.",
              m->usage_step);
-    svg_chart c = {"task_experts", u->layer, title, "expert", "task", 100, false};
+    svg_chart c = {"task_experts", u->layer, title, "expert", "task", 100, false, false};
     rc = svg_heatmap(f, &c, &g, cap);
 done:
     free(v), free(rows), free(cols), free(cn);
@@ -172,24 +176,31 @@ static int layer_of(const char *name, const char *field) {
 
 static void summary(FILE *f, moe_run_metrics *m) {
     const moe_series *loss = moe_metrics_find(m, "loss"), *val = moe_metrics_find(m, "eval.val_loss"),
-                     *tm = moe_metrics_find(m, "time");
-    fputs("<h2>Summary</h2><table>\n", f);
-    row_num(f, "steps", "%.0f", loss && loss->n ? loss->step[loss->n - 1] : NAN);
-    row_num(f, "final training loss", "%.4f", last_value(loss, 0));
-    row_num(f, "final validation loss", "%.4f", last_value(val, 0));
-    row_num(f, "mean tokens/s", "%.0f", mean_value(moe_metrics_find(m, "tokens_per_s")));
-    row_num(f, "mean drop rate (%)", "%.2f", 100 * mean_value(moe_metrics_find(m, "drop_rate")));
-    row_num(f, "wall time (s)", "%.1f",
-            tm && tm->n > 1 ? tm->v[tm->n - 1] - tm->v[0] : NAN);
-    const moe_series *acc = moe_metrics_find(m, "eval.accuracy");
-    for (int t = 0; acc && t < acc->ncol; t++) {
-        fputs("<tr><th>final accuracy: ", f);
-        svg_esc(f, acc->col[t]);
-        double a = last_value(acc, t);
-        if (isfinite(a)) fprintf(f, "</th><td class=\"num\">%.1f%%</td></tr>\n", 100 * a);
-        else fputs("</th><td class=\"num\">n/a</td></tr>\n", f);
+                     *tm = moe_metrics_find(m, "time"), *acc = moe_metrics_find(m, "eval.accuracy");
+    cell c[6 + MOE_MAX_TASKS];
+    int n = 0;
+    cell_num(&c[n++], "steps", "%.0f", loss && loss->n ? loss->step[loss->n - 1] : NAN);
+    cell_num(&c[n++], "final loss", "%.4f", last_value(loss, 0));
+    cell_num(&c[n++], "final val loss", "%.4f", last_value(val, 0));
+    cell_num(&c[n++], "mean tokens/s", "%.0f", mean_value(moe_metrics_find(m, "tokens_per_s")));
+    cell_num(&c[n++], "mean drop rate", "%.2f%%",
+             100 * mean_value(moe_metrics_find(m, "drop_rate")));
+    cell_num(&c[n++], "wall time", "%.1f s", tm && tm->n > 1 ? tm->v[tm->n - 1] - tm->v[0] : NAN);
+    for (int t = 0; acc && t < acc->ncol && t < MOE_MAX_TASKS; t++) {
+        char head[MOE_NAME_MAX + 16];
+        snprintf(head, sizeof head, "acc %s", acc->col[t]);
+        cell_num(&c[n++], head, "%.1f%%", 100 * last_value(acc, t));
     }
-    fputs("</table>\n", f);
+    fputs("<h2>Summary</h2><table><tr>", f);
+    for (int i = 0; i < n; i++) {
+        fputs("<th>", f);
+        svg_esc(f, c[i].head);
+        fputs("</th>", f);
+    }
+    fputs("</tr>\n<tr>", f);
+    for (int i = 0; i < n; i++)
+        fprintf(f, "<td class=\"num\">%s</td>", c[i].val);
+    fputs("</tr></table>\n", f);
     if (m->warning[0]) {
         fputs("<p class=\"warn\">", f);
         svg_esc(f, m->warning);

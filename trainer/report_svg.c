@@ -10,7 +10,7 @@
 #include <string.h>
 
 // Chart geometry: the plot area sits inside margins; the legend on the right.
-enum { W = 660, H = 250, ML = 64, MR = 150, MT = 30, MB = 42 };
+enum { W = 640, H = 250, ML = 64, MR = 140, MT = 30, MB = 42 };
 #define PW ((double)(W - ML - MR))
 #define PH ((double)(H - MT - MB))
 
@@ -188,7 +188,8 @@ int svg_line_chart(FILE *f, const svg_chart *c, const svg_line *lines, int n_lin
     }
     if (rc < 0) goto done;
     const double yscale = c->yscale ? c->yscale : 1;
-    range xr = pad_range(xlo, xhi, false), yr = pad_range(ylo, yhi, false);
+    if (c->zero && ylo <= yhi && yhi <= 0) yhi = 1;
+    range xr = pad_range(xlo, xhi, false), yr = pad_range(ylo, yhi, c->zero);
     if (xlo <= xhi && xhi > xlo) xr = (range){xlo, xhi}; // steps span the axis exactly
     open_svg(f, c);
     axes(f, c, &xr, &yr, yscale);

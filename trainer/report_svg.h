@@ -24,6 +24,7 @@ typedef struct {
     const char *title, *xlabel, *ylabel;
     double yscale; // values are drawn multiplied by it (100 for percentages); 0 means 1
     bool legend;
+    bool zero; // the y axis starts at 0 (shares, rates); all zero draws 0..1
 } svg_chart;
 
 // A line chart; lines longer than MOE_REPORT_MAX_POINTS are drawn as bucket

@@ -5,9 +5,12 @@
 #include "moe/ablate.h"
 #include "moe/error.h"
 #include "moe/report.h"
+#include "moe/tensorboard.h"
 #include "testutil.h"
 
 #include <ctype.h>
+#include <math.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -465,6 +468,148 @@ START_TEST(test_ablate_writes_a_comparison_report) {
 }
 END_TEST
 
+START_TEST(test_crc32c_matches_the_check_value) {
+    ck_assert_uint_eq(moe_crc32c("123456789", 9), 0xE3069283u); // the CRC-32C check value
+    ck_assert_uint_eq(moe_crc32c("", 0), 0);
+}
+END_TEST
+
+static uint64_t rd_le(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static uint64_t rd_varint(const unsigned char **p, const unsigned char *end) {
+    uint64_t v = 0;
+    for (int s = 0; *p < end; s += 7) {
+        unsigned char b = *(*p)++;
+        v |= (uint64_t)(b & 0x7F) << s;
+        if (!(b & 0x80)) break;
+    }
+    return v;
+}
+
+// What a test needs of one decoded Event: step, file_version, scalars.
+typedef struct {
+    long step;
+    char version[32];
+    int n;
+    char tag[64][64];
+    float value[64];
+} tb_event;
+
+static void decode_value(const unsigned char *p, const unsigned char *end, tb_event *ev) {
+    while (p < end) {
+        uint64_t key = rd_varint(&p, end);
+        if ((key & 7) == 2) {
+            uint64_t n = rd_varint(&p, end);
+            snprintf(ev->tag[ev->n], 64, "%.*s", (int)n, p);
+            p += n;
+        } else if ((key & 7) == 5) {
+            uint32_t bits = (uint32_t)rd_le(p, 4);
+            memcpy(&ev->value[ev->n], &bits, 4);
+            p += 4;
+        } else {
+            ck_abort_msg("unexpected wire type %d in Value", (int)(key & 7));
+        }
+    }
+    ev->n++;
+}
+
+static void decode_event(const unsigned char *p, const unsigned char *end, tb_event *ev) {
+    memset(ev, 0, sizeof *ev);
+    while (p < end) {
+        uint64_t key = rd_varint(&p, end);
+        int field = (int)(key >> 3), wt = (int)(key & 7);
+        if (wt == 1) p += 8; // wall_time
+        else if (wt == 0) ev->step = (long)rd_varint(&p, end);
+        else if (wt == 2) {
+            uint64_t n = rd_varint(&p, end);
+            if (field == 3) snprintf(ev->version, sizeof ev->version, "%.*s", (int)n, p);
+            if (field == 5) { // Summary: repeated Value (field 1)
+                const unsigned char *q = p, *qe = p + n;
+                while (q < qe) {
+                    ck_assert_int_eq((int)rd_varint(&q, qe), 1 << 3 | 2);
+                    uint64_t vn = rd_varint(&q, qe);
+                    ck_assert_int_lt(ev->n, 64);
+                    decode_value(q, q + vn, ev);
+                    q += vn;
+                }
+            }
+            p += n;
+        } else {
+            ck_abort_msg("unexpected wire type %d in Event", wt);
+        }
+    }
+}
+
+static float tag_value(const tb_event *ev, const char *tag) {
+    for (int i = 0; i < ev->n; i++)
+        if (!strcmp(ev->tag[i], tag)) return ev->value[i];
+    return NAN;
+}
+
+START_TEST(test_tensorboard_events_verify_and_match_the_metrics) {
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    write_file("cfg.json", cfg_json);
+    char args[2048], p[1200];
+    snprintf(args, sizeof args, "train '%s/cfg.json' --quiet --out '%s/run' --set train.tensorboard=true",
+             dir, dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    snprintf(p, sizeof p, "%s/run", dir);
+    DIR *d = opendir(p);
+    struct dirent *de;
+    char events[300] = "";
+    while ((de = readdir(d)))
+        if (!strncmp(de->d_name, "events.out.tfevents.", 20)) snprintf(events, sizeof events, "%s", de->d_name);
+    closedir(d);
+    ck_assert_msg(events[0], "no event file in %s", p);
+    snprintf(p, sizeof p, "%s/run/%s", dir, events);
+    FILE *f = fopen(p, "rb");
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc(size);
+    ck_assert_int_eq((long)fread(buf, 1, size, f), size);
+    fclose(f);
+    moe_run_metrics m;
+    snprintf(p, sizeof p, "%s/run", dir);
+    ck_assert_int_eq(moe_metrics_read(p, &m), 0);
+    const moe_series *loss = moe_metrics_find(&m, "loss"), *val = moe_metrics_find(&m, "eval.val_loss");
+    int n_events = 0, n_train = 0, n_eval = 0;
+    for (long off = 0; off < size; n_events++) {
+        ck_assert_int_le(off + 12, size);
+        uint64_t len = rd_le(buf + off, 8);
+        ck_assert_uint_eq(rd_le(buf + off + 8, 4), moe_tb_masked_crc(buf + off, 8));
+        ck_assert_int_le(off + 16 + (long)len, size);
+        ck_assert_uint_eq(rd_le(buf + off + 12 + len, 4), moe_tb_masked_crc(buf + off + 12, len));
+        tb_event ev;
+        decode_event(buf + off + 12, buf + off + 12 + len, &ev);
+        if (n_events == 0) {
+            ck_assert_str_eq(ev.version, "brain.Event:2");
+        } else if (isfinite(tag_value(&ev, "train/loss"))) {
+            ck_assert_int_eq(ev.step, (long)loss->step[n_train]);
+            ck_assert_float_eq_tol(tag_value(&ev, "train/loss"), loss->v[n_train], 1e-5);
+            ck_assert(isfinite(tag_value(&ev, "train/lr")));
+            n_train++;
+        } else {
+            ck_assert_int_eq(ev.step, (long)val->step[n_eval]);
+            ck_assert_float_eq_tol(tag_value(&ev, "eval/val_loss"), val->v[n_eval], 1e-5);
+            ck_assert(isfinite(tag_value(&ev, "eval/loss/sort")));
+            ck_assert(isfinite(tag_value(&ev, "eval/accuracy/add")));
+            n_eval++;
+        }
+        off += 16 + len;
+    }
+    ck_assert_int_eq(n_train, 12);
+    ck_assert_int_eq(n_eval, 3);
+    moe_metrics_free(&m);
+    free(buf);
+}
+END_TEST
+
 static void fresh_dir(void) {
     snprintf(dir, sizeof dir, "%s", tu_tmpdir());
 }
@@ -484,6 +629,8 @@ int main(void) {
     tcase_add_test(tc, test_report_draws_unknown_per_layer_fields);
     tcase_add_test(tc, test_report_resumed_steps_replace_earlier_rows);
     tcase_add_test(tc, test_ablate_writes_a_comparison_report);
+    tcase_add_test(tc, test_crc32c_matches_the_check_value);
+    tcase_add_test(tc, test_tensorboard_events_verify_and_match_the_metrics);
     suite_add_tcase(s, tc);
     return tu_run(s);
 }

@@ -12,6 +12,7 @@
 #include "moe/parallel.h"
 #include "moe/plan.h"
 #include "moe/task_experts.h"
+#include "moe/tensorboard.h"
 #include "trainer/train_gpu.h"
 
 #include <errno.h>
@@ -159,6 +160,35 @@ static int write_eval(FILE *f, long step, const moe_eval_result *ev) {
     return fflush(f) != 0 || ferror(f) ? -1 : 0;
 }
 
+// TensorBoard scalars (train.tensorboard): the figures of a step's record.
+static int tb_step(moe_tb_writer *tb, long step, const double *parts, float lr, double gnorm,
+                   double tps, double drop) {
+    const char *tags[8] = {"train/loss", "train/ce",           "train/aux",      "train/z",
+                           "train/lr",   "train/grad_norm", "train/tokens_per_s", "train/drop_rate"};
+    const float v[8] = {parts[0], parts[1], parts[2], parts[3], lr, gnorm, tps, drop};
+    return moe_tb_scalars(tb, step, wall_time(), tags, v, 8);
+}
+
+// ... and of an eval record: validation loss, per-task loss and accuracy.
+static int tb_eval(moe_tb_writer *tb, long step, const moe_eval_result *ev) {
+    char names[1 + 2 * MOE_MAX_TASKS][MOE_NAME_MAX + 16];
+    const char *tags[1 + 2 * MOE_MAX_TASKS];
+    float v[1 + 2 * MOE_MAX_TASKS];
+    int n = 0;
+    snprintf(names[n], sizeof names[n], "eval/val_loss");
+    v[n++] = (float)ev->val_loss;
+    for (int t = 0; t < ev->n_tasks; t++) {
+        snprintf(names[n], sizeof names[n], "eval/loss/%s", ev->task[t]);
+        v[n++] = (float)ev->task_loss[t];
+        if (ev->accuracy[t] < 0) continue; // not scored
+        snprintf(names[n], sizeof names[n], "eval/accuracy/%s", ev->task[t]);
+        v[n++] = (float)ev->accuracy[t];
+    }
+    for (int i = 0; i < n; i++)
+        tags[i] = names[i];
+    return moe_tb_scalars(tb, step, wall_time(), tags, v, n);
+}
+
 static double mean_drop_rate(const moe_model *m) {
     double s = 0;
     int n = 0;
@@ -215,6 +245,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
     memset(&m, 0, sizeof m);
     memset(&opt, 0, sizeof opt);
     FILE *metrics = NULL;
+    moe_tb_writer tb = {0};
     int32_t *in = NULL, *tg = NULL, *task = NULL;
     float *acc = NULL;   // gradient sum over micro-batches
     moe_gpu_trainer gpu; // train.device = cuda: the device copy that trains
@@ -268,6 +299,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
         snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
         if (rc == 0 && !(metrics = fopen(path, o->resume_dir ? "a" : "w")))
             rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+        if (rc == 0 && cfg->train.tensorboard) rc = moe_tb_open(&tb, o->out_dir);
     }
     rc = moe_comm_agree(world, rc);
     r->agreed = rc < 0;
@@ -395,6 +427,7 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
             rc = metrics_failed(o->out_dir);
             goto fail;
         }
+        if (tb.f) MOE_TRY_GOTO(tb_step(&tb, step + 1, parts, lr, gnorm, tps, drop), rc);
         double eta = (now() - t_start) / steps_run * (total - step - 1);
         if (!quiet && (tty || (step + 1) % cfg->train.log_every == 0 || step + 1 == total))
             progress(tty, step + 1, total, loss, tokens / (now() - t_start), drop, eta);
@@ -406,6 +439,10 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
             if (metrics && write_eval(metrics, step + 1, &ev) < 0) {
                 moe_eval_result_free(&ev);
                 rc = metrics_failed(o->out_dir);
+                goto fail;
+            }
+            if (tb.f && (rc = tb_eval(&tb, step + 1, &ev)) < 0) {
+                moe_eval_result_free(&ev);
                 goto fail;
             }
             if (tty) fputc('\n', stderr);
@@ -446,6 +483,10 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
             rc = metrics_failed(o->out_dir);
             goto fail;
         }
+        if (tb.f && (rc = tb_eval(&tb, st.step, &r->eval)) < 0) {
+            moe_eval_result_free(&r->eval);
+            goto fail;
+        }
         if (o->report && lead) {
             fprintf(o->report, "\ntrained %ld steps: %.0f tokens/s, mean drop rate %.2f%%\n",
                     r->steps, r->tokens_per_s, 100 * r->drop_rate);
@@ -461,6 +502,8 @@ int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *
 fail:
     moe_gpu_trainer_free(&gpu);
     if (metrics && fclose(metrics) && rc == 0) rc = metrics_failed(o->out_dir);
+    int tb_rc = moe_tb_close(&tb);
+    if (rc == 0) rc = tb_rc;
     moe_mfree(in);
     moe_mfree(tg);
     moe_mfree(task);

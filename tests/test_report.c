@@ -9,8 +9,8 @@
 #include "testutil.h"
 
 #include <ctype.h>
-#include <math.h>
 #include <dirent.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,8 +190,8 @@ START_TEST(test_report_has_one_chart_per_figure_with_a_point_per_step) {
     ck_assert_int_eq(count(html, "http"), count(html, "xmlns=\"http://www.w3.org/2000/svg\""));
     ck_assert_ptr_null(strstr(html, "src="));
     ck_assert_ptr_null(strstr(html, "href="));
-    const char *once[] = {"loss", "lr", "grad_norm", "tokens_per_s", "drop_rate", "task_loss",
-                          "task_accuracy"};
+    const char *once[] = {"loss",      "lr",        "grad_norm",    "tokens_per_s",
+                          "drop_rate", "task_loss", "task_accuracy"};
     for (int i = 0; i < 7; i++)
         ck_assert_msg(n_figures(html, once[i]) == 1, "%s: %d", once[i], n_figures(html, once[i]));
     const char *per_layer[] = {"load", "capacity", "task_experts"};
@@ -266,8 +266,9 @@ static void record(FILE *f, int step, double loss, int n_layers) {
     fprintf(f, "{\"step\": %d, \"time\": %d.5, \"loss\": %g, \"lr\": 0.001, \"layers\": [", step,
             1000 + step, loss);
     for (int l = 0; l < n_layers; l++)
-        fprintf(f, "%s{\"layer\": %d, \"drop_rate\": 0.1, \"max_vio\": %g, \"load\": [%d, 2, 3], "
-                   "\"capacity\": [4, 4, 4]}",
+        fprintf(f,
+                "%s{\"layer\": %d, \"drop_rate\": 0.1, \"max_vio\": %g, \"load\": [%d, 2, 3], "
+                "\"capacity\": [4, 4, 4]}",
                 l ? ", " : "", l, 0.5 * l + step, step);
     fprintf(f, "], \"comm\": {\"a2a_bytes\": 0, \"a2a_s\": 0}}\n");
 }
@@ -523,8 +524,10 @@ static void decode_event(const unsigned char *p, const unsigned char *end, tb_ev
     while (p < end) {
         uint64_t key = rd_varint(&p, end);
         int field = (int)(key >> 3), wt = (int)(key & 7);
-        if (wt == 1) p += 8; // wall_time
-        else if (wt == 0) ev->step = (long)rd_varint(&p, end);
+        if (wt == 1)
+            p += 8; // wall_time
+        else if (wt == 0)
+            ev->step = (long)rd_varint(&p, end);
         else if (wt == 2) {
             uint64_t n = rd_varint(&p, end);
             if (field == 3) snprintf(ev->version, sizeof ev->version, "%.*s", (int)n, p);
@@ -555,15 +558,16 @@ START_TEST(test_tensorboard_events_verify_and_match_the_metrics) {
     snprintf(dir, sizeof dir, "%s", tu_tmpdir());
     write_file("cfg.json", cfg_json);
     char args[2048], p[1200];
-    snprintf(args, sizeof args, "train '%s/cfg.json' --quiet --out '%s/run' --set train.tensorboard=true",
-             dir, dir);
+    snprintf(args, sizeof args,
+             "train '%s/cfg.json' --quiet --out '%s/run' --set train.tensorboard=true", dir, dir);
     ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
     snprintf(p, sizeof p, "%s/run", dir);
     DIR *d = opendir(p);
     struct dirent *de;
     char events[300] = "";
     while ((de = readdir(d)))
-        if (!strncmp(de->d_name, "events.out.tfevents.", 20)) snprintf(events, sizeof events, "%s", de->d_name);
+        if (!strncmp(de->d_name, "events.out.tfevents.", 20))
+            snprintf(events, sizeof events, "%s", de->d_name);
     closedir(d);
     ck_assert_msg(events[0], "no event file in %s", p);
     snprintf(p, sizeof p, "%s/run/%s", dir, events);
@@ -577,7 +581,8 @@ START_TEST(test_tensorboard_events_verify_and_match_the_metrics) {
     moe_run_metrics m;
     snprintf(p, sizeof p, "%s/run", dir);
     ck_assert_int_eq(moe_metrics_read(p, &m), 0);
-    const moe_series *loss = moe_metrics_find(&m, "loss"), *val = moe_metrics_find(&m, "eval.val_loss");
+    const moe_series *loss = moe_metrics_find(&m, "loss"),
+                     *val = moe_metrics_find(&m, "eval.val_loss");
     int n_events = 0, n_train = 0, n_eval = 0;
     for (long off = 0; off < size; n_events++) {
         ck_assert_int_le(off + 12, size);

@@ -113,7 +113,8 @@ static int read_train(moe_run_metrics *m, json_t *rec, double step, const char *
     json_object_foreach(rec, key, v) {
         if (!strcmp(key, "step")) continue;
         if (!strcmp(key, "layers")) {
-            if (!json_is_array(v)) return moe_fail(MOE_EFORMAT, "%s: 'layers' is not a list", where);
+            if (!json_is_array(v))
+                return moe_fail(MOE_EFORMAT, "%s: 'layers' is not a list", where);
             for (size_t i = 0; i < json_array_size(v); i++) {
                 json_t *o = json_array_get(v, i), *jl = json_object_get(o, "layer");
                 if (!json_is_integer(jl) || json_integer_value(jl) < 0 ||
@@ -161,8 +162,8 @@ static int read_eval_tasks(moe_run_metrics *m, json_t *rec, double step, const c
             return moe_fail(MOE_EFORMAT,
                             "%s: tasks[%zu] needs 'name' and numeric (or null) 'loss', 'accuracy'",
                             where, t);
-        if (m->n_tasks && (m->n_tasks != (int)nt || strncmp(m->task[t], json_string_value(name),
-                                                            MOE_NAME_MAX - 1)))
+        if (m->n_tasks && (m->n_tasks != (int)nt ||
+                           strncmp(m->task[t], json_string_value(name), MOE_NAME_MAX - 1)))
             return moe_fail(MOE_EFORMAT, "%s: tasks differ from the earlier evaluations", where);
         loss[t] = json_is_number(l) ? json_number_value(l) : NAN;
         acc[t] = json_is_number(a) ? json_number_value(a) : NAN;
@@ -205,8 +206,8 @@ static int read_eval_tasks(moe_run_metrics *m, json_t *rec, double step, const c
         for (size_t t = 0; t < nt; t++) {
             json_t *row = json_array_get(c, t);
             if (!all_numbers(row) || json_array_size(row) != (size_t)u->E)
-                return moe_fail(MOE_EFORMAT, "%s: usage[%zu] row %zu needs %d numbers", where, i,
-                                t, u->E);
+                return moe_fail(MOE_EFORMAT, "%s: usage[%zu] row %zu needs %d numbers", where, i, t,
+                                u->E);
             for (int e = 0; e < u->E; e++)
                 u->counts[t * u->E + e] = json_number_value(json_array_get(row, e));
         }
@@ -303,8 +304,7 @@ static int read_config(moe_run_metrics *m, const char *run_dir) {
 int moe_metrics_read(const char *run_dir, moe_run_metrics *m) {
     memset(m, 0, sizeof *m);
     struct stat sb;
-    if (stat(run_dir, &sb) != 0)
-        return moe_fail(MOE_ENOTFOUND, "%s: no such run folder", run_dir);
+    if (stat(run_dir, &sb) != 0) return moe_fail(MOE_ENOTFOUND, "%s: no such run folder", run_dir);
     if (!S_ISDIR(sb.st_mode)) return moe_fail(MOE_EINVAL, "%s: not a folder", run_dir);
     char path[PATH_MAX], where[PATH_MAX + 32];
     snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
@@ -393,13 +393,16 @@ static void csv_cell(FILE *f, const char *s) {
 }
 
 static void csv_num(FILE *f, double v) {
-    if (isfinite(v)) fprintf(f, ",%.9g", v);
-    else fputc(',', f); // null: an empty cell
+    if (isfinite(v))
+        fprintf(f, ",%.9g", v);
+    else
+        fputc(',', f); // null: an empty cell
 }
 
 static int csv_close(FILE *f, const char *path) {
     bool bad = ferror(f) != 0;
-    if (fclose(f) != 0 || bad) return moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
+    if (fclose(f) != 0 || bad)
+        return moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
     return 0;
 }
 

@@ -66,8 +66,10 @@ typedef struct {
 
 static void cell_num(cell *c, const char *head, const char *fmt, double v) {
     snprintf(c->head, sizeof c->head, "%s", head);
-    if (isfinite(v)) snprintf(c->val, sizeof c->val, fmt, v);
-    else snprintf(c->val, sizeof c->val, "n/a");
+    if (isfinite(v))
+        snprintf(c->val, sizeof c->val, fmt, v);
+    else
+        snprintf(c->val, sizeof c->val, "n/a");
 }
 
 static int chart(FILE *f, const char *figure, int layer, const char *title, const char *ylabel,
@@ -117,8 +119,8 @@ static int series_heatmap(FILE *f, const char *figure, int layer, const char *ti
         names[r] = s->col[r];
     if (share) vmin = 0;
     svg_grid g = {rows, cols, v, names, xs, NULL, vmin, vmax, false};
-    svg_chart c = {figure, layer, title, "step", share ? "expert" : "column", share ? 100 : 1,
-                   false, false};
+    svg_chart c = {figure,          layer, title, "step", share ? "expert" : "column",
+                   share ? 100 : 1, false, false};
     char cap[256];
     if (k > 1)
         snprintf(cap, sizeof cap, "%ld steps drawn as %d columns, each the mean of %ld steps.",
@@ -136,7 +138,7 @@ static int usage_heatmap(FILE *f, const moe_run_metrics *m, const moe_usage *u) 
     double *v = malloc(sizeof(double) * ((size_t)m->n_tasks * u->E + 1));
     const char **rows = calloc((size_t)m->n_tasks + 1, sizeof(char *)),
                **cols = calloc((size_t)u->E + 1, sizeof(char *));
-    char (*cn)[12] = calloc((size_t)u->E + 1, sizeof *cn);
+    char(*cn)[12] = calloc((size_t)u->E + 1, sizeof *cn);
     int rc = 0;
     if (!v || !rows || !cols || !cn) {
         rc = moe_fail(MOE_ENOMEM, "report: out of memory");
@@ -175,8 +177,9 @@ static int layer_of(const char *name, const char *field) {
 }
 
 static void summary(FILE *f, moe_run_metrics *m) {
-    const moe_series *loss = moe_metrics_find(m, "loss"), *val = moe_metrics_find(m, "eval.val_loss"),
-                     *tm = moe_metrics_find(m, "time"), *acc = moe_metrics_find(m, "eval.accuracy");
+    const moe_series *loss = moe_metrics_find(m, "loss"),
+                     *val = moe_metrics_find(m, "eval.val_loss"), *tm = moe_metrics_find(m, "time"),
+                     *acc = moe_metrics_find(m, "eval.accuracy");
     cell c[6 + MOE_MAX_TASKS];
     int n = 0;
     cell_num(&c[n++], "steps", "%.0f", loss && loss->n ? loss->step[loss->n - 1] : NAN);
@@ -232,7 +235,7 @@ static int training_charts(FILE *f, moe_run_metrics *m) {
 
 static int expert_charts(FILE *f, moe_run_metrics *m) {
     svg_line *l = calloc((size_t)m->n + 1, sizeof *l);
-    char (*names)[24] = calloc((size_t)m->n + 1, sizeof *names);
+    char(*names)[24] = calloc((size_t)m->n + 1, sizeof *names);
     int n = 0, rc = 0;
     if (!l || !names) {
         free(l), free(names);
@@ -320,13 +323,13 @@ static int comm_charts(FILE *f, moe_run_metrics *m) {
     svg_line l;
     if (b) {
         l = line_of(b, 0, "all-to-all bytes"), b->used = true;
-        MOE_TRY(chart(f, "a2a_bytes", -1, "All-to-all bytes sent per step (this rank)", "bytes",
-                      1, &l, 1, NULL));
+        MOE_TRY(chart(f, "a2a_bytes", -1, "All-to-all bytes sent per step (this rank)", "bytes", 1,
+                      &l, 1, NULL));
     }
     if (t) {
         l = line_of(t, 0, "all-to-all time"), t->used = true;
-        MOE_TRY(chart(f, "a2a_time", -1, "All-to-all time per step (this rank)", "ms", 1000, &l,
-                      1, NULL));
+        MOE_TRY(chart(f, "a2a_time", -1, "All-to-all time per step (this rank)", "ms", 1000, &l, 1,
+                      NULL));
     }
     fputs("</div>\n", f);
     return 0;
@@ -337,7 +340,7 @@ static int comm_charts(FILE *f, moe_run_metrics *m) {
 // later appears here without a change to this file).
 static int other_charts(FILE *f, moe_run_metrics *m, bool comm) {
     svg_line *l = calloc((size_t)m->n + 1, sizeof *l);
-    char (*names)[24] = calloc((size_t)m->n + 1, sizeof *names);
+    char(*names)[24] = calloc((size_t)m->n + 1, sizeof *names);
     int rc = l && names ? 0 : moe_fail(MOE_ENOMEM, "report: out of memory");
     bool header = false;
     for (int i = 0; i < m->n && rc == 0; i++) {
@@ -427,7 +430,8 @@ static int overlay(FILE *f, const moe_report_run *runs, moe_run_metrics *ms, int
 
 static void run_row(FILE *f, const moe_report_run *r, const moe_run_metrics *m,
                     const moe_series *acc0) {
-    const moe_series *loss = moe_metrics_find(m, "loss"), *acc = moe_metrics_find(m, "eval.accuracy");
+    const moe_series *loss = moe_metrics_find(m, "loss"),
+                     *acc = moe_metrics_find(m, "eval.accuracy");
     fputs("<tr><td>", f);
     svg_esc(f, r->name);
     fputs("</td><td>", f);
@@ -440,14 +444,18 @@ static void run_row(FILE *f, const moe_report_run *r, const moe_run_metrics *m,
     static const char *fmt[5] = {"%.0f", "%.4f", "%.4f", "%.0f", "%.2f%%"};
     for (int k = 0; k < 5; k++) {
         fputs("<td class=\"num\">", f);
-        if (isfinite(v[k])) fprintf(f, fmt[k], v[k]);
-        else fputs("n/a", f);
+        if (isfinite(v[k]))
+            fprintf(f, fmt[k], v[k]);
+        else
+            fputs("n/a", f);
         fputs("</td>", f);
     }
     for (int t = 0; acc0 && t < acc0->ncol; t++) {
         double a = acc && t < acc->ncol ? last_value(acc, t) : NAN;
-        if (isfinite(a)) fprintf(f, "<td class=\"num\">%.1f%%</td>", 100 * a);
-        else fputs("<td class=\"num\">n/a</td>", f);
+        if (isfinite(a))
+            fprintf(f, "<td class=\"num\">%.1f%%</td>", 100 * a);
+        else
+            fputs("<td class=\"num\">n/a</td>", f);
     }
     fputs("<td>", f);
     svg_esc(f, r->error && *r->error ? r->error : "ok");

@@ -20,15 +20,27 @@ static const char *palette[10] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#
 void svg_esc(FILE *f, const char *s) {
     for (; *s; s++) {
         switch (*s) {
-        case '&': fputs("&amp;", f); break;
-        case '<': fputs("&lt;", f); break;
-        case '>': fputs("&gt;", f); break;
-        case '"': fputs("&quot;", f); break;
-        case '\'': fputs("&#39;", f); break;
+        case '&':
+            fputs("&amp;", f);
+            break;
+        case '<':
+            fputs("&lt;", f);
+            break;
+        case '>':
+            fputs("&gt;", f);
+            break;
+        case '"':
+            fputs("&quot;", f);
+            break;
+        case '\'':
+            fputs("&#39;", f);
+            break;
         default:
             // control characters are not allowed in XML 1.0 text
-            if ((unsigned char)*s < 0x20 && *s != '\t' && *s != '\n') fputc('?', f);
-            else fputc(*s, f);
+            if ((unsigned char)*s < 0x20 && *s != '\t' && *s != '\n')
+                fputc('?', f);
+            else
+                fputc(*s, f);
         }
     }
 }
@@ -36,11 +48,16 @@ void svg_esc(FILE *f, const char *s) {
 // Short tick label: 12k, 3.5M, 0.0012.
 static void fmt_num(char *buf, size_t cap, double v) {
     double a = fabs(v);
-    if (v == 0) snprintf(buf, cap, "0");
-    else if (a >= 1e9) snprintf(buf, cap, "%.3gG", v / 1e9);
-    else if (a >= 1e6) snprintf(buf, cap, "%.3gM", v / 1e6);
-    else if (a >= 1e4) snprintf(buf, cap, "%.3gk", v / 1e3);
-    else snprintf(buf, cap, "%.4g", v);
+    if (v == 0)
+        snprintf(buf, cap, "0");
+    else if (a >= 1e9)
+        snprintf(buf, cap, "%.3gG", v / 1e9);
+    else if (a >= 1e6)
+        snprintf(buf, cap, "%.3gM", v / 1e6);
+    else if (a >= 1e4)
+        snprintf(buf, cap, "%.3gk", v / 1e3);
+    else
+        snprintf(buf, cap, "%.4g", v);
 }
 
 static double nice_step(double range, int target) {
@@ -124,8 +141,9 @@ static void axes(FILE *f, const svg_chart *c, const range *xr, const range *yr, 
     fprintf(f, "<text class=\"label\" x=\"%.1f\" y=\"%d\" text-anchor=\"middle\">", ML + PW / 2,
             H - 6);
     svg_esc(f, c->xlabel ? c->xlabel : "step");
-    fprintf(f, "</text><text class=\"label\" transform=\"translate(14 %.1f) rotate(-90)\" "
-               "text-anchor=\"middle\">",
+    fprintf(f,
+            "</text><text class=\"label\" transform=\"translate(14 %.1f) rotate(-90)\" "
+            "text-anchor=\"middle\">",
             MT + PH / 2);
     svg_esc(f, c->ylabel ? c->ylabel : "");
     fputs("</text></g>\n", f);
@@ -199,7 +217,8 @@ int svg_line_chart(FILE *f, const svg_chart *c, const svg_line *lines, int n_lin
         bool dashed = (i / 10) % 2 == 1;
         fprintf(f, "<polyline class=\"line\" data-series=\"");
         svg_esc(f, lines[i].label);
-        fprintf(f, "\" stroke=\"%s\"%s points=\"", color, dashed ? " stroke-dasharray=\"4 2\"" : "");
+        fprintf(f, "\" stroke=\"%s\"%s points=\"", color,
+                dashed ? " stroke-dasharray=\"4 2\"" : "");
         for (long j = 0; j < np[i]; j++)
             fprintf(f, "%s%.1f,%.1f", j ? " " : "", px(xr, xs[i][j]), py(yr, ys[i][j]));
         fputs("\"><title>", f);
@@ -277,8 +296,10 @@ int svg_heatmap(FILE *f, const svg_chart *c, const svg_grid *g, const char *capt
             if (tips) {
                 fputs("<title>", f);
                 svg_esc(f, g->row_names[r]);
-                if (g->xs) fmt_num(buf, sizeof buf, g->xs[k]), fprintf(f, ", step %s", buf);
-                else fputs(", ", f), svg_esc(f, g->col_names[k]);
+                if (g->xs)
+                    fmt_num(buf, sizeof buf, g->xs[k]), fprintf(f, ", step %s", buf);
+                else
+                    fputs(", ", f), svg_esc(f, g->col_names[k]);
                 fprintf(f, ": %.4g</title>", v * yscale);
             }
             fputs("</rect>", f);

@@ -40,8 +40,8 @@ typedef struct {
     int rows, cols;
     const double *v; // [rows, cols]
     const char *const *row_names;
-    const double *xs;               // [cols] step of each column, or NULL
-    const char *const *col_names;   // [cols] when xs is NULL
+    const double *xs;             // [cols] step of each column, or NULL
+    const char *const *col_names; // [cols] when xs is NULL
     double vmin, vmax;
     bool cell_text;
 } svg_grid;

@@ -1,8 +1,8 @@
 // `moe report RUN_DIR [--out FILE] [--csv DIR]`: the run's metrics.jsonl as one
 // self-contained HTML page of charts, and optionally one CSV per series.
+#include "moe/report.h"
 #include "moe/cli/cli.h"
 #include "moe/error.h"
-#include "moe/report.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -49,8 +49,7 @@ int moe_cli_report(int argc, char **argv) {
     }
     moe_run_metrics m;
     int rc = moe_metrics_read(run, &m);
-    if (rc < 0)
-        return moe_cli_fail("report", moe_cli_input_exit_code(rc), "%s", moe_last_error());
+    if (rc < 0) return moe_cli_fail("report", moe_cli_input_exit_code(rc), "%s", moe_last_error());
     if (m.warning[0]) fprintf(stderr, "moe report: warning: %s\n", m.warning);
     rc = moe_report_html(&m, run, out);
     int n_csv = 0;

@@ -77,7 +77,6 @@ typedef struct {
     const char *error; // "" when the run finished
 } moe_report_run;
 // Loss curves of every run overlaid and a table of final figures per run.
-int moe_report_compare_html(const char *path, const char *title, const moe_report_run *runs,
-                            int n);
+int moe_report_compare_html(const char *path, const char *title, const moe_report_run *runs, int n);
 
 #endif

@@ -156,8 +156,8 @@ static int write_results(const char *out, const moe_grid_axis *axes, int n_axes,
 
 // report.html beside the tables: the runs' loss curves overlaid and their
 // final figures (moe/report.h).
-static int write_report(const char *out, const moe_grid_axis *axes, int n_axes,
-                        const run_row *rows, int n) {
+static int write_report(const char *out, const moe_grid_axis *axes, int n_axes, const run_row *rows,
+                        int n) {
     typedef struct {
         char dir[PATH_MAX], name[16], label[MOE_GRID_MAX_AXES * 200];
     } names;

@@ -163,8 +163,9 @@ static int write_eval(FILE *f, long step, const moe_eval_result *ev) {
 // TensorBoard scalars (train.tensorboard): the figures of a step's record.
 static int tb_step(moe_tb_writer *tb, long step, const double *parts, float lr, double gnorm,
                    double tps, double drop) {
-    const char *tags[8] = {"train/loss", "train/ce",           "train/aux",      "train/z",
-                           "train/lr",   "train/grad_norm", "train/tokens_per_s", "train/drop_rate"};
+    const char *tags[8] = {
+        "train/loss", "train/ce",        "train/aux",          "train/z",
+        "train/lr",   "train/grad_norm", "train/tokens_per_s", "train/drop_rate"};
     const float v[8] = {parts[0], parts[1], parts[2], parts[3], lr, gnorm, tps, drop};
     return moe_tb_scalars(tb, step, wall_time(), tags, v, 8);
 }

@@ -118,6 +118,7 @@ static int series_heatmap(FILE *f, const char *figure, int layer, const char *ti
     for (int r = 0; r < rows; r++)
         names[r] = s->col[r];
     if (share) vmin = 0;
+    if (!(vmin <= vmax)) vmin = 0, vmax = 1; // every cell empty
     svg_grid g = {rows, cols, v, names, xs, NULL, vmin, vmax, false};
     svg_chart c = {figure,          layer, title, "step", share ? "expert" : "column",
                    share ? 100 : 1, false, false};
@@ -234,8 +235,8 @@ static int training_charts(FILE *f, moe_run_metrics *m) {
 }
 
 static int expert_charts(FILE *f, moe_run_metrics *m) {
-    svg_line *l = calloc((size_t)m->n + 1, sizeof *l);
-    char(*names)[24] = calloc((size_t)m->n + 1, sizeof *names);
+    svg_line *l = calloc((size_t)m->n + 13, sizeof *l); // + capacity lines
+    char(*names)[24] = calloc((size_t)m->n + 13, sizeof *names);
     int n = 0, rc = 0;
     if (!l || !names) {
         free(l), free(names);

@@ -416,7 +416,8 @@ int moe_report_html(moe_run_metrics *m, const char *run_dir, const char *path) {
 // ---- the comparison page of an ablation grid ------------------------------------------
 
 static int overlay(FILE *f, const moe_report_run *runs, moe_run_metrics *ms, int n,
-                   const char *series, const char *figure, const char *title) {
+                   const char *series, const char *figure, const char *title, const char *ylabel,
+                   double yscale) {
     svg_line *l = calloc((size_t)n + 1, sizeof *l);
     if (!l) return moe_fail(MOE_ENOMEM, "report: out of memory");
     int k = 0;
@@ -424,7 +425,7 @@ static int overlay(FILE *f, const moe_report_run *runs, moe_run_metrics *ms, int
         const moe_series *s = ms[i].n_train ? moe_metrics_find(&ms[i], series) : NULL;
         if (s) l[k++] = line_of(s, 0, runs[i].name);
     }
-    int rc = k ? chart(f, figure, -1, title, "nats/token", 1, l, k, NULL) : 0;
+    int rc = k ? chart(f, figure, -1, title, ylabel, yscale, l, k, NULL) : 0;
     free(l);
     return rc;
 }
@@ -487,9 +488,14 @@ int moe_report_compare_html(const char *path, const char *title, const moe_repor
     fputs("<th>status</th></tr>\n", f);
     for (int i = 0; i < n; i++)
         run_row(f, &runs[i], &ms[i], acc0);
-    fputs("</table>\n<h2>Loss</h2><div class=\"charts\">\n", f);
-    rc = overlay(f, runs, ms, n, "loss", "loss", "Training loss");
-    if (rc == 0) rc = overlay(f, runs, ms, n, "eval.val_loss", "val_loss", "Validation loss");
+    fputs("</table>\n<h2>Curves</h2><div class=\"charts\">\n", f);
+    rc = overlay(f, runs, ms, n, "loss", "loss", "Training loss", "nats/token", 1);
+    if (rc == 0)
+        rc = overlay(f, runs, ms, n, "eval.val_loss", "val_loss", "Validation loss", "nats/token",
+                     1);
+    if (rc == 0)
+        rc = overlay(f, runs, ms, n, "drop_rate", "drop_rate", "Dropped assignments (all layers)",
+                     "%", 100);
     fputs("</div>\n", f);
     int rc2 = page_close(f, path);
     if (rc == 0) rc = rc2;

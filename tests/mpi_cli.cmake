@@ -1,6 +1,7 @@
 # The moe binary under mpirun (cmake -DMPIEXEC= -DMOE= -DSRC= -DOUT= -P this):
 #  1. `mpirun -np 4 moe train ... --set parallel.ep=4` trains and checkpoints, and one
-#     process evaluates, exports and generates from that checkpoint;
+#     process evaluates, exports and generates from that checkpoint, and its run
+#     report charts the all-to-all traffic;
 #  2. an invalid config on one rank (MPMD) ends every rank with its message;
 #  3. one rank diverging at run time ends the job (MPI_Abort), no hang.
 set(run ${MPIEXEC} --allow-run-as-root --oversubscribe)
@@ -27,6 +28,14 @@ foreach(cmd "eval;${OUT}/ep4/checkpoint;--batches;1;--samples;1"
     message(FATAL_ERROR "moe ${cmd} of the ep=4 checkpoint in one process failed (${rc}):\n${out}")
   endif()
 endforeach()
+# The run report of the ep=4 run draws the all-to-all traffic.
+execute_process(COMMAND ${MOE} report ${OUT}/ep4 RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                ERROR_VARIABLE out TIMEOUT 60)
+file(READ ${OUT}/ep4/report.html page)
+if(NOT rc EQUAL 0 OR NOT page MATCHES "data-figure=\"a2a_bytes\""
+   OR NOT page MATCHES "data-figure=\"a2a_time\"")
+  message(FATAL_ERROR "moe report of the ep=4 run: no all-to-all charts (${rc}):\n${out}")
+endif()
 
 execute_process(COMMAND ${run} -np 3 ${MOE} train ${SRC}/configs/tiny.json ${small} --steps 3
                         --out ${OUT}/bad : -np 1 ${MOE} train ${SRC}/configs/tiny.json ${small}

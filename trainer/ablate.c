@@ -4,6 +4,7 @@
 // row and the grid goes on.
 #include "moe/ablate.h"
 #include "moe/error.h"
+#include "moe/report.h"
 #include "moe/train.h"
 
 #include <errno.h>
@@ -154,6 +155,32 @@ static int write_results(const char *out, const moe_grid_axis *axes, int n_axes,
     return closed_bad(f) ? moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno)) : 0;
 }
 
+// report.html beside the tables: the runs' loss curves overlaid and their
+// final figures (moe/report.h).
+static int write_report(const char *out, const moe_grid_axis *axes, int n_axes, const run_row *rows,
+                        int n) {
+    typedef struct {
+        char dir[PATH_MAX], name[16], label[MOE_GRID_MAX_AXES * 200];
+    } names;
+    names *nm = calloc(n, sizeof *nm);
+    moe_report_run *runs = calloc(n, sizeof *runs);
+    int rc = nm && runs ? 0 : moe_fail(MOE_ENOMEM, "ablate: out of memory");
+    for (int i = 0; i < n && rc == 0; i++) {
+        snprintf(nm[i].dir, sizeof nm[i].dir, "%s/run_%03d", out, i);
+        snprintf(nm[i].name, sizeof nm[i].name, "run_%03d", i);
+        for (int a = 0, len = 0; a < n_axes; a++)
+            len += snprintf(nm[i].label + len, sizeof nm[i].label - len, "%s%s=%s", a ? " " : "",
+                            axes[a].key, axes[a].values[rows[i].idx[a]]);
+        runs[i] = (moe_report_run){nm[i].dir, nm[i].name, nm[i].label, rows[i].error};
+    }
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/report.html", out);
+    if (rc == 0) rc = moe_report_compare_html(path, out, runs, n);
+    free(nm);
+    free(runs);
+    return rc;
+}
+
 int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes, const char *out,
                FILE *log) {
     if (n_axes < 1 || n_axes > MOE_GRID_MAX_AXES)
@@ -251,7 +278,8 @@ int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes, co
                 }
             break;
         }
-    int rc = write_results(out, axes, n_axes, rows, n);
+    int rc = write_report(out, axes, n_axes, rows, n); // before the tables sort the rows
+    if (rc == 0) rc = write_results(out, axes, n_axes, rows, n);
     free(rows);
     return rc;
 }

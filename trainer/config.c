@@ -161,6 +161,8 @@ static const key_def keys[] = {
      "steps between checkpoints (0: only at the end)"},
     {"train.log_every", K_INT, F(train.log_every), NO, "10", NULL, RI(1, 1000000000),
      "steps between progress lines when not on a terminal"},
+    {"train.tensorboard", K_BOOL, F(train.tensorboard), NO, "false", NULL, R0,
+     "also write the step and eval figures as TensorBoard events into the run folder"},
     {"data.kind", K_STR, F(data.kind), NO, "synthetic", "synthetic|bin|llmc|nanogpt|text", R0,
      "synthetic multi-task corpus; llm.c shards (header + uint16/uint32 tokens, moe prepare "
      "writes them; bin is the old name); nanoGPT raw uint16 train.bin/val.bin; UTF-8 text (bytes)"},

@@ -13,9 +13,11 @@
 #include "moe/plan.h"
 #include "moe/task_experts.h"
 #include "moe/tokenizer.h"
+#include "moe/tensorboard.h"
 #include "trainer/train_gpu.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -31,6 +33,13 @@ enum { EVAL_BATCHES = 8, EVAL_SAMPLES = 20, SHARE_BATCHES = 4 };
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// Unix seconds of a metrics record: lines another tool can place in time.
+static double wall_time(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
@@ -91,9 +100,10 @@ static comm_step comm_now(const moe_parallel *p) {
 static int write_metrics(FILE *f, long step, const moe_model *m, double loss, double ce, double aux,
                          double z, float lr, double gnorm, double tps, double drop, comm_step c) {
     fprintf(f,
-            "{\"step\": %ld, \"loss\": %.6f, \"ce\": %.6f, \"aux\": %.6f, \"z\": %.6f, \"lr\": "
-            "%.6g, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"drop_rate\": %.6f, \"layers\": [",
-            step, loss, ce, aux, z, lr, gnorm, tps, drop);
+            "{\"step\": %ld, \"time\": %.3f, \"loss\": %.6f, \"ce\": %.6f, \"aux\": %.6f, \"z\": "
+            "%.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"drop_rate\": %.6f, "
+            "\"layers\": [",
+            step, wall_time(), loss, ce, aux, z, lr, gnorm, tps, drop);
     int first = 1;
     for (int l = 0; l < m->L; l++) {
         if (!m->is_moe[l]) continue;
@@ -121,10 +131,66 @@ static int metrics_failed(const char *out_dir) {
     return moe_fail(MOE_EIO, "%s/metrics.jsonl: write failed: %s", out_dir, strerror(errno));
 }
 
-// One eval line of metrics.jsonl; -1 when the stream failed.
-static int write_eval(FILE *f, long step, double val_loss) {
-    fprintf(f, "{\"eval_step\": %ld, \"val_loss\": %.6f}\n", step, val_loss);
+// One eval line of metrics.jsonl: per-task loss and accuracy (null where not
+// scored) and each MoE layer's task x expert first-choice counts, rows in the
+// order of "tasks" (the run report draws them). -1 when the stream failed.
+static int write_eval(FILE *f, long step, const moe_eval_result *ev) {
+    fprintf(f, "{\"eval_step\": %ld, \"time\": %.3f, \"val_loss\": %.6f, \"tasks\": [", step,
+            wall_time(), ev->val_loss);
+    for (int t = 0; t < ev->n_tasks; t++) {
+        json_t *name = json_string(ev->task[t]); // task names of file corpora: escaped
+        char *q = name ? json_dumps(name, JSON_ENCODE_ANY) : NULL;
+        fprintf(f, "%s{\"name\": %s, \"loss\": ", t ? ", " : "", q ? q : "\"?\"");
+        free(q);
+        json_decref(name);
+        fprintf(f, isfinite(ev->task_loss[t]) ? "%.6f" : "null", ev->task_loss[t]);
+        fprintf(f, ev->accuracy[t] >= 0 ? ", \"accuracy\": %.4f}" : ", \"accuracy\": null}",
+                ev->accuracy[t]);
+    }
+    fprintf(f, "], \"usage\": [");
+    for (int i = 0; i < ev->n_moe && ev->usage; i++) {
+        fprintf(f, "%s{\"layer\": %d, \"counts\": [", i ? ", " : "", ev->moe_layer[i]);
+        for (int t = 0; t < ev->n_tasks; t++) {
+            const long *u = ev->usage + ((size_t)i * ev->n_tasks + t) * ev->E;
+            fprintf(f, "%s[", t ? ", " : "");
+            for (int e = 0; e < ev->E; e++)
+                fprintf(f, "%s%ld", e ? ", " : "", u[e]);
+            fputc(']', f);
+        }
+        fprintf(f, "]}");
+    }
+    fprintf(f, "]}\n");
     return fflush(f) != 0 || ferror(f) ? -1 : 0;
+}
+
+// TensorBoard scalars (train.tensorboard): the figures of a step's record.
+static int tb_step(moe_tb_writer *tb, long step, const double *parts, float lr, double gnorm,
+                   double tps, double drop) {
+    const char *tags[8] = {
+        "train/loss", "train/ce",        "train/aux",          "train/z",
+        "train/lr",   "train/grad_norm", "train/tokens_per_s", "train/drop_rate"};
+    const float v[8] = {parts[0], parts[1], parts[2], parts[3], lr, gnorm, tps, drop};
+    return moe_tb_scalars(tb, step, wall_time(), tags, v, 8);
+}
+
+// ... and of an eval record: validation loss, per-task loss and accuracy.
+static int tb_eval(moe_tb_writer *tb, long step, const moe_eval_result *ev) {
+    char names[1 + 2 * MOE_MAX_TASKS][MOE_NAME_MAX + 16];
+    const char *tags[1 + 2 * MOE_MAX_TASKS];
+    float v[1 + 2 * MOE_MAX_TASKS];
+    int n = 0;
+    snprintf(names[n], sizeof names[n], "eval/val_loss");
+    v[n++] = (float)ev->val_loss;
+    for (int t = 0; t < ev->n_tasks; t++) {
+        snprintf(names[n], sizeof names[n], "eval/loss/%s", ev->task[t]);
+        v[n++] = (float)ev->task_loss[t];
+        if (ev->accuracy[t] < 0) continue; // not scored
+        snprintf(names[n], sizeof names[n], "eval/accuracy/%s", ev->task[t]);
+        v[n++] = (float)ev->accuracy[t];
+    }
+    for (int i = 0; i < n; i++)
+        tags[i] = names[i];
+    return moe_tb_scalars(tb, step, wall_time(), tags, v, n);
 }
 
 static double mean_drop_rate(const moe_model *m) {
@@ -193,6 +259,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     memset(&m, 0, sizeof m);
     memset(&opt, 0, sizeof opt);
     FILE *metrics = NULL;
+    moe_tb_writer tb = {0};
     int32_t *in = NULL, *tg = NULL, *task = NULL;
     float *acc = NULL;   // gradient sum over micro-batches
     moe_gpu_trainer gpu; // train.device = cuda: the device copy that trains
@@ -248,6 +315,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
         if (rc == 0 && !(metrics = fopen(path, o->resume_dir ? "a" : "w")))
             rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+        if (rc == 0 && cfg->train.tensorboard) rc = moe_tb_open(&tb, o->out_dir);
     }
     rc = moe_comm_agree(world, rc);
     r->agreed = rc < 0;
@@ -379,6 +447,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
             rc = metrics_failed(o->out_dir);
             goto fail;
         }
+        if (tb.f) MOE_TRY_GOTO(tb_step(&tb, step + 1, parts, lr, gnorm, tps, drop), rc);
         double eta = (now() - t_start) / steps_run * (total - step - 1);
         if (!quiet && (tty || (step + 1) % cfg->train.log_every == 0 || step + 1 == total))
             progress(tty, step + 1, total, loss, tokens / (now() - t_start), drop, eta);
@@ -386,10 +455,14 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
             step + 1 < total) {
             moe_eval_result ev; // every rank evaluates the same batches in step
             if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc); // eval on the host
-            MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, 0, &ev), rc);
-            if (metrics && write_eval(metrics, step + 1, ev.val_loss) < 0) {
+            MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &ev), rc);
+            if (metrics && write_eval(metrics, step + 1, &ev) < 0) {
                 moe_eval_result_free(&ev);
                 rc = metrics_failed(o->out_dir);
+                goto fail;
+            }
+            if (tb.f && (rc = tb_eval(&tb, step + 1, &ev)) < 0) {
+                moe_eval_result_free(&ev);
                 goto fail;
             }
             if (tty) fputc('\n', stderr);
@@ -426,9 +499,13 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
         MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st, &par), rc);
         MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &r->eval), rc);
-        if (metrics && write_eval(metrics, st.step, r->eval.val_loss) < 0) {
+        if (metrics && write_eval(metrics, st.step, &r->eval) < 0) {
             moe_eval_result_free(&r->eval);
             rc = metrics_failed(o->out_dir);
+            goto fail;
+        }
+        if (tb.f && (rc = tb_eval(&tb, st.step, &r->eval)) < 0) {
+            moe_eval_result_free(&r->eval);
             goto fail;
         }
         if (o->report && lead) {
@@ -447,6 +524,8 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
 fail:
     moe_gpu_trainer_free(&gpu);
     if (metrics && fclose(metrics) && rc == 0) rc = metrics_failed(o->out_dir);
+    int tb_rc = moe_tb_close(&tb);
+    if (rc == 0) rc = tb_rc;
     moe_mfree(in);
     moe_mfree(tg);
     moe_mfree(task);

@@ -14,7 +14,8 @@ static const char *help =
     "\n"
     "Trains every combination of the grid values (same seed and data), then writes\n"
     "results.csv (every run) and results.md (sorted by final validation loss: per-task\n"
-    "accuracy, tokens/s, drop rate, MaxVio) into DIR (default runs/ablate-<config name>).\n"
+    "accuracy, tokens/s, drop rate, MaxVio) into DIR (default runs/ablate-<config name>), and\n"
+    "report.html: the runs' loss curves overlaid and a table of their final figures.\n"
     "Example: moe ablate configs/tiny.json --grid router.slot_order=position,priority \\\n"
     "           --grid router.capacity_factor=0.5,1.0,2.0 --steps 200\n";
 
@@ -86,6 +87,6 @@ int moe_cli_ablate(int argc, char **argv) {
     // The runs' folders are created by the trainer; results land next to them.
     int rc = moe_ablate(&cfg, axes, n_axes, out, stderr);
     if (rc < 0) return moe_cli_fail("ablate", moe_cli_exit_code(rc), "%s", moe_last_error());
-    printf("results: %s/results.md and %s/results.csv\n", out, out);
+    printf("results: %s/results.md and %s/results.csv; report: %s/report.html\n", out, out, out);
     return MOE_EXIT_OK;
 }

@@ -31,6 +31,7 @@ static const command commands[] = {
     {"ablate", moe_cli_ablate, "train a grid of config variants and tabulate the results"},
     {"plan", moe_cli_plan, "memory per rank and all-to-all traffic of a config on a machine"},
     {"route", moe_cli_route, "route logits from a safetensors file into a dispatch plan"},
+    {"report", moe_cli_report, "an HTML page of charts (and CSVs) from a run folder's metrics"},
 };
 enum { N_COMMANDS = sizeof commands / sizeof *commands };
 

@@ -36,6 +36,7 @@ int moe_cli_plan(int argc, char **argv);
 int moe_cli_generate(int argc, char **argv);
 int moe_cli_export(int argc, char **argv);
 int moe_cli_prepare(int argc, char **argv);
+int moe_cli_report(int argc, char **argv);
 
 // Library status -> exit code: numeric failure, memory and I/O at run time 1,
 // anything else (bad input, config, file contents) 2.

@@ -46,6 +46,7 @@ typedef struct {
         uint64_t seed;
         char device[MOE_NAME_MAX];  // cpu | cuda
         char compute[MOE_NAME_MAX]; // fp32 | bf16 (GEMMs on the GPU)
+        bool tensorboard;           // also write TensorBoard event files into the run folder
     } train;
     struct {
         char kind[MOE_NAME_MAX]; // synthetic | bin (= llmc) | llmc | nanogpt | text

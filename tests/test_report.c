@@ -1,0 +1,641 @@
+// The run report: a short CLI training turned into an HTML page that is well
+// formed, has one chart per promised figure with one point per logged step;
+// CSVs with a row per step; malformed metrics refused with the line number, a
+// truncated last line tolerated, input strings escaped, unknown fields kept.
+#include "moe/ablate.h"
+#include "moe/error.h"
+#include "moe/report.h"
+#include "moe/tensorboard.h"
+#include "testutil.h"
+
+#include <ctype.h>
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static char dir[600];
+
+static const char *in_dir(const char *name) {
+    static char p[800];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return p;
+}
+
+static void write_file(const char *name, const char *text) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+// The whole file (the pages are larger than tu_file_text's buffer); free it.
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_msg(f != NULL, "%s missing", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = malloc(n + 1);
+    ck_assert_int_eq((long)fread(s, 1, n, f), n);
+    s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+// An XML-ish walk of the page: every tag closed in order (or self-closed),
+// attribute values quoted, '<' never in text, '&' only as an entity. Returns
+// NULL or what is wrong.
+static const char *well_formed(const char *s) {
+    static char err[256];
+    const char *stack[512];
+    size_t len[512];
+    int depth = 0, roots = 0;
+    const char *p = s;
+    while (*p) {
+        if (*p == '&') {
+            const char *ents[] = {"&amp;", "&lt;", "&gt;", "&quot;", "&#39;"};
+            int ok = 0;
+            for (int i = 0; i < 5; i++)
+                ok |= !strncmp(p, ents[i], strlen(ents[i]));
+            if (!ok) return snprintf(err, sizeof err, "bare & at %ld", (long)(p - s)), err;
+            p++;
+            continue;
+        }
+        if (*p != '<') {
+            p++;
+            continue;
+        }
+        if (!strncmp(p, "<!DOCTYPE", 9)) {
+            p = strchr(p, '>') + 1;
+            continue;
+        }
+        bool closing = p[1] == '/';
+        const char *n = p + 1 + closing, *e = n;
+        while (isalnum((unsigned char)*e))
+            e++;
+        if (e == n) return snprintf(err, sizeof err, "'<' in text at %ld", (long)(p - s)), err;
+        const char *q = e;
+        while (*q && *q != '>' && !(q[0] == '/' && q[1] == '>')) { // attributes
+            if (*q == '"') {
+                const char *end = strchr(q + 1, '"');
+                if (!end) return "unterminated attribute";
+                if (memchr(q + 1, '<', end - q - 1)) return "'<' in an attribute";
+                q = end + 1;
+            } else if (*q == '=' && q[1] != '"') {
+                return "unquoted attribute";
+            } else {
+                q++;
+            }
+        }
+        if (!*q) return "unterminated tag";
+        bool self = *q == '/';
+        if (closing) {
+            if (!depth || len[depth - 1] != (size_t)(e - n) || strncmp(stack[depth - 1], n, e - n))
+                return snprintf(err, sizeof err, "</%.*s> at %ld closes <%.*s>", (int)(e - n), n,
+                                (long)(p - s), depth ? (int)len[depth - 1] : 0,
+                                depth ? stack[depth - 1] : ""),
+                       err;
+            depth--;
+        } else if (!self) {
+            if (depth == 512) return "too deep";
+            if (!depth) roots++;
+            stack[depth] = n, len[depth++] = e - n;
+        }
+        p = q + 1 + self;
+    }
+    if (depth) return snprintf(err, sizeof err, "<%.*s> never closed", (int)len[0], stack[0]), err;
+    return roots == 1 ? NULL : "not one root element";
+}
+
+// The nth <svg> whose data-figure is fig (and data-layer layer, unless -1):
+// a copy of its text up to </svg>, or NULL.
+static char *figure(const char *html, const char *fig, int layer, int nth) {
+    char key[128];
+    snprintf(key, sizeof key, "data-figure=\"%s\"", fig);
+    for (const char *p = html; (p = strstr(p, key)); p++) {
+        char lk[32];
+        snprintf(lk, sizeof lk, "data-layer=\"%d\"", layer);
+        const char *end = strstr(p, "</svg>"), *tag_end = strchr(p, '>');
+        if (layer >= 0 && !(strstr(p, lk) && strstr(p, lk) < tag_end)) continue;
+        if (nth-- > 0) continue;
+        return strndup(p, end - p);
+    }
+    return NULL;
+}
+
+static int count(const char *s, const char *needle) {
+    int n = 0;
+    for (const char *p = s; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+static int n_figures(const char *html, const char *fig) {
+    char key[128];
+    snprintf(key, sizeof key, "<svg xmlns=\"http://www.w3.org/2000/svg\" data-figure=\"%s\"", fig);
+    return count(html, key);
+}
+
+// Points of the line data-series="series" in the figure's text; -1 if absent.
+static int points(const char *svg, const char *series) {
+    char key[128];
+    snprintf(key, sizeof key, "data-series=\"%s\"", series);
+    const char *p = svg ? strstr(svg, key) : NULL;
+    if (!p) return -1;
+    p = strstr(p, "points=\"") + 8;
+    int n = 0;
+    for (; *p != '"'; p++)
+        n += *p == ',';
+    return n;
+}
+
+static int lines_of(const char *path) {
+    char *s = slurp(path);
+    int n = count(s, "\n");
+    free(s);
+    return n;
+}
+
+// 12 steps, evaluations at 4 and 8 and the final one at 12; dynamic capacity.
+static const char *cfg_json =
+    "{\"model\": {\"d_model\": 32, \"n_layers\": 2, \"d_ff\": 48, \"seq_len\": 32},\n"
+    " \"moe\": {\"num_experts\": 4}, \"capacity\": {\"mode\": \"dynamic\"},\n"
+    " \"train\": {\"batch_size\": 4, \"steps\": 12, \"warmup_steps\": 2, \"eval_every\": 4}}\n";
+static const char *tasks[5] = {"copy", "reverse", "sort", "add", "caesar"}; // the default
+
+static void train_run(void) {
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    write_file("cfg.json", cfg_json);
+    char args[2048];
+    snprintf(args, sizeof args, "train '%s/cfg.json' --quiet --out '%s/run'", dir, dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+}
+
+START_TEST(test_report_has_one_chart_per_figure_with_a_point_per_step) {
+    train_run();
+    char args[2048], p[800];
+    snprintf(args, sizeof args, "report '%s/run'", dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    snprintf(p, sizeof p, "%s/run/report.html", dir);
+    char *html = slurp(p);
+    const char *bad = well_formed(html);
+    ck_assert_msg(bad == NULL, "%s", bad);
+    ck_assert_ptr_null(strstr(html, "<script"));
+    // nothing fetched: the only address is the SVG namespace
+    ck_assert_int_eq(count(html, "http"), count(html, "xmlns=\"http://www.w3.org/2000/svg\""));
+    ck_assert_ptr_null(strstr(html, "src="));
+    ck_assert_ptr_null(strstr(html, "href="));
+    const char *once[] = {"loss",      "lr",        "grad_norm",    "tokens_per_s",
+                          "drop_rate", "task_loss", "task_accuracy"};
+    for (int i = 0; i < 7; i++)
+        ck_assert_msg(n_figures(html, once[i]) == 1, "%s: %d", once[i], n_figures(html, once[i]));
+    const char *per_layer[] = {"load", "capacity", "task_experts"};
+    for (int i = 0; i < 3; i++)
+        ck_assert_msg(n_figures(html, per_layer[i]) == 2, "%s", per_layer[i]);
+    ck_assert_int_eq(n_figures(html, "a2a_bytes"), 0); // one process: no all-to-all
+    char *svg = figure(html, "loss", -1, 0);
+    ck_assert_int_eq(points(svg, "training"), 12);
+    ck_assert_int_eq(points(svg, "validation"), 3);
+    free(svg);
+    svg = figure(html, "lr", -1, 0);
+    ck_assert_int_eq(points(svg, "lr"), 12);
+    free(svg);
+    svg = figure(html, "drop_rate", -1, 0);
+    ck_assert_int_eq(points(svg, "all layers"), 12);
+    ck_assert_int_eq(points(svg, "layer 1"), 12);
+    free(svg);
+    for (int t = 0; t < 5; t++) {
+        svg = figure(html, "task_loss", -1, 0);
+        ck_assert_int_eq(points(svg, tasks[t]), 3);
+        free(svg);
+        svg = figure(html, "task_accuracy", -1, 0);
+        ck_assert_int_eq(points(svg, tasks[t]), 3);
+        free(svg);
+    }
+    for (int l = 0; l < 2; l++) {
+        svg = figure(html, "capacity", l, 0);
+        for (int e = 0; e < 4; e++) {
+            char name[8];
+            snprintf(name, sizeof name, "e%d", e);
+            ck_assert_int_eq(points(svg, name), 12);
+        }
+        free(svg);
+        svg = figure(html, "load", l, 0);
+        ck_assert_int_eq(count(svg, "class=\"cell\""), 4 * 12); // experts x steps
+        free(svg);
+        svg = figure(html, "task_experts", l, 0);
+        ck_assert_int_eq(count(svg, "class=\"cell\""), 5 * 4); // tasks x experts
+        free(svg);
+    }
+    ck_assert_ptr_nonnull(strstr(html, "<td>capacity.mode</td><td>dynamic</td>"));
+    free(html);
+}
+END_TEST
+
+START_TEST(test_report_csv_has_a_row_per_step) {
+    train_run();
+    char args[2048], p[800];
+    snprintf(args, sizeof args, "report '%s/run' --out '%s/r.html' --csv '%s/csv'", dir, dir, dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    snprintf(p, sizeof p, "%s/csv", dir);
+    ck_assert_str_eq(strtok((char *)tu_file_text(p, "loss.csv"), "\n"), "step,loss");
+    snprintf(p, sizeof p, "%s/csv/loss.csv", dir);
+    ck_assert_int_eq(lines_of(p), 1 + 12);
+    snprintf(p, sizeof p, "%s/csv", dir);
+    const char *load = tu_file_text(p, "layer1_load.csv");
+    ck_assert_msg(!strncmp(load, "step,e0,e1,e2,e3\n1,", 19), "%.40s", load);
+    snprintf(p, sizeof p, "%s/csv/layer1_load.csv", dir);
+    ck_assert_int_eq(lines_of(p), 1 + 12);
+    snprintf(p, sizeof p, "%s/csv", dir);
+    const char *tl = tu_file_text(p, "eval_task_loss.csv");
+    ck_assert_msg(!strncmp(tl, "step,copy,reverse,sort,add,caesar\n4,", 36), "%.60s", tl);
+    snprintf(p, sizeof p, "%s/csv/eval_task_loss.csv", dir);
+    ck_assert_int_eq(lines_of(p), 1 + 3);
+    snprintf(p, sizeof p, "%s/csv/layer0_task_experts.csv", dir);
+    ck_assert_int_eq(lines_of(p), 1 + 5);
+}
+END_TEST
+
+// A hand-written record of n experts per layer with a numbered loss.
+static void record(FILE *f, int step, double loss, int n_layers) {
+    fprintf(f, "{\"step\": %d, \"time\": %d.5, \"loss\": %g, \"lr\": 0.001, \"layers\": [", step,
+            1000 + step, loss);
+    for (int l = 0; l < n_layers; l++)
+        fprintf(f,
+                "%s{\"layer\": %d, \"drop_rate\": 0.1, \"max_vio\": %g, \"load\": [%d, 2, 3], "
+                "\"capacity\": [4, 4, 4]}",
+                l ? ", " : "", l, 0.5 * l + step, step);
+    fprintf(f, "], \"comm\": {\"a2a_bytes\": 0, \"a2a_s\": 0}}\n");
+}
+
+static FILE *metrics_file(void) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", dir);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    return f;
+}
+
+START_TEST(test_report_downsamples_long_series) {
+    FILE *f = metrics_file();
+    for (int s = 1; s <= 2500; s++)
+        record(f, s, 5.0 - s * 1e-3, 1);
+    fclose(f);
+    moe_run_metrics m;
+    ck_assert_msg(moe_metrics_read(dir, &m) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(m.n_train, 2500);
+    ck_assert_int_eq(moe_report_html(&m, dir, in_dir("r.html")), 0);
+    moe_metrics_free(&m);
+    char *html = slurp(in_dir("r.html"));
+    ck_assert_ptr_null(well_formed(html));
+    char *svg = figure(html, "loss", -1, 0);
+    ck_assert_int_eq(points(svg, "training"), 834); // buckets of ceil(2500 / 1000) = 3 steps
+    free(svg);
+    ck_assert_ptr_nonnull(strstr(html, "2500 steps drawn as 834 points, each the mean of 3 steps"));
+    svg = figure(html, "load", 0, 0);
+    ck_assert_int_eq(count(svg, "class=\"cell\""), 3 * 120); // 120 columns of 21 steps
+    free(svg);
+    free(html);
+}
+END_TEST
+
+START_TEST(test_report_refuses_a_malformed_line_naming_it) {
+    FILE *f = metrics_file();
+    record(f, 1, 5, 1);
+    record(f, 2, 5, 1);
+    fputs("{\"step\": 3, \"loss\": 4.9,, }\n", f);
+    record(f, 4, 5, 1);
+    fclose(f);
+    moe_run_metrics m;
+    ck_assert_int_eq(moe_metrics_read(dir, &m), MOE_EFORMAT);
+    ck_assert_msg(strstr(moe_last_error(), "metrics.jsonl:3:"), "%s", moe_last_error());
+    char args[1024];
+    snprintf(args, sizeof args, "report '%s'", dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 2);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "err.txt"), "metrics.jsonl:3:"));
+    // a record whose step is not a count is refused the same way
+    f = metrics_file();
+    record(f, 1, 5, 1);
+    fputs("{\"step\": \"two\", \"loss\": 4.9}\n", f);
+    fclose(f);
+    ck_assert_int_eq(moe_metrics_read(dir, &m), MOE_EFORMAT);
+    ck_assert_msg(strstr(moe_last_error(), "metrics.jsonl:2: 'step'"), "%s", moe_last_error());
+    // a per-expert list that changes length midway
+    f = metrics_file();
+    record(f, 1, 5, 1);
+    fputs("{\"step\": 2, \"layers\": [{\"layer\": 0, \"load\": [1, 2]}]}\n", f);
+    fclose(f);
+    ck_assert_int_eq(moe_metrics_read(dir, &m), MOE_EFORMAT);
+    ck_assert_msg(strstr(moe_last_error(), ":2: 'layer0.load' has 2 values, earlier lines 3"), "%s",
+                  moe_last_error());
+}
+END_TEST
+
+START_TEST(test_report_skips_a_truncated_last_line) {
+    FILE *f = metrics_file();
+    record(f, 1, 5, 1);
+    record(f, 2, 4, 1);
+    fputs("{\"step\": 3, \"loss\": 4.", f); // killed mid-write: no newline
+    fclose(f);
+    moe_run_metrics m;
+    ck_assert_msg(moe_metrics_read(dir, &m) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(m.n_train, 2);
+    ck_assert_int_eq(moe_metrics_find(&m, "loss")->n, 2);
+    ck_assert_ptr_nonnull(strstr(m.warning, "metrics.jsonl:3: last line cut short"));
+    moe_metrics_free(&m);
+    char args[1024];
+    snprintf(args, sizeof args, "report '%s'", dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 0);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "err.txt"), "warning: "));
+}
+END_TEST
+
+START_TEST(test_report_refuses_missing_folder_and_empty_metrics) {
+    moe_run_metrics m;
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    char p[800];
+    snprintf(p, sizeof p, "%s/nope", dir);
+    ck_assert_int_eq(moe_metrics_read(p, &m), MOE_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "nope: no such run folder"));
+    ck_assert_int_eq(moe_metrics_read(dir, &m), MOE_ENOTFOUND); // no metrics.jsonl
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "metrics.jsonl"));
+    fclose(metrics_file());
+    ck_assert_int_eq(moe_metrics_read(dir, &m), MOE_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "metrics.jsonl: no training steps recorded"));
+    char args[1024];
+    snprintf(args, sizeof args, "report '%s/nope'", dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 2);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "err.txt"), "no such run folder"));
+}
+END_TEST
+
+START_TEST(test_report_escapes_strings_from_input) {
+    FILE *f = metrics_file();
+    record(f, 1, 5, 1);
+    fputs("{\"eval_step\": 1, \"val_loss\": 4.5, \"tasks\": [{\"name\": \"<b>&x\", \"loss\": 4.5, "
+          "\"accuracy\": null}], \"usage\": [{\"layer\": 0, \"counts\": [[1, 2, 3]]}]}\n",
+          f);
+    fclose(f);
+    write_file("config.json", "{\"data\": {\"kind\": \"<script>alert(1)</script>\"}}\n");
+    moe_run_metrics m;
+    ck_assert_msg(moe_metrics_read(dir, &m) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(moe_report_html(&m, "<run>", in_dir("r.html")), 0);
+    moe_metrics_free(&m);
+    char *html = slurp(in_dir("r.html"));
+    const char *bad = well_formed(html);
+    ck_assert_msg(bad == NULL, "%s", bad);
+    ck_assert_ptr_null(strstr(html, "<script"));
+    ck_assert_ptr_null(strstr(html, "<b>"));
+    ck_assert_ptr_nonnull(strstr(html, "&lt;script&gt;alert(1)&lt;/script&gt;"));
+    ck_assert_ptr_nonnull(strstr(html, "&lt;b&gt;&amp;x"));
+    ck_assert_int_eq(n_figures(html, "task_accuracy"), 0); // every accuracy null: no chart
+    free(html);
+}
+END_TEST
+
+START_TEST(test_report_draws_unknown_per_layer_fields) {
+    FILE *f = metrics_file();
+    for (int s = 1; s <= 5; s++)
+        record(f, s, 5, 2);
+    fclose(f);
+    moe_run_metrics m;
+    ck_assert_msg(moe_metrics_read(dir, &m) == 0, "%s", moe_last_error());
+    moe_series *s = moe_metrics_find(&m, "layer1.max_vio");
+    ck_assert_ptr_nonnull(s);
+    ck_assert_int_eq(s->n, 5);
+    ck_assert_double_eq(s->v[4], 5.5);
+    ck_assert_int_eq(moe_report_html(&m, dir, in_dir("r.html")), 0);
+    int n;
+    char p[800];
+    snprintf(p, sizeof p, "%s/csv", dir);
+    ck_assert_int_eq(moe_report_csv(&m, p, &n), 0);
+    ck_assert_int_eq(n, m.n);
+    moe_metrics_free(&m);
+    char *html = slurp(in_dir("r.html"));
+    char *svg = figure(html, "layer.max_vio", -1, 0);
+    ck_assert_int_eq(points(svg, "layer 0"), 5);
+    ck_assert_int_eq(points(svg, "layer 1"), 5);
+    free(svg);
+    free(html);
+    ck_assert_str_eq(tu_file_text(p, "layer1_max_vio.csv"),
+                     "step,layer1.max_vio\n1,1.5\n2,2.5\n3,3.5\n4,4.5\n5,5.5\n");
+}
+END_TEST
+
+START_TEST(test_report_resumed_steps_replace_earlier_rows) {
+    FILE *f = metrics_file();
+    for (int s = 1; s <= 5; s++)
+        record(f, s, 10 + s, 1);
+    for (int s = 3; s <= 6; s++) // resumed from the checkpoint of step 2
+        record(f, s, 20 + s, 1);
+    fclose(f);
+    moe_run_metrics m;
+    ck_assert_msg(moe_metrics_read(dir, &m) == 0, "%s", moe_last_error());
+    moe_series *s = moe_metrics_find(&m, "loss");
+    ck_assert_int_eq(s->n, 6);
+    const double want[6] = {11, 12, 23, 24, 25, 26};
+    for (int i = 0; i < 6; i++) {
+        ck_assert_double_eq(s->step[i], i + 1);
+        ck_assert_double_eq(s->v[i], want[i]);
+    }
+    moe_metrics_free(&m);
+}
+END_TEST
+
+START_TEST(test_ablate_writes_a_comparison_report) {
+    moe_config c = tu_small_config();
+    c.train.steps = 4;
+    moe_grid_axis ax;
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "train.lr=1e-2,1e30"), 0); // the second diverges
+    char out[700], p[800];
+    snprintf(out, sizeof out, "%s/grid", tu_tmpdir());
+    ck_assert_int_eq(moe_ablate(&c, &ax, 1, out, NULL), 0);
+    snprintf(p, sizeof p, "%s/report.html", out);
+    char *html = slurp(p);
+    const char *bad = well_formed(html);
+    ck_assert_msg(bad == NULL, "%s", bad);
+    char *svg = figure(html, "loss", -1, 0);
+    ck_assert_int_eq(points(svg, "run_000"), 4);
+    ck_assert_int_eq(points(svg, "run_001"), 1); // step 1 is finite, step 2 diverges
+    free(svg);
+    ck_assert_ptr_nonnull(strstr(html, "<td>train.lr=1e-2</td>"));
+    ck_assert_ptr_nonnull(strstr(html, "<td>step 1: ")); // the failure, in its row
+    free(html);
+}
+END_TEST
+
+START_TEST(test_crc32c_matches_the_check_value) {
+    ck_assert_uint_eq(moe_crc32c("123456789", 9), 0xE3069283u); // the CRC-32C check value
+    ck_assert_uint_eq(moe_crc32c("", 0), 0);
+}
+END_TEST
+
+static uint64_t rd_le(const unsigned char *p, int n) {
+    uint64_t v = 0;
+    for (int i = n - 1; i >= 0; i--)
+        v = v << 8 | p[i];
+    return v;
+}
+
+static uint64_t rd_varint(const unsigned char **p, const unsigned char *end) {
+    uint64_t v = 0;
+    for (int s = 0; *p < end; s += 7) {
+        unsigned char b = *(*p)++;
+        v |= (uint64_t)(b & 0x7F) << s;
+        if (!(b & 0x80)) break;
+    }
+    return v;
+}
+
+// What a test needs of one decoded Event: step, file_version, scalars.
+typedef struct {
+    long step;
+    char version[32];
+    int n;
+    char tag[64][64];
+    float value[64];
+} tb_event;
+
+static void decode_value(const unsigned char *p, const unsigned char *end, tb_event *ev) {
+    while (p < end) {
+        uint64_t key = rd_varint(&p, end);
+        if ((key & 7) == 2) {
+            uint64_t n = rd_varint(&p, end);
+            snprintf(ev->tag[ev->n], 64, "%.*s", (int)n, p);
+            p += n;
+        } else if ((key & 7) == 5) {
+            uint32_t bits = (uint32_t)rd_le(p, 4);
+            memcpy(&ev->value[ev->n], &bits, 4);
+            p += 4;
+        } else {
+            ck_abort_msg("unexpected wire type %d in Value", (int)(key & 7));
+        }
+    }
+    ev->n++;
+}
+
+static void decode_event(const unsigned char *p, const unsigned char *end, tb_event *ev) {
+    memset(ev, 0, sizeof *ev);
+    while (p < end) {
+        uint64_t key = rd_varint(&p, end);
+        int field = (int)(key >> 3), wt = (int)(key & 7);
+        if (wt == 1)
+            p += 8; // wall_time
+        else if (wt == 0)
+            ev->step = (long)rd_varint(&p, end);
+        else if (wt == 2) {
+            uint64_t n = rd_varint(&p, end);
+            if (field == 3) snprintf(ev->version, sizeof ev->version, "%.*s", (int)n, p);
+            if (field == 5) { // Summary: repeated Value (field 1)
+                const unsigned char *q = p, *qe = p + n;
+                while (q < qe) {
+                    ck_assert_int_eq((int)rd_varint(&q, qe), 1 << 3 | 2);
+                    uint64_t vn = rd_varint(&q, qe);
+                    ck_assert_int_lt(ev->n, 64);
+                    decode_value(q, q + vn, ev);
+                    q += vn;
+                }
+            }
+            p += n;
+        } else {
+            ck_abort_msg("unexpected wire type %d in Event", wt);
+        }
+    }
+}
+
+static float tag_value(const tb_event *ev, const char *tag) {
+    for (int i = 0; i < ev->n; i++)
+        if (!strcmp(ev->tag[i], tag)) return ev->value[i];
+    return NAN;
+}
+
+START_TEST(test_tensorboard_events_verify_and_match_the_metrics) {
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    write_file("cfg.json", cfg_json);
+    char args[2048], p[1200];
+    snprintf(args, sizeof args,
+             "train '%s/cfg.json' --quiet --out '%s/run' --set train.tensorboard=true", dir, dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    snprintf(p, sizeof p, "%s/run", dir);
+    DIR *d = opendir(p);
+    struct dirent *de;
+    char events[300] = "";
+    while ((de = readdir(d)))
+        if (!strncmp(de->d_name, "events.out.tfevents.", 20))
+            snprintf(events, sizeof events, "%s", de->d_name);
+    closedir(d);
+    ck_assert_msg(events[0], "no event file in %s", p);
+    snprintf(p, sizeof p, "%s/run/%s", dir, events);
+    FILE *f = fopen(p, "rb");
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc(size);
+    ck_assert_int_eq((long)fread(buf, 1, size, f), size);
+    fclose(f);
+    moe_run_metrics m;
+    snprintf(p, sizeof p, "%s/run", dir);
+    ck_assert_int_eq(moe_metrics_read(p, &m), 0);
+    const moe_series *loss = moe_metrics_find(&m, "loss"),
+                     *val = moe_metrics_find(&m, "eval.val_loss");
+    int n_events = 0, n_train = 0, n_eval = 0;
+    for (long off = 0; off < size; n_events++) {
+        ck_assert_int_le(off + 12, size);
+        uint64_t len = rd_le(buf + off, 8);
+        ck_assert_uint_eq(rd_le(buf + off + 8, 4), moe_tb_masked_crc(buf + off, 8));
+        ck_assert_int_le(off + 16 + (long)len, size);
+        ck_assert_uint_eq(rd_le(buf + off + 12 + len, 4), moe_tb_masked_crc(buf + off + 12, len));
+        tb_event ev;
+        decode_event(buf + off + 12, buf + off + 12 + len, &ev);
+        if (n_events == 0) {
+            ck_assert_str_eq(ev.version, "brain.Event:2");
+        } else if (isfinite(tag_value(&ev, "train/loss"))) {
+            ck_assert_int_eq(ev.step, (long)loss->step[n_train]);
+            ck_assert_float_eq_tol(tag_value(&ev, "train/loss"), loss->v[n_train], 1e-5);
+            ck_assert(isfinite(tag_value(&ev, "train/lr")));
+            n_train++;
+        } else {
+            ck_assert_int_eq(ev.step, (long)val->step[n_eval]);
+            ck_assert_float_eq_tol(tag_value(&ev, "eval/val_loss"), val->v[n_eval], 1e-5);
+            ck_assert(isfinite(tag_value(&ev, "eval/loss/sort")));
+            ck_assert(isfinite(tag_value(&ev, "eval/accuracy/add")));
+            n_eval++;
+        }
+        off += 16 + len;
+    }
+    ck_assert_int_eq(n_train, 12);
+    ck_assert_int_eq(n_eval, 3);
+    moe_metrics_free(&m);
+    free(buf);
+}
+END_TEST
+
+static void fresh_dir(void) {
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+}
+
+int main(void) {
+    Suite *s = suite_create("report");
+    TCase *tc = tcase_create("report");
+    tcase_set_timeout(tc, 300);
+    tcase_add_checked_fixture(tc, fresh_dir, NULL);
+    tcase_add_test(tc, test_report_has_one_chart_per_figure_with_a_point_per_step);
+    tcase_add_test(tc, test_report_csv_has_a_row_per_step);
+    tcase_add_test(tc, test_report_downsamples_long_series);
+    tcase_add_test(tc, test_report_refuses_a_malformed_line_naming_it);
+    tcase_add_test(tc, test_report_skips_a_truncated_last_line);
+    tcase_add_test(tc, test_report_refuses_missing_folder_and_empty_metrics);
+    tcase_add_test(tc, test_report_escapes_strings_from_input);
+    tcase_add_test(tc, test_report_draws_unknown_per_layer_fields);
+    tcase_add_test(tc, test_report_resumed_steps_replace_earlier_rows);
+    tcase_add_test(tc, test_ablate_writes_a_comparison_report);
+    tcase_add_test(tc, test_crc32c_matches_the_check_value);
+    tcase_add_test(tc, test_tensorboard_events_verify_and_match_the_metrics);
+    suite_add_tcase(s, tc);
+    return tu_run(s);
+}

@@ -66,6 +66,30 @@ static char *grid_set(const moe_grid_axis *a, int i) {
     return s;
 }
 
+// The config of the run at grid indices idx: base, then the file of a
+// `config` axis (its keys over the base's) with the --set assignments again
+// (they win over every file), then the other axes' values. log: echo them.
+static int run_config(moe_config *c, const moe_config *base, const moe_grid_axis *axes, int n_axes,
+                      const int *idx, const char *const *sets, int n_sets, FILE *log) {
+    *c = *base;
+    for (int a = 0; a < n_axes; a++) {
+        if (strcmp(axes[a].key, MOE_GRID_CONFIG)) continue;
+        MOE_TRY(moe_config_load(c, NULL, axes[a].values[idx[a]]));
+        for (int i = 0; i < n_sets; i++)
+            MOE_TRY(moe_config_set(c, NULL, sets[i]));
+        if (log) fprintf(log, " %s", axes[a].values[idx[a]]);
+    }
+    for (int a = 0; a < n_axes; a++) {
+        if (!strcmp(axes[a].key, MOE_GRID_CONFIG)) continue;
+        char *set = grid_set(&axes[a], idx[a]);
+        int rc = set ? moe_config_set(c, NULL, set) : moe_fail(MOE_ENOMEM, "ablate: out of memory");
+        if (rc == 0 && log) fprintf(log, " %s", set);
+        free(set);
+        MOE_TRY(rc);
+    }
+    return 0;
+}
+
 typedef struct {
     int idx[MOE_GRID_MAX_AXES];
     int ok;
@@ -181,8 +205,8 @@ static int write_report(const char *out, const moe_grid_axis *axes, int n_axes, 
     return rc;
 }
 
-int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes, const char *out,
-               FILE *log) {
+int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes,
+               const char *const *sets, int n_sets, const char *out, FILE *log) {
     if (n_axes < 1 || n_axes > MOE_GRID_MAX_AXES)
         return moe_fail(MOE_EINVAL, "ablate: %d grid axes (1..%d)", n_axes, MOE_GRID_MAX_AXES);
     int n = 1;
@@ -192,25 +216,17 @@ int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes, co
     }
     run_row *rows = calloc(n, sizeof *rows);
     if (!rows) return moe_fail(MOE_ENOMEM, "ablate: out of memory");
-    // Validate every combination before training anything.
+    // Validate every combination before training anything: each run's whole
+    // config too, since a value valid alone can clash with the base
+    // (router.top_k above moe.num_experts).
     for (int i = 0; i < n; i++) {
-        moe_config c = *base;
         for (int a = 0, rest = i; a < n_axes; a++) {
             rows[i].idx[a] = rest % axes[a].n;
             rest /= axes[a].n;
-            char *set = grid_set(&axes[a], rows[i].idx[a]);
-            int rc =
-                set ? moe_config_set(&c, NULL, set) : moe_fail(MOE_ENOMEM, "ablate: out of memory");
-            free(set);
-            if (rc < 0) {
-                rc = moe_fail(rc, "--grid %s", moe_last_error());
-                free(rows);
-                return rc;
-            }
         }
-        // each run's whole config too: a value valid alone can clash with the
-        // base (router.top_k above moe.num_experts)
-        int rc = moe_config_check(&c, NULL);
+        moe_config c;
+        int rc = run_config(&c, base, axes, n_axes, rows[i].idx, sets, n_sets, NULL);
+        if (rc == 0) rc = moe_config_check(&c, NULL);
         if (rc < 0) {
             rc = moe_fail(rc, "--grid run %d: %s", i + 1, moe_last_error());
             free(rows);
@@ -224,19 +240,10 @@ int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes, co
     }
     for (int i = 0; i < n; i++) {
         run_row *r = &rows[i];
-        moe_config c = *base;
+        moe_config c;
         char dir[PATH_MAX];
         if (log) fprintf(log, "[%d/%d]", i + 1, n);
-        for (int a = 0; a < n_axes; a++) {
-            char *set = grid_set(&axes[a], r->idx[a]);
-            if (!set) {
-                free(rows);
-                return moe_fail(MOE_ENOMEM, "ablate: out of memory");
-            }
-            moe_config_set(&c, NULL, set); // validated above
-            if (log) fprintf(log, " %s", set);
-            free(set);
-        }
+        run_config(&c, base, axes, n_axes, r->idx, sets, n_sets, log); // validated above
         snprintf(dir, sizeof dir, "%s/run_%03d", out, i);
         if (log) fprintf(log, " ..."), fflush(log);
         struct timespec t0, t1;

@@ -1,4 +1,4 @@
-// `moe ablate CONFIG --grid key=v1,v2 [--grid ...] [--steps N] [--set k=v] [--out DIR]`
+// `moe ablate [CONFIG] --grid key=v1,v2 [--grid ...] [--steps N] [--set k=v] [--out DIR]`
 #include "moe/ablate.h"
 #include "moe/cli/cli.h"
 #include "moe/error.h"
@@ -9,15 +9,20 @@
 #include <string.h>
 
 static const char *help =
-    "usage: moe ablate CONFIG.json --grid key=v1,v2[,...] [--grid ...] [--steps N]\n"
+    "usage: moe ablate [CONFIG.json] --grid key=v1,v2[,...] [--grid ...] [--steps N]\n"
     "                  [--set key=value]... [--out DIR]\n"
     "\n"
     "Trains every combination of the grid values (same seed and data), then writes\n"
     "results.csv (every run) and results.md (sorted by final validation loss: per-task\n"
     "accuracy, tokens/s, drop rate, MaxVio) into DIR (default runs/ablate-<config name>), and\n"
     "report.html: the runs' loss curves overlaid and a table of their final figures.\n"
-    "Example: moe ablate configs/tiny.json --grid router.slot_order=position,priority \\\n"
-    "           --grid router.capacity_factor=0.5,1.0,2.0 --steps 200\n";
+    "The grid key `config` takes config files: each run loads its file over CONFIG (or\n"
+    "the defaults), then the --set values again, then the other grid values, so whole\n"
+    "families of settings compare in one grid.\n"
+    "Examples: moe ablate configs/tiny.json --grid router.slot_order=position,priority \\\n"
+    "            --grid router.capacity_factor=0.5,1.0,2.0 --steps 200\n"
+    "          moe ablate --grid "
+    "config=configs/router_softmax_aux.json,configs/expert_choice.json\n";
 
 int moe_cli_ablate(int argc, char **argv) {
     const char *config = NULL, *out = NULL, *steps = NULL;
@@ -68,24 +73,36 @@ int moe_cli_ablate(int argc, char **argv) {
                                 config, argv[i]);
         }
     }
+    bool config_axis = false; // --grid config=a.json,b.json: each run's own file
+    for (int a = 0; a < n_axes; a++)
+        config_axis |= !strcmp(axes[a].key, MOE_GRID_CONFIG);
     moe_config cfg;
-    if (code == MOE_EXIT_OK && !config)
-        code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "no config file (see --help)");
+    if (code == MOE_EXIT_OK && !config && !config_axis)
+        code = moe_cli_fail("ablate", MOE_EXIT_USAGE,
+                            "no config file (or --grid config=A.json,B.json; see --help)");
     else if (code == MOE_EXIT_OK && !n_axes)
         code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "no --grid given (see --help)");
-    else if (code == MOE_EXIT_OK && moe_cli_load_config(&cfg, config, sets, n_sets) < 0)
+    else if (code == MOE_EXIT_OK && config && moe_cli_load_config(&cfg, config, sets, n_sets) < 0)
         code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
-    free(steps_set);
-    free(sets);
-    if (code != MOE_EXIT_OK) return code;
+    if (code == MOE_EXIT_OK && !config) { // the config axis's files hold the model
+        moe_config_default(&cfg);
+        for (int i = 0; code == MOE_EXIT_OK && i < n_sets; i++)
+            if (moe_config_set(&cfg, NULL, sets[i]) < 0)
+                code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
+    }
     char def[PATH_MAX];
     if (!out) {
-        const char *base = strrchr(config, '/') ? strrchr(config, '/') + 1 : config;
+        const char *base = !config                ? "grid"
+                           : strrchr(config, '/') ? strrchr(config, '/') + 1
+                                                  : config;
         snprintf(def, sizeof def, "runs/ablate-%.*s", (int)strcspn(base, "."), base);
         out = def;
     }
     // The runs' folders are created by the trainer; results land next to them.
-    int rc = moe_ablate(&cfg, axes, n_axes, out, stderr);
+    int rc = code == MOE_EXIT_OK ? moe_ablate(&cfg, axes, n_axes, sets, n_sets, out, stderr) : 0;
+    free(steps_set);
+    free(sets);
+    if (code != MOE_EXIT_OK) return code;
     if (rc < 0) return moe_cli_fail("ablate", moe_cli_exit_code(rc), "%s", moe_last_error());
     printf("results: %s/results.md and %s/results.csv; report: %s/report.html\n", out, out, out);
     return MOE_EXIT_OK;

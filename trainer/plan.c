@@ -193,7 +193,7 @@ int moe_plan_a2a(const moe_config *cfg, const moe_machine *mc, moe_a2a_algo algo
         for (int a = 0; a < cfg->train.grad_accum; a++) {
             a2a_call(El, sizeof(int), P, G, algo, mc, &out->bytes, &out->msgs, &out->seconds,
                      &out->bytes_inter);
-            for (int i = 0; i < 4; i++) { // rows out, back; in backward the same two
+            for (int i = 0; i < 4; i++) {  // rows out, back; in backward the same two
                 if (dedup && i % 2 == 0) { // to the experts: rows, then dy
                     dedup_call(rows, tokens, rn, i == 0, row_bytes, P, G, mc, &out->bytes,
                                &out->msgs, &out->seconds, &out->bytes_inter);

@@ -26,10 +26,10 @@
 struct moe_node_state {
     int P, G, N;
     int *choice_of_row, *pos_of_tok; // [rows] (t k + j of each row), [T]
-    int *u_tok, *u_cnt;             // distinct tokens per destination node, [N]
-    int *sidx, *ridx;               // index sent, received (kept for the backward)
-    int *sidx_n, *ridx_n;           // [P] ints to/from each rank
-    int *rrows_n, *fwd_n, *stage_n; // [P] rows from, to, from each rank
+    int *u_tok, *u_cnt;              // distinct tokens per destination node, [N]
+    int *sidx, *ridx;                // index sent, received (kept for the backward)
+    int *sidx_n, *ridx_n;            // [P] ints to/from each rank
+    int *rrows_n, *fwd_n, *stage_n;  // [P] rows from, to, from each rank
     float *srows, *rrows, *fwd, *stage;
     size_t cap[5];  // bytes of choice_of_row, pos_of_tok, u_tok, sidx, ridx
     size_t fcap[4]; // bytes of srows, rrows, fwd, stage
@@ -38,9 +38,9 @@ struct moe_node_state {
 void moe_node_state_free(moe_layer_acts *a) {
     struct moe_node_state *s = a->node;
     if (!s) return;
-    void *p[] = {s->choice_of_row, s->pos_of_tok, s->u_tok, s->u_cnt,   s->sidx,
-                 s->ridx,       s->sidx_n,     s->ridx_n, s->rrows_n, s->fwd_n,
-                 s->stage_n,    s->srows,      s->rrows,  s->fwd,     s->stage};
+    void *p[] = {s->choice_of_row, s->pos_of_tok, s->u_tok,  s->u_cnt,   s->sidx,
+                 s->ridx,          s->sidx_n,     s->ridx_n, s->rrows_n, s->fwd_n,
+                 s->stage_n,       s->srows,      s->rrows,  s->fwd,     s->stage};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         moe_mfree(p[i]);
     moe_mfree(s);
@@ -213,8 +213,8 @@ int moe_node_dispatch(moe_layer_acts *a) {
         per_peer[r] = El;
         a->send_rows[r] = pl->offsets[(r + 1) * El] - pl->offsets[r * El];
     }
-    MOE_TRY(g->alltoallv(g->ctx, pl->kept, per_peer, a->recv_kept, got, (size_t)P * El,
-                         sizeof(int)));
+    MOE_TRY(
+        g->alltoallv(g->ctx, pl->kept, per_peer, a->recv_kept, got, (size_t)P * El, sizeof(int)));
     for (int r = 0; r < P; r++) {
         a->recv_rows[r] = 0;
         for (int le = 0; le < El; le++)
@@ -271,8 +271,8 @@ int moe_node_dispatch(moe_layer_acts *a) {
     MOE_TRY(grow(&s->rrows, &s->fcap[1], (size_t)N * cfg->T_max * rb));
     int sent_rows[P];
     memcpy(sent_rows, s->rrows_n, sizeof sent_rows);
-    MOE_TRY(g->alltoallv(g->ctx, s->srows, sent_rows, s->rrows, s->rrows_n,
-                         (size_t)N * cfg->T_max, rb));
+    MOE_TRY(g->alltoallv(g->ctx, s->srows, sent_rows, s->rrows, s->rrows_n, (size_t)N * cfg->T_max,
+                         rb));
 
     MOE_TRY(forward_rows(a, s, false));
     MOE_TRY(in_node(a, s, a->xr));
@@ -304,12 +304,11 @@ int moe_node_redispatch(moe_layer_acts *a, const float *dy, float *to) {
         sent_rows[m * G + me % G] = s->u_cnt[m];
     }
     int got[P];
-    MOE_TRY(g->alltoallv(g->ctx, s->srows, sent_rows, s->rrows, got, (size_t)N * a->cfg.T_max,
-                         rb));
+    MOE_TRY(g->alltoallv(g->ctx, s->srows, sent_rows, s->rrows, got, (size_t)N * a->cfg.T_max, rb));
     for (int r = 0; r < P; r++)
         if (got[r] != s->rrows_n[r])
-            return moe_fail(MOE_EINVAL, "moe layer: rank %d sent %d gradient rows for %d tokens",
-                            r, got[r], s->rrows_n[r]);
+            return moe_fail(MOE_EINVAL, "moe layer: rank %d sent %d gradient rows for %d tokens", r,
+                            got[r], s->rrows_n[r]);
     MOE_TRY(forward_rows(a, s, true));
     return in_node(a, s, to);
 }

@@ -193,6 +193,9 @@ static const key_def keys[] = {
     {"comm.timeout_s", K_DBL, F(comm.timeout_s), NO, "300", NULL, RD(0, 1e9, 0),
      "seconds a collective may make no progress before the job ends naming the stuck rank "
      "(0: wait forever)"},
+    {"comm.node_dedup", K_BOOL, F(comm.node_dedup), NO, "false", NULL, R0,
+     "expert-parallel dispatch sends a token's row once per destination node, copied to "
+     "that node's ranks inside it (DeepSeek-V3); return paths stay one row per choice"},
     {"loss.impl", K_STR, F(loss.impl), NO, "plain", "plain|cce", R0,
      "LM-head loss: plain logits, or cut cross-entropy (no [tokens, vocab] logits)"},
     {"loss.cce_filter", K_BOOL, F(loss.cce_filter), NO, "true", NULL, R0,

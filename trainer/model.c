@@ -245,7 +245,7 @@ int moe_model_memory(const moe_config *cfg, int B, int T, int n_tasks, int ep_si
                      moe_model_mem *out) {
     moe_model m;
     size_t moe_off[MOE_MAX_LAYERS];
-    moe_ep_group g = {ep_size, ep_rank, NULL, NULL}; // sizes only: never called
+    moe_ep_group g = {ep_size, ep_rank, NULL, NULL, 0}; // sizes only: never called
     memset(out, 0, sizeof *out);
     MOE_TRY(model_setup(&m, cfg, B, T, n_tasks, ep_size > 1 ? &g : NULL, moe_off));
     out->params = m.table.numel * sizeof(float);
@@ -503,7 +503,8 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
 #ifndef MOE_HAVE_CUDA
     if (cuda) return moe_fail(MOE_EINVAL, "built without CUDA");
 #endif
-    const char *no = h->ep                                    ? "parallel.ep > 1"
+    const char *no = cfg->comm.node_dedup                     ? "comm.node_dedup"
+                     : h->ep                                  ? "parallel.ep > 1"
                      : h->chunks > 1                          ? "memory.mini_seq > 1"
                      : !strcmp(cfg->loss.impl, "cce")         ? "loss.impl = cce"
                      : cfg->moe.n_task_layers > 0             ? "moe.task_layers"

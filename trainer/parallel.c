@@ -42,7 +42,8 @@ int moe_parallel_init(moe_parallel *p, moe_comm *world, const moe_config *cfg) {
         moe_parallel_free(p);
         return rc;
     }
-    p->group = (moe_ep_group){p->ep_size, p->ep_rank, p, ep_alltoallv};
+    p->group = (moe_ep_group){p->ep_size, p->ep_rank, p, ep_alltoallv, 0};
+    if (cfg->comm.node_dedup) p->group.dedup_G = moe_comm_ranks_per_node(p->ep);
     return 0;
 }
 

@@ -81,6 +81,28 @@ static void a2a_call(long c, size_t es, int P, int G, moe_a2a_algo algo, const m
     *sec += (G - 1) * (a[0] + s1 * b[0]) + (N - 1) * (a[1] + s2 * b[1]);
 }
 
+// One node-deduplicated dispatch (comm.node_dedup, moe/src/moe_dispatch_node.c)
+// of `rows` per-choice rows to every rank, whose tokens (`tokens` per rank)
+// reach rn other nodes each: to each other node one row per token that goes
+// there (and, with the rows to the experts, an index: G counts and 8 bytes per
+// choice), then each rank forwards its N source nodes' rows to its G - 1
+// local peers. Either algorithm: both send these sparse counts directly.
+static void dedup_call(long rows, long tokens, double rn, bool index, size_t rb, int P, int G,
+                       const moe_machine *mc, long *bytes, long *msgs, double *sec, long *cross) {
+    const int N = P / G;
+    const double a[2] = {mc->latency_us[0] * 1e-6, mc->latency_us[1] * 1e-6};
+    const double b[2] = {8.0 / (mc->gbps[0] * 1e9), 8.0 / (mc->gbps[1] * 1e9)};
+    if (rows <= 0 || P == 1) return;
+    long x = llround(tokens * rn * (double)rb), xi = 0; // across nodes, all nodes together
+    if (index) xi = (long)(N - 1) * G * (long)sizeof(int) + 2L * rows * (P - G) * (long)sizeof(int);
+    const long in = (long)N * rows * (long)rb; // to each local peer
+    *bytes += x + xi + in * (G - 1);
+    *cross += x + xi;
+    *msgs += (N - 1) * (index ? 2 : 1) + (G - 1);
+    if (N > 1) *sec += (N - 1) * a[1] * (index ? 2 : 1) + (double)(x + xi) * b[1];
+    *sec += (G - 1) * (a[0] + in * b[0]);
+}
+
 // log C(n, r) (r <= n), for the ratios of binomials below.
 static double lchoose(int n, int r) {
     return lgamma(n + 1.0) - lgamma(r + 1.0) - lgamma(n - r + 1.0);
@@ -147,12 +169,21 @@ int moe_plan_a2a(const moe_config *cfg, const moe_machine *mc, moe_a2a_algo algo
         if (C < 0) C = (int)((k * tokens + E - 1) / E); // dropless: balanced estimate
         const long El = E / P, rows = El * C;
         const size_t row_bytes = (size_t)cfg->model.d_model * sizeof(float);
+        const bool dedup = cfg->comm.node_dedup && rn >= 0;
+        out->node_dedup = cfg->comm.node_dedup;
         for (int a = 0; a < cfg->train.grad_accum; a++) {
             a2a_call(El, sizeof(int), P, G, algo, mc, &out->bytes, &out->msgs, &out->seconds,
                      &out->bytes_inter);
-            for (int i = 0; i < 4; i++) // rows out, back; in backward the same two
+            for (int i = 0; i < 4; i++) {  // rows out, back; in backward the same two
+                if (dedup && i % 2 == 0) { // to the experts: rows, then dy
+                    dedup_call(rows, tokens, rn, i == 0, row_bytes, P, G, mc, &out->bytes,
+                               &out->msgs, &out->seconds, &out->bytes_inter);
+                    out->calls += i == 0 ? 2 : 1;
+                    continue;
+                }
                 a2a_call(rows, row_bytes, P, G, algo, mc, &out->bytes, &out->msgs, &out->seconds,
                          &out->bytes_inter);
+            }
             out->calls += 5;
         }
     }
@@ -259,11 +290,20 @@ int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
         fprintf(f, "  (groups and nodes do not nest: no model of the nodes a token reaches)\n");
         return 0;
     }
+    if (a.node_dedup) {
+        fprintf(f,
+                "  comm.node_dedup: the rows to the experts and the combine's gradients cross "
+                "nodes once\n  per token and node (a token's %d choices reach %.2f other "
+                "nodes, balanced routing),\n  with an index; the return paths stay one row "
+                "per choice (%.2f per token)\n",
+                cfg->router.top_k, a.remote_nodes, cfg->router.top_k * (a.nodes - 1.0) / a.nodes);
+        return 0;
+    }
     fprintf(f,
             "  balanced routing: a token's %d choices reach %.2f other nodes; one copy per token "
             "and node\n  (DeepSeek-V3 dispatch) would send %ld bytes across nodes; this "
             "exchange sends one row\n  per choice to other nodes (%.2f per token, whatever "
-            "the groups)\n",
+            "the groups; comm.node_dedup sends one)\n",
             cfg->router.top_k, a.remote_nodes, a.bytes_inter_node_copy,
             cfg->router.top_k * (a.nodes - 1.0) / a.nodes);
     return 0;

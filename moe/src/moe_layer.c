@@ -4,6 +4,7 @@
 // (Task-MoE, arXiv 2110.03742). Shapes and semantics: moe/moe_layer.h.
 #include "moe/moe_layer.h"
 #include "moe/error.h"
+#include "moe_dispatch_node.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -208,6 +209,7 @@ void moe_layer_acts_free(moe_layer_acts *a) {
                        a->recv_kept, a->crow,  a->coff,      a->cfill};
         for (size_t i = 0; i < sizeof idx / sizeof idx[0]; i++)
             a->ops->free(idx[i]);
+        moe_node_state_free(a);
         if (a->cfg.ep_size > 1) {
             void *ep[] = {a->xr, a->abr, a->hr, a->yr, a->dyr, a->dxr, a->dw};
             for (size_t i = 0; i < sizeof ep / sizeof ep[0]; i++)
@@ -492,7 +494,7 @@ int moe_layer_forward(float *y, const float *x, const int *task_id, const int *c
     MOE_TRY(ops->permute_forward(a->xe, x, a->row, T, k, D));
     LAP(permute);
 
-    MOE_TRY(dispatch(a));
+    MOE_TRY(moe_node_dedup_on(a) ? moe_node_dispatch(a) : dispatch(a));
     LAP(permute);
 
     // Experts, one block per (source rank, local expert): xr [n, D] @ [2H, D]^T
@@ -575,7 +577,8 @@ int moe_layer_backward(float *dx, const moe_layer_params *dp, const float *dy, c
     MOE_TRY(ops->unpermute_backward(a->dye, a->dweight, dy, a->ye, a->row, pl->weight, T, k, D));
     LAP(unpermute);
 
-    MOE_TRY(redispatch(a, a->dye, a->dyr));
+    MOE_TRY(moe_node_dedup_on(a) ? moe_node_redispatch(a, dy, a->dyr)
+                                  : redispatch(a, a->dye, a->dyr));
     LAP(unpermute);
 
     // Expert blocks. With expert parallelism each block's weight gradient is

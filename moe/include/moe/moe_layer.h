@@ -43,6 +43,10 @@ typedef struct {
     void *ctx;
     int (*alltoallv)(void *ctx, const void *send, const int *send_counts, void *recv,
                      int *recv_counts, size_t recv_cap, size_t elem_size);
+    // comm.node_dedup: > 0 sends the rows to the experts and the gradients
+    // of the combine once per token and node of dedup_G consecutive ranks
+    // (moe/src/moe_dispatch_node.c); 0: one row per choice.
+    int dedup_G;
 } moe_ep_group;
 
 // Experts held by this layer (E / ep_size) and the first one's global index.
@@ -145,6 +149,7 @@ typedef struct {
     const moe_ep_group *ep;   // required when cfg.ep_size > 1, set by the caller
     int *crow, *coff, *cfill; // chunking: [Tc * k] rows of a chunk, [E + 1] offsets, [E] fill
     moe_layer_timing *timing; // optional, set by the caller
+    struct moe_node_state *node; // node-deduplicated exchange (ep->dedup_G), its own memory
 } moe_layer_acts;
 
 int moe_layer_acts_alloc(moe_layer_acts *a, const moe_layer_config *cfg, const moe_ops *ops);

@@ -50,6 +50,11 @@ typedef struct {
     int nodes, n_groups, topk_groups; // N of the EP group; groups in force (topk 0: all)
     double remote_nodes;
     long bytes_inter_node_copy;
+    // comm.node_dedup: bytes, msgs, calls and bytes_inter count the rows to
+    // the experts and the combine's gradients once per token and node (plus
+    // the index and the forwarding inside nodes), the return paths per choice.
+    // Without a model of the nodes (remote_nodes < 0) every call is per choice.
+    bool node_dedup;
 } moe_a2a_plan;
 
 // All-to-all traffic of one rank per optimizer step, assuming every expert is

@@ -100,7 +100,7 @@ static int save_version(int v) {
 // Which version the checkpoint at dir holds (bitwise params, moments and
 // step), or -1 when it does not load or matches none.
 static int loaded_version(void) {
-    moe_train_state st = {-1, {0, 0}};
+    moe_train_state st = {-1, {0, 0}, 0, 0};
     if (moe_ckpt_load(dir, &rm, &ropt, &st) != 0) return -1;
     int v = (int)st.step;
     for (size_t i = 0; i < rm.table.numel; i++)
@@ -329,7 +329,7 @@ static void refuse_edit(const char *edit_json, const char *want) {
     snprintf(orig, sizeof orig, "%s/state.orig", root);
     ck_assert_int_eq(rename(p, orig), 0);
     ck_assert_int_eq(rename(bak, p), 0);
-    moe_train_state st = {-7, {0, 0}};
+    moe_train_state st = {-7, {0, 0}, 0, 0};
     double ema0 = rm.cap[0].ema[0];
     int rc = moe_ckpt_load(dir, &rm, &ropt, &st);
     const char *msg = moe_last_error();
@@ -386,7 +386,7 @@ static void save_real(const char *d) {
     ck_assert_int_eq(moe_model_init(&m, &c, data.B, data.T, data.n_tasks), 0);
     ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
     ck_assert_int_eq(moe_task_share_measure(&m, &data, 1), 0);
-    moe_train_state st = {0, {0, 0}};
+    moe_train_state st = {0, {0, 0}, 0, 0};
     ck_assert_int_eq(moe_ckpt_save(d, &m, &opt, &st, NULL), 0);
     moe_adamw_free(&opt);
     moe_model_free(&m);

@@ -38,6 +38,7 @@ typedef struct {
         uint64_t seed;
         char device[MOE_NAME_MAX];  // cpu | cuda
         char compute[MOE_NAME_MAX]; // fp32 | bf16 (GEMMs on the GPU)
+        int keep_checkpoints;       // > 0: checkpoint-STEP/ folders kept, `latest` names one
     } train;
     struct {
         char kind[MOE_NAME_MAX]; // synthetic | bin | text

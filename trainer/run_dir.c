@@ -6,6 +6,7 @@
 #include "moe/checkpoint.h"
 #include "moe/error.h"
 #include "moe/fsio.h"
+#include "moe/log.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -49,6 +50,7 @@ static int cmp_desc(const void *a, const void *b) {
 // checkpoint-S folders below it; everything else of the checkpoint-* family goes.
 static int prune(const char *run, int keep, long current) {
     DIR *d = opendir(run);
+    if (!d && errno == ENOENT) return 0; // no run folder yet: nothing to prune
     if (!d) return moe_fail(MOE_EIO, "%s: cannot list: %s", run, strerror(errno));
     long *steps = NULL;
     size_t n = 0, cap = 0;
@@ -131,7 +133,12 @@ int moe_ckpt_save_run(const char *run, int keep, const moe_model *m, const moe_a
         return moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", tmp, latest, strerror(errno));
     if (moe_fs_fsync_dir(run) != 0)
         return moe_fail(MOE_EIO, "%s: fsync failed: %s", run, strerror(errno));
-    return prune(run, keep, st->step);
+    // `latest` names the new checkpoint: a failure from here on loses nothing,
+    // and the next save's pruning finishes the job.
+    if (prune(run, keep, st->step) < 0)
+        moe_log(MOE_LOG_WARN, "checkpoint saved, but removing older ones failed: %s",
+                moe_last_error());
+    return 0;
 }
 
 int moe_run_exists(const char *run) {

@@ -101,9 +101,11 @@ static int parse_args(int argc, char **argv, route_args *a) {
             // The one --set parser of every command (the run config's key
             // table), limited to the keys a plan depends on.
             const char *eq = strchr(v, '=');
+            if (!eq || eq == v)
+                return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--set '%s': expected KEY=VALUE", v);
             char key[128];
-            snprintf(key, sizeof key, "%.*s", eq ? (int)(eq - v) : 0, v);
-            if (eq && strncmp(key, "router.", 7) && strncmp(key, "capacity.", 9) &&
+            snprintf(key, sizeof key, "%.*s", (int)(eq - v), v);
+            if (strncmp(key, "router.", 7) && strncmp(key, "capacity.", 9) &&
                 moe_config_set(&full, NULL, v) == 0)
                 return moe_cli_fail(CMD, MOE_EXIT_USAGE,
                                     "--set %s: moe route takes router.* and capacity.* keys "
@@ -118,6 +120,9 @@ static int parse_args(int argc, char **argv, route_args *a) {
             for (size_t f = 0; f < sizeof fixed / sizeof *fixed; f++)
                 if (!a->fixed_set && !strcmp(key, fixed[f])) a->fixed_set = v;
         } else {
+            if (arg[0] != '-')
+                return moe_cli_fail(CMD, MOE_EXIT_USAGE,
+                                    "unknown argument '%s' (see moe route --help)", arg);
             return moe_cli_unknown_option(CMD, arg, route_help);
         }
     }

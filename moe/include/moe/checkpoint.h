@@ -92,6 +92,8 @@ int moe_ckpt_config(const char *dir, moe_config *cfg);
 //      beyond the keep newest and every leftover of a failed save (S.tmp,
 //      S.old, S.trash of any S): `latest` names checkpoint-STEP, kept, so a
 //      crash at any point leaves a complete checkpoint that `latest` names.
+//      A failure in step 3 is logged, not returned (the new checkpoint is in
+//      place; the next save's step 3 finishes the job).
 // keep = 0 saves RUN/checkpoint alone. saved (cap bytes) receives the
 // folder written.
 int moe_ckpt_save_run(const char *run, int keep, const moe_model *m, const moe_adamw *opt,

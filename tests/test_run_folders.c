@@ -209,6 +209,13 @@ START_TEST(test_keep_checkpoints_rotation_and_readers_take_the_run_folder) {
     ck_assert_str_eq(tu_file_text(dir, "r/latest"), "checkpoint-8\n");
     snprintf(p, sizeof p, "%s/r/checkpoint-6", dir);
     ck_assert_int_ne(stat(p, &st), 0); // rotated out
+    // back to one checkpoint/ folder: `latest` and checkpoint-STEP go, readers follow
+    ck_assert_int_eq(
+        run_moe("train --resume %s/r --steps 9 --quiet --set train.keep_checkpoints=0", dir), 0);
+    snprintf(p, sizeof p, "%s/r", dir);
+    ck_assert_int_eq(tu_count_entries(p), 3); // config.json metrics.jsonl checkpoint
+    ck_assert_int_eq(run_moe("train --resume %s/r --steps 10 --quiet", dir), 0);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "out.txt"), "trained 10 steps (1 of them"));
 }
 END_TEST
 

@@ -32,7 +32,7 @@ static int discard(const char *run, const char *name, int sfx) {
     char p[PATH_MAX], trash[PATH_MAX];
     if (snprintf(p, sizeof p, "%s/%s", run, name) >= (int)sizeof p) return 0;
     if (sfx == SFX_TRASH) return moe_fs_remove_tree(p);
-    size_t base = strlen(name) - (sfx == SFX_TMP ? 4 : sfx == SFX_OLD ? 4 : 0);
+    size_t base = strlen(name) - (sfx == SFX_NONE ? 0 : 4); // ".tmp", ".old" cut
     if (snprintf(trash, sizeof trash, "%s/%.*s.trash", run, (int)base, name) >= (int)sizeof trash)
         return 0;
     MOE_TRY(moe_fs_remove_tree(trash));
@@ -72,8 +72,8 @@ static int prune(const char *run, int keep, long current) {
         }
         steps[n++] = s;
     }
-    qsort(steps, n, sizeof *steps, cmp_desc);
-    size_t k = keep > 1 ? (size_t)keep - 1 : 0; // kept besides current
+    if (n) qsort(steps, n, sizeof *steps, cmp_desc); // (qsort(NULL, 0) is undefined)
+    size_t k = keep > 1 ? (size_t)keep - 1 : 0;      // kept besides current
     if (k > n) k = n;
     const long oldest_kept = k ? steps[k - 1] : current;
     free(steps);
@@ -122,11 +122,23 @@ int moe_ckpt_save_run(const char *run, int keep, const moe_model *m, const moe_a
                      : snprintf(saved, cap, "%s/checkpoint", run);
     if (n < 0 || (size_t)n >= cap) return moe_fail(MOE_EINVAL, "%s: path too long", run);
     MOE_TRY(moe_ckpt_save(saved, m, opt, st, par));
-    if (keep <= 0 || (par && par->rank != 0)) return 0;
+    if (par && par->rank != 0) return 0;
     char tmp[PATH_MAX], latest[PATH_MAX], line[64];
     if (snprintf(tmp, sizeof tmp, "%s/latest.tmp", run) >= (int)sizeof tmp ||
         snprintf(latest, sizeof latest, "%s/latest", run) >= (int)sizeof latest)
         return moe_fail(MOE_EINVAL, "%s: path too long", run);
+    if (keep <= 0) {
+        // One checkpoint/ folder. Step-numbered ones of an earlier setting of
+        // this run are older: `latest` goes first (readers then fall back to
+        // checkpoint/ once they are gone too), then they do.
+        struct stat sb;
+        if (lstat(latest, &sb) == 0 && (moe_fs_unlink(latest) != 0 || moe_fs_fsync_dir(run) != 0))
+            return moe_fail(MOE_EIO, "%s: cannot remove: %s", latest, strerror(errno));
+        if (prune(run, 0, LONG_MAX) < 0)
+            moe_log(MOE_LOG_WARN, "checkpoint saved, but removing older ones failed: %s",
+                    moe_last_error());
+        return 0;
+    }
     int len = snprintf(line, sizeof line, "checkpoint-%ld\n", st->step);
     MOE_TRY(moe_fs_write_file(tmp, line, (size_t)len));
     if (moe_fs_rename(tmp, latest) != 0)

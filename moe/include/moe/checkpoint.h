@@ -94,7 +94,8 @@ int moe_ckpt_config(const char *dir, moe_config *cfg);
 //      crash at any point leaves a complete checkpoint that `latest` names.
 //      A failure in step 3 is logged, not returned (the new checkpoint is in
 //      place; the next save's step 3 finishes the job).
-// keep = 0 saves RUN/checkpoint alone. saved (cap bytes) receives the
+// keep = 0 saves RUN/checkpoint alone, then removes `latest` and the
+// checkpoint-STEP folders an earlier setting of the run left (all older). saved (cap bytes) receives the
 // folder written.
 int moe_ckpt_save_run(const char *run, int keep, const moe_model *m, const moe_adamw *opt,
                       const moe_train_state *st, moe_parallel *par, char *saved, size_t cap);

@@ -79,7 +79,7 @@ START_TEST(test_cli_extra_positional_is_refused) {
 END_TEST
 
 START_TEST(test_cli_unknown_option_and_missing_value_are_refused) {
-    static const char *cmds[] = {"train " TINY,  "eval ck",    "generate ck", "export ck",
+    static const char *cmds[] = {"train " TINY, "eval ck", "generate ck", "export ck",
                                  "ablate " TINY, "plan " TINY, "route"};
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
         char args[256], name[16];
@@ -94,13 +94,11 @@ START_TEST(test_cli_unknown_option_and_missing_value_are_refused) {
 END_TEST
 
 START_TEST(test_cli_non_finite_and_negative_numbers_are_refused) {
-    static const char *args[] = {"plan " TINY " --latency-us nan,5",
-                                 "plan " TINY " --latency-us 2,inf",
-                                 "plan " TINY " --link-gbps -1,100",
-                                 "plan " TINY " --link-gbps 0x1p3,1e999",
-                                 "eval ck --expert-budget nan",
-                                 "generate ck --task copy --prompt x --temperature nan",
-                                 "generate ck --task copy --prompt x --temperature -1"};
+    static const char *args[] = {
+        "plan " TINY " --latency-us nan,5", "plan " TINY " --latency-us 2,inf",
+        "plan " TINY " --link-gbps -1,100", "plan " TINY " --link-gbps 0x1p3,1e999",
+        "eval ck --expert-budget nan",      "generate ck --task copy --prompt x --temperature nan",
+        "generate ck --task copy --prompt x --temperature -1"};
     for (size_t i = 0; i < sizeof args / sizeof *args; i++) {
         ck_assert_int_eq(run_moe(args[i]), 2);
         ck_assert_ptr_null(strstr(tu_file_text(dir, "out.txt"), "nan"));

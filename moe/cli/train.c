@@ -290,10 +290,12 @@ int moe_cli_train(int argc, char **argv) {
         char prog[PATH_MAX + 8], out[PATH_MAX + 8];
         moe_cli_shell_quote(prog, sizeof prog, moe_cli_program());
         moe_cli_shell_quote(out, sizeof out, a.out);
+        char launch[96] = ""; // an MPI job continues under its launcher, with as many ranks
+        if (world) snprintf(launch, sizeof launch, " (under mpirun or srun, %d ranks)", size);
         fprintf(stderr,
                 "moe train: interrupted after step %ld of %d; checkpoint saved in %s\n"
-                "continue with: %s train --resume %s\n",
-                r.steps, cfg.train.steps, a.out, prog, out);
+                "continue with%s: %s train --resume %s\n",
+                r.steps, cfg.train.steps, a.out, launch, prog, out);
         return 130;
     }
     return MOE_EXIT_OK;

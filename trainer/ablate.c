@@ -176,7 +176,8 @@ int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes, co
                 set ? moe_config_set(&c, NULL, set) : moe_fail(MOE_ENOMEM, "ablate: out of memory");
             free(set);
             if (rc < 0) {
-                rc = moe_fail(rc, "--grid %s", moe_last_error());
+                const char *msg = moe_last_error(); // moe_config_set's "--set: " is ours to name
+                rc = moe_fail(rc, "--grid %s", msg + (strncmp(msg, "--set: ", 7) ? 0 : 7));
                 free(rows);
                 return rc;
             }

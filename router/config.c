@@ -10,6 +10,7 @@
 #include <float.h>
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -89,8 +90,11 @@ static int parse_enum(const char *key, const char *v, const char *const *names, 
         strncat(want, names[i], sizeof want - strlen(want) - 1);
         if (i + 1 < n) strncat(want, " | ", sizeof want - strlen(want) - 1);
     }
-    return moe_fail(MOE_EINVAL, "%s = '%.64s%s': expected %s", key, v, strlen(v) > 64 ? "..." : "",
-                    want);
+    const char *best = moe_nearest(v, names, n);
+    char hint[96] = "";
+    if (best) snprintf(hint, sizeof hint, " (did you mean %s?)", best);
+    return moe_fail(MOE_EINVAL, "%s = '%.64s%s': expected %s%s", key, v,
+                    strlen(v) > 64 ? "..." : "", want, hint);
 }
 
 // "3,1.5,2" or "[3, 1.5, 2]": every item a finite number; an empty item, a

@@ -9,11 +9,15 @@ exported folder must print the same text as `moe generate` on the checkpoint,
 for every --prompt, and encode each prompt to the same ids as sentencepiece.
 
 Optional, not part of the default tests; it needs torch, transformers and
-safetensors (CPU wheels are enough; sentencepiece and protobuf for --generate):
+safetensors. The CPU wheel of torch is enough (about 200 MB instead of the
+default wheel's several GB of CUDA libraries); sentencepiece and protobuf for
+--generate:
 
-    python3 -m venv .venv && .venv/bin/pip install torch transformers safetensors
-    build/moe export CKPT --hf out/hf
-    build/moe eval CKPT --samples 0 --dump-logits out/logits.safetensors
+    python3 -m venv .venv
+    .venv/bin/pip install --index-url https://download.pytorch.org/whl/cpu torch
+    .venv/bin/pip install transformers safetensors
+    build/moe export runs/tiny --hf out/hf
+    build/moe eval runs/tiny --samples 0 --dump-logits out/logits.safetensors
     .venv/bin/python scripts/hf_check.py out/hf out/logits.safetensors
     .venv/bin/python scripts/hf_check.py out/hf --generate CKPT --prompt 'The router'
 
@@ -95,7 +99,8 @@ def main() -> int:
         from safetensors.torch import load_file
         from transformers import MixtralForCausalLM
     except ImportError as e:
-        print(f"hf_check: {e} (pip install torch transformers safetensors)", file=sys.stderr)
+        print(f"hf_check: {e} (pip install --index-url https://download.pytorch.org/whl/cpu "
+              "torch; pip install transformers safetensors)", file=sys.stderr)
         return 2
     ref = load_file(args.dump)
     tokens, logits = ref["tokens"].long(), ref["logits"]

@@ -38,9 +38,11 @@ START_TEST(test_grid_runs_every_combination) {
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "--grid run 3: "));
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "exceeds"));
     ck_assert_int_eq(access(out, F_OK), -1);
-    // A run that fails while training (lr 1e30 diverges) is a row of the table.
+    // A run that fails while training (lr 1e30 diverges) is a row of the
+    // table, and the ablation as a whole fails (moe ablate exits 1).
     ck_assert_int_eq(moe_grid_axis_parse(&ax[1], "train.lr=1e-2,1e30"), 0);
-    ck_assert_int_eq(moe_ablate(&c, ax, 2, NULL, 0, out, NULL), 0);
+    ck_assert_int_eq(moe_ablate(&c, ax, 2, NULL, 0, out, NULL), MOE_ENUMERIC);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "2 of 4 runs failed"));
     snprintf(p, sizeof p, "%s/results.csv", out);
     ck_assert_int_eq(count_lines(p, NULL), 5); // header + 4 runs
     ck_assert_int_eq(count_lines(p, ",ok,"), 2);

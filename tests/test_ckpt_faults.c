@@ -46,6 +46,10 @@ static moe_config tiny(void) {
 static moe_model wm, rm;
 static moe_adamw wopt, ropt;
 static char root[600], dir[700];
+// > 0: saves go to the run folder `run` with rotation (moe_ckpt_save_run,
+// keeping rot_keep), and readers read the run folder.
+static int rot_keep;
+static char run[700];
 
 static void setup(void) {
     moe_config c = tiny();
@@ -58,6 +62,8 @@ static void setup(void) {
     ck_assert_ptr_nonnull(t);
     snprintf(root, sizeof root, "%s", t);
     snprintf(dir, sizeof dir, "%s/checkpoint", root);
+    snprintf(run, sizeof run, "%s/run", root);
+    rot_keep = 0;
 }
 
 static void teardown(void) {
@@ -88,20 +94,24 @@ static void make_state(int v, moe_train_state *st) {
                 wm.cap[l].ema[e] = v + e * 0.25;
                 wm.cap[l].capacity[e] = 4 + (v + e) % 3;
             }
-    *st = (moe_train_state){v, {(uint64_t)v * 10, (uint64_t)v}};
+    *st = (moe_train_state){v, {(uint64_t)v * 10, (uint64_t)v}, 0, 0};
 }
 
 static int save_version(int v) {
     moe_train_state st;
     make_state(v, &st);
+    if (rot_keep > 0) {
+        char saved[800];
+        return moe_ckpt_save_run(run, rot_keep, &wm, &wopt, &st, NULL, saved, sizeof saved);
+    }
     return moe_ckpt_save(dir, &wm, &wopt, &st, NULL);
 }
 
 // Which version the checkpoint at dir holds (bitwise params, moments and
 // step), or -1 when it does not load or matches none.
 static int loaded_version(void) {
-    moe_train_state st = {-1, {0, 0}};
-    if (moe_ckpt_load(dir, &rm, &ropt, &st) != 0) return -1;
+    moe_train_state st = {-1, {0, 0}, 0, 0};
+    if (moe_ckpt_load(rot_keep > 0 ? run : dir, &rm, &ropt, &st) != 0) return -1;
     int v = (int)st.step;
     for (size_t i = 0; i < rm.table.numel; i++)
         if (rm.params[i] != value(v, i, 0) || ropt.m[i] != value(v, i, 1) ||
@@ -289,6 +299,97 @@ START_TEST(test_complete_tmp_is_found_and_kept_through_a_second_crash) {
 }
 END_TEST
 
+// --- run folders: step-numbered checkpoints, `latest`, rotation ----------------------
+
+// The run folder holds exactly keep checkpoint-S folders (the newest being
+// checkpoint-newest, which `latest` names) and `latest`: no temp folder or file.
+static void assert_rotated(int keep, int newest) {
+    char p[1100], want[64];
+    ck_assert_int_eq(tu_count_entries(run), keep + 1);
+    snprintf(want, sizeof want, "checkpoint-%d\n", newest);
+    ck_assert_str_eq(tu_file_text(run, "latest"), want);
+    DIR *d = opendir(run);
+    struct dirent *e;
+    int n = 0;
+    while ((e = readdir(d)) != NULL) {
+        long s;
+        int sfx;
+        if (!moe_ckpt_step_name(e->d_name, &s, &sfx)) continue;
+        ck_assert_int_eq(sfx, MOE_CKPT_NAME_PLAIN);
+        ck_assert_int_le(s, newest);
+        snprintf(p, sizeof p, "%s/%s", run, e->d_name);
+        ck_assert(moe_ckpt_complete(p));
+        n++;
+    }
+    closedir(d);
+    ck_assert_int_eq(n, keep);
+}
+
+START_TEST(test_rotation_keeps_exactly_n_and_latest_names_the_newest) {
+    ck_assert_int_eq(mkdir(run, 0755), 0);
+    rot_keep = 3;
+    for (int v = 1; v <= 6; v++) {
+        ck_assert_int_eq(save_version(v), 0);
+        ck_assert_int_eq(loaded_version(), v); // the run folder resolves to the newest
+        assert_rotated(v < 3 ? v : 3, v);
+    }
+    char p[800];
+    snprintf(p, sizeof p, "%s/checkpoint-4", run); // the oldest kept, readable by name
+    moe_train_state st = {-1, {0, 0}, 0, 0};
+    ck_assert_int_eq(moe_ckpt_load(p, &rm, &ropt, &st), 0);
+    ck_assert_int_eq(st.step, 4);
+    // without `latest` (removed by hand), the highest-numbered checkpoint is read
+    snprintf(p, sizeof p, "%s/latest", run);
+    ck_assert_int_eq(unlink(p), 0);
+    ck_assert_int_eq(loaded_version(), 6);
+    // a `latest` naming something else is refused, naming the file
+    FILE *f = fopen(p, "w");
+    fputs("../elsewhere\n", f);
+    fclose(f);
+    ck_assert_int_eq(moe_ckpt_load(run, &rm, &ropt, &st), MOE_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "latest"));
+}
+END_TEST
+
+// A save with rotation cut at every counted call (failed, or the process
+// aborted there): the run folder still resolves to a complete checkpoint, the
+// new one or the one before; the next save completes and leaves exactly keep
+// checkpoints and `latest`.
+static void rotation_walk(moe_fault_mode mode) {
+    rot_keep = 2;
+    long points = 0;
+    for (long i = 1;; i++) {
+        moe_fs_remove_tree(run);
+        ck_assert_int_eq(mkdir(run, 0755), 0);
+        for (int v = 1; v <= 3; v++)
+            ck_assert_int_eq(save_version(v), 0);
+        int b = faulted_save(4, i, mode);
+        if (b == 2) {
+            ck_assert_msg(points > 30, "only %ld injection points in a rotating save", points);
+            return;
+        }
+        int x = loaded_version();
+        ck_assert_msg(x == 4 || (x == 3 && b != 0),
+                      "fault at call %ld (%s): the run folder resolves to version %d, save "
+                      "returned %d",
+                      i, mode == MOE_FAULT_FAIL ? moe_fs_fault_op() : "abort", x, b);
+        ck_assert_msg(save_version(5) == 0, "fault %ld: next save fails: %s", i, moe_last_error());
+        ck_assert_int_eq(loaded_version(), 5);
+        assert_rotated(2, 5);
+        points = i;
+    }
+}
+
+START_TEST(test_rotating_save_survives_a_failed_call_at_every_point) {
+    rotation_walk(MOE_FAULT_FAIL);
+}
+END_TEST
+
+START_TEST(test_rotating_save_survives_a_crash_at_every_point) {
+    rotation_walk(MOE_FAULT_ABORT);
+}
+END_TEST
+
 // --- item 8: trainer_state.json ----------------------------------------------------
 
 // Rewrites field path (a small path language: keys and [index]) of
@@ -329,7 +430,7 @@ static void refuse_edit(const char *edit_json, const char *want) {
     snprintf(orig, sizeof orig, "%s/state.orig", root);
     ck_assert_int_eq(rename(p, orig), 0);
     ck_assert_int_eq(rename(bak, p), 0);
-    moe_train_state st = {-7, {0, 0}};
+    moe_train_state st = {-7, {0, 0}, 0, 0};
     double ema0 = rm.cap[0].ema[0];
     int rc = moe_ckpt_load(dir, &rm, &ropt, &st);
     const char *msg = moe_last_error();
@@ -386,7 +487,7 @@ static void save_real(const char *d) {
     ck_assert_int_eq(moe_model_init(&m, &c, data.B, data.T, data.n_tasks), 0);
     ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
     ck_assert_int_eq(moe_task_share_measure(&m, &data, 1), 0);
-    moe_train_state st = {0, {0, 0}};
+    moe_train_state st = {0, {0, 0}, 0, 0};
     ck_assert_int_eq(moe_ckpt_save(d, &m, &opt, &st, NULL), 0);
     moe_adamw_free(&opt);
     moe_model_free(&m);
@@ -492,6 +593,9 @@ int main(void) {
     tcase_add_test(tc, test_complete_tmp_is_found_and_kept_through_a_second_crash);
     tcase_add_test(tc, test_save_survives_a_failed_call_at_every_point_twice);
     tcase_add_test(tc, test_save_survives_a_crash_at_every_point_twice);
+    tcase_add_test(tc, test_rotation_keeps_exactly_n_and_latest_names_the_newest);
+    tcase_add_test(tc, test_rotating_save_survives_a_failed_call_at_every_point);
+    tcase_add_test(tc, test_rotating_save_survives_a_crash_at_every_point);
     tcase_add_test(tc, test_trainer_state_fields_are_validated);
     tcase_add_test(tc, test_both_tensor_layouts_are_refused_by_every_reader);
     tcase_add_test(tc, test_sharded_layout_alone_is_read_by_every_reader);

@@ -180,6 +180,7 @@ START_TEST(test_cli_train_refuses_a_run_above_available_memory) {
     snprintf(args, sizeof args, "train " TINY " --steps 1 --quiet --out '%s/ok'", dir);
     ck_assert_int_eq(run_moe(args), 0);
     setenv("MOE_MEM_LIMIT", "lots", 1);
+    snprintf(args, sizeof args, "train " TINY " --steps 1 --quiet --out '%s/ok2'", dir);
     ck_assert_int_eq(run_moe(args), 2);
     assert_one_line_error("train", "MOE_MEM_LIMIT='lots'");
     unsetenv("MOE_MEM_LIMIT");

@@ -95,6 +95,7 @@ typedef struct {
     int ok;
     char error[256];
     double val_loss, tokens_per_s, drop_rate, max_vio, seconds;
+    int rc; // the run's status (0: trained)
     int n_tasks;
     char task[MOE_MAX_TASKS][MOE_NAME_MAX];
     double accuracy[MOE_MAX_TASKS];
@@ -228,7 +229,9 @@ int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes,
         int rc = run_config(&c, base, axes, n_axes, rows[i].idx, sets, n_sets, NULL);
         if (rc == 0) rc = moe_config_check(&c, NULL);
         if (rc < 0) {
-            rc = moe_fail(rc, "--grid run %d: %s", i + 1, moe_last_error());
+            const char *msg = moe_last_error(); // moe_config_set's "--set: " is ours to name
+            rc = moe_fail(rc, "--grid run %d: %s", i + 1,
+                          msg + (strncmp(msg, "--set: ", 7) ? 0 : 7));
             free(rows);
             return rc;
         }
@@ -254,6 +257,7 @@ int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes,
         clock_gettime(CLOCK_MONOTONIC, &t1);
         r->seconds = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
         r->ok = rc == 0;
+        r->rc = rc;
         if (rc < 0) {
             snprintf(r->error, sizeof r->error, "%s", moe_last_error());
             for (char *q = r->error; *q; q++)
@@ -287,6 +291,15 @@ int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes,
         }
     int rc = write_report(out, axes, n_axes, rows, n); // before the tables sort the rows
     if (rc == 0) rc = write_results(out, axes, n_axes, rows, n);
+    int failed = 0, first = -1;
+    for (int i = 0; i < n; i++)
+        if (!rows[i].ok && failed++ == 0) first = i;
+    // A grid with a failed run is a failed ablation (exit 1), the table written all the same.
+    if (rc == 0 && failed)
+        rc = moe_fail(first >= 0 && rows[first].rc != MOE_EINVAL ? rows[first].rc : MOE_ENUMERIC,
+                      "%d of %d runs failed (first: %s/run_%03d: %s); the table of all runs is in "
+                      "%s/results.md",
+                      failed, n, out, first, rows[first].error, out);
     free(rows);
     return rc;
 }

@@ -65,6 +65,8 @@ static int write_state(const char *path, const moe_model *m, const moe_adamw *op
     json_array_append_new(cur, json_integer((json_int_t)st->cursor[0]));
     json_array_append_new(cur, json_integer((json_int_t)st->cursor[1]));
     json_object_set_new(doc, "data_cursor", cur);
+    json_object_set_new(doc, "tokens", json_real(st->tokens)); // whole-run summary figures
+    json_object_set_new(doc, "train_seconds", json_real(st->seconds));
     for (int l = 0; l < m->L; l++) {
         const moe_capacity_ctl *c = &m->cap[l];
         if (!c->capacity) continue;
@@ -548,6 +550,16 @@ static int load_state(const char *path, moe_model *m, moe_adamw *opt, moe_train_
                          rc);
         cur[k] = (uint64_t)json_integer_value(v);
     }
+    // Summary figures (absent in older checkpoints: 0). Non-negative numbers.
+    double sums[2] = {0, 0};
+    static const char *const sum_keys[2] = {"tokens", "train_seconds"};
+    for (int k = 0; k < 2; k++) {
+        json_t *v = json_object_get(doc, sum_keys[k]);
+        if (v &&
+            (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) < 0))
+            MOE_TRY_GOTO(bad_field(path, sum_keys[k], "a finite number >= 0"), rc);
+        sums[k] = v ? json_number_value(v) : 0;
+    }
     json_t *caps = json_object_get(doc, "capacity");
     for (int l = 0; l < m->L; l++)
         n_dyn += m->cap[l].capacity != NULL;
@@ -581,6 +593,8 @@ static int load_state(const char *path, moe_model *m, moe_adamw *opt, moe_train_
         st->step = (long)step;
         st->cursor[0] = cur[0];
         st->cursor[1] = cur[1];
+        st->tokens = sums[0];
+        st->seconds = sums[1];
     }
     if (opt) opt->step = (long)adam_step;
 fail:

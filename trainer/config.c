@@ -159,6 +159,9 @@ static const key_def keys[] = {
      "steps between validation passes (0: only at the end)"},
     {"train.ckpt_every", K_INT, F(train.ckpt_every), NO, "0", NULL, RI(0, 1000000000),
      "steps between checkpoints (0: only at the end)"},
+    {"train.keep_checkpoints", K_INT, F(train.keep_checkpoints), NO, "0", NULL, RI(0, 1000000),
+     "N > 0: each save writes checkpoint-STEP/ and the file `latest` naming it, and keeps the N "
+     "newest; 0: one checkpoint/ folder, replaced at each save"},
     {"train.log_every", K_INT, F(train.log_every), NO, "10", NULL, RI(1, 1000000000),
      "steps between progress lines when not on a terminal"},
     {"train.tensorboard", K_BOOL, F(train.tensorboard), NO, "false", NULL, R0,
@@ -266,6 +269,38 @@ static const char *src_where(const moe_config_src *src, const char *key) {
     const key_def *k = find_key(key);
     if (src && k && src->where[k - keys]) return src->where[k - keys];
     return "default";
+}
+
+// "did you mean router.top_k? " when key is a likely typo of a table key
+// (moe_nearest), else ""; hint has cap bytes. Sections alone when section.
+static const char *key_hint(const char *key, bool section, char *hint, size_t cap) {
+    const char *cands[N_KEYS];
+    char secs[N_KEYS][32];
+    int n = 0;
+    for (int i = 0; i < N_KEYS; i++) {
+        if (!section) {
+            cands[n++] = keys[i].key;
+            continue;
+        }
+        snprintf(secs[n], sizeof secs[n], "%.*s", (int)strcspn(keys[i].key, "."), keys[i].key);
+        if (n == 0 || strcmp(secs[n], secs[n - 1])) cands[n] = secs[n], n++;
+    }
+    const char *best = moe_nearest(key, cands, n);
+    if (best)
+        snprintf(hint, cap, "did you mean %s? ", best);
+    else
+        hint[0] = 0;
+    return hint;
+}
+
+// " (did you mean jitter?)" when v is a likely typo of one of values, else "".
+static const char *value_hint(const char *v, const char *values, char *hint, size_t cap) {
+    char best[64];
+    if (moe_nearest_value(v, values, best, sizeof best))
+        snprintf(hint, cap, " (did you mean %s?)", best);
+    else
+        hint[0] = 0;
+    return hint;
 }
 
 static int in_values(const char *values, const char *v) {
@@ -518,8 +553,10 @@ static int set_text(moe_config *cfg, const key_def *k, const char *v) {
         size_t cap = str_cap(k);
         if (strlen(v) >= cap)
             return moe_fail(MOE_EINVAL, "%s: value longer than %zu characters", k->key, cap - 1);
+        char hint[96];
         if (k->values && !in_values(k->values, v))
-            return moe_fail(MOE_EINVAL, "%s = '%s': expected one of %s", k->key, v, k->values);
+            return moe_fail(MOE_EINVAL, "%s = '%s': expected one of %s%s", k->key, v, k->values,
+                            value_hint(v, k->values, hint, sizeof hint));
         memset(base + k->off, 0, cap);
         memcpy(base + k->off, v, strlen(v));
         break;
@@ -557,12 +594,17 @@ int moe_config_set(moe_config *cfg, moe_config_src *src, const char *assignment)
                         strlen(assignment) > 64 ? "..." : "");
     size_t len = (size_t)(eq - assignment);
     const key_def *k = find_key_n(assignment, len);
-    if (!k)
+    if (!k) {
+        char name[128], hint[160];
+        snprintf(name, sizeof name, "%.*s", (int)(len > 100 ? 100 : len), assignment);
         return moe_fail(MOE_EINVAL,
-                        "--set: unknown key '%.*s%s' (moe train --help-config lists the keys)",
-                        (int)(len > 64 ? 64 : len), assignment, len > 64 ? "..." : "");
+                        "--set: unknown key '%.64s%s' (%smoe train --help-config lists the keys)",
+                        name, len > 64 ? "..." : "", key_hint(name, false, hint, sizeof hint));
+    }
     int rc = set_text(cfg, k, eq + 1);
-    if (rc < 0) return moe_fail(rc, "--set: %s", moe_last_error());
+    if (rc < 0)
+        return moe_fail(rc, "--set: %s (moe train --help-config lists the keys and their values)",
+                        moe_last_error());
     src_note(src, k, xprintf("--set %s", k->key));
     return 0;
 }
@@ -724,10 +766,12 @@ int moe_config_load(moe_config *cfg, moe_config_src *src, const char *path) {
         for (int i = 0; i < N_KEYS && !known; i++)
             known = !strncmp(keys[i].key, section, sl) && keys[i].key[sl] == '.';
         if (!known) {
+            char hint[160];
             rc = moe_fail(MOE_EINVAL,
-                          "%s:%d:%d: unknown section '%.64s%s' (moe train --help-config "
+                          "%s:%d:%d: unknown section '%.64s%s' (%smoe train --help-config "
                           "lists the keys)",
-                          path, WHERE(section), section, sl > 64 ? "..." : "");
+                          path, WHERE(section), section, sl > 64 ? "..." : "",
+                          key_hint(section, true, hint, sizeof hint));
             goto fail;
         }
         if (!json_is_object(obj)) {
@@ -746,10 +790,12 @@ int moe_config_load(moe_config *cfg, moe_config_src *src, const char *path) {
             }
             const key_def *k = find_key(key);
             if (!k) {
+                char hint[160];
                 rc = moe_fail(MOE_EINVAL,
-                              "%s: unknown key '%.64s%s' (moe train --help-config lists "
+                              "%s: unknown key '%.64s%s' (%smoe train --help-config lists "
                               "the keys)",
-                              where, key, strlen(key) > 64 ? "..." : "");
+                              where, key, strlen(key) > 64 ? "..." : "",
+                              key_hint(key, false, hint, sizeof hint));
                 goto fail;
             }
             rc = set_json(cfg, k, v);

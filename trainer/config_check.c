@@ -4,6 +4,7 @@
 #include "moe/config.h"
 #include "moe/data.h"
 #include "moe/error.h"
+#include "moe/parse.h"
 #include "trainer/config_internal.h"
 
 #include <limits.h>
@@ -177,11 +178,16 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
     // the checkpoint's task records look tasks up by name).
     const bool synth_names = !strcmp(c->data.kind, "synthetic") && !c->data.task_paths[0][0];
     for (int i = 0; synth_names && i < c->data.n_tasks; i++) {
-        if (moe_synth_task_index(c->data.tasks[i]) < 0)
+        if (moe_synth_task_index(c->data.tasks[i]) < 0) {
+            static const char *const known[] = {"copy", "reverse", "sort", "caesar", "add"};
+            const char *best = moe_nearest(c->data.tasks[i], known, 5);
+            char hint[64] = "";
+            if (best) snprintf(hint, sizeof hint, " (did you mean %s?)", best);
             return moe_fail(MOE_EINVAL,
                             "%s: data.tasks entry %d is '%s', expected one of copy, reverse, "
-                            "sort, caesar, add",
-                            moe_config_where(src, "data.tasks"), i, c->data.tasks[i]);
+                            "sort, caesar, add%s",
+                            moe_config_where(src, "data.tasks"), i, c->data.tasks[i], hint);
+        }
         for (int j = 0; j < i; j++)
             if (!strcmp(c->data.tasks[i], c->data.tasks[j]))
                 return moe_fail(MOE_EINVAL, "%s: data.tasks lists '%s' twice",

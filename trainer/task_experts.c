@@ -5,6 +5,7 @@
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/fsio.h"
+#include "moe/parse.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -26,13 +27,19 @@ int moe_config_task_names(const moe_config *cfg, char names[][MOE_NAME_MAX]) {
 
 int moe_config_task_index(const moe_config *cfg, const char *name) {
     char names[MOE_MAX_TASKS][MOE_NAME_MAX], known[MOE_MAX_TASKS * (MOE_NAME_MAX + 2)] = "";
+    const char *cands[MOE_MAX_TASKS];
     int n = moe_config_task_names(cfg, names);
     for (int i = 0; i < n; i++) {
         if (!strcmp(names[i], name)) return i;
         strcat(known, i ? ", " : "");
         strcat(known, names[i]);
+        cands[i] = names[i];
     }
-    return moe_fail(MOE_EINVAL, "unknown task '%s' (this checkpoint's tasks: %s)", name, known);
+    const char *best = moe_nearest(name, cands, n);
+    char hint[MOE_NAME_MAX + 24] = "";
+    if (best) snprintf(hint, sizeof hint, "did you mean %s? ", best);
+    return moe_fail(MOE_EINVAL, "unknown task '%s' (%sthis checkpoint's tasks: %s)", name, hint,
+                    known);
 }
 
 static int cmp_int(const void *a, const void *b) {

@@ -12,8 +12,8 @@
 #include "moe/parallel.h"
 #include "moe/plan.h"
 #include "moe/task_experts.h"
-#include "moe/tokenizer.h"
 #include "moe/tensorboard.h"
+#include "moe/tokenizer.h"
 #include "trainer/train_gpu.h"
 
 #include <errno.h>
@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -214,15 +215,47 @@ static double mean_max_vio(const moe_model *m) {
     return n ? s / n : 0.0;
 }
 
-static void progress(bool tty, long step, long total, double loss, double tps, double drop,
-                     double eta) {
+// The smoothed loss of the progress line: an EMA of the step losses with this
+// factor, bias-corrected as in Adam (divided by 1 - LOSS_EMA^n) so the first
+// steps show their own mean rather than a value pulled towards 0.
+#define LOSS_EMA 0.9
+
+// Columns of the terminal on stderr (80 when unknown).
+static int term_cols(void) {
+    struct winsize ws;
+    if (ioctl(fileno(stderr), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+    return 80;
+}
+
+// On a terminal one line rewritten in place, cut to the terminal's width
+// (fields dropped from the right, never wrapped); plain lines otherwise.
+static void progress(bool tty, long step, long total, double loss, double ema, float lr, double tps,
+                     double drop, double eta) {
     int e = (int)eta;
-    if (tty)
-        fprintf(stderr, "\r  step %ld/%ld | loss %.4f | %.0f tok/s | drop %.1f%% | ETA %d:%02d   ",
-                step, total, loss, tps, 100 * drop, e / 60, e % 60);
-    else
-        fprintf(stderr, "  step %ld/%ld  loss %.4f  %.0f tok/s  drop %.1f%%  eta %ds\n", step,
-                total, loss, tps, 100 * drop, e);
+    if (!tty) {
+        fprintf(stderr,
+                "  step %ld/%ld  loss %.4f  ema %.4f  lr %.3g  %.0f tok/s  drop %.1f%%  eta %ds\n",
+                step, total, loss, ema, lr, tps, 100 * drop, e);
+        return;
+    }
+    char f[6][48];
+    snprintf(f[0], sizeof f[0], "step %ld/%ld", step, total);
+    snprintf(f[1], sizeof f[1], " | loss %.4f (ema %.4f)", loss, ema);
+    snprintf(f[2], sizeof f[2], " | lr %.2e", lr);
+    snprintf(f[3], sizeof f[3], " | %.0f tok/s", tps);
+    snprintf(f[4], sizeof f[4], " | drop %.1f%%", 100 * drop);
+    snprintf(f[5], sizeof f[5], " | ETA %d:%02d", e / 60, e % 60);
+    char line[320];
+    size_t n = 0, width = (size_t)term_cols() - 1; // the last column would wrap
+    for (int i = 0; i < 6; i++) {
+        size_t fl = strlen(f[i]);
+        if (n + 2 + fl > width) break;
+        memcpy(line + n, f[i], fl);
+        n += fl;
+    }
+    line[n] = 0;
+    if (n + 2 > width) line[width > 2 ? width - 2 : 0] = 0; // a very narrow terminal
+    fprintf(stderr, "\r  %s\033[K", line);                  // \033[K clears what a longer line left
 }
 
 // mkdir -p
@@ -278,7 +311,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     if (rc == 0)
         rc = moe_model_init_ep(&m, cfg, d.B, d.T, d.n_tasks, par.ep_size > 1 ? &par.group : NULL);
     if (rc == 0) rc = moe_adamw_init(&opt, &m.table, cfg->train.decay_all);
-    moe_train_state st = {0, {0, 0}};
+    moe_train_state st = {0, {0, 0}, 0, 0};
     if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
     if (rc == 0 && on_gpu)
         rc = moe_gpu_trainer_init(&gpu, &m, &opt, cfg, (size_t)d.B * d.T, o->device_ops);
@@ -295,7 +328,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         d.cursor[1] = st.cursor[1];
         if (lead) moe_log(MOE_LOG_INFO, "resumed from %s at step %ld", o->resume_dir, st.step);
     }
-    snprintf(ckpt, sizeof ckpt, "%s/checkpoint", o->out_dir);
+    snprintf(ckpt, sizeof ckpt, "%s/checkpoint", o->out_dir); // until a save names it
     size_t nt = (size_t)d.B * d.T;
     in = moe_malloc(sizeof(int32_t) * nt);
     tg = moe_malloc(sizeof(int32_t) * nt);
@@ -304,6 +337,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     if (!in || !tg || !task || !acc) rc = moe_fail(MOE_ENOMEM, "training buffers: out of memory");
     // The run folder appears only once data, model and checkpoint are known
     // good: a run refused at setup leaves nothing behind.
+    if (rc == 0 && lead && o->overwrite) rc = moe_run_clear(o->out_dir);
     if (rc == 0 && lead) rc = make_dirs(o->out_dir);
     if (rc == 0 && lead) { // only rank 0 writes the run folder
         snprintf(path, sizeof path, "%s/config.json", o->out_dir);
@@ -332,8 +366,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 on_gpu ? (gpu.ops == &moe_ops_cpu ? " (device path on the CPU)" : " on the GPU")
                        : "",
                 total, d.B, d.T, accum, W);
-    double t_start = now(), tokens = 0, drop_sum = 0, vio_sum = 0;
+    double t_start = now(), tokens = 0, drop_sum = 0, vio_sum = 0, ema = 0;
     long steps_run = 0;
+    const double tokens0 = st.tokens, seconds0 = st.seconds; // before a resume
     for (long step = st.step; step < total; step++) {
         double t0 = now(), parts[4] = {0, 0, 0, 0}; // loss, ce, aux, z
         const comm_step c0 = comm_now(&par);
@@ -434,6 +469,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         drop_sum += drop;
         vio_sum += mean_max_vio(fm);
         steps_run++;
+        ema = LOSS_EMA * ema + (1 - LOSS_EMA) * loss;
+        st.tokens = tokens0 + tokens;
+        st.seconds = seconds0 + (now() - t_start);
         if (o->losses) o->losses[step] = loss;
         if (steps_run == 1) r->first_loss = loss;
         r->last_loss = loss;
@@ -450,7 +488,8 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         if (tb.f) MOE_TRY_GOTO(tb_step(&tb, step + 1, parts, lr, gnorm, tps, drop), rc);
         double eta = (now() - t_start) / steps_run * (total - step - 1);
         if (!quiet && (tty || (step + 1) % cfg->train.log_every == 0 || step + 1 == total))
-            progress(tty, step + 1, total, loss, tokens / (now() - t_start), drop, eta);
+            progress(tty, step + 1, total, loss, ema / (1 - pow(LOSS_EMA, (double)steps_run)), lr,
+                     tokens / (now() - t_start), drop, eta);
         if (cfg->train.eval_every > 0 && (step + 1) % cfg->train.eval_every == 0 &&
             step + 1 < total) {
             moe_eval_result ev; // every rank evaluates the same batches in step
@@ -479,7 +518,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
             st.cursor[1] = d.cursor[1];
             if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc);
             MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
-            MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st, &par), rc);
+            MOE_TRY_GOTO(moe_ckpt_save_run(o->out_dir, cfg->train.keep_checkpoints, &m, &opt, &st,
+                                           &par, ckpt, sizeof ckpt),
+                         rc);
         }
         if (stop) {
             r->interrupted = true;
@@ -488,7 +529,10 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     }
     if (tty) fputc('\n', stderr);
     r->steps = st.step;
-    r->tokens_per_s = steps_run ? tokens / (now() - t_start) : 0;
+    r->steps_run = steps_run;
+    r->tokens = st.tokens;
+    r->seconds = st.seconds;
+    r->tokens_per_s = st.seconds > 0 ? st.tokens / st.seconds : 0;
     r->drop_rate = steps_run ? drop_sum / steps_run : 0;
     r->max_vio = steps_run ? vio_sum / steps_run : 0;
     r->mem_peak = moe_mem_peak();
@@ -497,7 +541,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         st.cursor[1] = d.cursor[1];
         if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc);
         MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
-        MOE_TRY_GOTO(moe_ckpt_save(ckpt, &m, &opt, &st, &par), rc);
+        MOE_TRY_GOTO(moe_ckpt_save_run(o->out_dir, cfg->train.keep_checkpoints, &m, &opt, &st, &par,
+                                       ckpt, sizeof ckpt),
+                     rc);
         MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &r->eval), rc);
         if (metrics && write_eval(metrics, st.step, &r->eval) < 0) {
             moe_eval_result_free(&r->eval);
@@ -509,9 +555,14 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
             goto fail;
         }
         if (o->report && lead) {
+            char resumed[64] = ""; // the figures cover the whole run, resumes included
+            if (r->steps_run < r->steps)
+                snprintf(resumed, sizeof resumed, " (%ld of them after resuming)", r->steps_run);
             fprintf(o->report,
-                    "\ntrained %ld steps: %.0f tokens/s, mean drop rate %.2f%%, mean MaxVio %.3f\n",
-                    r->steps, r->tokens_per_s, 100 * r->drop_rate, r->max_vio);
+                    "\ntrained %ld steps%s: %.0f tokens in %.1f s, %.0f tokens/s, mean drop rate "
+                    "%.2f%%, mean MaxVio %.3f\n",
+                    r->steps, resumed, r->tokens, r->seconds, r->tokens_per_s, 100 * r->drop_rate,
+                    r->max_vio);
             moe_eval_print(&r->eval, o->report);
             moe_mem_plan mp; // rank 0's buffers against the planner's prediction
             if (moe_plan_memory(cfg, W, 0, &mp) == 0)

@@ -64,8 +64,7 @@ int moe_cli_ablate(int argc, char **argv) {
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--out", &out)) != 0) {
             if (m < 0) code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
         } else if (argv[i][0] == '-') {
-            code = moe_cli_fail("ablate", MOE_EXIT_USAGE,
-                                "unknown option '%s' (see moe ablate --help)", argv[i]);
+            code = moe_cli_unknown_option("ablate", argv[i], help);
         } else if (!config) {
             config = argv[i];
         } else {

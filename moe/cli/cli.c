@@ -4,6 +4,7 @@
 #include "moe/cli/cli.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
+#include "moe/parse.h"
 #include "moe/safetensors.h"
 
 #include <errno.h>
@@ -144,32 +145,12 @@ static const command *find_command(const char *name) {
     return NULL;
 }
 
-// Levenshtein distance of two short words (command names), capped at 9.
-static int distance(const char *a, const char *b) {
-    size_t na = strlen(a), nb = strlen(b);
-    if (na > 31 || nb > 31) return 9;
-    int d[32][32];
-    for (size_t i = 0; i <= na; i++)
-        d[i][0] = (int)i;
-    for (size_t j = 0; j <= nb; j++)
-        d[0][j] = (int)j;
-    for (size_t i = 1; i <= na; i++)
-        for (size_t j = 1; j <= nb; j++) {
-            int sub = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            int del = d[i - 1][j] + 1, ins = d[i][j - 1] + 1;
-            d[i][j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
-        }
-    return d[na][nb] < 9 ? d[na][nb] : 9;
-}
-
 // "moe: unknown command 'trian' (did you mean train? ...)": one line.
 static int unknown_command(const char *name) {
-    const char *best = NULL;
-    int best_d = 3; // two edits at most count as a typo
-    for (int i = 0; i < N_COMMANDS; i++) {
-        int d = distance(name, commands[i].name);
-        if (d < best_d) best_d = d, best = commands[i].name;
-    }
+    const char *names[N_COMMANDS];
+    for (int i = 0; i < N_COMMANDS; i++)
+        names[i] = commands[i].name;
+    const char *best = moe_nearest(name, names, N_COMMANDS);
     char hint[64] = "";
     if (best) snprintf(hint, sizeof hint, "did you mean %s? ", best);
     moe_fail(MOE_EINVAL, "unknown command '%.64s'", name);
@@ -177,7 +158,66 @@ static int unknown_command(const char *name) {
     return MOE_EXIT_USAGE;
 }
 
+int moe_cli_option_error(const char *cmd, const char *arg, const char *help) {
+    // The options a command takes are the "--name" words of its help text:
+    // one list, which cannot drift from what --help shows.
+    const char *opts[64];
+    char names[64][32];
+    int n = 0;
+    for (const char *p = help; (p = strstr(p, "--")) != NULL && n < 64;) {
+        size_t len = 2 + strspn(p + 2, "abcdefghijklmnopqrstuvwxyz0123456789-");
+        if (len > 2 && len < sizeof names[0]) {
+            snprintf(names[n], sizeof names[0], "%.*s", (int)len, p);
+            opts[n] = names[n];
+            bool dup = false;
+            for (int i = 0; i < n && !dup; i++)
+                dup = !strcmp(names[i], names[n]);
+            if (!dup) n++;
+        }
+        p += len;
+    }
+    char word[64]; // "--stepz=3": the name alone is compared
+    snprintf(word, sizeof word, "%.*s", (int)strcspn(arg, "="), arg);
+    const char *best = moe_nearest(word, opts, n);
+    char hint[64] = "";
+    if (best) snprintf(hint, sizeof hint, "did you mean %s? ", best);
+    return moe_fail(MOE_EINVAL, "unknown option '%s' (%ssee moe %s --help)", arg, hint, cmd);
+}
+
+int moe_cli_unknown_option(const char *cmd, const char *arg, const char *help) {
+    moe_cli_option_error(cmd, arg, help);
+    return moe_cli_fail(cmd, MOE_EXIT_USAGE, "%s", moe_last_error());
+}
+
+static const char *program = "moe";
+
+const char *moe_cli_program(void) {
+    return program;
+}
+
+void moe_cli_shell_quote(char *out, size_t cap, const char *s) {
+    if (s[0] &&
+        strspn(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./-=:+,") ==
+            strlen(s)) {
+        snprintf(out, cap, "%s", s);
+        return;
+    }
+    size_t n = 0; // 'it'\''s': a quote inside ends the quoting, escapes, reopens
+    if (cap) out[n++] = '\'';
+    for (const char *p = s; *p && n + 5 < cap; p++) {
+        if (*p == '\'') {
+            memcpy(out + n, "'\\''", 4);
+            n += 4;
+        } else {
+            out[n++] = *p;
+        }
+    }
+    if (n + 1 < cap) out[n++] = '\'';
+    out[n < cap ? n : cap - 1] = 0;
+}
+
 int moe_cli_main(int argc, char **argv) {
+    if (argc > 0 && argv[0] && argv[0][0]) program = argv[0];
     if (argc < 2) {
         fprintf(stderr, "moe: no command given (moe --help lists the commands)\n");
         return MOE_EXIT_USAGE;
@@ -194,7 +234,8 @@ int moe_cli_main(int argc, char **argv) {
         return MOE_EXIT_OK;
     }
     if (!strcmp(cmd, "--version")) {
-        printf("moe %s\n", MOE_VERSION);
+        printf("moe %s%s%s\n", MOE_VERSION, MOE_GIT_DESCRIBE[0] ? " (git " : "",
+               MOE_GIT_DESCRIBE[0] ? MOE_GIT_DESCRIBE ")" : "");
         return MOE_EXIT_OK;
     }
     const command *c = find_command(cmd);

@@ -7,8 +7,16 @@
 #include "moe/config.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 
-#define MOE_VERSION "0.1.0"
+// The version of CMake's project() and, when the source was a git checkout at
+// configure time, `git describe` (both set by CMakeLists.txt).
+#ifndef MOE_VERSION
+#define MOE_VERSION "0.0.0"
+#endif
+#ifndef MOE_GIT_DESCRIBE
+#define MOE_GIT_DESCRIBE ""
+#endif
 
 // Exit codes (DESIGN "CLI"), the same condition giving the same code in every
 // command:
@@ -61,6 +69,20 @@ int moe_cli_opt_once(int argc, char **argv, int *i, const char *name, const char
 // A flag without value: 1 when arg is name (sets *on), 0 when it is not, -1
 // (message recorded) when *on was already set.
 int moe_cli_flag(const char *arg, const char *name, bool *on);
+
+// An unknown option of command cmd: records (moe_fail, MOE_EINVAL returned)
+// "unknown option 'ARG' (did you mean --x? see moe CMD --help)", the
+// suggestion taken from the --options named in help. moe_cli_unknown_option
+// also prints it (moe_cli_fail) and returns exit code 2.
+int moe_cli_option_error(const char *cmd, const char *arg, const char *help);
+int moe_cli_unknown_option(const char *cmd, const char *arg, const char *help);
+
+// argv[0] of the running `moe` (as invoked: "moe", "./moe", "build/moe"), for
+// commands printed to be run again.
+const char *moe_cli_program(void);
+// s as one shell word into out (cap bytes): unchanged when it holds only safe
+// characters, else in single quotes.
+void moe_cli_shell_quote(char *out, size_t cap, const char *s);
 
 // MPI launches (mpirun, srun): true when the environment says this process is
 // one rank of a job. moe_cli_mpi_world initialises MPI and wraps its world;

@@ -33,8 +33,7 @@ int moe_cli_export(int argc, char **argv) {
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--hf", &out)) != 0) {
             if (m < 0) return moe_cli_fail("export", MOE_EXIT_USAGE, "%s", moe_last_error());
         } else if (argv[i][0] == '-') {
-            return moe_cli_fail("export", MOE_EXIT_USAGE,
-                                "unknown option '%s' (see moe export --help)", argv[i]);
+            return moe_cli_unknown_option("export", argv[i], export_help);
         } else if (!dir) {
             dir = argv[i];
         } else {

@@ -175,8 +175,7 @@ static int parse(int argc, char **argv, gen_args *a) {
                    (m = moe_cli_flag(argv[i], "--quiet", &a->quiet)) != 0) {
             if (m < 0) return -1;
         } else if (argv[i][0] == '-') {
-            return moe_fail(MOE_EINVAL, "unknown option '%s' (see moe generate --help)", argv[i]),
-                   -1;
+            return moe_cli_option_error("generate", argv[i], generate_help), -1;
         } else if (!a->dir) {
             a->dir = argv[i];
         } else {

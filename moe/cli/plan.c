@@ -71,8 +71,7 @@ int moe_cli_plan(int argc, char **argv) {
             else
                 sets[n_sets++] = v;
         } else if (argv[i][0] == '-') {
-            code = moe_cli_fail("plan", MOE_EXIT_USAGE, "unknown option '%s' (see moe plan --help)",
-                                argv[i]);
+            code = moe_cli_unknown_option("plan", argv[i], help);
         } else if (!config) {
             config = argv[i];
         } else {

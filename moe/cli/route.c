@@ -18,48 +18,46 @@ _Static_assert(sizeof(float) == 4, "plan float arrays are written as F32");
 
 static const char *const CMD = "route";
 
-static void help(FILE *fp) {
-    fprintf(fp,
-            "usage: moe route --logits IN.safetensors [--task-ids IN.safetensors]\n"
-            "                 [--set KEY=VALUE]... [--train [--step N]] --out PLAN.safetensors\n"
-            "       moe route --example [--set KEY=VALUE]... [--out PLAN.safetensors]\n"
-            "\n"
-            "Routes logits [T, E] with the router and writes the dispatch plan.\n"
-            "\n"
-            "  --logits FILE    safetensors with 'logits' F32 [T, E] and optionally\n"
-            "                   'task_ids' I32 [T] (task of each token, >= 0) and 'bias'\n"
-            "                   F32 [E] (expert selection bias of auxiliary-loss-free\n"
-            "                   balancing: added to the scores for the top-k choice only,\n"
-            "                   the weights stay the unbiased scores)\n"
-            "  --task-ids FILE  take 'task_ids' I32 [T] from FILE instead\n"
-            "  --set KEY=VALUE  router config, e.g. --set router.top_k=1\n"
-            "                   --set router.slot_order=priority --set router.task_priority=1,2\n"
-            "                   keys: router.{type (token_choice | expert_choice), top_k,\n"
-            "                   capacity_factor (<= 0: dropless),\n"
-            "                   min_capacity, slot_order, normalize_topk, score (softmax |\n"
-            "                   sigmoid), route_scale, noise, noise_eps, aux_loss_coef,\n"
-            "                   z_loss_coef, aux_counts_all_k, task_priority, seed,\n"
-            "                   n_groups, topk_groups (n_groups 0: one group)};\n"
-            "                   capacity.mode must stay static (one call has no load\n"
-            "                   history for dynamic capacity)\n"
-            "  --train          apply router.noise, seeded by (router.seed, --step). Here the\n"
-            "                   logits are the router input: jitter multiplies the logits\n"
-            "                   by U(1-eps, 1+eps); gumbel perturbs choices 2..k\n"
-            "  --step N         training step that keys the noise (default 0)\n"
-            "  --out FILE       plan: expert, slot I32 [T, k] (-1 = dropped), weight F32\n"
-            "                   [T, k], counts, kept, capacity I32 [E], aux_loss, z_loss F32\n"
-            "                   [1]; metadata holds the resolved config. Under expert choice\n"
-            "                   k is E: a token's experts in descending score, then -1.\n"
-            "                   Written atomically;\n"
-            "                   on any error no file is created\n"
-            "  --example        route a built-in batch (T=16, E=4, k=2, two tasks) with\n"
-            "                   capacity_factor 1 under position and priority slot order and\n"
-            "                   dropless, and show which tokens each drops; --out writes the\n"
-            "                   position plan. Other --set keys apply; the four it fixes are\n"
-            "                   refused\n"
-            "\n"
-            "exit status: 0 ok, 1 runtime failure (e.g. cannot write), 2 bad usage or input\n");
-}
+static const char *const route_help =
+    "usage: moe route --logits IN.safetensors [--task-ids IN.safetensors]\n"
+    "                 [--set KEY=VALUE]... [--train [--step N]] --out PLAN.safetensors\n"
+    "       moe route --example [--set KEY=VALUE]... [--out PLAN.safetensors]\n"
+    "\n"
+    "Routes logits [T, E] with the router and writes the dispatch plan.\n"
+    "\n"
+    "  --logits FILE    safetensors with 'logits' F32 [T, E] and optionally\n"
+    "                   'task_ids' I32 [T] (task of each token, >= 0) and 'bias'\n"
+    "                   F32 [E] (expert selection bias of auxiliary-loss-free\n"
+    "                   balancing: added to the scores for the top-k choice only,\n"
+    "                   the weights stay the unbiased scores)\n"
+    "  --task-ids FILE  take 'task_ids' I32 [T] from FILE instead\n"
+    "  --set KEY=VALUE  router config, e.g. --set router.top_k=1\n"
+    "                   --set router.slot_order=priority --set router.task_priority=[1,2]\n"
+    "                   keys: router.{type (token_choice | expert_choice), top_k,\n"
+    "                   capacity_factor (<= 0: dropless),\n"
+    "                   min_capacity, slot_order, normalize_topk, score (softmax |\n"
+    "                   sigmoid), route_scale, noise, noise_eps, aux_loss_coef,\n"
+    "                   z_loss_coef, aux_counts_all_k, task_priority, seed,\n"
+    "                   n_groups, topk_groups (n_groups 0: one group)};\n"
+    "                   capacity.mode must stay static (one call has no load\n"
+    "                   history for dynamic capacity)\n"
+    "  --train          apply router.noise, seeded by (router.seed, --step). Here the\n"
+    "                   logits are the router input: jitter multiplies the logits\n"
+    "                   by U(1-eps, 1+eps); gumbel perturbs choices 2..k\n"
+    "  --step N         training step that keys the noise (default 0)\n"
+    "  --out FILE       plan: expert, slot I32 [T, k] (-1 = dropped), weight F32\n"
+    "                   [T, k], counts, kept, capacity I32 [E], aux_loss, z_loss F32\n"
+    "                   [1]; metadata holds the resolved config. Under expert choice\n"
+    "                   k is E: a token's experts in descending score, then -1.\n"
+    "                   Written atomically;\n"
+    "                   on any error no file is created\n"
+    "  --example        route a built-in batch (T=16, E=4, k=2, two tasks) with\n"
+    "                   capacity_factor 1 under position and priority slot order and\n"
+    "                   dropless, and show which tokens each drops; --out writes the\n"
+    "                   position plan. Other --set keys apply; the four it fixes are\n"
+    "                   refused\n"
+    "\n"
+    "exit status: 0 ok, 1 runtime failure (e.g. cannot write), 2 bad usage or input\n";
 
 typedef struct {
     const char *logits_path, *task_path, *out_path;
@@ -81,7 +79,9 @@ static int fail_last(int exit_code) {
 
 static int parse_args(int argc, char **argv, route_args *a) {
     memset(a, 0, sizeof *a);
-    moe_router_config_default(&a->cfg);
+    moe_config full; // --set goes through the run config's key table
+    moe_config_default(&full);
+    a->cfg = full.router;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *v = NULL;
         int m;
@@ -105,24 +105,33 @@ static int parse_args(int argc, char **argv, route_args *a) {
             a->step_given = true;
         } else if ((m = moe_cli_opt_value(argc, argv, &i, "--set", &v)) != 0) {
             if (m < 0) return fail_last(MOE_EXIT_USAGE);
+            // The one --set parser of every command (the run config's key
+            // table), limited to the keys a plan depends on.
             const char *eq = strchr(v, '=');
             if (!eq || eq == v)
                 return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--set '%s': expected KEY=VALUE", v);
             char key[128];
-            if ((size_t)(eq - v) >= sizeof key)
-                return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--set '%s': key too long", v);
-            memcpy(key, v, (size_t)(eq - v));
-            key[eq - v] = '\0';
-            if (moe_router_config_set(&a->cfg, key, eq + 1) < 0)
-                return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--set %s: %s", v, moe_last_error());
+            snprintf(key, sizeof key, "%.*s", (int)(eq - v), v);
+            if (strncmp(key, "router.", 7) && strncmp(key, "capacity.", 9) &&
+                moe_config_set(&full, NULL, v) == 0)
+                return moe_cli_fail(CMD, MOE_EXIT_USAGE,
+                                    "--set %s: moe route takes router.* and capacity.* keys "
+                                    "only (moe train --help-config lists them)",
+                                    key);
+            full.router = a->cfg;
+            if (moe_config_set(&full, NULL, v) < 0)
+                return moe_cli_fail(CMD, MOE_EXIT_USAGE, "%s", moe_last_error());
+            a->cfg = full.router;
             static const char *const fixed[] = {"router.top_k", "router.task_priority",
                                                 "router.slot_order", "router.capacity_factor",
                                                 "router.type"};
             for (size_t f = 0; f < sizeof fixed / sizeof *fixed; f++)
                 if (!a->fixed_set && !strcmp(key, fixed[f])) a->fixed_set = v;
         } else {
-            return moe_cli_fail(CMD, MOE_EXIT_USAGE, "unknown argument '%s' (see moe route --help)",
-                                arg);
+            if (arg[0] != '-')
+                return moe_cli_fail(CMD, MOE_EXIT_USAGE,
+                                    "unknown argument '%s' (see moe route --help)", arg);
+            return moe_cli_unknown_option(CMD, arg, route_help);
         }
     }
     if (a->help) return 0;
@@ -511,7 +520,7 @@ int moe_cli_route(int argc, char **argv) {
     int rc = parse_args(argc, argv, &a);
     if (rc != 0) return rc;
     if (a.help) {
-        help(stdout);
+        fputs(route_help, stdout);
         return MOE_EXIT_OK;
     }
     return a.example ? route_example(&a) : route_file(&a);

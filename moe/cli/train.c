@@ -13,18 +13,22 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static volatile sig_atomic_t interrupted;
 
-static void on_sigint(int sig) {
-    (void)sig;
+// Only sets the flag: the loop checks it after each step, saves a checkpoint
+// and returns. A second Ctrl-C ends the process at once.
+static void on_stop_signal(int sig) {
     interrupted = 1;
-    signal(SIGINT, SIG_DFL); // a second Ctrl-C ends the process at once
+    signal(sig, SIG_DFL);
 }
 
 static const char *train_help =
-    "usage: moe train CONFIG.json [--set key=value]... [--out DIR] [--resume CKPT_DIR]\n"
-    "                 [--steps N] [--device cpu|cuda] [--quiet] [--dry-run]\n"
+    "usage: moe train CONFIG.json [--set key=value]... [--out DIR] [--resume DIR]\n"
+    "                 [--overwrite] [--steps N] [--device cpu|cuda] [--quiet] [--dry-run]\n"
+    "                 [--force]\n"
+    "       moe train --resume RUN_DIR [--set key=value]... [--steps N]\n"
     "       moe train --help-config      list every config key with its default\n"
     "\n"
     "Trains the model CONFIG describes (a JSON file of sections: model, moe, router,\n"
@@ -32,14 +36,20 @@ static const char *train_help =
     "key (typed by the key: --set router.top_k=1 --set moe.num_experts=[4,8]); --steps N\n"
     "is --set train.steps=N, --device D is --set train.device=D. The run folder\n"
     "(default runs/<config name>) receives config.json (resolved), metrics.jsonl and\n"
-    "checkpoint/. --resume continues from a checkpoint folder bit-exactly. Ctrl-C saves\n"
-    "a checkpoint and exits with 130.\n"
-    "--dry-run prints the memory plan (as moe plan) and exits. Under mpirun or srun\n"
-    "every rank trains (parallel.ep experts-parallel ranks x data parallel).\n";
+    "checkpoint/ (or checkpoint-STEP/ folders and `latest`, with train.keep_checkpoints).\n"
+    "A folder that already holds a run is refused unless --resume continues it or\n"
+    "--overwrite replaces it. --resume takes a run folder (its latest checkpoint) or a\n"
+    "checkpoint folder and continues bit-exactly; with no CONFIG it takes the config and\n"
+    "the run folder from the run itself. Ctrl-C (or SIGTERM) stops after the current\n"
+    "step, saves a checkpoint, prints the command that continues and exits with 130.\n"
+    "--dry-run prints the memory plan (as moe plan) and exits; --force starts a run the\n"
+    "memory plan says will not fit. Under mpirun or srun every rank trains\n"
+    "(parallel.ep experts-parallel ranks x data parallel).\n";
 
 typedef struct {
     const char *out, *resume;
-    bool quiet, dry_run, force;
+    bool quiet, dry_run, force, overwrite;
+    bool resume_run; // --resume RUN_DIR without a CONFIG: config and out from the run
 } train_args;
 
 // "key=value" in a new string (NULL when out of memory).
@@ -50,15 +60,24 @@ static char *assignment(const char *key, const char *value) {
     return s;
 }
 
-// Parses train's options, loads CONFIG with the --set, --steps and --device
-// overrides (applied in command-line order) into cfg, and fills a (out defaults
-// to runs/<config name>, written into default_out).
+static bool has_file(const char *dir, const char *name) {
+    char p[PATH_MAX];
+    struct stat st;
+    return snprintf(p, sizeof p, "%s/%s", dir, name) < (int)sizeof p && stat(p, &st) == 0 &&
+           S_ISREG(st.st_mode);
+}
+
+// Parses train's options, loads CONFIG (or, with --resume RUN_DIR alone, the
+// run's config.json) with the --set, --steps and --device overrides (applied
+// in command-line order) into cfg, and fills a (out defaults to runs/<config
+// name>, or the run folder; written into default_out).
 static int parse_train_args(int argc, char **argv, moe_config *cfg, train_args *a,
                             char *default_out, size_t cap) {
     const char *config = NULL, *steps = NULL, *device = NULL;
     int rc = 0, n_sets = 0;
     const char **sets = malloc(sizeof *sets * (size_t)argc); // one per argument at most
     char *owned[2] = {NULL, NULL};                           // --steps, --device as --set
+    char run_config[PATH_MAX];
     if (!sets) return moe_fail(MOE_ENOMEM, "out of memory");
     for (int i = 1; i < argc; i++) {
         const char *v = NULL;
@@ -79,10 +98,11 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, train_args *
             sets[n_sets++] = owned[1];
         } else if ((m = moe_cli_flag(argv[i], "--quiet", &a->quiet)) != 0 ||
                    (m = moe_cli_flag(argv[i], "--dry-run", &a->dry_run)) != 0 ||
-                   (m = moe_cli_flag(argv[i], "--force", &a->force)) != 0) {
+                   (m = moe_cli_flag(argv[i], "--force", &a->force)) != 0 ||
+                   (m = moe_cli_flag(argv[i], "--overwrite", &a->overwrite)) != 0) {
             if (m < 0) goto usage;
         } else if (argv[i][0] == '-') {
-            moe_fail(MOE_EINVAL, "unknown option '%s' (see moe train --help)", argv[i]);
+            moe_cli_option_error("train", argv[i], train_help);
             goto usage;
         } else if (!config) {
             config = argv[i];
@@ -90,6 +110,24 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, train_args *
             moe_fail(MOE_EINVAL, "more than one config file ('%s', '%s')", config, argv[i]);
             goto usage;
         }
+    }
+    if (a->resume && a->overwrite) {
+        moe_fail(MOE_EINVAL, "--resume continues a run and --overwrite replaces it: give one");
+        goto usage;
+    }
+    if (!config && a->resume) { // the run's own resolved config, and the run as --out
+        if (!has_file(a->resume, "config.json") || !moe_run_exists(a->resume)) {
+            moe_fail(MOE_EINVAL,
+                     "--resume %s without a CONFIG needs a run folder (config.json and a "
+                     "checkpoint, as moe train writes); for a checkpoint folder give the config "
+                     "too: moe train CONFIG --resume %s --out DIR",
+                     a->resume, a->resume);
+            goto usage;
+        }
+        snprintf(run_config, sizeof run_config, "%s/config.json", a->resume);
+        config = run_config;
+        a->resume_run = true;
+        if (!a->out) a->out = a->resume;
     }
     if (!config) {
         moe_fail(MOE_EINVAL, "no config file (try configs/tiny.json)");
@@ -195,6 +233,13 @@ int moe_cli_train(int argc, char **argv) {
     // A checkpoint to resume from is input: unusable is exit 2, as in eval.
     if (a.resume && (rc = moe_cli_check_ckpt(a.resume)) < 0)
         return moe_cli_fail("train", moe_cli_input_exit_code(rc), "--resume: %s", moe_last_error());
+    // A second run into a run folder would mix two runs' metrics and replace
+    // the first one's checkpoint: the user says which they mean.
+    if (!a.resume && !a.overwrite && moe_run_exists(a.out))
+        return moe_cli_fail("train", MOE_EXIT_USAGE,
+                            "--out %s already holds a run (metrics.jsonl or a checkpoint); "
+                            "continue it with --resume %s, or replace it with --overwrite",
+                            a.out, a.out);
     moe_comm *world = NULL;
     int rank = 0, size = 1;
     if (moe_cli_mpi_launched()) {
@@ -215,12 +260,15 @@ int moe_cli_train(int argc, char **argv) {
         return code;
     }
     interrupted = 0;
-    void (*old)(int) = signal(SIGINT, on_sigint);
-    moe_train_opts o = {a.out, a.resume, &interrupted, stdout, a.quiet, NULL, 0, NULL, NULL};
+    void (*old_int)(int) = signal(SIGINT, on_stop_signal);
+    void (*old_term)(int) = signal(SIGTERM, on_stop_signal);
+    moe_train_opts o = {a.out, a.resume, &interrupted, stdout, a.quiet, NULL, 0, NULL, NULL, false};
     o.world = world;
+    o.overwrite = a.overwrite;
     moe_train_result r;
     rc = moe_train(&cfg, &o, &r);
-    signal(SIGINT, old);
+    signal(SIGINT, old_int);
+    signal(SIGTERM, old_term);
     if (rc < 0) {
         int code = moe_cli_exit_code(rc);
         // A failure every rank agreed on is reported once; a failure of one
@@ -237,10 +285,17 @@ int moe_cli_train(int argc, char **argv) {
     moe_cli_mpi_finalize(world);
     if (rank != 0) return r.interrupted ? 130 : MOE_EXIT_OK;
     if (r.interrupted) {
+        // The run folder holds the resolved config (every --set applied):
+        // resuming it alone continues exactly this run.
+        char prog[PATH_MAX + 8], out[PATH_MAX + 8];
+        moe_cli_shell_quote(prog, sizeof prog, moe_cli_program());
+        moe_cli_shell_quote(out, sizeof out, a.out);
+        char launch[96] = ""; // an MPI job continues under its launcher, with as many ranks
+        if (world) snprintf(launch, sizeof launch, " (under mpirun or srun, %d ranks)", size);
         fprintf(stderr,
-                "moe train: interrupted after step %ld; checkpoint saved in %s/checkpoint "
-                "(continue with --resume %s/checkpoint)\n",
-                r.steps, a.out, a.out);
+                "moe train: interrupted after step %ld of %d; checkpoint saved in %s\n"
+                "continue with%s: %s train --resume %s\n",
+                r.steps, cfg.train.steps, a.out, launch, prog, out);
         return 130;
     }
     return MOE_EXIT_OK;
@@ -332,8 +387,7 @@ int moe_cli_eval(int argc, char **argv) {
                 return moe_cli_fail("eval", MOE_EXIT_USAGE, "--quantize: only int8 is supported");
             int8 = true;
         } else if (argv[i][0] == '-') {
-            return moe_cli_fail("eval", MOE_EXIT_USAGE, "unknown option '%s' (see moe eval --help)",
-                                argv[i]);
+            return moe_cli_unknown_option("eval", argv[i], eval_help);
         } else if (!dir) {
             dir = argv[i];
         } else {

@@ -4,8 +4,11 @@
 #include "moe/checkpoint.h"
 #include "moe/error.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -41,6 +44,78 @@ int moe_ckpt_complete(const char *folder) {
     return ok;
 }
 
+int moe_ckpt_step_name(const char *name, long *step, int *suffix) {
+    if (strncmp(name, "checkpoint-", 11) != 0) return 0;
+    const char *p = name + 11;
+    if (*p < '0' || *p > '9') return 0;
+    char *end;
+    errno = 0;
+    long s = strtol(p, &end, 10);
+    if (errno || s < 0) return 0;
+    static const char *const sfxs[] = {"", ".tmp", ".old", ".trash"};
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(end, sfxs[i])) {
+            *step = s, *suffix = i;
+            return 1;
+        }
+    return 0;
+}
+
+// A run folder given where a checkpoint is expected: writes into out the
+// checkpoint it means (the one `latest` names, else the highest-numbered
+// checkpoint-STEP, else checkpoint) and returns 1; 0 when dir is no run
+// folder (a checkpoint folder, or nothing); < 0 on a bad `latest`.
+static int run_target(const char *dir, char *out, size_t cap) {
+    char p[4096];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    if (exists(p)) return 0;
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
+    if (exists(p)) return 0;
+    struct stat st;
+    if (snprintf(p, sizeof p, "%s/latest", dir) < (int)sizeof p && lstat(p, &st) == 0) {
+        char line[80] = "";
+        FILE *f = S_ISREG(st.st_mode) && st.st_size < (off_t)sizeof line ? fopen(p, "r") : NULL;
+        size_t n = f ? fread(line, 1, sizeof line - 1, f) : 0;
+        if (f) fclose(f);
+        line[n] = 0;
+        if (n && line[n - 1] == '\n') line[--n] = 0;
+        long s;
+        int sfx;
+        if (!moe_ckpt_step_name(line, &s, &sfx) || sfx != MOE_CKPT_NAME_PLAIN)
+            return moe_fail(MOE_EFORMAT,
+                            "%s: expected one line naming the newest checkpoint "
+                            "(checkpoint-STEP)",
+                            p);
+        if (snprintf(out, cap, "%s/%s", dir, line) >= (int)cap)
+            return moe_fail(MOE_EINVAL, "%s: path too long", dir);
+        return 1;
+    }
+    long best = -1;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        long s;
+        int sfx;
+        if (moe_ckpt_step_name(e->d_name, &s, &sfx) && sfx != MOE_CKPT_NAME_TRASH && s > best)
+            best = s;
+    }
+    if (d) closedir(d);
+    if (best >= 0) {
+        if (snprintf(out, cap, "%s/checkpoint-%ld", dir, best) >= (int)cap)
+            return moe_fail(MOE_EINVAL, "%s: path too long", dir);
+        return 1;
+    }
+    static const char *const plain[] = {"checkpoint", "checkpoint.tmp", "checkpoint.old"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%s", dir, plain[i]);
+        if (!is_dir(p)) continue;
+        if (snprintf(out, cap, "%s/checkpoint", dir) >= (int)cap)
+            return moe_fail(MOE_EINVAL, "%s: path too long", dir);
+        return 1;
+    }
+    return 0;
+}
+
 int moe_ckpt_resolve(const char *dir_in, char *out, size_t out_size, moe_ckpt_layout *layout) {
     char dir[4096], tmp[4096], old[4096], single[4096], index[4096];
     if (snprintf(dir, sizeof dir, "%s", dir_in) >= (int)sizeof dir)
@@ -48,6 +123,13 @@ int moe_ckpt_resolve(const char *dir_in, char *out, size_t out_size, moe_ckpt_la
     size_t n = strlen(dir); // "run/checkpoint/" names the same folder: its .old is beside it
     while (n > 1 && dir[n - 1] == '/')
         dir[--n] = 0;
+    if (is_dir(dir)) { // a run folder: the checkpoint it names
+        char target[4096];
+        int r = run_target(dir, target, sizeof target);
+        if (r < 0) return r;
+        if (r > 0) snprintf(dir, sizeof dir, "%s", target);
+        n = strlen(dir);
+    }
     if (snprintf(tmp, sizeof tmp, "%s.tmp", dir) >= (int)sizeof tmp ||
         snprintf(old, sizeof old, "%s.old", dir) >= (int)sizeof old)
         return moe_fail(MOE_EINVAL, "%s: path too long", dir);

@@ -83,3 +83,51 @@ int moe_check_range(const char *key, int item, double v, double lo, double hi, i
     if (item >= 0) snprintf(item_s, sizeof item_s, " item %d", item);
     return moe_fail(MOE_EINVAL, "%s%s = %.17g: expected %s", key, item_s, v, want);
 }
+
+// Levenshtein distance with two rows; words longer than 127 bytes count as far.
+int moe_edit_distance(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    if (na > 127 || nb > 127) return 1 << 20;
+    int row[2][128];
+    for (size_t j = 0; j <= nb; j++)
+        row[0][j] = (int)j;
+    for (size_t i = 1; i <= na; i++) {
+        int *prev = row[(i - 1) & 1], *cur = row[i & 1];
+        cur[0] = (int)i;
+        for (size_t j = 1; j <= nb; j++) {
+            int sub = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            int del = prev[j] + 1, ins = cur[j - 1] + 1;
+            cur[j] = sub < del ? (sub < ins ? sub : ins) : (del < ins ? del : ins);
+        }
+    }
+    return row[na & 1][nb];
+}
+
+const char *moe_nearest(const char *word, const char *const *cands, int n) {
+    size_t len = strlen(word);
+    // a typo: up to 2 edits (3 in words of 10 or more), and fewer than the
+    // word has letters ("x" is no typo of "xy")
+    int limit = len >= 10 ? 3 : 2, best_d = limit + 1;
+    const char *best = NULL;
+    for (int i = 0; i < n; i++) {
+        int d = moe_edit_distance(word, cands[i]);
+        if (d < best_d && (size_t)d < len) best_d = d, best = cands[i];
+    }
+    return best;
+}
+
+const char *moe_nearest_value(const char *word, const char *values, char *buf, size_t cap) {
+    const char *cands[32];
+    char copy[512];
+    int n = 0;
+    snprintf(copy, sizeof copy, "%s", values);
+    for (char *p = copy; p && n < 32;) {
+        cands[n++] = p;
+        p = strchr(p, '|');
+        if (p) *p++ = 0;
+    }
+    const char *best = moe_nearest(word, cands, n);
+    if (!best) return NULL;
+    snprintf(buf, cap, "%s", best);
+    return buf;
+}

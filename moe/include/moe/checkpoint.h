@@ -44,6 +44,8 @@
 typedef struct {
     long step;          // optimizer steps completed
     uint64_t cursor[2]; // data cursors (train, val)
+    double tokens;      // training tokens over the whole run (resumes included)
+    double seconds;     // training time over the whole run (resumes included)
 } moe_train_state;
 
 // How a checkpoint folder stores its tensors.
@@ -96,5 +98,37 @@ int moe_ckpt_bias_read(const moe_st_set *s, const char *what, int l, int E, floa
 // Loads config.json of the resolved folder over the defaults. A relative
 // model.tokenizer is resolved against that folder (its tokenizer.model).
 int moe_ckpt_config(const char *dir, moe_config *cfg);
+
+// Run folders (trainer/run_dir.c). A run folder RUN holds config.json,
+// metrics.jsonl and its checkpoints: RUN/checkpoint/ (train.keep_checkpoints =
+// 0), or RUN/checkpoint-STEP/ folders and the file RUN/latest, one line naming
+// the newest of them. moe_ckpt_resolve given RUN reads the checkpoint `latest`
+// names (else the highest-numbered checkpoint-STEP, else RUN/checkpoint), so
+// every reader takes a run folder as well as a checkpoint folder.
+//
+// Save with rotation (keep > 0), crash-safe at every counted call:
+//   1. save RUN/checkpoint-STEP by the protocol above;
+//   2. write RUN/latest.tmp (fsynced), rename it to RUN/latest, fsync RUN;
+//   3. remove, each renamed to NAME.trash first, every checkpoint-S folder
+//      beyond the keep newest and every leftover of a failed save (S.tmp,
+//      S.old, S.trash of any S): `latest` names checkpoint-STEP, kept, so a
+//      crash at any point leaves a complete checkpoint that `latest` names.
+//      A failure in step 3 is logged, not returned (the new checkpoint is in
+//      place; the next save's step 3 finishes the job).
+// keep = 0 saves RUN/checkpoint alone, then removes `latest` and the
+// checkpoint-STEP folders an earlier setting of the run left (all older). saved (cap bytes) receives the
+// folder written.
+int moe_ckpt_save_run(const char *run, int keep, const moe_model *m, const moe_adamw *opt,
+                      const moe_train_state *st, moe_parallel *par, char *saved, size_t cap);
+// "checkpoint-STEP", optionally followed by .tmp, .old or .trash (*suffix:
+// MOE_CKPT_NAME_PLAIN, _TMP, _OLD, _TRASH): 1 with *step and *suffix set, else 0.
+enum { MOE_CKPT_NAME_PLAIN, MOE_CKPT_NAME_TMP, MOE_CKPT_NAME_OLD, MOE_CKPT_NAME_TRASH };
+int moe_ckpt_step_name(const char *name, long *step, int *suffix);
+// 1 when folder RUN holds a run: metrics.jsonl, a checkpoint, checkpoint-STEP
+// or latest (or the leftovers of a save of one of them), else 0.
+int moe_run_exists(const char *run);
+// Removes what a run wrote into RUN (metrics.jsonl, config.json, checkpoint*,
+// latest*), for train --overwrite; other files are left alone.
+int moe_run_clear(const char *run);
 
 #endif

@@ -47,6 +47,7 @@ typedef struct {
         char device[MOE_NAME_MAX];  // cpu | cuda
         char compute[MOE_NAME_MAX]; // fp32 | bf16 (GEMMs on the GPU)
         bool tensorboard;           // also write TensorBoard event files into the run folder
+        int keep_checkpoints;       // > 0: checkpoint-STEP/ folders kept, `latest` names one
     } train;
     struct {
         char kind[MOE_NAME_MAX]; // synthetic | bin (= llmc) | llmc | nanogpt | text

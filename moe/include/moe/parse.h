@@ -24,4 +24,14 @@ int moe_check_range(const char *key, int item, double v, double lo, double hi, i
 // The range as text for messages and --help-config: "1..64", "[0, 1)", "> 0".
 void moe_range_text(char *buf, size_t cap, double lo, double hi, int open, bool integer);
 
+// "Did you mean": one rule for commands, options, config keys, enum values and
+// task names. moe_edit_distance is the Levenshtein distance; moe_nearest
+// returns the candidate nearest to word when it is a likely typo of it (at
+// most 2 edits, 3 for words of 10 or more characters, and fewer edits than
+// word has characters), else NULL. moe_nearest_value does the same over
+// "a|b|c" (the value lists of enum keys), copying the match into buf.
+int moe_edit_distance(const char *a, const char *b);
+const char *moe_nearest(const char *word, const char *const *cands, int n);
+const char *moe_nearest_value(const char *word, const char *values, char *buf, size_t cap);
+
 #endif

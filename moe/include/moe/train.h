@@ -48,6 +48,7 @@ typedef struct {
     // op table instead of the one train.device selects: tests pass
     // &moe_ops_cpu to check the GPU training path on a machine without one.
     const moe_ops *device_ops;
+    bool overwrite; // remove what an earlier run wrote into out_dir (moe_run_clear) first
 } moe_train_opts;
 
 typedef struct {
@@ -55,8 +56,10 @@ typedef struct {
     bool interrupted; // stopped by opts->stop
     bool agreed;      // the failure was agreed by every rank (setup), not one rank's
     double first_loss, last_loss;
-    double tokens_per_s;      // mean over the run
-    double drop_rate;         // mean over the run
+    long steps_run;           // of them, steps run by this call (the rest before a resume)
+    double tokens, seconds;   // training tokens and time over the whole run, resumes included
+    double tokens_per_s;      // tokens / seconds
+    double drop_rate;         // mean over the steps of this call
     double max_vio;           // MaxVio (router/bias.c), mean over MoE layers and steps
     long a2a_bytes, a2a_msgs; // all-to-all payload this rank sent over the run
     size_t mem_peak;          // high-water mark of the library's allocations (moe/alloc.h)

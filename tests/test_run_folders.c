@@ -1,0 +1,340 @@
+// Run folders and the CLI's help, end to end through the moe binary (issue 17
+// items 3 and 4): a second run into a run folder is refused unless --resume or
+// --overwrite says which is meant; Ctrl-C stops with a checkpoint and prints a
+// resume command that finishes the run bit-identically to an uninterrupted
+// one; keep_checkpoints rotates; "did you mean" for every class of name; one
+// --set parser (list forms) in every command; --version.
+#include "moe/error.h"
+#include "moe/safetensors.h"
+#include "testutil.h"
+
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[600];
+
+static int run_moe(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run_moe(const char *fmt, ...) {
+    char args[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    return tu_run_moe(dir, args);
+}
+
+static const char *err_text(void) {
+    return tu_file_text(dir, "err.txt");
+}
+
+static void write_text(const char *name, const char *text) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+// Bytes of file dir/a equal to those of dir/b (both must exist).
+static int same_bytes(const char *a, const char *b) {
+    char pa[800], pb[800];
+    snprintf(pa, sizeof pa, "%s/%s", dir, a);
+    snprintf(pb, sizeof pb, "%s/%s", dir, b);
+    FILE *fa = fopen(pa, "rb"), *fb = fopen(pb, "rb");
+    ck_assert_msg(fa && fb, "missing %s or %s", pa, pb);
+    int same = 1, ca, cb;
+    do {
+        ca = fgetc(fa), cb = fgetc(fb);
+        same = ca == cb;
+    } while (same && ca != EOF);
+    fclose(fa);
+    fclose(fb);
+    return same;
+}
+
+static int count_lines(const char *name) {
+    const char *t = tu_file_text(dir, name);
+    int n = 0;
+    for (; *t; t++)
+        n += *t == '\n';
+    return n;
+}
+
+static void expect_in_err(const char *want) {
+    ck_assert_msg(strstr(err_text(), want), "stderr lacks '%s': %s", want, err_text());
+}
+
+// One layer, two experts, 16 tokens a sequence: about a millisecond a step.
+static const char *tiny =
+    "{\"model\": {\"d_model\": 16, \"n_layers\": 1, \"n_heads\": 2, \"n_kv_heads\": 1,\n"
+    "  \"d_ff\": 16, \"seq_len\": 16},\n"
+    " \"moe\": {\"num_experts\": 2},\n"
+    " \"train\": {\"batch_size\": 2, \"eval_every\": 0, \"warmup_steps\": 2}}\n";
+
+static void setup(void) {
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    write_text("tiny.json", tiny);
+}
+
+static void teardown(void) {
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(test_train_refuses_an_out_that_holds_a_run) {
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r", dir, dir), 0);
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 4); // 3 steps, the final eval
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r", dir, dir), 2);
+    expect_in_err("already holds a run");
+    expect_in_err("--resume");
+    expect_in_err("--overwrite");
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 4); // untouched
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r --resume %s/r --overwrite", dir,
+                dir, dir),
+        2);
+    expect_in_err("give one");
+}
+END_TEST
+
+START_TEST(test_overwrite_replaces_the_run) {
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 5 --quiet --out %s/r "
+                             "--set train.keep_checkpoints=2 --set train.ckpt_every=1",
+                             dir, dir),
+                     0);
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --steps 2 --quiet --out %s/r --overwrite", dir, dir), 0);
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 3); // the new run's alone
+    char p[800];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/r/checkpoint-5", dir); // the old run's checkpoints are gone
+    ck_assert_int_ne(stat(p, &st), 0);
+    snprintf(p, sizeof p, "%s/r/latest", dir);
+    ck_assert_int_ne(stat(p, &st), 0);
+    ck_assert_int_eq(run_moe("eval %s/r --batches 1 --samples 0", dir), 0);
+}
+END_TEST
+
+START_TEST(test_resume_run_dir_alone_continues_the_run) {
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 4 --quiet --out %s/r", dir, dir), 0);
+    // no CONFIG: the run's config.json and the run folder itself; --steps on top
+    ck_assert_int_eq(run_moe("train --resume %s/r --steps 6", dir), 0);
+    const char *out = tu_file_text(dir, "out.txt");
+    ck_assert_msg(strstr(out, "trained 6 steps (2 of them after resuming)"), "%s", out);
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 4 + 1 + 2 + 1);
+    // a folder that is no run
+    ck_assert_int_eq(run_moe("train --resume %s", dir), 2);
+    expect_in_err("needs a run folder");
+}
+END_TEST
+
+// Ctrl-C (SIGINT) after the first metrics line: exit 130, a checkpoint, and a
+// printed command that, run as printed, finishes the run with the same bits
+// as a run never interrupted.
+START_TEST(test_sigint_stops_with_a_checkpoint_and_a_working_resume_command) {
+    const char *bin = getenv("MOE_BIN");
+    char cfg[700], out[700], metrics[800];
+    snprintf(cfg, sizeof cfg, "%s/tiny.json", dir);
+    snprintf(out, sizeof out, "%s/run", dir);
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
+    char errp[800];
+    snprintf(errp, sizeof errp, "%s/sigint.txt", dir);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        if (!freopen(errp, "w", stderr)) _exit(127);
+        execl(bin, bin, "train", cfg, "--steps", "10000", "--quiet", "--out", out, (char *)NULL);
+        _exit(127);
+    }
+    struct stat st; // the first step's line (a generous bound: 60 s)
+    for (int i = 0; i < 60000 && (stat(metrics, &st) || st.st_size == 0); i++)
+        usleep(1000);
+    ck_assert_msg(stat(metrics, &st) == 0 && st.st_size > 0, "training never started");
+    kill(pid, SIGINT);
+    int status;
+    ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+    ck_assert(WIFEXITED(status));
+    ck_assert_msg(WEXITSTATUS(status) == 130, "exit %d (finished before the signal?)",
+                  WEXITSTATUS(status));
+    const char *err = tu_file_text(dir, "sigint.txt");
+    const char *cmd = strstr(err, "continue with: ");
+    ck_assert_msg(cmd, "no resume command in: %s", err);
+    cmd += strlen("continue with: ");
+    char line[1200];
+    snprintf(line, sizeof line, "%.*s", (int)strcspn(cmd, "\n"), cmd);
+    ck_assert_ptr_nonnull(strstr(line, " train --resume "));
+    ck_assert_int_eq(count_lines("run/metrics.jsonl") < 10000, 1);
+    // the printed command, as printed
+    char shell[3000];
+    snprintf(shell, sizeof shell, "%s >'%s/out.txt' 2>'%s/err.txt'", line, dir, dir);
+    int rc = system(shell);
+    ck_assert(WIFEXITED(rc));
+    ck_assert_msg(WEXITSTATUS(rc) == 0, "'%s' exited %d: %s", line, WEXITSTATUS(rc), err_text());
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "out.txt"), "trained 10000 steps ("));
+    // the same run, never interrupted
+    ck_assert_int_eq(run_moe("train %s --steps 10000 --quiet --out %s/ref", cfg, dir), 0);
+    ck_assert(same_bytes("run/checkpoint/model.safetensors", "ref/checkpoint/model.safetensors"));
+    ck_assert(
+        same_bytes("run/checkpoint/optimizer.safetensors", "ref/checkpoint/optimizer.safetensors"));
+    ck_assert_int_eq(count_lines("run/metrics.jsonl"), count_lines("ref/metrics.jsonl"));
+}
+END_TEST
+
+START_TEST(test_keep_checkpoints_rotation_and_readers_take_the_run_folder) {
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 7 --quiet --out %s/r "
+                             "--set train.keep_checkpoints=2 --set train.ckpt_every=2",
+                             dir, dir),
+                     0);
+    char p[800];
+    snprintf(p, sizeof p, "%s/r", dir);
+    ck_assert_int_eq(tu_count_entries(p), 5); // config.json metrics.jsonl latest + 2
+    ck_assert_str_eq(tu_file_text(dir, "r/latest"), "checkpoint-7\n");
+    struct stat st;
+    snprintf(p, sizeof p, "%s/r/checkpoint-6/model.safetensors", dir);
+    ck_assert_int_eq(stat(p, &st), 0);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "out.txt"), "checkpoint: "));
+    // every reader takes the run folder: the checkpoint `latest` names
+    ck_assert_int_eq(run_moe("eval %s/r --batches 1 --samples 0", dir), 0);
+    ck_assert_int_eq(run_moe("generate %s/r --task copy --prompt abc", dir), 0);
+    ck_assert_int_eq(run_moe("export %s/r --hf %s/hf", dir, dir), 0);
+    ck_assert_int_eq(run_moe("train --resume %s/r --steps 8 --quiet", dir), 0);
+    ck_assert_str_eq(tu_file_text(dir, "r/latest"), "checkpoint-8\n");
+    snprintf(p, sizeof p, "%s/r/checkpoint-6", dir);
+    ck_assert_int_ne(stat(p, &st), 0); // rotated out
+    // back to one checkpoint/ folder: `latest` and checkpoint-STEP go, readers follow
+    ck_assert_int_eq(
+        run_moe("train --resume %s/r --steps 9 --quiet --set train.keep_checkpoints=0", dir), 0);
+    snprintf(p, sizeof p, "%s/r", dir);
+    ck_assert_int_eq(tu_count_entries(p), 3); // config.json metrics.jsonl checkpoint
+    ck_assert_int_eq(run_moe("train --resume %s/r --steps 10 --quiet", dir), 0);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "out.txt"), "trained 10 steps (1 of them"));
+}
+END_TEST
+
+START_TEST(test_did_you_mean_for_every_class_of_name) {
+    ck_assert_int_eq(run_moe("trian"), 2); // command
+    expect_in_err("did you mean train?");
+    ck_assert_int_eq(run_moe("train %s/tiny.json --stepz 3", dir), 2); // option
+    expect_in_err("did you mean --steps?");
+    ck_assert_int_eq(run_moe("plan %s/tiny.json --node 2", dir), 2);
+    expect_in_err("did you mean --nodes?");
+    ck_assert_int_eq(run_moe("route --exampel"), 2);
+    expect_in_err("did you mean --example?");
+    ck_assert_int_eq(run_moe("train %s/tiny.json --set router.topk=1", dir), 2); // --set key
+    expect_in_err("did you mean router.top_k?");
+    expect_in_err("moe train --help-config");
+    write_text("key.json", "{\"train\": {\"step\": 3}}\n"); // key in a file
+    ck_assert_int_eq(run_moe("train %s/key.json", dir), 2);
+    expect_in_err("did you mean train.steps?");
+    write_text("sec.json", "{\"trian\": {\"steps\": 3}}\n"); // section in a file
+    ck_assert_int_eq(run_moe("train %s/sec.json", dir), 2);
+    expect_in_err("did you mean train?");
+    ck_assert_int_eq(run_moe("train %s/tiny.json --set router.noise=jiter", dir), 2); // enum
+    expect_in_err("did you mean jitter?");
+    expect_in_err("moe train --help-config");
+    ck_assert_int_eq(run_moe("route --example --set router.slot_order=prority"), 2);
+    expect_in_err("did you mean priority?");
+    ck_assert_int_eq(run_moe("plan %s/tiny.json --set loss.impl=cc", dir), 2);
+    expect_in_err("did you mean cce?");
+    ck_assert_int_eq(run_moe("train %s/tiny.json --set data.tasks=[copy,revrse]", dir), 2); // task
+    expect_in_err("did you mean reverse?");
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 1 --quiet --out %s/r", dir, dir), 0);
+    ck_assert_int_eq(run_moe("generate %s/r --task sot --prompt abc", dir), 2);
+    expect_in_err("did you mean sort?");
+    ck_assert_int_eq(run_moe("train %s/tiny.json --set zzzzzz=1", dir), 2); // nothing near
+    ck_assert_ptr_null(strstr(err_text(), "did you mean"));
+}
+END_TEST
+
+// router.task_priority=[0,2,1] and =0,2,1 in route, plan, train and ablate.
+START_TEST(test_set_list_forms_are_accepted_by_every_command) {
+    enum { T = 6, E = 4 };
+    float logits[T * E];
+    int32_t task[T] = {0, 1, 2, 0, 1, 2};
+    for (int i = 0; i < T * E; i++)
+        logits[i] = (float)((i * 7) % 5) * 0.25f;
+    moe_st_entry e[2] = {{"logits", MOE_ST_F32, 2, {T, E}, logits},
+                         {"task_ids", MOE_ST_I32, 1, {T}, task}};
+    char p[800];
+    snprintf(p, sizeof p, "%s/logits.safetensors", dir);
+    ck_assert_int_eq(moe_st_write(p, e, 2, NULL), 0);
+    write_text("three.json", "{\"model\": {\"d_model\": 16, \"n_layers\": 1, \"n_heads\": 2,\n"
+                             "  \"n_kv_heads\": 1, \"d_ff\": 16, \"seq_len\": 16},\n"
+                             " \"moe\": {\"num_experts\": 2}, \"train\": {\"batch_size\": 2,\n"
+                             "  \"eval_every\": 0}, \"data\": {\"tasks\": [\"copy\", "
+                             "\"reverse\", \"sort\"]}}\n");
+    const char *forms[2] = {"[0,2,1]", "0,2,1"};
+    for (int f = 0; f < 2; f++) {
+        const char *v = forms[f];
+        ck_assert_msg(
+            run_moe("route --logits %s/logits.safetensors --set router.slot_order=priority "
+                    "--set 'router.task_priority=%s' --out %s/plan%d.safetensors",
+                    dir, v, dir, f) == 0,
+            "route %s: %s", v, err_text());
+        ck_assert_msg(run_moe("plan %s/three.json --set 'router.task_priority=%s'", dir, v) == 0,
+                      "plan %s: %s", v, err_text());
+        ck_assert_msg(
+            run_moe("train %s/three.json --set 'router.task_priority=%s' --dry-run", dir, v) == 0,
+            "train %s: %s", v, err_text());
+        ck_assert_msg(run_moe("ablate %s/three.json --set 'router.task_priority=%s' --steps 1 "
+                              "--grid router.slot_order=priority --out %s/ab%d",
+                              dir, v, dir, f) == 0,
+                      "ablate %s: %s", v, err_text());
+    }
+    ck_assert(same_bytes("plan0.safetensors", "plan1.safetensors"));
+    // and a malformed list is refused alike, naming the key, in all of them
+    ck_assert_int_eq(run_moe("plan %s/three.json --set 'router.task_priority=[0,2'", dir), 2);
+    expect_in_err("router.task_priority");
+    ck_assert_int_eq(run_moe("route --logits %s/logits.safetensors --set "
+                             "'router.task_priority=[0,2' --out %s/x.safetensors",
+                             dir, dir),
+                     2);
+    expect_in_err("router.task_priority");
+}
+END_TEST
+
+START_TEST(test_ablate_exits_nonzero_when_a_run_failed) {
+    ck_assert_int_eq(
+        run_moe("ablate %s/tiny.json --steps 3 --grid train.lr=1e-3,1e30 --out %s/ab", dir, dir),
+        1);
+    expect_in_err("1 of 2 runs failed");
+    struct stat st;
+    char p[800];
+    snprintf(p, sizeof p, "%s/ab/results.md", dir); // the table is written all the same
+    ck_assert_int_eq(stat(p, &st), 0);
+}
+END_TEST
+
+START_TEST(test_version_names_the_project_version) {
+    ck_assert_int_eq(run_moe("--version"), 0);
+    const char *out = tu_file_text(dir, "out.txt");
+    int a, b, c;
+    ck_assert_msg(sscanf(out, "moe %d.%d.%d", &a, &b, &c) == 3, "%s", out);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("run_folders");
+    TCase *tc = tcase_create("cli");
+    tcase_add_checked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 600);
+    tcase_add_test(tc, test_train_refuses_an_out_that_holds_a_run);
+    tcase_add_test(tc, test_overwrite_replaces_the_run);
+    tcase_add_test(tc, test_resume_run_dir_alone_continues_the_run);
+    tcase_add_test(tc, test_sigint_stops_with_a_checkpoint_and_a_working_resume_command);
+    tcase_add_test(tc, test_keep_checkpoints_rotation_and_readers_take_the_run_folder);
+    tcase_add_test(tc, test_did_you_mean_for_every_class_of_name);
+    tcase_add_test(tc, test_set_list_forms_are_accepted_by_every_command);
+    tcase_add_test(tc, test_ablate_exits_nonzero_when_a_run_failed);
+    tcase_add_test(tc, test_version_names_the_project_version);
+    suite_add_tcase(s, tc);
+    return tu_run(s);
+}

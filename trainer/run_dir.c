@@ -1,0 +1,188 @@
+// Run folders: step-numbered checkpoints with a `latest` pointer and their
+// rotation (train.keep_checkpoints), the "does this folder hold a run" test
+// behind `moe train`'s refusal, and --overwrite's removal. The order of the
+// calls, and why a crash anywhere leaves `latest` naming a complete
+// checkpoint, is written down in moe/checkpoint.h.
+#include "moe/checkpoint.h"
+#include "moe/error.h"
+#include "moe/fsio.h"
+#include "moe/log.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+enum { SFX_NONE = MOE_CKPT_NAME_PLAIN, SFX_TMP, SFX_OLD, SFX_TRASH };
+
+static int parse_name(const char *name, long *step, int *sfx) {
+    return moe_ckpt_step_name(name, step, sfx);
+}
+
+static int is_dir(const char *p) {
+    struct stat st;
+    return lstat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Removes p by renaming it to p's trash name first (folder NAME -> NAME.trash).
+static int discard(const char *run, const char *name, int sfx) {
+    char p[PATH_MAX], trash[PATH_MAX];
+    if (snprintf(p, sizeof p, "%s/%s", run, name) >= (int)sizeof p) return 0;
+    if (sfx == SFX_TRASH) return moe_fs_remove_tree(p);
+    size_t base = strlen(name) - (sfx == SFX_NONE ? 0 : 4); // ".tmp", ".old" cut
+    if (snprintf(trash, sizeof trash, "%s/%.*s.trash", run, (int)base, name) >= (int)sizeof trash)
+        return 0;
+    MOE_TRY(moe_fs_remove_tree(trash));
+    if (moe_fs_rename(p, trash) != 0)
+        return moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", p, trash, strerror(errno));
+    return moe_fs_remove_tree(trash);
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    long x = *(const long *)a, y = *(const long *)b;
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+// Step 3 of the rotation: keeps `current` and the keep-1 newest complete
+// checkpoint-S folders below it; everything else of the checkpoint-* family goes.
+static int prune(const char *run, int keep, long current) {
+    DIR *d = opendir(run);
+    if (!d && errno == ENOENT) return 0; // no run folder yet: nothing to prune
+    if (!d) return moe_fail(MOE_EIO, "%s: cannot list: %s", run, strerror(errno));
+    long *steps = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    char p[PATH_MAX];
+    while ((e = readdir(d)) != NULL) {
+        long s;
+        int sfx;
+        if (!parse_name(e->d_name, &s, &sfx) || sfx != SFX_NONE || s >= current) continue;
+        if (snprintf(p, sizeof p, "%s/%s", run, e->d_name) >= (int)sizeof p || !is_dir(p)) continue;
+        if (n == cap) {
+            long *g = realloc(steps, sizeof *steps * (cap = cap ? 2 * cap : 16));
+            if (!g) {
+                closedir(d);
+                free(steps);
+                return moe_fail(MOE_ENOMEM, "%s: out of memory", run);
+            }
+            steps = g;
+        }
+        steps[n++] = s;
+    }
+    if (n) qsort(steps, n, sizeof *steps, cmp_desc); // (qsort(NULL, 0) is undefined)
+    size_t k = keep > 1 ? (size_t)keep - 1 : 0;      // kept besides current
+    if (k > n) k = n;
+    const long oldest_kept = k ? steps[k - 1] : current;
+    free(steps);
+    // A second pass removes; names are collected first, as removing while
+    // reading a directory may skip entries.
+    rewinddir(d);
+    char(*names)[256] = NULL;
+    size_t nn = 0, ncap = 0;
+    while ((e = readdir(d)) != NULL) {
+        long s;
+        int sfx;
+        if (!parse_name(e->d_name, &s, &sfx)) continue;
+        // kept: the folder itself of a kept step; leftovers go whatever the step
+        if (sfx == SFX_NONE && (s == current || (s < current && s >= oldest_kept))) continue;
+        if (sfx != SFX_NONE && s == current) continue; // the save of current cleans its own
+        if (nn == ncap) {
+            void *g = realloc(names, sizeof *names * (ncap = ncap ? 2 * ncap : 16));
+            if (!g) {
+                closedir(d);
+                free(names);
+                return moe_fail(MOE_ENOMEM, "%s: out of memory", run);
+            }
+            names = g;
+        }
+        snprintf(names[nn++], sizeof names[0], "%s", e->d_name);
+    }
+    closedir(d);
+    int rc = 0;
+    // .trash first, so a rename to NAME.trash never finds one in the way
+    for (int pass = 0; pass < 2 && rc == 0; pass++)
+        for (size_t i = 0; i < nn && rc == 0; i++) {
+            long s;
+            int sfx;
+            parse_name(names[i], &s, &sfx);
+            if ((sfx == SFX_TRASH) == (pass == 0)) rc = discard(run, names[i], sfx);
+        }
+    free(names);
+    if (rc == 0 && nn && moe_fs_fsync_dir(run) != 0)
+        rc = moe_fail(MOE_EIO, "%s: fsync failed: %s", run, strerror(errno));
+    return rc;
+}
+
+int moe_ckpt_save_run(const char *run, int keep, const moe_model *m, const moe_adamw *opt,
+                      const moe_train_state *st, moe_parallel *par, char *saved, size_t cap) {
+    int n = keep > 0 ? snprintf(saved, cap, "%s/checkpoint-%ld", run, st->step)
+                     : snprintf(saved, cap, "%s/checkpoint", run);
+    if (n < 0 || (size_t)n >= cap) return moe_fail(MOE_EINVAL, "%s: path too long", run);
+    MOE_TRY(moe_ckpt_save(saved, m, opt, st, par));
+    if (par && par->rank != 0) return 0;
+    char tmp[PATH_MAX], latest[PATH_MAX], line[64];
+    if (snprintf(tmp, sizeof tmp, "%s/latest.tmp", run) >= (int)sizeof tmp ||
+        snprintf(latest, sizeof latest, "%s/latest", run) >= (int)sizeof latest)
+        return moe_fail(MOE_EINVAL, "%s: path too long", run);
+    if (keep <= 0) {
+        // One checkpoint/ folder. Step-numbered ones of an earlier setting of
+        // this run are older: `latest` goes first (readers then fall back to
+        // checkpoint/ once they are gone too), then they do.
+        struct stat sb;
+        if (lstat(latest, &sb) == 0 && (moe_fs_unlink(latest) != 0 || moe_fs_fsync_dir(run) != 0))
+            return moe_fail(MOE_EIO, "%s: cannot remove: %s", latest, strerror(errno));
+        if (prune(run, 0, LONG_MAX) < 0)
+            moe_log(MOE_LOG_WARN, "checkpoint saved, but removing older ones failed: %s",
+                    moe_last_error());
+        return 0;
+    }
+    int len = snprintf(line, sizeof line, "checkpoint-%ld\n", st->step);
+    MOE_TRY(moe_fs_write_file(tmp, line, (size_t)len));
+    if (moe_fs_rename(tmp, latest) != 0)
+        return moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", tmp, latest, strerror(errno));
+    if (moe_fs_fsync_dir(run) != 0)
+        return moe_fail(MOE_EIO, "%s: fsync failed: %s", run, strerror(errno));
+    // `latest` names the new checkpoint: a failure from here on loses nothing,
+    // and the next save's pruning finishes the job.
+    if (prune(run, keep, st->step) < 0)
+        moe_log(MOE_LOG_WARN, "checkpoint saved, but removing older ones failed: %s",
+                moe_last_error());
+    return 0;
+}
+
+int moe_run_exists(const char *run) {
+    static const char *const names[] = {"metrics.jsonl",  "checkpoint", "checkpoint.tmp",
+                                        "checkpoint.old", "latest",     NULL};
+    char p[PATH_MAX];
+    struct stat st;
+    for (int i = 0; names[i]; i++)
+        if (snprintf(p, sizeof p, "%s/%s", run, names[i]) < (int)sizeof p && lstat(p, &st) == 0)
+            return 1;
+    DIR *d = opendir(run);
+    if (!d) return 0;
+    struct dirent *e;
+    int found = 0;
+    while (!found && (e = readdir(d)) != NULL) {
+        long s;
+        int sfx;
+        found = parse_name(e->d_name, &s, &sfx);
+    }
+    closedir(d);
+    return found;
+}
+
+int moe_run_clear(const char *run) {
+    static const char *const names[] = {"metrics.jsonl",  "config.json",      "latest",
+                                        "latest.tmp",     "checkpoint.trash", "checkpoint",
+                                        "checkpoint.tmp", "checkpoint.old",   NULL};
+    char p[PATH_MAX];
+    for (int i = 0; names[i]; i++) {
+        if (snprintf(p, sizeof p, "%s/%s", run, names[i]) >= (int)sizeof p)
+            return moe_fail(MOE_EINVAL, "%s: path too long", run);
+        MOE_TRY(moe_fs_remove_tree(p));
+    }
+    return prune(run, 0, LONG_MAX); // every checkpoint-STEP and its leftovers
+}

@@ -210,17 +210,6 @@ START_TEST(test_shuffled_epoch_visits_every_window_once) {
 }
 END_TEST
 
-static void assert_same_file(const char *a, const char *b) {
-    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
-    ck_assert(fa && fb);
-    int ca, cb;
-    do {
-        ca = fgetc(fa), cb = fgetc(fb);
-        ck_assert_msg(ca == cb, "%s and %s differ", a, b);
-    } while (ca != EOF);
-    fclose(fa), fclose(fb);
-}
-
 START_TEST(test_resume_mid_epoch_is_bit_exact) {
     const char *p = write_llmc("r.bin", MOE_LLMC_MAGIC, 1, 4001, 4001, tok_mod200);
     const char *p2 = write_llmc("t2.bin", MOE_LLMC_MAGIC, 1, 2001, 2001, tok_pos);
@@ -257,7 +246,7 @@ START_TEST(test_resume_mid_epoch_is_bit_exact) {
         ck_assert_msg(la[i] == lb[i], "step %d: %.9g vs %.9g", i, la[i], lb[i]);
     snprintf(pa, sizeof pa, "%s/checkpoint/model.safetensors", a);
     snprintf(pb, sizeof pb, "%s/checkpoint/model.safetensors", b);
-    assert_same_file(pa, pb);
+    tu_assert_same_file(pa, pb);
 }
 END_TEST
 

@@ -615,7 +615,7 @@ START_TEST(test_save_with_tokenizer_survives_a_failed_call_at_every_point) {
     ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
     char dir[700];
     snprintf(dir, sizeof dir, "%s/faults", root);
-    moe_train_state st = {1, {0, 0}};
+    moe_train_state st = {.step = 1};
     moe_fs_fault_arm(0, MOE_FAULT_OFF);
     ck_assert_int_eq(moe_ckpt_save(dir, &m, &opt, &st, NULL), 0);
     moe_fs_fault_arm(0, MOE_FAULT_OFF); // a save over an existing checkpoint, as below

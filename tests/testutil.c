@@ -6,6 +6,7 @@
 #include "moe/optim.h"
 
 #include <dirent.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -178,4 +179,37 @@ void tu_save_checkpoint(const moe_config *c, const char *dir) {
     ck_assert_msg(moe_ckpt_save(dir, &m, &opt, &st, NULL) == 0, "%s", moe_last_error());
     moe_adamw_free(&opt);
     moe_model_free(&m);
+}
+
+void tu_assert_same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    ck_assert_msg(fa && fb, "cannot open %s or %s", a, b);
+    long at = 0;
+    for (int ca, cb;; at++) {
+        ca = fgetc(fa), cb = fgetc(fb);
+        ck_assert_msg(ca == cb, "%s and %s differ at byte %ld", a, b, at);
+        if (ca == EOF) break;
+    }
+    fclose(fa);
+    fclose(fb);
+}
+
+void tu_assert_same_checkpoint(const char *a, const char *b) {
+    char pa[1200], pb[1200];
+    const char *files[] = {"model.safetensors", "optimizer.safetensors"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(pa, sizeof pa, "%s/%s", a, files[i]);
+        snprintf(pb, sizeof pb, "%s/%s", b, files[i]);
+        tu_assert_same_file(pa, pb);
+    }
+    snprintf(pa, sizeof pa, "%s/trainer_state.json", a);
+    snprintf(pb, sizeof pb, "%s/trainer_state.json", b);
+    json_t *ja = json_load_file(pa, 0, NULL), *jb = json_load_file(pb, 0, NULL);
+    ck_assert_msg(ja && jb, "cannot read %s or %s", pa, pb);
+    ck_assert(json_number_value(json_object_get(jb, "train_seconds")) > 0);
+    json_object_del(ja, "train_seconds");
+    json_object_del(jb, "train_seconds");
+    ck_assert_msg(json_equal(ja, jb), "%s and %s differ", pa, pb);
+    json_decref(ja);
+    json_decref(jb);
 }

@@ -54,6 +54,13 @@ int tu_run_moe(const char *dir, const char *args);
 const char *tu_file_text(const char *dir, const char *name);
 
 // Runs one suite with CK_NORMAL output, returns the process exit status.
+// Asserts that files a and b hold the same bytes.
+void tu_assert_same_file(const char *a, const char *b);
+// Asserts that checkpoint folders a and b hold the same training state:
+// model and optimizer bit for bit, trainer_state.json equal but for the
+// wall-clock train_seconds (which must be > 0 in b).
+void tu_assert_same_checkpoint(const char *a, const char *b);
+
 int tu_run(Suite *s);
 
 // CHECK for the mpi_* programs, which do without Check so that every rank

@@ -40,9 +40,6 @@ int moe_expert_choice_forward(moe_plan *plan, const float *logits, int T, int E,
     double z = 0.0;
     for (int t = 0; t < T; t++) {
         const float *x = logits + (size_t)t * E;
-        for (int e = 0; e < E; e++)
-            if (!isfinite(x[e]))
-                return moe_fail(MOE_ENUMERIC, "logit of token %d, expert %d is %g", t, e, x[e]);
         plan->lse[t] = moe_score_softmax_row(S + (size_t)t * E, x, E);
         z += (double)plan->lse[t] * plan->lse[t];
     }

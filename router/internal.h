@@ -29,6 +29,9 @@ int moe_slot_order_fill(int *order, void *scratch, const float *probs, const int
 float moe_score_softmax_row(float *p, const float *x, int E);
 void moe_score_sigmoid_row(float *s, const float *x, int E);
 
+// MOE_ENUMERIC naming the first logit of [T, E] that is NaN or infinite.
+int moe_router_check_logits(const float *logits, int T, int E);
+
 // router.n_groups and router.topk_groups against E experts and top_k
 // (router/groups.c): the groups divide E, a token's groups hold top_k experts.
 int moe_router_groups_check(const moe_router_config *cfg, int E);

@@ -61,6 +61,7 @@ int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, 
             "router: call sizes T=%d E=%d k=%d do not fit the plan (T_max=%d E=%d k=%d)", T, E, k,
             plan->T_max, plan->E, plan->k);
     MOE_TRY(moe_router_config_check(cfg, E));
+    MOE_TRY(moe_router_check_logits(logits, T, E));
     plan->T = T;
     plan->expert_choice = cfg->type == MOE_ROUTER_EXPERT_CHOICE;
     plan->unrouted = 0;
@@ -79,9 +80,6 @@ int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, 
     double z = 0.0;
     for (int t = 0; t < T; t++) {
         const float *x = logits + (size_t)t * E;
-        for (int e = 0; e < E; e++)
-            if (!isfinite(x[e]))
-                return moe_fail(MOE_ENUMERIC, "logit of token %d, expert %d is %g", t, e, x[e]);
         float *p = plan->probs + (size_t)t * E;
         if (sigmoid) {
             plan->lse[t] = moe_score_softmax_row(plan->softmax + (size_t)t * E, x, E);

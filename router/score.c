@@ -1,6 +1,7 @@
 // Routing scores of one token and their backward: the softmax over the experts
 // (Switch, GShard, Mixtral) or an independent sigmoid per expert (DeepSeek-V3,
 // arXiv 2412.19437 eq. 13). Rows are float; sums and exponentials are double.
+#include "moe/error.h"
 #include "router/internal.h"
 
 #include <math.h>
@@ -33,4 +34,13 @@ void moe_score_sigmoid_row(float *s, const float *x, int E) {
             s[e] = (float)(z / (1.0 + z));
         }
     }
+}
+
+int moe_router_check_logits(const float *logits, int T, int E) {
+    for (int t = 0; t < T; t++)
+        for (int e = 0; e < E; e++)
+            if (!isfinite(logits[(size_t)t * E + e]))
+                return moe_fail(MOE_ENUMERIC, "logit of token %d, expert %d is %g", t, e,
+                                logits[(size_t)t * E + e]);
+    return 0;
 }

@@ -17,7 +17,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -62,7 +61,9 @@ static int encode_spm(void *ctx, const char *text, size_t len, moe_tokens *out) 
     return rc;
 }
 
-static void free_spm(void *ctx) { moe_tok_free(ctx); }
+static void free_spm(void *ctx) {
+    moe_tok_free(ctx);
+}
 
 int moe_prepare_tokenizer_open(moe_prepare_tokenizer *t, const char *spec) {
     memset(t, 0, sizeof *t);
@@ -147,31 +148,11 @@ typedef struct {
 } text_map;
 
 static int map_text(const char *path, text_map *m) {
-    m->data = NULL, m->len = 0;
-    int fd;
-    MOE_TRY(moe_open_regular(path, &fd));
-    struct stat st;
-    if (fstat(fd, &st)) {
-        int e = errno;
-        close(fd);
-        return moe_fail(MOE_EIO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    m->len = (size_t)st.st_size;
-    if (m->len) {
-        void *p = mmap(NULL, m->len, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (p == MAP_FAILED) {
-            int e = errno;
-            close(fd);
-            return moe_fail(MOE_EIO, "%s: cannot map: %s", path, strerror(e));
-        }
-        m->data = p;
-    }
-    close(fd);
-    return 0;
+    return moe_map_regular(path, (const void **)&m->data, &m->len);
 }
 
 static void unmap_text(text_map *m) {
-    if (m->data) munmap((void *)m->data, m->len);
+    moe_unmap(m->data, m->len);
     m->data = NULL;
 }
 

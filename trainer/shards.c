@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -99,23 +98,10 @@ int moe_token_file_open(moe_token_file *f, const char *path, moe_token_format fm
         return moe_fail(MOE_EINVAL, "%.64s...: path longer than %zu characters", path,
                         sizeof f->path - 1);
     snprintf(f->path, sizeof f->path, "%s", path);
-    int fd;
-    MOE_TRY(moe_open_regular(path, &fd));
-    struct stat st;
-    if (fstat(fd, &st)) {
-        int e = errno;
-        close(fd);
-        return moe_fail(MOE_EIO, "%s: cannot stat: %s", path, strerror(e));
-    }
-    size_t size = (size_t)st.st_size;
-    if (size == 0) {
-        close(fd);
-        return moe_fail(MOE_EFORMAT, "%s: empty file", path);
-    }
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    int e = errno;
-    close(fd); // the mapping keeps the file
-    if (map == MAP_FAILED) return moe_fail(MOE_EIO, "%s: cannot map: %s", path, strerror(e));
+    const void *map;
+    size_t size;
+    MOE_TRY(moe_map_regular(path, &map, &size));
+    if (size == 0) return moe_fail(MOE_EFORMAT, "%s: empty file", path);
     f->map = map;
     f->map_len = size;
     const unsigned char *b = map;
@@ -149,7 +135,7 @@ int moe_token_file_open(moe_token_file *f, const char *path, moe_token_format fm
 }
 
 void moe_token_file_close(moe_token_file *f) {
-    if (f->map) munmap(f->map, f->map_len);
+    moe_unmap(f->map, f->map_len);
     f->map = NULL;
     f->tok = NULL;
     f->n_tokens = 0;

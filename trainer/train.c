@@ -7,6 +7,7 @@
 #include "moe/alloc.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/log.h"
 #include "moe/optim.h"
 #include "moe/parallel.h"
@@ -258,24 +259,6 @@ static void progress(bool tty, long step, long total, double loss, double ema, f
     fprintf(stderr, "\r  %s\033[K", line);                  // \033[K clears what a longer line left
 }
 
-// mkdir -p
-static int make_dirs(const char *dir) {
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *s = p + 1;; s++) {
-        if (*s != '/' && *s) continue;
-        char c = *s;
-        *s = 0;
-        struct stat sb;
-        int err = mkdir(p, 0755) ? errno : 0;
-        if (err == EEXIST && stat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) err = 0;
-        if (err == EEXIST || err == ENOTDIR) // a file where a folder goes: a bad --out
-            return moe_fail(MOE_EINVAL, "%s: exists and is not a folder", p);
-        if (err) return moe_fail(MOE_EIO, "%s: cannot create: %s", p, strerror(err));
-        if (!(*s = c)) return 0;
-    }
-}
-
 int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_result *r) {
     memset(r, 0, sizeof *r);
     moe_config cfg_run = *cfg_in; // with router.n_groups = 0 resolved to the node count
@@ -338,7 +321,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     // The run folder appears only once data, model and checkpoint are known
     // good: a run refused at setup leaves nothing behind.
     if (rc == 0 && lead && o->overwrite) rc = moe_run_clear(o->out_dir);
-    if (rc == 0 && lead) rc = make_dirs(o->out_dir);
+    if (rc == 0 && lead) rc = moe_make_dirs(o->out_dir);
     if (rc == 0 && lead) { // only rank 0 writes the run folder
         snprintf(path, sizeof path, "%s/config.json", o->out_dir);
         FILE *cf = fopen(path, "w");

@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -53,6 +54,29 @@ int moe_check_regular_file(const char *path) {
     MOE_TRY(moe_open_regular(path, &fd));
     close(fd);
     return 0;
+}
+
+int moe_map_regular(const char *path, const void **data, size_t *len) {
+    *data = NULL, *len = 0;
+    int fd;
+    MOE_TRY(moe_open_regular(path, &fd));
+    struct stat st;
+    int rc = 0;
+    if (fstat(fd, &st)) {
+        rc = moe_fail(MOE_EIO, "%s: cannot stat: %s", path, strerror(errno));
+    } else if (st.st_size > 0) {
+        void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED)
+            rc = moe_fail(MOE_EIO, "%s: cannot map: %s", path, strerror(errno));
+        else
+            *data = p, *len = (size_t)st.st_size;
+    }
+    close(fd); // the mapping keeps the file
+    return rc;
+}
+
+void moe_unmap(const void *data, size_t len) {
+    if (data) munmap((void *)data, len);
 }
 
 int moe_make_dirs(const char *dir) {

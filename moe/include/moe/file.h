@@ -4,6 +4,7 @@
 #ifndef MOE_FILE_H
 #define MOE_FILE_H
 
+#include <stddef.h>
 #include <stdio.h>
 
 // Opens path read-only (close-on-exec) after checking it is a regular file.
@@ -17,6 +18,11 @@ int moe_fopen_regular(const char *path, FILE **f);
 // 0 if path is a regular file that can be opened for reading, else the error
 // of moe_open_regular. For readers that hand the path to another library.
 int moe_check_regular_file(const char *path);
+// Maps the regular file path read-only: *data, *len (NULL, 0 for an empty
+// file). Errors as moe_open_regular, or MOE_EIO naming path. The mapping
+// outlives the descriptor; release it with moe_unmap.
+int moe_map_regular(const char *path, const void **data, size_t *len);
+void moe_unmap(const void *data, size_t len);
 // mkdir -p: creates dir and its missing parents (0755). MOE_EINVAL when a
 // file stands where a folder goes, MOE_EIO otherwise, naming the path.
 int moe_make_dirs(const char *dir);

@@ -17,7 +17,7 @@ typedef enum { MOE_TOKENS_LLMC = 0, MOE_TOKENS_NANOGPT, MOE_TOKENS_TEXT } moe_to
 
 typedef struct moe_token_file {
     char path[MOE_PATH_MAX];
-    void *map;                // the whole file, PROT_READ (NULL: nothing mapped)
+    const void *map;          // the whole file, PROT_READ (NULL: nothing mapped)
     size_t map_len;           // bytes mapped
     const unsigned char *tok; // first token inside map
     int width;                // bytes per token: 1 (text), 2 (uint16), 4 (uint32)

@@ -81,8 +81,8 @@ static void test_sharded_save_writes_every_shard_and_index(moe_comm *world, cons
     for (int k = 1; k <= W; k++) {
         char name[64], p[1000];
         for (int b = 0; b < 2; b++) {
-            snprintf(name, sizeof name, "%s-%05d-of-%05d.safetensors", b ? "optimizer" : "model",
-                     k, W);
+            snprintf(name, sizeof name, "%s-%05d-of-%05d.safetensors", b ? "optimizer" : "model", k,
+                     W);
             CHECK(exists(ck, name), "%s missing", name);
         }
         snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", k, W);
@@ -269,8 +269,8 @@ int main(int argc, char **argv) {
     }
     int total[2] = {tu_failures, tu_checks};
     MPI_Allreduce(MPI_IN_PLACE, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (rank == 0) printf("mpi_ckpt_shard %s: %d passed, %d failed\n", mode, total[1] - total[0],
-                          total[0]);
+    if (rank == 0)
+        printf("mpi_ckpt_shard %s: %d passed, %d failed\n", mode, total[1] - total[0], total[0]);
     MPI_Finalize();
     return total[0] ? 1 : 0;
 }

@@ -301,7 +301,7 @@ static int save_files(const char *tmp, const moe_model *m, const moe_adamw *opt,
     MOE_TRY(join(p, tmp, "/trainer_state.json"));
     MOE_TRY(write_state(p, m, opt, st));
     // The folder's files, for the manifest: shards, indices, then the rest.
-    char (*names)[64] = malloc(sizeof *names * (2 * (size_t)n + 6));
+    char(*names)[64] = malloc(sizeof *names * (2 * (size_t)n + 6));
     const char **list = malloc(sizeof *list * (2 * (size_t)n + 6));
     int n_names = 0;
     if (!names || !list) {

@@ -12,13 +12,13 @@ file(REMOVE_RECURSE ${OUT})
 execute_process(COMMAND ${run} -np 4 ${MOE} train ${SRC}/configs/tiny.json ${small}
                         --set parallel.ep=4 --steps 3 --out ${OUT}/ep4
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out TIMEOUT 120)
-if(NOT rc EQUAL 0 OR NOT EXISTS ${OUT}/ep4/checkpoint/model.safetensors)
+if(NOT rc EQUAL 0 OR NOT EXISTS ${OUT}/ep4/checkpoint/model.safetensors.index.json)
   message(FATAL_ERROR "ep=4 run failed (${rc}):\n${out}")
 endif()
 if(NOT out MATCHES "validation")
   message(FATAL_ERROR "ep=4 run printed no report:\n${out}")
 endif()
-# The ep=4 checkpoint in one process (rank 0 wrote every expert): eval, export, generate.
+# The ep=4 checkpoint (a shard per rank) in one process: eval, export, generate.
 foreach(cmd "eval;${OUT}/ep4/checkpoint;--batches;1;--samples;1"
             "export;${OUT}/ep4/checkpoint;--hf;${OUT}/ep4/hf"
             "generate;${OUT}/ep4/checkpoint;--task;copy;--prompt;abc;--max-new;2")

@@ -41,35 +41,38 @@ static moe_config base(int ep) {
 // many bias tensors were compared and whether one was non-zero.
 static int compare_models(const char *a, const char *b, const char *what, bool *moved) {
     char pa[1024], pb[1024];
-    snprintf(pa, sizeof pa, "%s/model.safetensors", a);
-    snprintf(pb, sizeof pb, "%s/model.safetensors", b);
-    moe_st_file *fa = NULL, *fb = NULL;
+    snprintf(pa, sizeof pa, "%s", a); // either layout: one file or shards
+    snprintf(pb, sizeof pb, "%s", b);
+    moe_st_set *sa = NULL, *sb = NULL;
     int n_bias = 0;
-    if (moe_st_open(pa, &fa) || moe_st_open(pb, &fb)) {
+    if (moe_st_set_open(pa, &sa) || moe_st_set_open(pb, &sb)) {
         CHECK(0, "%s: %s", what, moe_last_error());
-        moe_st_close(fa);
+        moe_st_set_close(sa);
         return 0;
     }
-    CHECK(fa->n_tensors == fb->n_tensors, "%s: %d vs %d tensors", what, fa->n_tensors,
-          fb->n_tensors);
-    for (int i = 0; i < fa->n_tensors; i++) {
-        const moe_st_tensor *ta = &fa->tensors[i], *tb = moe_st_find(fb, ta->name);
-        CHECK(tb && tb->nbytes == ta->nbytes, "%s: tensor %s", what, ta->name);
-        if (!tb || tb->nbytes != ta->nbytes) continue;
-        float *x = malloc(ta->nbytes), *y = malloc(tb->nbytes);
-        moe_st_read(fa, ta, x, ta->nbytes);
-        moe_st_read(fb, tb, y, tb->nbytes);
-        CHECK(!memcmp(x, y, ta->nbytes), "%s: %s differs", what, ta->name);
-        if (moe_ckpt_bias_layer(ta->name) >= 0) {
-            n_bias++;
-            for (size_t j = 0; j < ta->nbytes / 4; j++)
-                *moved |= x[j] != 0.0f;
+    CHECK(sa->n_refs + (sa->n_refs ? 0 : (size_t)sa->files[0]->n_tensors) ==
+              sb->n_refs + (sb->n_refs ? 0 : (size_t)sb->files[0]->n_tensors),
+          "%s: tensor counts differ", what);
+    for (int k = 0; k < sa->n_files; k++)
+        for (int i = 0; i < sa->files[k]->n_tensors; i++) {
+            moe_st_file *fa = sa->files[k], *fb = NULL;
+            const moe_st_tensor *ta = &fa->tensors[i], *tb = moe_st_set_find(sb, ta->name, &fb);
+            CHECK(tb && tb->nbytes == ta->nbytes, "%s: tensor %s", what, ta->name);
+            if (!tb || tb->nbytes != ta->nbytes) continue;
+            float *x = malloc(ta->nbytes), *y = malloc(tb->nbytes);
+            moe_st_read(fa, ta, x, ta->nbytes);
+            moe_st_read(fb, tb, y, tb->nbytes);
+            CHECK(!memcmp(x, y, ta->nbytes), "%s: %s differs", what, ta->name);
+            if (moe_ckpt_bias_layer(ta->name) >= 0) {
+                n_bias++;
+                for (size_t j = 0; j < ta->nbytes / 4; j++)
+                    *moved |= x[j] != 0.0f;
+            }
+            free(x);
+            free(y);
         }
-        free(x);
-        free(y);
-    }
-    moe_st_close(fa);
-    moe_st_close(fb);
+    moe_st_set_close(sa);
+    moe_st_set_close(sb);
     return n_bias;
 }
 

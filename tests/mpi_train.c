@@ -7,7 +7,8 @@
 //                   L2 per tensor: each expert's gradient is summed as
 //                   (g0 + g1) + (g2 + g3) over the two EP groups instead of
 //                   ((g0 + g1) + g2) + g3, so the last bits may differ
-// Checkpoints cross over: 4 ranks -> 1 process and 1 process -> 4 ranks.
+// Checkpoints cross over: 4 ranks -> 1 process and 1 process -> 4 ranks; the
+// sharded ep=4 save resumes at ep=4 and ep=2 bit for bit (cross_layouts).
 #include "moe/checkpoint.h"
 #include "moe/comm.h"
 #include "moe/error.h"
@@ -21,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { STEPS = 6, W = 4 };
 static int rank;
@@ -43,40 +45,45 @@ static moe_config base(int ep, const char *a2a) {
     return c;
 }
 
-// Compares two checkpoints' model.safetensors tensor by tensor.
+// Compares two checkpoints' tensors (either layout: one file or shards)
+// tensor by tensor.
 static void compare_models(const char *a, const char *b, double rel_tol, const char *what) {
-    char pa[1024], pb[1024];
-    snprintf(pa, sizeof pa, "%s/model.safetensors", a);
-    snprintf(pb, sizeof pb, "%s/model.safetensors", b);
-    moe_st_file *fa, *fb;
-    CHECK(moe_st_open(pa, &fa) == 0 && moe_st_open(pb, &fb) == 0, "%s: %s", what, moe_last_error());
-    CHECK(fa->n_tensors == fb->n_tensors, "%s: %d vs %d tensors", what, fa->n_tensors,
-          fb->n_tensors);
+    moe_st_set *sa, *sb;
+    CHECK(moe_st_set_open(a, &sa) == 0 && moe_st_set_open(b, &sb) == 0, "%s: %s", what,
+          moe_last_error());
+    size_t na = 0, nb = 0;
+    for (int k = 0; k < sa->n_files; k++)
+        na += (size_t)sa->files[k]->n_tensors;
+    for (int k = 0; k < sb->n_files; k++)
+        nb += (size_t)sb->files[k]->n_tensors;
+    CHECK(na == nb, "%s: %zu vs %zu tensors", what, na, nb);
     double worst = 0;
-    for (int i = 0; i < fa->n_tensors; i++) {
-        const moe_st_tensor *ta = &fa->tensors[i], *tb = moe_st_find(fb, ta->name);
-        CHECK(tb && tb->nbytes == ta->nbytes, "%s: tensor %s", what, ta->name);
-        if (!tb || tb->nbytes != ta->nbytes) continue;
-        float *x = malloc(ta->nbytes), *y = malloc(tb->nbytes);
-        moe_st_read(fa, ta, x, ta->nbytes);
-        moe_st_read(fb, tb, y, tb->nbytes);
-        // per-tensor relative L2 error |x - y| / |y|
-        double diff = 0, norm = 0;
-        for (size_t j = 0; j < ta->nbytes / 4; j++) {
-            diff += ((double)x[j] - y[j]) * ((double)x[j] - y[j]);
-            norm += (double)y[j] * y[j];
+    for (int k = 0; k < sa->n_files; k++)
+        for (int i = 0; i < sa->files[k]->n_tensors; i++) {
+            moe_st_file *fa = sa->files[k], *fb = NULL;
+            const moe_st_tensor *ta = &fa->tensors[i], *tb = moe_st_set_find(sb, ta->name, &fb);
+            CHECK(tb && tb->nbytes == ta->nbytes, "%s: tensor %s", what, ta->name);
+            if (!tb || tb->nbytes != ta->nbytes) continue;
+            float *x = malloc(ta->nbytes), *y = malloc(tb->nbytes);
+            moe_st_read(fa, ta, x, ta->nbytes);
+            moe_st_read(fb, tb, y, tb->nbytes);
+            // per-tensor relative L2 error |x - y| / |y|
+            double diff = 0, norm = 0;
+            for (size_t j = 0; j < ta->nbytes / 4; j++) {
+                diff += ((double)x[j] - y[j]) * ((double)x[j] - y[j]);
+                norm += (double)y[j] * y[j];
+            }
+            double rel = norm > 0 ? sqrt(diff / norm) : sqrt(diff);
+            if (rel > worst) worst = rel;
+            if (rel_tol == 0) CHECK(!memcmp(x, y, ta->nbytes), "%s: %s differs", what, ta->name);
+            free(x);
+            free(y);
         }
-        double rel = norm > 0 ? sqrt(diff / norm) : sqrt(diff);
-        if (rel > worst) worst = rel;
-        if (rel_tol == 0) CHECK(!memcmp(x, y, ta->nbytes), "%s: %s differs", what, ta->name);
-        free(x);
-        free(y);
-    }
     if (rel_tol > 0) CHECK(worst <= rel_tol, "%s: weights differ by %.3g relative", what, worst);
     if (rank == 0)
         printf("%s: largest per-tensor relative L2 weight difference %.3g\n", what, worst);
-    moe_st_close(fa);
-    moe_st_close(fb);
+    moe_st_set_close(sa);
+    moe_st_set_close(sb);
 }
 
 // Trains cfg on every rank (world) into out; losses of every step.
@@ -111,6 +118,9 @@ static int train_ref(moe_config c, const char *out, const char *resume, long sto
     if (rc == 0 && !r.interrupted) moe_eval_result_free(&r.eval);
     return rc;
 }
+
+static void cross_layouts(moe_comm *world, const char *dir, const char *name, moe_config c,
+                          const double *full, const char *ref_half, const char *dist_half);
 
 static void scenario(const char *dir, int ep, int ranks_per_node, const char *a2a, double tol) {
     moe_comm *world;
@@ -164,7 +174,55 @@ static void scenario(const char *dir, int ep, int ranks_per_node, const char *a2
         compare_models(a, b, tol, "4 ranks -> 1 process");
     }
     MPI_Barrier(MPI_COMM_WORLD);
+    if (ep == 4 && ranks_per_node == 0) cross_layouts(world, dir, name, c, ld, ref_half, dist_half);
     moe_comm_free(world);
+}
+
+// Any layout resumes any other bit for bit. The ep=4 half-way checkpoint
+// (sharded: a shard per rank) and the one-process one (one file) hold the
+// same bits, so every layout resumed from either must end with the same
+// weights and losses: ep=4 equals the uninterrupted ep=4 run, and ep=2 x dp=2
+// (two EP groups, each rank of the first writing its shard) resumed from
+// either checkpoint gives identical runs.
+static void cross_layouts(moe_comm *world, const char *dir, const char *name, moe_config c,
+                          const double *full, const char *ref_half, const char *dist_half) {
+    char ck1[900], ck4[900], out[1200], a[2048], b[2048];
+    snprintf(ck1, sizeof ck1, "%s/checkpoint", ref_half);
+    snprintf(ck4, sizeof ck4, "%s/checkpoint", dist_half);
+    char idx[1000];
+    snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", ck4);
+    CHECK(access(idx, F_OK) == 0, "%s: the ep=4 save is not sharded (no %s)", name, idx);
+    // ep=4 -> ep=4: the losses of the resumed steps are those of the uninterrupted run.
+    double l4[STEPS] = {0};
+    snprintf(out, sizeof out, "%s/%s-resume4", dir, name);
+    train_dist(world, c, out, ck4, 0, l4);
+    for (int s = STEPS / 2; s < STEPS; s++)
+        CHECK(l4[s] == full[s], "%s: ep=4 resumed step %d: loss %.17g vs %.17g", name, s, l4[s],
+              full[s]);
+    if (rank == 0) {
+        snprintf(a, sizeof a, "%s/%s-dist/checkpoint", dir, name);
+        snprintf(b, sizeof b, "%s/checkpoint", out);
+        compare_models(a, b, 0, "4 ranks -> 4 ranks");
+    }
+    // ep=2 x dp=2 from the sharded and from the single-file checkpoint.
+    moe_config c2 = c;
+    c2.parallel.ep = 2;
+    double la[STEPS] = {0}, lb[STEPS] = {0};
+    char oa[1200], ob[1200];
+    snprintf(oa, sizeof oa, "%s/%s-resume2-from4", dir, name);
+    snprintf(ob, sizeof ob, "%s/%s-resume2-from1", dir, name);
+    train_dist(world, c2, oa, ck4, 0, la);
+    train_dist(world, c2, ob, ck1, 0, lb);
+    for (int s = STEPS / 2; s < STEPS; s++)
+        CHECK(la[s] == lb[s], "%s: ep=2 resumed step %d: loss %.17g (from ep=4) vs %.17g (from 1)",
+              name, s, la[s], lb[s]);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) {
+        snprintf(a, sizeof a, "%s/checkpoint", oa);
+        snprintf(b, sizeof b, "%s/checkpoint", ob);
+        compare_models(a, b, 0, "4 ranks -> ep=2 vs 1 process -> ep=2");
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
 }
 
 // Data parallelism (parallel.ep = 1) through the GPU training path

@@ -445,6 +445,80 @@ START_TEST(test_shard_set_refuses_duplicates_and_missing_shards) {
 }
 END_TEST
 
+// Two shards and their index: x in s1, y in s2.
+static void write_two_shards(const char *index_name) {
+    float a[2] = {1, 2}, b[2] = {3, 4};
+    moe_st_entry one[1] = {{"x", MOE_ST_F32, 1, {2}, a}}, two[1] = {{"y", MOE_ST_F32, 1, {2}, b}};
+    ck_assert_int_eq(moe_st_write(tu_in_dir("s1.safetensors"), one, 1, NULL), 0);
+    ck_assert_int_eq(moe_st_write(tu_in_dir("s2.safetensors"), two, 1, NULL), 0);
+    FILE *f = fopen(tu_in_dir(index_name), "w");
+    fputs("{\"weight_map\": {\"x\": \"s1.safetensors\", \"y\": \"s2.safetensors\"}}", f);
+    fclose(f);
+}
+
+static void write_manifest(const char *index_name, long s1_size, long s2_size) {
+    FILE *f = fopen(tu_in_dir("manifest.json"), "w");
+    fprintf(f, "{\"files\": {\"%s\": 80, \"s1.safetensors\": %ld", index_name, s1_size);
+    if (s2_size >= 0) fprintf(f, ", \"s2.safetensors\": %ld", s2_size);
+    fputs("}}\n", f);
+    fclose(f);
+}
+
+static long size_of(const char *name) {
+    size_t n;
+    free(slurp(tu_in_dir(name), &n));
+    return (long)n;
+}
+
+// An index naming a shard that is not there fails naming the shard and a
+// tensor mapped to it; a shard lacking a tensor its index maps to it fails
+// naming both.
+START_TEST(test_shard_set_names_a_missing_shard_and_a_missing_tensor) {
+    write_two_shards("model.safetensors.index.json");
+    unlink(tu_in_dir("s2.safetensors"));
+    moe_st_set *s;
+    ck_assert_int_eq(moe_st_set_open(tu_dir, &s), MOE_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "'y' is mapped to shard s2.safetensors, "
+                                                   "which is missing"));
+    write_two_shards("model.safetensors.index.json");
+    float a[2] = {1, 2};
+    moe_st_entry other[1] = {{"z", MOE_ST_F32, 1, {2}, a}};
+    ck_assert_int_eq(moe_st_write(tu_in_dir("s2.safetensors"), other, 1, NULL), 0);
+    ck_assert_int_eq(moe_st_set_open(tu_dir, &s), MOE_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "'y' is mapped to s2.safetensors, which lacks"));
+}
+END_TEST
+
+// A checkpoint's manifest records each shard's size: a shard of another size
+// (replaced or cut after the save), or one the manifest does not list, is
+// refused naming it, for the model and the optimizer index alike. A manifest
+// that does not list the index (a set copied in) is not consulted.
+START_TEST(test_shard_of_a_size_other_than_the_manifest_lists_is_refused) {
+    const char *idx[2] = {"model.safetensors.index.json", "optimizer.safetensors.index.json"};
+    for (int i = 0; i < 2; i++) {
+        write_two_shards(idx[i]);
+        long s1 = size_of("s1.safetensors"), s2 = size_of("s2.safetensors");
+        moe_st_set *s = NULL;
+        write_manifest(idx[i], s1, s2);
+        ck_assert_int_eq(moe_st_set_open_index(tu_dir, idx[i], &s), 0);
+        moe_st_set_close(s);
+        write_manifest(idx[i], s1, s2 + 8);
+        ck_assert_int_eq(moe_st_set_open_index(tu_dir, idx[i], &s), MOE_EFORMAT);
+        ck_assert_ptr_null(s);
+        ck_assert_ptr_nonnull(strstr(moe_last_error(), "s2.safetensors: is"));
+        ck_assert_ptr_nonnull(strstr(moe_last_error(), "manifest.json lists"));
+        if (i == 0) ck_assert_int_eq(moe_st_set_open(tu_dir, &s), MOE_EFORMAT);
+        write_manifest(idx[i], s1, -1);
+        ck_assert_int_eq(moe_st_set_open_index(tu_dir, idx[i], &s), MOE_EFORMAT);
+        ck_assert_ptr_nonnull(strstr(moe_last_error(), "does not list shard s2.safetensors"));
+        write_manifest("other.json", s1 + 1, s2 + 1);
+        ck_assert_int_eq(moe_st_set_open_index(tu_dir, idx[i], &s), 0);
+        moe_st_set_close(s);
+        unlink(tu_in_dir(idx[i]));
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("safetensors");
     TCase *tc = tcase_create("core");
@@ -463,6 +537,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_writer_into_missing_dir_leaves_nothing);
     tcase_add_test(tc, test_writer_rejects_bad_entries_and_keeps_old_file);
     tcase_add_test(tc, test_shard_set_refuses_duplicates_and_missing_shards);
+    tcase_add_test(tc, test_shard_set_names_a_missing_shard_and_a_missing_tensor);
+    tcase_add_test(tc, test_shard_of_a_size_other_than_the_manifest_lists_is_refused);
     tcase_add_test(tc, test_failed_write_midway_leaves_old_file);
     suite_add_tcase(s, tc);
     return s;

@@ -33,6 +33,24 @@ static int join(char *out, const char *dir, const char *suffix) {
     return 0;
 }
 
+// The tensor file of shard k (0-based) of n: BASE.safetensors when n = 1
+// (one process, or no expert parallelism: the single-file layout), else
+// BASE-0000{k+1}-of-0000{n}.safetensors (the Hugging Face shard names).
+static void shard_file(char out[64], const char *base, int k, int n) {
+    if (n == 1)
+        snprintf(out, 64, "%s.safetensors", base);
+    else
+        snprintf(out, 64, "%s-%05d-of-%05d.safetensors", base, k + 1, n);
+}
+
+static int join_shard(char *out, const char *dir, const char *base, int k, int n) {
+    char f[64];
+    shard_file(f, base, k, n);
+    if (snprintf(out, PATH_MAX, "%s/%s", dir, f) >= PATH_MAX)
+        return moe_fail(MOE_EINVAL, "%s: path too long", dir);
+    return 0;
+}
+
 static int exists(const char *p) {
     struct stat st;
     return lstat(p, &st) == 0;
@@ -88,9 +106,9 @@ static int write_state(const char *path, const moe_model *m, const moe_adamw *op
     return rc;
 }
 
-// One file's tensors in single-process model order: this rank's tensors from
-// buf, and with expert parallelism each MoE layer's full expert list from the
-// gathered copies (gathered[l]: [E, 3HD], expert blocks as in the layer).
+// One file's tensors, in model order: this rank's tensors of buf, each
+// view's name + suffix. dense: the tensors every rank holds (rank 0 writes
+// them); experts: this rank's own experts (global names, as the views have).
 typedef struct {
     moe_st_entry *e;
     char (*names)[MOE_PARAM_NAME_MAX + 16];
@@ -101,44 +119,20 @@ static int is_expert(const char *name) {
     return strstr(name, ".experts.") != NULL;
 }
 
-static int build_entries(entry_list *out, const moe_model *m, const float *buf, float **gathered,
-                         const char *suffix) {
+static int build_entries(entry_list *out, const moe_model *m, const float *buf, const char *suffix,
+                         bool dense, bool experts) {
     int n_max = m->table.count + m->L; // + the selection biases (add_bias_entries)
-    for (int l = 0; l < m->L; l++)
-        if (m->is_moe[l]) n_max += 3 * m->moe_cfg[l].E;
     out->e = calloc((size_t)n_max, sizeof *out->e);
     out->names = calloc((size_t)n_max, sizeof *out->names);
     out->n = 0;
     if (!out->e || !out->names) return moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
-    int last = -1;
     for (int i = 0; i < m->table.count; i++) {
         const moe_param_view *v = &m->table.views[i];
-        if (!is_expert(v->name) || !gathered) {
-            moe_st_entry *e = &out->e[out->n];
-            snprintf(out->names[out->n], sizeof out->names[0], "%s%s", v->name, suffix);
-            *e = (moe_st_entry){out->names[out->n++], MOE_ST_F32, v->ndim, {0}, buf + v->offset};
-            memcpy(e->shape, v->shape, sizeof(int64_t) * v->ndim);
-            continue;
-        }
-        int l = atoi(v->name + strlen("model.layers."));
-        if (l == last) continue; // all of the layer's experts went in with the first
-        last = l;
-        const moe_layer_config *c = &m->moe_cfg[l];
-        const int64_t D = c->D, H = c->H;
-        static const char *const w[3] = {"w1", "w3", "w2"};
-        for (int x = 0; x < c->E; x++)
-            for (int k = 0; k < 3; k++) {
-                moe_st_entry *e = &out->e[out->n];
-                snprintf(out->names[out->n], sizeof out->names[0],
-                         "model.layers.%d.block_sparse_moe.experts.%d.%s.weight%s", l, x, w[k],
-                         suffix);
-                const float *blk = gathered[l] + (size_t)x * 3 * H * D;
-                *e = (moe_st_entry){out->names[out->n++],
-                                    MOE_ST_F32,
-                                    2,
-                                    {k < 2 ? H : D, k < 2 ? D : H},
-                                    blk + (size_t)k * H * D};
-            }
+        if (is_expert(v->name) ? !experts : !dense) continue;
+        moe_st_entry *e = &out->e[out->n];
+        snprintf(out->names[out->n], sizeof out->names[0], "%s%s", v->name, suffix);
+        *e = (moe_st_entry){out->names[out->n++], MOE_ST_F32, v->ndim, {0}, buf + v->offset};
+        memcpy(e->shape, v->shape, sizeof(int64_t) * v->ndim);
     }
     return 0;
 }
@@ -159,71 +153,96 @@ static void free_entries(entry_list *l) {
     free(l->names);
 }
 
-// Gathers every MoE layer's expert blocks of buf over the EP group.
-static int gather_experts(const moe_model *m, moe_parallel *par, const float *buf, float **out) {
-    for (int l = 0; l < m->L; l++) {
-        if (!m->is_moe[l]) continue;
-        const moe_layer_config *c = &m->moe_cfg[l];
-        size_t blk = 3 * (size_t)c->H * c->D, local = blk * moe_layer_local_experts(c);
-        out[l] = malloc(blk * c->E * sizeof(float));
-        if (!out[l]) return moe_fail(MOE_ENOMEM, "checkpoint: gathering experts: out of memory");
-        const float *mine = buf + (m->p[l].moe.experts - m->params);
-        MOE_TRY(moe_comm_allgather(par->ep, mine, out[l], local * sizeof(float)));
+// The tensor files of this rank: shard k of n (n = 1: the single files).
+// Nothing is copied: the entries point into the model's and the optimizer's
+// own buffers, so a rank holds no one else's experts while saving.
+static int write_tensor_files(const char *tmp, const moe_model *m, const moe_adamw *opt, int k,
+                              int n) {
+    char p[PATH_MAX];
+    const char *meta[] = {"format", "pt", "producer", "moe", NULL};
+    entry_list el = {0}, a = {0}, b = {0};
+    moe_st_entry *all = NULL;
+    bool dense = k == 0;
+    int rc = build_entries(&el, m, m->params, "", dense, true);
+    if (rc == 0 && dense && m->bias_on) add_bias_entries(&el, m);
+    if (rc == 0) rc = join_shard(p, tmp, "model", k, n);
+    if (rc == 0) rc = moe_st_write(p, el.e, el.n, meta);
+    // Both moments in one file, tensor by tensor: ranks load them by name.
+    if (rc == 0) rc = build_entries(&a, m, opt->m, ".exp_avg", dense, true);
+    if (rc == 0) rc = build_entries(&b, m, opt->v, ".exp_avg_sq", dense, true);
+    if (rc == 0 && !(all = malloc(sizeof *all * (size_t)(a.n + b.n + 1))))
+        rc = moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
+    if (rc == 0) {
+        memcpy(all, a.e, sizeof *all * a.n);
+        memcpy(all + a.n, b.e, sizeof *all * b.n);
+        rc = join_shard(p, tmp, "optimizer", k, n);
     }
-    return 0;
-}
-
-// Every rank takes part in the gathers, whatever happened before: a rank
-// that skipped one would leave the others waiting. Rank 0 writes, unless an
-// earlier write of this save failed (*rc < 0: the first error is kept).
-static void write_tensors(int *rc, const char *path, const moe_model *m, moe_parallel *par,
-                          const float *buf, const char *suffix, const char *const *meta) {
-    float *gathered[MOE_MAX_LAYERS] = {0};
-    entry_list el = {0};
-    int sharded = par && par->ep_size > 1, r = 0;
-    if (sharded) r = gather_experts(m, par, buf, gathered);
-    if (r == 0) r = build_entries(&el, m, buf, sharded ? gathered : NULL, suffix);
-    if (r == 0 && m->bias_on && buf == m->params) add_bias_entries(&el, m);
-    if (r == 0 && *rc == 0 && (!par || par->rank == 0)) r = moe_st_write(path, el.e, el.n, meta);
-    if (*rc == 0) *rc = r;
+    if (rc == 0) rc = moe_st_write(p, all, a.n + b.n, NULL);
+    free(all);
     free_entries(&el);
-    for (int l = 0; l < MOE_MAX_LAYERS; l++)
-        free(gathered[l]);
-}
-
-// Both moments in one file, tensor by tensor: shards load them by name.
-static void write_moments(int *rc, const char *path, const moe_model *m, const moe_adamw *opt,
-                          moe_parallel *par) {
-    float *gm[MOE_MAX_LAYERS] = {0}, *gv[MOE_MAX_LAYERS] = {0};
-    entry_list a = {0}, b = {0};
-    int sharded = par && par->ep_size > 1, r = 0;
-    if (sharded) {
-        r = gather_experts(m, par, opt->m, gm);
-        if (r == 0) r = gather_experts(m, par, opt->v, gv);
-    }
-    if (r == 0) r = build_entries(&a, m, opt->m, sharded ? gm : NULL, ".exp_avg");
-    if (r == 0) r = build_entries(&b, m, opt->v, sharded ? gv : NULL, ".exp_avg_sq");
-    if (r == 0 && *rc == 0 && (!par || par->rank == 0)) {
-        moe_st_entry *all = malloc(sizeof *all * (size_t)(a.n + b.n));
-        if (!all)
-            r = moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
-        else {
-            memcpy(all, a.e, sizeof *all * a.n);
-            memcpy(all + a.n, b.e, sizeof *all * b.n);
-            r = moe_st_write(path, all, a.n + b.n, NULL);
-            free(all);
-        }
-    }
-    if (*rc == 0) *rc = r;
     free_entries(&a);
     free_entries(&b);
-    for (int l = 0; l < MOE_MAX_LAYERS; l++)
-        free(gm[l]), free(gv[l]);
+    return rc;
+}
+
+// BASE.safetensors.index.json of a sharded save, in the Hugging Face layout
+// ({"metadata": {"total_size"}, "weight_map": {tensor: shard}}). Rank 0 knows
+// every name without asking: expert x of a layer lives on EP rank x / (E/n),
+// the rest in shard 0. suffixes: the names' endings, one pass each.
+static int write_index(const char *tmp, const char *base, const moe_model *m, int n,
+                       const char *const *suffixes, int n_suffixes) {
+    char p[PATH_MAX], name[MOE_PARAM_NAME_MAX + 96], shard[64];
+    json_t *doc = json_object(), *meta = json_object(), *map = json_object();
+    json_int_t total = 0;
+    for (int s = 0; s < n_suffixes; s++) {
+        int last = -1;
+        for (int i = 0; i < m->table.count; i++) {
+            const moe_param_view *v = &m->table.views[i];
+            if (!is_expert(v->name)) {
+                snprintf(name, sizeof name, "%s%s", v->name, suffixes[s]);
+                snprintf(shard, sizeof shard, "%s-%05d-of-%05d.safetensors", base, 1, n);
+                json_object_set_new(map, name, json_string(shard));
+                total += (json_int_t)v->numel * 4;
+                continue;
+            }
+            int l = atoi(v->name + strlen("model.layers."));
+            if (l == last) continue; // the layer's every expert went in with the first
+            last = l;
+            const moe_layer_config *c = &m->moe_cfg[l];
+            static const char *const w[3] = {"w1", "w3", "w2"};
+            for (int x = 0; x < c->E; x++)
+                for (int j = 0; j < 3; j++) {
+                    snprintf(name, sizeof name,
+                             "model.layers.%d.block_sparse_moe.experts.%d.%s.weight%s", l, x, w[j],
+                             suffixes[s]);
+                    snprintf(shard, sizeof shard, "%s-%05d-of-%05d.safetensors", base,
+                             x / (c->E / n) + 1, n);
+                    json_object_set_new(map, name, json_string(shard));
+                    total += (json_int_t)c->H * c->D * 4;
+                }
+        }
+    }
+    for (int l = 0; !strcmp(base, "model") && m->bias_on && l < m->L; l++) {
+        if (!m->is_moe[l]) continue;
+        snprintf(name, sizeof name, MOE_CKPT_BIAS_FMT, l);
+        snprintf(shard, sizeof shard, "%s-%05d-of-%05d.safetensors", base, 1, n);
+        json_object_set_new(map, name, json_string(shard));
+        total += (json_int_t)m->moe_cfg[l].E * 4;
+    }
+    json_object_set_new(meta, "total_size", json_integer(total));
+    json_object_set_new(doc, "metadata", meta);
+    json_object_set_new(doc, "weight_map", map);
+    int rc = snprintf(p, sizeof p, "%s/%s.safetensors.index.json", tmp, base) >= (int)sizeof p
+                 ? moe_fail(MOE_EINVAL, "%s: path too long", tmp)
+                 : write_json(p, doc);
+    json_decref(doc);
+    return rc;
 }
 
 // manifest.json: each file of the folder and its size. Written last and
-// fsynced, it tells a reader that the folder is complete (moe_ckpt_complete).
-static int write_manifest(const char *tmp, long step, bool tokenizer) {
+// fsynced, it tells a reader that the folder is complete (moe_ckpt_complete);
+// with shards it lists every shard, so a folder missing one is never complete.
+static int write_manifest(const char *tmp, long step, const char *const *names, int n) {
     char p[PATH_MAX];
     json_t *doc = json_object(), *sizes = json_object();
     int rc = 0;
@@ -231,14 +250,13 @@ static int write_manifest(const char *tmp, long step, bool tokenizer) {
     json_object_set_new(doc, "version", json_integer(1));
     json_object_set_new(doc, "step", json_integer(step));
     json_object_set_new(doc, "files", sizes);
-    for (int i = 0; i < N_FILES + tokenizer && rc == 0; i++) {
+    for (int i = 0; i < n && rc == 0; i++) {
         struct stat st;
-        const char *name = i < N_FILES ? files[i] : MOE_CKPT_TOKENIZER;
-        if (snprintf(p, sizeof p, "%s/%s", tmp, name) >= (int)sizeof p)
+        if (snprintf(p, sizeof p, "%s/%s", tmp, names[i]) >= (int)sizeof p)
             rc = moe_fail(MOE_EINVAL, "%s: path too long", tmp);
         if (rc == 0 && stat(p, &st) != 0)
             rc = moe_fail(MOE_EIO, "%s: missing after writing: %s", p, strerror(errno));
-        if (rc == 0) json_object_set_new(sizes, name, json_integer((json_int_t)st.st_size));
+        if (rc == 0) json_object_set_new(sizes, names[i], json_integer((json_int_t)st.st_size));
     }
     if (rc == 0) rc = join(p, tmp, "/manifest.json");
     if (rc == 0) rc = write_json(p, doc);
@@ -246,18 +264,26 @@ static int write_manifest(const char *tmp, long step, bool tokenizer) {
     return rc;
 }
 
-// Rank 0's part: the five files (the tokenizer's copy before config.json,
-// which names it) and the manifest, in that order.
+// Every writer's tensor files, then rank 0's part: the indices (sharded),
+// the tokenizer's copy before config.json (which names it), the other files
+// and the manifest, in that order. With expert parallelism each rank of the
+// first EP group writes its shard; every rank's status is agreed before rank
+// 0 goes on, so the manifest is written only once every shard is durable.
 static int save_files(const char *tmp, const moe_model *m, const moe_adamw *opt,
                       const moe_train_state *st, moe_parallel *par, const moe_tokenizer *tok,
                       int rc) {
     char p[PATH_MAX];
-    const char *meta[] = {"format", "pt", "producer", "moe", NULL};
-    join(p, tmp, "/model.safetensors");
-    write_tensors(&rc, p, m, par, m->params, "", meta);
-    join(p, tmp, "/optimizer.safetensors");
-    write_moments(&rc, p, m, opt, par);
+    const bool sharded = par && par->ep_size > 1;
+    const int k = sharded ? par->ep_rank : 0, n = sharded ? par->ep_size : 1;
+    const bool writer = !par || (sharded ? par->dp_rank == 0 : par->rank == 0);
+    if (rc == 0 && writer) rc = write_tensor_files(tmp, m, opt, k, n);
+    if (sharded) rc = moe_comm_agree(par->world, rc);
     if (rc < 0 || (par && par->rank != 0)) return rc;
+    if (sharded) {
+        static const char *const msuf[] = {""}, *const osuf[] = {".exp_avg", ".exp_avg_sq"};
+        MOE_TRY(write_index(tmp, "model", m, n, msuf, 1));
+        MOE_TRY(write_index(tmp, "optimizer", m, n, osuf, 2));
+    }
     moe_config cfg = m->cfg;
     size_t tok_len = 0;
     const void *tok_bytes = tok ? moe_tok_model_bytes(tok, &tok_len) : NULL;
@@ -276,7 +302,30 @@ static int save_files(const char *tmp, const moe_model *m, const moe_adamw *opt,
     if (rc < 0) return rc;
     MOE_TRY(join(p, tmp, "/trainer_state.json"));
     MOE_TRY(write_state(p, m, opt, st));
-    MOE_TRY(write_manifest(tmp, st->step, tok_bytes != NULL));
+    // The folder's files, for the manifest: shards, indices, then the rest.
+    char(*names)[64] = malloc(sizeof *names * (2 * (size_t)n + 6));
+    const char **list = malloc(sizeof *list * (2 * (size_t)n + 6));
+    int n_names = 0;
+    if (!names || !list) {
+        free(names), free(list);
+        return moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
+    }
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < n; i++)
+            shard_file(names[n_names++], b ? "optimizer" : "model", i, n);
+    if (sharded) {
+        snprintf(names[n_names++], sizeof names[0], "model.safetensors.index.json");
+        snprintf(names[n_names++], sizeof names[0], "optimizer.safetensors.index.json");
+    }
+    for (int i = 2; i < N_FILES; i++)
+        snprintf(names[n_names++], sizeof names[0], "%s", files[i]);
+    if (tok_bytes) snprintf(names[n_names++], sizeof names[0], "%s", MOE_CKPT_TOKENIZER);
+    for (int i = 0; i < n_names; i++)
+        list[i] = names[i];
+    rc = write_manifest(tmp, st->step, list, n_names);
+    free(names);
+    free(list);
+    MOE_TRY(rc);
     if (moe_fs_fsync_dir(tmp) != 0)
         return moe_fail(MOE_EIO, "%s: fsync failed: %s", tmp, strerror(errno));
     return 0;
@@ -336,8 +385,11 @@ int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
     MOE_TRY(join(tmp, dir, ".tmp"));
     MOE_TRY(join(old, dir, ".old"));
     MOE_TRY(join(trash, dir, ".trash"));
-    MOE_TRY(join(p, tmp, "/optimizer.safetensors.tmp.XXXXXX")); // the longest name fits: all fit
+    // The longest name fits: all fit.
+    MOE_TRY(join(p, tmp, "/optimizer-00000-of-00000.safetensors.index.json.tmp.XXXXXX"));
     int rank0 = !par || par->rank == 0, rc = 0;
+    if (par && par->ep_size > 99999)
+        return moe_fail(MOE_EINVAL, "checkpoint: %d shards: at most 99999", par->ep_size);
     moe_tokenizer *tok = NULL; // read before recover() may move the folder it lives in
     if (rank0 && strcmp(m->cfg.model.tokenizer, "bytes"))
         rc = moe_tok_open(m->cfg.model.tokenizer, &tok);
@@ -346,7 +398,8 @@ int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
         if (rc == 0 && moe_fs_mkdir(tmp, 0755) != 0)
             rc = moe_fail(MOE_EIO, "%s: cannot create: %s", tmp, strerror(errno));
     }
-    // Every rank takes part in the gathers; rank 0 writes; all learn its status.
+    // Sharded: every writer needs dir.tmp made before it writes into it.
+    if (par && par->ep_size > 1) rc = moe_comm_agree(par->world, rc);
     rc = save_files(tmp, m, opt, st, par, tok, rc);
     moe_tok_free(tok);
     if (par) rc = moe_comm_agree(par->world, rc);
@@ -626,13 +679,21 @@ int moe_ckpt_load(const char *dir, moe_model *m, moe_adamw *opt, moe_train_state
     moe_st_set_close(s);
     if (rc < 0) return rc;
     if (opt) {
-        moe_st_file *f;
-        MOE_TRY(join(p, rdir, "/optimizer.safetensors"));
-        MOE_TRY(moe_st_open(p, &f));
-        moe_st_set one = {.n_files = 1, .files = &f, .total_bytes = f->file_size};
-        rc = load_tensors(&one, p, m, opt->m, ".exp_avg", 1);
-        if (rc == 0) rc = load_tensors(&one, p, m, opt->v, ".exp_avg_sq", 1);
+        moe_st_set *os = NULL;
+        moe_st_file *f = NULL;
+        MOE_TRY(join(p, rdir, "/optimizer.safetensors.index.json"));
+        if (exists(p)) { // a sharded save: each rank reads its own experts' moments
+            MOE_TRY(moe_st_set_open_index(rdir, "optimizer.safetensors.index.json", &os));
+        } else {
+            MOE_TRY(join(p, rdir, "/optimizer.safetensors"));
+            MOE_TRY(moe_st_open(p, &f));
+        }
+        moe_st_set one = {.n_files = 1, .files = &f, .total_bytes = f ? f->file_size : 0};
+        const moe_st_set *set = os ? os : &one;
+        rc = load_tensors(set, p, m, opt->m, ".exp_avg", 1);
+        if (rc == 0) rc = load_tensors(set, p, m, opt->v, ".exp_avg_sq", 1);
         moe_st_close(f);
+        moe_st_set_close(os);
         if (rc < 0) return rc;
     }
     MOE_TRY(join(p, rdir, "/trainer_state.json"));

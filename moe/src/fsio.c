@@ -39,12 +39,23 @@ static void read_env(void) {
     env_read = 1;
     const char *s = getenv("MOE_FAULT");
     if (!s || !*s) return;
-    char *end;
+    char *end, mode[8];
     long n = strtol(s, &end, 10);
     if (n <= 0 || *end != ':') return;
-    if (!strcmp(end + 1, "fail"))
+    const char *colon = strchr(end + 1, ':'); // "N:abort:RANK": that MPI rank only
+    size_t len = colon ? (size_t)(colon - end - 1) : strlen(end + 1);
+    if (len >= sizeof mode) return;
+    memcpy(mode, end + 1, len);
+    mode[len] = 0;
+    if (colon) {
+        // The launcher's variable: fsio sits below the communicator and must not need it.
+        const char *me = getenv("OMPI_COMM_WORLD_RANK");
+        if (!me) me = getenv("PMI_RANK");
+        if (!me || strcmp(me, colon + 1)) return;
+    }
+    if (!strcmp(mode, "fail"))
         fault_at = n, fault_mode = MOE_FAULT_FAIL;
-    else if (!strcmp(end + 1, "abort"))
+    else if (!strcmp(mode, "abort"))
         fault_at = n, fault_mode = MOE_FAULT_ABORT;
 }
 

@@ -82,6 +82,43 @@ static int index_shards(moe_st_set *s, const char *index) {
     return 0;
 }
 
+static const char *base_name(const char *path) {
+    const char *slash = strrchr(path, '/');
+    return slash ? slash + 1 : path;
+}
+
+// A folder whose manifest.json lists this index (a sharded checkpoint written
+// by moe_ckpt_save) must hold every shard at the size the manifest recorded:
+// a shard replaced or truncated after the save is refused here, by name,
+// rather than read as weights. Without a manifest, or one that does not list
+// the index (a set copied in from elsewhere), the shards' headers suffice.
+static int check_manifest(const moe_st_set *s, const char *dir, const char *index) {
+    char p[PATH_MAX];
+    struct stat sb;
+    if (snprintf(p, sizeof p, "%s/manifest.json", dir) >= (int)sizeof p) return 0;
+    if (lstat(p, &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > (1 << 20)) return 0;
+    json_t *doc = json_load_file(p, JSON_REJECT_DUPLICATES, NULL);
+    json_t *files = json_object_get(doc, "files");
+    int rc = 0;
+    if (json_is_object(files) && json_object_get(files, base_name(index))) {
+        for (int i = 0; i < s->n_files && rc == 0; i++) {
+            const char *name = base_name(s->files[i]->path);
+            json_t *v = json_object_get(files, name);
+            if (!json_is_integer(v))
+                rc = moe_fail(MOE_EFORMAT, "%s: does not list shard %s, which %s names", p, name,
+                              index);
+            else if ((uint64_t)json_integer_value(v) != s->files[i]->file_size)
+                rc = moe_fail(MOE_EFORMAT,
+                              "%s: is %llu bytes, but %s lists %lld (the shard changed after the "
+                              "save)",
+                              s->files[i]->path, (unsigned long long)s->files[i]->file_size, p,
+                              (long long)json_integer_value(v));
+        }
+    }
+    json_decref(doc);
+    return rc;
+}
+
 static int open_index(moe_st_set *s, const char *dir, const char *index) {
     json_error_t jerr;
     FILE *in;
@@ -111,6 +148,12 @@ static int open_index(moe_st_set *s, const char *dir, const char *index) {
             MOE_TRY_GOTO(moe_fail(MOE_EINVAL, "%s: path too long", dir), rc);
         long known = moe_name_map_find(&files, s->files, file_path, path);
         if (known < 0) {
+            struct stat fs;
+            if (stat(path, &fs) != 0)
+                MOE_TRY_GOTO(moe_fail(MOE_EFORMAT,
+                                      "%s: tensor '%s' is mapped to shard %s, which is missing",
+                                      index, name, shard),
+                             rc);
             MOE_TRY_GOTO(add_file(s, path), rc);
             known = s->n_files - 1;
             long dup;
@@ -122,6 +165,7 @@ static int open_index(moe_st_set *s, const char *dir, const char *index) {
                          rc);
     }
     MOE_TRY_GOTO(index_shards(s, index), rc);
+    MOE_TRY_GOTO(check_manifest(s, dir, index), rc);
 fail:
     moe_name_map_free(&files);
     json_decref(doc);
@@ -141,6 +185,22 @@ int moe_st_set_open(const char *dir, moe_st_set **out) {
     moe_st_set *s = calloc(1, sizeof *s);
     if (!s) return moe_fail(MOE_ENOMEM, "%s: out of memory", dir);
     int rc = layout == MOE_CKPT_SHARDED ? open_index(s, rdir, path) : add_file(s, path);
+    if (rc < 0) {
+        moe_st_set_close(s);
+        return rc;
+    }
+    *out = s;
+    return 0;
+}
+
+int moe_st_set_open_index(const char *folder, const char *index_name, moe_st_set **out) {
+    *out = NULL;
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/%s", folder, index_name) >= (int)sizeof path)
+        return moe_fail(MOE_EINVAL, "%s: path too long", folder);
+    moe_st_set *s = calloc(1, sizeof *s);
+    if (!s) return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+    int rc = open_index(s, folder, path);
     if (rc < 0) {
         moe_st_set_close(s);
         return rc;

@@ -7,15 +7,27 @@
 // a path relative to the folder) and manifest.json (every other file and its
 // size, written last: the folder's completeness marker).
 //
-// Save protocol for folder DIR (one writer; the folders beside it are DIR.tmp,
-// DIR.old and DIR.trash). Only rank 0 touches the file system.
+// With expert parallelism (ep > 1) the tensors are sharded: each rank of the
+// first EP group writes model-{k}-of-{ep}.safetensors and
+// optimizer-{k}-of-{ep}.safetensors (its own experts; shard 1 also the dense
+// tensors), and rank 0 the two .index.json files (Hugging Face layout). One
+// process and ep = 1 write the single files.
+//
+// Save protocol for folder DIR (the folders beside it are DIR.tmp, DIR.old and
+// DIR.trash). Only rank 0 creates, renames and removes folders; shard writers
+// only write their own files into DIR.tmp, on a filesystem all ranks share.
 //   1. Recover from an earlier crash, oldest state first: remove DIR.trash;
 //      if DIR is missing and DIR.tmp is complete, rename DIR.tmp -> DIR (it is
 //      the newest complete copy), else move DIR.tmp to DIR.trash and remove
 //      it; if DIR is still missing, rename DIR.old -> DIR, else move DIR.old to
 //      DIR.trash and remove it. Afterwards only DIR (if any checkpoint) exists.
-//   2. mkdir DIR.tmp; write each file (fsynced); write manifest.json last
-//      (fsynced); fsync DIR.tmp.
+//   2. mkdir DIR.tmp (sharded: every rank agrees it exists); each writer
+//      writes its shards (fsynced, renamed into place, DIR.tmp fsynced);
+//      sharded: every rank's status is all-reduced, and rank 0 goes on only
+//      if all succeeded; rank 0 writes the indices and the other files
+//      (fsynced), then manifest.json last (every file and shard with its
+//      size, fsynced); fsync DIR.tmp. A rank dying before the manifest leaves
+//      DIR.tmp incomplete: the previous checkpoint resolves.
 //   3. Swap: rename DIR -> DIR.old (if DIR exists), fsync the parent; rename
 //      DIR.tmp -> DIR, fsync the parent.
 //   4. Clean: rename DIR.old -> DIR.trash, remove DIR.trash (by listing it, so
@@ -71,8 +83,9 @@ int moe_ckpt_resolve(const char *dir, char *out, size_t out_size, moe_ckpt_layou
 // lists, else 0.
 int moe_ckpt_complete(const char *folder);
 
-// par: the process grid (NULL in a single process). Every rank calls it; the
-// expert shards are gathered and rank 0 writes; all ranks return its status.
+// par: the process grid (NULL in a single process). Every rank calls it; with
+// ep > 1 each rank of the first EP group writes its shards (no rank holds
+// another's experts), else rank 0 writes; all ranks return the first failure.
 // Follows the protocol above; every file-system call goes through moe/fsio.h.
 int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
                   const moe_train_state *st, moe_parallel *par);

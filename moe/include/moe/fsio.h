@@ -17,7 +17,9 @@ typedef enum {
 // Arms the hook: the n-th counted call from now (n >= 1) faults once; n = 0
 // disarms. Either way the counter restarts at 0. Without a call, the
 // environment variable MOE_FAULT="N:fail" or "N:abort" arms it at the first
-// counted call of the process. Off by default; the cost is one increment and
+// counted call of the process; "N:abort:R" (or "N:fail:R") arms it on MPI
+// rank R only (read from the launcher's OMPI_COMM_WORLD_RANK or PMI_RANK), so
+// a test can crash one rank in the middle of a sharded save. Off by default; the cost is one increment and
 // one comparison per call. Not thread-safe: saves run on one thread.
 void moe_fs_fault_arm(long n, moe_fault_mode mode);
 // Counted calls since the last arm (a dry run of a save gives its points).

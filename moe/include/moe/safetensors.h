@@ -136,6 +136,12 @@ typedef struct {
 // tensor the index maps to a shard that lacks it, a tensor in two shards, bad
 // shard), MOE_EIO, MOE_ENOMEM.
 int moe_st_set_open(const char *dir, moe_st_set **out);
+// The set of one index file (index_name, e.g. "optimizer.safetensors.index.json")
+// in folder, read as is (no resolving). A shard the index names must exist
+// (MOE_EFORMAT naming it), and when the folder's manifest.json lists the
+// index, every shard must have the size the manifest lists (MOE_EFORMAT).
+// moe_st_set_open applies the same checks to a sharded model.
+int moe_st_set_open_index(const char *folder, const char *index_name, moe_st_set **out);
 void moe_st_set_close(moe_st_set *s);
 // The tensor called name and its file, or NULL (*file untouched). O(1).
 const moe_st_tensor *moe_st_set_find(const moe_st_set *s, const char *name, moe_st_file **file);

@@ -36,33 +36,10 @@ static moe_config base(int ep, const char *a2a) {
 
 // Every tensor of two checkpoints' model.safetensors is bit-identical.
 static void same_models(const char *a, const char *b, const char *what) {
-    char pa[1024], pb[1024];
+    char pa[1024], pb[1024], why[1200];
     snprintf(pa, sizeof pa, "%s/checkpoint", a); // either layout: one file or shards
     snprintf(pb, sizeof pb, "%s/checkpoint", b);
-    moe_st_set *sa = NULL, *sb = NULL;
-    if (moe_st_set_open(pa, &sa) || moe_st_set_open(pb, &sb)) {
-        CHECK(0, "%s: %s", what, moe_last_error());
-        moe_st_set_close(sa);
-        return;
-    }
-    CHECK(sa->n_refs + (sa->n_refs ? 0 : (size_t)sa->files[0]->n_tensors) ==
-              sb->n_refs + (sb->n_refs ? 0 : (size_t)sb->files[0]->n_tensors),
-          "%s: tensor counts differ", what);
-    for (int k = 0; k < sa->n_files; k++)
-        for (int i = 0; i < sa->files[k]->n_tensors; i++) {
-            moe_st_file *fa = sa->files[k], *fb = NULL;
-            const moe_st_tensor *ta = &fa->tensors[i], *tb = moe_st_set_find(sb, ta->name, &fb);
-            CHECK(tb && tb->nbytes == ta->nbytes, "%s: tensor %s", what, ta->name);
-            if (!tb || tb->nbytes != ta->nbytes) continue;
-            char *x = malloc(ta->nbytes), *y = malloc(tb->nbytes);
-            moe_st_read(fa, ta, x, ta->nbytes);
-            moe_st_read(fb, tb, y, tb->nbytes);
-            CHECK(!memcmp(x, y, ta->nbytes), "%s: %s differs", what, ta->name);
-            free(x);
-            free(y);
-        }
-    moe_st_set_close(sa);
-    moe_st_set_close(sb);
+    CHECK(!tu_st_dirs_differ(pa, pb, why, sizeof why), "%s: %s", what, why);
 }
 
 static void scenario(const char *dir, int ranks_per_node, const char *a2a) {

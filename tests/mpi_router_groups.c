@@ -49,32 +49,12 @@ static int run(moe_comm *world, moe_config c, const char *out, double *losses,
     return rc;
 }
 
-// Bytes of model.safetensors of two runs are equal.
+// The checkpoints of two runs hold the same tensors, byte for byte.
 static void same_weights(const char *a, const char *b) {
-    char pa[1024], pb[1024];
+    char pa[1024], pb[1024], why[1200];
     snprintf(pa, sizeof pa, "%s/checkpoint", a); // either layout: one file or shards
     snprintf(pb, sizeof pb, "%s/checkpoint", b);
-    moe_st_set *sa = NULL, *sb = NULL;
-    if (moe_st_set_open(pa, &sa) || moe_st_set_open(pb, &sb)) {
-        CHECK(0, "%s", moe_last_error());
-        moe_st_set_close(sa);
-        return;
-    }
-    for (int k = 0; k < sa->n_files; k++)
-        for (int i = 0; i < sa->files[k]->n_tensors; i++) {
-            moe_st_file *fa = sa->files[k], *fb = NULL;
-            const moe_st_tensor *ta = &fa->tensors[i], *tb = moe_st_set_find(sb, ta->name, &fb);
-            CHECK(tb && tb->nbytes == ta->nbytes, "tensor %s", ta->name);
-            if (!tb || tb->nbytes != ta->nbytes) continue;
-            char *x = malloc(ta->nbytes), *y = malloc(tb->nbytes);
-            moe_st_read(fa, ta, x, ta->nbytes);
-            moe_st_read(fb, tb, y, tb->nbytes);
-            CHECK(!memcmp(x, y, ta->nbytes), "%s differs", ta->name);
-            free(x);
-            free(y);
-        }
-    moe_st_set_close(sa);
-    moe_st_set_close(sb);
+    CHECK(!tu_st_dirs_differ(pa, pb, why, sizeof why), "%s", why);
 }
 
 static void equals_one_process(moe_comm *world, const char *dir, const char *a2a) {

@@ -4,6 +4,7 @@
 #include "moe/error.h"
 #include "moe/model.h"
 #include "moe/optim.h"
+#include "moe/safetensors.h"
 
 #include <dirent.h>
 #include <jansson.h>
@@ -212,4 +213,49 @@ void tu_assert_same_checkpoint(const char *a, const char *b) {
     ck_assert_msg(json_equal(ja, jb), "%s and %s differ", pa, pb);
     json_decref(ja);
     json_decref(jb);
+}
+
+static size_t st_set_tensors(const moe_st_set *s) {
+    return s->n_refs ? s->n_refs : (size_t)s->files[0]->n_tensors;
+}
+
+int tu_st_dirs_differ(const char *a, const char *b, char *why, size_t cap) {
+    moe_st_set *sa = NULL, *sb = NULL;
+    int differ = 0;
+    if (moe_st_set_open(a, &sa) || moe_st_set_open(b, &sb)) {
+        snprintf(why, cap, "%s", moe_last_error());
+        moe_st_set_close(sa);
+        return 1;
+    }
+    if (st_set_tensors(sa) != st_set_tensors(sb)) {
+        snprintf(why, cap, "%zu tensors in %s, %zu in %s", st_set_tensors(sa), a,
+                 st_set_tensors(sb), b);
+        differ = 1;
+    }
+    for (int k = 0; k < sa->n_files && !differ; k++)
+        for (int i = 0; i < sa->files[k]->n_tensors && !differ; i++) {
+            moe_st_file *fa = sa->files[k], *fb = NULL;
+            const moe_st_tensor *ta = &fa->tensors[i], *tb = moe_st_set_find(sb, ta->name, &fb);
+            if (!tb || tb->nbytes != ta->nbytes) {
+                snprintf(why, cap, "tensor %s: missing or of another size in %s", ta->name, b);
+                differ = 1;
+                break;
+            }
+            char *x = malloc(ta->nbytes), *y = malloc(tb->nbytes);
+            if (!x || !y) {
+                snprintf(why, cap, "out of memory");
+                differ = 1;
+            } else if (moe_st_read(fa, ta, x, ta->nbytes) || moe_st_read(fb, tb, y, tb->nbytes)) {
+                snprintf(why, cap, "%s", moe_last_error());
+                differ = 1;
+            } else if (memcmp(x, y, ta->nbytes)) {
+                snprintf(why, cap, "%s differs between %s and %s", ta->name, a, b);
+                differ = 1;
+            }
+            free(x);
+            free(y);
+        }
+    moe_st_set_close(sa);
+    moe_st_set_close(sb);
+    return differ;
 }

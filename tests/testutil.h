@@ -54,6 +54,10 @@ int tu_run_moe(const char *dir, const char *args);
 const char *tu_file_text(const char *dir, const char *name);
 
 // Runs one suite with CK_NORMAL output, returns the process exit status.
+// 0 when the safetensors sets in folders a and b (one file or an indexed set
+// of shards) hold the same tensors with the same bytes; else 1 and why says
+// which (for MPI tests, whose ranks report through TU_MPI_CHECK).
+int tu_st_dirs_differ(const char *a, const char *b, char *why, size_t cap);
 // Asserts that files a and b hold the same bytes.
 void tu_assert_same_file(const char *a, const char *b);
 // Asserts that checkpoint folders a and b hold the same training state:

@@ -60,6 +60,12 @@ int moe_cpu_scatter_add_rows(float *out, const float *in, const int *idx, int n,
 int moe_cpu_adamw(float *params, float *m, float *v, const float *grads, const uint8_t *decay,
                   size_t n, long step, float lr, float beta1, float beta2, float eps,
                   float weight_decay);
+// The AdamW step on grads * grad_scale (the clipping scale), one pass.
+int moe_cpu_adamw_scaled(float *params, float *m, float *v, const float *grads,
+                         const uint8_t *decay, size_t n, long step, float lr, float beta1,
+                         float beta2, float eps, float weight_decay, float grad_scale);
+// Sum of squares in double, a fixed function of (x, n) whatever the thread
+// count (chunk sums added in chunk order), so sharded norms match.
 int moe_cpu_sumsq(double *sumsq, const float *x, size_t n);
 int moe_cpu_scale(float *x, size_t n, float s);
 

@@ -62,18 +62,20 @@ static inline v8 exp8(v8 x) {
     return (v8)((v8i)((v8)e * p) & ~dead);
 }
 
-// C[4 x 16] += A[4 x K] B[K x 16]: A rows lda apart, B rows ldb apart, C rows
-// ldc apart; the tile sits in 8 vector registers through the K loop.
-static inline void kernel4x16(float *c, int ldc, const float *a, int lda, const float *b, int ldb,
-                              int K) {
+// C[4 x 16] += A[4 x K] B[K x 16]: A[r][k] at a[r * rs + k * ks] (so A may be
+// read transposed), B rows ldb apart, C rows ldc apart; the tile sits in 8
+// vector registers through the K loop.
+static inline void kernel4x16(float *c, int ldc, const float *a, int rs, int ks, const float *b,
+                              int ldb, int K) {
     v8 c00 = load8(c), c01 = load8(c + 8), c10 = load8(c + ldc), c11 = load8(c + ldc + 8);
     v8 c20 = load8(c + 2 * ldc), c21 = load8(c + 2 * ldc + 8);
     v8 c30 = load8(c + 3 * ldc), c31 = load8(c + 3 * ldc + 8);
     for (int k = 0; k < K; k++) {
         const v8 b0 = load8(b + (size_t)k * ldb), b1 = load8(b + (size_t)k * ldb + 8);
-        v8 a0 = splat(a[k]), a1 = splat(a[lda + k]);
+        const float *ak = a + (size_t)k * ks;
+        v8 a0 = splat(ak[0]), a1 = splat(ak[rs]);
         c00 += a0 * b0, c01 += a0 * b1, c10 += a1 * b0, c11 += a1 * b1;
-        a0 = splat(a[2 * lda + k]), a1 = splat(a[3 * lda + k]);
+        a0 = splat(ak[2 * rs]), a1 = splat(ak[3 * rs]);
         c20 += a0 * b0, c21 += a0 * b1, c30 += a1 * b0, c31 += a1 * b1;
     }
     store8(c, c00), store8(c + 8, c01), store8(c + ldc, c10), store8(c + ldc + 8, c11);
@@ -81,12 +83,20 @@ static inline void kernel4x16(float *c, int ldc, const float *a, int lda, const 
     store8(c + 3 * ldc, c30), store8(c + 3 * ldc + 8, c31);
 }
 
-// C[M x N] += A[M x K] B[K x N], M % 4 == 0, N % 16 == 0.
+// C[M x N] += A[M x K] B[K x N], M % 4 == 0, N % 16 == 0; A rows lda apart.
 static void tile_gemm(float *c, int ldc, const float *a, int lda, const float *b, int ldb, int M,
                       int N, int K) {
     for (int i = 0; i < M; i += 4)
         for (int j = 0; j < N; j += 16)
-            kernel4x16(c + (size_t)i * ldc + j, ldc, a + (size_t)i * lda, lda, b + j, ldb, K);
+            kernel4x16(c + (size_t)i * ldc + j, ldc, a + (size_t)i * lda, lda, 1, b + j, ldb, K);
+}
+
+// C[M x N] += A^T B for A [K x M] with rows lda apart (no transposed copy).
+static void tile_gemm_tn(float *c, int ldc, const float *a, int lda, const float *b, int ldb, int M,
+                         int N, int K) {
+    for (int i = 0; i < M; i += 4)
+        for (int j = 0; j < N; j += 16)
+            kernel4x16(c + (size_t)i * ldc + j, ldc, a + i, 1, lda, b + j, ldb, K);
 }
 
 static inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
@@ -112,12 +122,6 @@ static void copy_transposed(float *dst, int ldd, const float *src, size_t lds, i
     for (int r = 0; r < rows; r++)
         for (int i = 0; i < n; i++)
             dst[(size_t)i * ldd + r] = src[r * lds + i];
-}
-
-static void transpose_tile(float *dst, const float *src) { // [BC x BR] = [BR x BC]^T
-    for (int r = 0; r < BR; r++)
-        for (int c = 0; c < BC; c++)
-            dst[c * BR + r] = src[r * BC + c];
 }
 
 typedef struct {
@@ -164,8 +168,13 @@ static void forward_head(void *ctx, int item) {
             scores(S, qs, kT, Tp, hdp, i0, j0, T);
             for (int r = 0; r < rows; r++) {
                 float *s = S + r * BC, mx = m[r];
-                for (int c = 0; c < BC; c++)
-                    mx = s[c] > mx ? s[c] : mx;
+                v8 vm = splat(mx);
+                for (int c = 0; c < BC; c += 8) {
+                    const v8 x = load8(s + c);
+                    vm = vselect(x > vm, x, vm);
+                }
+                for (int i = 0; i < 8; i++)
+                    mx = vm[i] > mx ? vm[i] : mx;
                 const float alpha = expf(m[r] - mx); // 0 on the first block
                 v8 sum = splat(0.0f);
                 for (int c = 0; c < BC; c += 8) {
@@ -220,7 +229,7 @@ static void backward_group(void *ctx, int item) {
     float *dk = kT + (size_t)hdp * Tp, *dv = dk + (size_t)Tp * hdp;  // [Tp x hdp]
     float *qs = dv + (size_t)Tp * hdp, *dO = qs + (size_t)Tp * hdp;  // [Tp x hdp]
     float *dQ = dO + (size_t)Tp * hdp, *D = dQ + (size_t)Tp * hdp;  // [Tp x hdp], [Tp]
-    float *P = D + Tp, *Pt = P + BR * BC, *dS = Pt + BR * BC, *dSt = dS + BR * BC; // tiles
+    float *P = D + Tp, *dS = P + BR * BC; // tiles
     copy_rows(kp, hdp, J->k + off_k, ldk, T, hd, Tp, 1.0f);
     copy_transposed(kT, Tp, J->k + off_k, ldk, T, hd, hdp);
     copy_transposed(vT, Tp, J->v + off_k, ldk, T, hd, hdp);
@@ -256,12 +265,10 @@ static void backward_group(void *ctx, int item) {
                         store8(dS + r * BC + c,
                                load8(P + r * BC + c) * (load8(dS + r * BC + c) - Dr));
                 }
-                transpose_tile(Pt, P);
-                transpose_tile(dSt, dS);
-                tile_gemm(dv + (size_t)j0 * hdp, hdp, Pt, BR, dO + (size_t)i0 * hdp, hdp, BC, hdp,
-                          BR);
-                tile_gemm(dk + (size_t)j0 * hdp, hdp, dSt, BR, qs + (size_t)i0 * hdp, hdp, BC, hdp,
-                          BR);
+                tile_gemm_tn(dv + (size_t)j0 * hdp, hdp, P, BC, dO + (size_t)i0 * hdp, hdp, BC,
+                             hdp, BR);
+                tile_gemm_tn(dk + (size_t)j0 * hdp, hdp, dS, BC, qs + (size_t)i0 * hdp, hdp, BC,
+                             hdp, BR);
                 tile_gemm(dQ + (size_t)i0 * hdp, hdp, dS, BC, kp + (size_t)j0 * hdp, hdp, BR, hdp,
                           BC);
             }
@@ -285,7 +292,7 @@ int moe_cpu_attention_backward(float *dq, float *dk, float *dv, float *datt, con
     att_job J = {.dq = dq, .dk = dk, .dv = dv, .lse = (float *)att, .q = q, .k = k, .v = v,
                  .o = out, .dout = dout, .B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd,
                  .Tp = round_up(T, BC), .hdp = round_up(hd, 16), .scale = 1.0f / sqrtf((float)hd)};
-    J.slot = 8 * (size_t)J.Tp * J.hdp + J.Tp + 4 * BR * BC + 16;
+    J.slot = 8 * (size_t)J.Tp * J.hdp + J.Tp + 2 * BR * BC + 16;
     J.scratch = malloc(sizeof(float) * J.slot * moe_cpu_threads());
     if (!J.scratch) return moe_fail(MOE_ENOMEM, "attention: %d-position tiles: out of memory", T);
     moe_cpu_parallel_for(B * Hkv, backward_group, &J);

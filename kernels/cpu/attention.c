@@ -20,6 +20,9 @@
 
 enum { BR = 64, BC = 64 }; // query rows, key columns per tile
 
+// 8-lane vectors: AVX registers under -march=native, pairs of SSE ones
+// without; the helpers are static, so the vector-ABI note does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
 typedef float v8 __attribute__((vector_size(32)));
 typedef int v8i __attribute__((vector_size(32)));
 

@@ -1,7 +1,11 @@
 // Training-step benchmark: tokens/s of a config (default configs/tiny.json)
-// and the share of step time in attention, MoE experts, router + permute,
-// LM head + loss, optimizer and the rest. One JSON line.
-//   build/bench/train_step [CONFIG] [--steps N]
+// and the share of step time in attention (its norm, projections, RoPE and
+// the attention kernel), MoE experts, router + permute, LM head + loss,
+// optimizer (gradient norm + fused clip/AdamW) and the rest; the CPU time
+// split into user and system, and context switches (getrusage over the
+// measured steps, all threads). One JSON line; --machine NAME adds it.
+//   build/bench/train_step [CONFIG] [--steps N] [--machine NAME]
+#include "kernels/cpu/cpu.h"
 #include "moe/config.h"
 #include "moe/data.h"
 #include "moe/error.h"
@@ -11,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 
 static double now(void) {
@@ -21,10 +26,13 @@ static double now(void) {
 
 int main(int argc, char **argv) {
     const char *config = "configs/tiny.json";
+    const char *machine = "";
     int steps = 30, warmup = 5;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--machine") && i + 1 < argc)
+            machine = argv[++i];
         else
             config = argv[i];
     }
@@ -44,11 +52,13 @@ int main(int argc, char **argv) {
     int32_t *task = malloc(sizeof(int32_t) * d.B);
     moe_model_timing tm;
     double t_opt = 0, t_total = 0;
+    struct rusage ru0, ru1;
     for (int s = 0; s < warmup + steps; s++) {
         if (s == warmup) {
             memset(&tm, 0, sizeof tm);
             m.timing = &tm;
             t_opt = 0;
+            getrusage(RUSAGE_SELF, &ru0);
         }
         double t0 = now();
         memset(m.grads, 0, sizeof(float) * n);
@@ -60,26 +70,35 @@ int main(int argc, char **argv) {
         }
         double t1 = now();
         double gn = moe_grad_norm(m.grads, n);
-        moe_grad_clip(m.grads, n, gn, cfg.train.grad_clip);
-        moe_adamw_update(&opt, m.params, m.grads, (float)cfg.train.lr, 0.9f, 0.95f, 1e-8f, 0.1f);
+        moe_adamw_update_clipped(&opt, m.params, m.grads, gn, cfg.train.grad_clip,
+                                 (float)cfg.train.lr, 0.9f, 0.95f, 1e-8f, 0.1f);
         double t2 = now();
         if (s >= warmup) {
             t_opt += t2 - t1;
             t_total += t2 - t0;
         }
     }
+    getrusage(RUSAGE_SELF, &ru1);
+    const double user = (ru1.ru_utime.tv_sec - ru0.ru_utime.tv_sec) +
+                        1e-6 * (ru1.ru_utime.tv_usec - ru0.ru_utime.tv_usec);
+    const double sys = (ru1.ru_stime.tv_sec - ru0.ru_stime.tv_sec) +
+                       1e-6 * (ru1.ru_stime.tv_usec - ru0.ru_stime.tv_usec);
     const moe_layer_timing *lt = &tm.moe_layer;
     double routing = lt->gate + lt->router + lt->permute + lt->unpermute;
     double experts = lt->experts + lt->shared;
     double other = t_total - tm.attention - tm.ffn - tm.moe - tm.head - tm.embed - t_opt;
     other += tm.moe - routing - experts; // MoE-block norms and residual adds
-    printf("{\"bench\":\"train_step\",\"config\":\"%s\",\"params\":%zu,\"tokens_per_step\":%zu,"
+    printf("{\"bench\":\"train_step\",\"machine\":\"%s\",\"config\":\"%s\",\"params\":%zu,\"tokens_per_step\":%zu,"
            "\"steps\":%d,\"ms_per_step\":%.2f,\"tokens_per_s\":%.0f,\"share\":{\"attention\":%.3f,"
            "\"moe_experts\":%.3f,\"router_permute\":%.3f,\"dense_ffn\":%.3f,\"lm_head_loss\":%.3f,"
-           "\"optimizer\":%.3f,\"embedding\":%.3f,\"other\":%.3f}}\n",
-           config, n, nt, steps, 1e3 * t_total / steps, nt * steps / t_total,
+           "\"optimizer\":%.3f,\"embedding\":%.3f,\"other\":%.3f},\"wall_s\":%.3f,\"user_s\":%.3f,"
+           "\"sys_s\":%.3f,\"sys_share\":%.4f,\"voluntary_csw\":%ld,\"involuntary_csw\":%ld,"
+           "\"cpu_threads\":%d}\n",
+           machine, config, n, nt, steps, 1e3 * t_total / steps, nt * steps / t_total,
            tm.attention / t_total, experts / t_total, routing / t_total, tm.ffn / t_total,
-           tm.head / t_total, t_opt / t_total, tm.embed / t_total, other / t_total);
+           tm.head / t_total, t_opt / t_total, tm.embed / t_total, other / t_total, t_total, user, sys,
+           sys / (user + sys), ru1.ru_nvcsw - ru0.ru_nvcsw, ru1.ru_nivcsw - ru0.ru_nivcsw,
+           moe_cpu_threads());
     free(in);
     free(tg);
     free(task);

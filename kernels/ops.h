@@ -94,9 +94,11 @@ typedef struct moe_ops {
     int (*rope_backward)(float *dx, const float *dout, int B, int T, int H, int hd, float theta);
     int (*attention_forward)(float *out, float *att, const float *q, const float *k, const float *v,
                              int B, int T, int Hq, int Hkv, int hd);
+    // att is backend-private saved state (CPU: row log-sum-exp; CUDA: the
+    // probabilities); out is the forward's output.
     int (*attention_backward)(float *dq, float *dk, float *dv, float *datt, const float *dout,
-                              const float *att, const float *q, const float *k, const float *v,
-                              int B, int T, int Hq, int Hkv, int hd);
+                              const float *out, const float *att, const float *q, const float *k,
+                              const float *v, int B, int T, int Hq, int Hkv, int hd);
     // tok/target are backend memory; an id outside the vocabulary fails with
     // the same message on both (CUDA copies the ids to the host to check them).
     int (*embedding_forward)(float *out, const int32_t *tok, const float *table, int N, int C,

@@ -8,6 +8,8 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
 // Three views: a projection, a norm and the embedding, two floats each.
 static moe_param_table table3(void) {
@@ -101,6 +103,66 @@ START_TEST(test_grad_clip) {
 }
 END_TEST
 
+// The fused pass equals moe_grad_clip followed by moe_adamw_update bit for
+// bit (params and both moments), clipped or not, over a buffer of several
+// of the kernel's chunks with a ragged end.
+START_TEST(test_fused_clip_adamw_equals_two_passes) {
+    enum { N = 3 * 32768 + 1001 };
+    const int64_t shape[1] = {N};
+    moe_param_table t;
+    moe_param_table_init(&t);
+    ck_assert_int_eq(moe_param_table_add(&t, "model.", "layers.0.mlp.weight", 1, shape), 0);
+    tu_rng r;
+    tu_seed(&r, 9);
+    float *p0 = malloc(sizeof(float) * N), *g = malloc(sizeof(float) * N);
+    float *pa = malloc(sizeof(float) * N), *pb = malloc(sizeof(float) * N);
+    float *gc = malloc(sizeof(float) * N);
+    tu_fill_normal(&r, p0, N, 1.0f);
+    tu_fill_normal(&r, g, N, 0.1f);
+    for (int clip = 0; clip < 2; clip++) {
+        moe_adamw a, b;
+        ck_assert_int_eq(moe_adamw_init(&a, &t, false), 0);
+        ck_assert_int_eq(moe_adamw_init(&b, &t, false), 0);
+        memcpy(pa, p0, sizeof(float) * N), memcpy(pb, p0, sizeof(float) * N);
+        for (int step = 0; step < 3; step++) {
+            const double norm = moe_grad_norm(g, N), max_norm = clip ? norm / 3 : 0.0;
+            memcpy(gc, g, sizeof(float) * N);
+            float s1 = moe_grad_clip(gc, N, norm, max_norm);
+            moe_adamw_update(&a, pa, gc, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f);
+            float s2 = moe_adamw_update_clipped(&b, pb, g, norm, max_norm, 1e-2f, 0.9f, 0.95f,
+                                                1e-8f, 0.1f);
+            ck_assert_float_eq(s1, s2);
+            ck_assert(clip ? s1 < 1.0f : s1 == 1.0f);
+        }
+        ck_assert(!memcmp(pa, pb, sizeof(float) * N));
+        ck_assert(!memcmp(a.m, b.m, sizeof(float) * N));
+        ck_assert(!memcmp(a.v, b.v, sizeof(float) * N));
+        ck_assert(memcmp(pa, p0, sizeof(float) * N)); // the step did move the weights
+        moe_adamw_free(&a), moe_adamw_free(&b);
+    }
+    free(p0), free(g), free(pa), free(pb), free(gc);
+    moe_param_table_free(&t);
+}
+END_TEST
+
+// The chunked, vectorised sum of squares agrees with a plain double sum.
+START_TEST(test_grad_norm_matches_plain_sum) {
+    enum { N = 5 * 32768 + 77 };
+    float *g = malloc(sizeof(float) * N);
+    tu_rng r;
+    tu_seed(&r, 10);
+    tu_fill_normal(&r, g, N, 1.0f);
+    double s = 0.0;
+    for (int i = 0; i < N; i++)
+        s += (double)g[i] * g[i];
+    ck_assert_double_eq_tol(moe_grad_norm(g, N), sqrt(s), 1e-12 * sqrt(s));
+    ck_assert_double_eq(moe_grad_norm(g, 5), sqrt((double)g[0] * g[0] + (double)g[1] * g[1] +
+                                                  (double)g[2] * g[2] + (double)g[3] * g[3] +
+                                                  (double)g[4] * g[4]));
+    free(g);
+}
+END_TEST
+
 static Suite *optim_suite(void) {
     Suite *s = suite_create("optim");
     TCase *tc = tcase_create("optim");
@@ -108,6 +170,8 @@ static Suite *optim_suite(void) {
     tcase_add_test(tc, test_decay_mask);
     tcase_add_test(tc, test_lr_schedule);
     tcase_add_test(tc, test_grad_clip);
+    tcase_add_test(tc, test_fused_clip_adamw_equals_two_passes);
+    tcase_add_test(tc, test_grad_norm_matches_plain_sum);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -50,6 +50,21 @@ void moe_adamw_update(moe_adamw *opt, float *params, const float *grads, float l
                         beta2, eps, weight_decay);
 }
 
+static float clip_scale(double norm, double max_norm) {
+    if (max_norm <= 0 || norm <= max_norm || !isfinite(norm)) return 1.0f;
+    return (float)(max_norm / (norm + 1e-6));
+}
+
+float moe_adamw_update_clipped(moe_adamw *opt, float *params, const float *grads, double norm,
+                               double max_norm, float lr, float beta1, float beta2, float eps,
+                               float weight_decay) {
+    const float scale = clip_scale(norm, max_norm);
+    opt->step++;
+    (void)moe_cpu_adamw_scaled(params, opt->m, opt->v, grads, opt->decay, opt->n, opt->step, lr,
+                               beta1, beta2, eps, weight_decay, scale);
+    return scale;
+}
+
 float moe_lr_schedule(int step, int total, int warmup, float lr_max, float min_ratio) {
     if (step < warmup) return lr_max * (float)(step + 1) / (float)warmup;
     if (total <= warmup) return lr_max;
@@ -66,8 +81,7 @@ double moe_grad_norm(const float *grads, size_t n) {
 }
 
 float moe_grad_clip(float *grads, size_t n, double norm, double max_norm) {
-    if (max_norm <= 0 || norm <= max_norm || !isfinite(norm)) return 1.0f;
-    float scale = (float)(max_norm / (norm + 1e-6));
-    (void)moe_cpu_scale(grads, n, scale);
+    float scale = clip_scale(norm, max_norm);
+    if (scale != 1.0f) (void)moe_cpu_scale(grads, n, scale);
     return scale;
 }

@@ -441,9 +441,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                           nonfinite_grad(&m));
             goto fail;
         }
-        moe_grad_clip(m.grads, n, gnorm, cfg->train.grad_clip);
-        moe_adamw_update(&opt, m.params, m.grads, lr, (float)cfg->train.beta1,
-                         (float)cfg->train.beta2, 1e-8f, (float)cfg->train.weight_decay);
+        moe_adamw_update_clipped(&opt, m.params, m.grads, gnorm, cfg->train.grad_clip, lr,
+                                 (float)cfg->train.beta1, (float)cfg->train.beta2, 1e-8f,
+                                 (float)cfg->train.weight_decay);
     stepped:
         st.step = step + 1;
         const double loss = parts[0];

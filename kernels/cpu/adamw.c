@@ -1,32 +1,100 @@
 // Optimizer ops of the CPU table: one AdamW step (Loshchilov & Hutter, arXiv
-// 1711.05101; bias-corrected moments, decoupled weight decay), the sum of
-// squares behind the gradient norm, and the scaling that clips it. The
-// trainer's optimizer (trainer/optim.c) calls these.
+// 1711.05101; bias-corrected moments, decoupled weight decay) with the
+// gradient-clipping scale folded in, the sum of squares behind the gradient
+// norm, and a plain scaling. The trainer's optimizer (trainer/optim.c) calls
+// these. Both passes run in fixed chunks over the thread pool: the update is
+// elementwise and the sum of squares adds chunk sums in chunk order, so the
+// results do not depend on the thread count.
 #include "kernels/cpu/cpu.h"
 #include "moe/error.h"
 
 #include <math.h>
 
-int moe_cpu_adamw(float *params, float *m, float *v, const float *grads, const uint8_t *decay,
-                  size_t n, long step, float lr, float beta1, float beta2, float eps,
-                  float weight_decay) {
-    if (step < 1) return moe_fail(MOE_EINVAL, "adamw: step %ld (1-based)", step);
-    double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
-    for (size_t i = 0; i < n; i++) {
-        float g = grads[i];
+enum { CHUNK = 1 << 15 }; // elements per task: 128 KiB of each stream
+
+typedef struct {
+    float *params, *m, *v;
+    const float *grads;
+    const uint8_t *decay;
+    size_t n;
+    double bc1, bc2;
+    float lr, beta1, beta2, eps, weight_decay, grad_scale;
+} adamw_job;
+
+static void adamw_chunk(void *ctx, int c) {
+    const adamw_job *J = ctx;
+    const size_t i0 = (size_t)c * CHUNK, i1 = J->n - i0 < CHUNK ? J->n : i0 + CHUNK;
+    float *restrict params = J->params, *restrict m = J->m, *restrict v = J->v;
+    const float *restrict grads = J->grads;
+    const uint8_t *restrict decay = J->decay;
+    const double bc1 = J->bc1, bc2 = J->bc2;
+    const float beta1 = J->beta1, beta2 = J->beta2, lr = J->lr, eps = J->eps, s = J->grad_scale;
+    const float weight_decay = J->weight_decay;
+    for (size_t i = i0; i < i1; i++) {
+        float g = grads[i] * s; // the clipped gradient, as a clipping pass would store it
         float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
         float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
         float mhat = (float)(mi / bc1), vhat = (float)(vi / bc2);
         float wd = decay[i] ? weight_decay : 0.0f;
         params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + wd * params[i]);
     }
+}
+
+int moe_cpu_adamw_scaled(float *params, float *m, float *v, const float *grads,
+                         const uint8_t *decay, size_t n, long step, float lr, float beta1,
+                         float beta2, float eps, float weight_decay, float grad_scale) {
+    if (step < 1) return moe_fail(MOE_EINVAL, "adamw: step %ld (1-based)", step);
+    adamw_job J = {params, m, v, grads, decay, n, 1.0 - pow(beta1, (double)step),
+                   1.0 - pow(beta2, (double)step), lr, beta1, beta2, eps, weight_decay,
+                   grad_scale};
+    moe_cpu_parallel_for((int)((n + CHUNK - 1) / CHUNK), adamw_chunk, &J);
     return 0;
 }
 
-int moe_cpu_sumsq(double *sumsq, const float *x, size_t n) {
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++)
+int moe_cpu_adamw(float *params, float *m, float *v, const float *grads, const uint8_t *decay,
+                  size_t n, long step, float lr, float beta1, float beta2, float eps,
+                  float weight_decay) {
+    return moe_cpu_adamw_scaled(params, m, v, grads, decay, n, step, lr, beta1, beta2, eps,
+                                weight_decay, 1.0f);
+}
+
+// One chunk's sum of squares in 8 double lanes (two 4-wide vector
+// accumulators), combined in a fixed order.
+static double sumsq_block(const float *restrict x, size_t n) {
+    double acc[8] = {0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++)
+            acc[l] += (double)x[i + l] * x[i + l];
+    double s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++)
         s += (double)x[i] * x[i];
+    return s;
+}
+
+typedef struct {
+    const float *x;
+    size_t n;
+    double *part;
+} sumsq_job;
+
+static void sumsq_chunk(void *ctx, int c) {
+    const sumsq_job *J = ctx;
+    const size_t i0 = (size_t)c * CHUNK;
+    J->part[c] = sumsq_block(J->x + i0, J->n - i0 < CHUNK ? J->n - i0 : CHUNK);
+}
+
+int moe_cpu_sumsq(double *sumsq, const float *x, size_t n) {
+    enum { MAX_CHUNKS = 256 }; // larger tensors take several rounds
+    double part[MAX_CHUNKS], s = 0.0;
+    for (size_t base = 0; base < n; base += (size_t)MAX_CHUNKS * CHUNK) {
+        size_t len = n - base < (size_t)MAX_CHUNKS * CHUNK ? n - base : (size_t)MAX_CHUNKS * CHUNK;
+        sumsq_job J = {x + base, len, part};
+        int chunks = (int)((len + CHUNK - 1) / CHUNK);
+        moe_cpu_parallel_for(chunks, sumsq_chunk, &J);
+        for (int c = 0; c < chunks; c++)
+            s += part[c];
+    }
     *sumsq = s;
     return 0;
 }

@@ -8,10 +8,10 @@
 //             entries are all below filter_eps and that holds no target is
 //             skipped (gradient filtering, CCE §4.3): its contribution is
 //             below float precision of the result.
+#include "kernels/cpu/cpu.h"
 #include "kernels/cpu/nn.h"
 #include "moe/error.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <string.h>
 
@@ -43,7 +43,7 @@ int moe_cpu_cce_forward(float *losses, float *lse, double *mean, const float *h,
             m[i] = -INFINITY, s[i] = 0.0;
         for (int v0 = 0; v0 < V; v0 += MOE_CCE_VB) {
             const int vb = V - v0 < MOE_CCE_VB ? V - v0 : MOE_CCE_VB;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, vb, D, 1.0f,
+            moe_cpu_sgemm(false, true, nb, vb, D, 1.0f,
                         h + (size_t)n0 * D, D, W + (size_t)v0 * D, D, 0.0f, scratch, vb);
             for (int i = 0; i < nb; i++) { // online logsumexp over the vocabulary
                 const float *row = scratch + (size_t)i * vb;
@@ -84,7 +84,7 @@ int moe_cpu_cce_backward(float *dh, float *dW, const float *h, const float *W,
         const int nb = N - n0 < MOE_CCE_NB ? N - n0 : MOE_CCE_NB;
         for (int v0 = 0; v0 < V; v0 += MOE_CCE_VB) {
             const int vb = V - v0 < MOE_CCE_VB ? V - v0 : MOE_CCE_VB;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, nb, vb, D, 1.0f,
+            moe_cpu_sgemm(false, true, nb, vb, D, 1.0f,
                         h + (size_t)n0 * D, D, W + (size_t)v0 * D, D, 0.0f, scratch, vb);
             int live = 0;
             for (int i = 0; i < nb; i++) {
@@ -109,9 +109,9 @@ int moe_cpu_cce_backward(float *dh, float *dW, const float *h, const float *W,
                 if (skipped) (*skipped)++;
                 continue;
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, nb, D, vb, 1.0f, scratch, vb,
+            moe_cpu_sgemm(false, false, nb, D, vb, 1.0f, scratch, vb,
                         W + (size_t)v0 * D, D, 1.0f, dh + (size_t)n0 * D, D);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, vb, D, nb, 1.0f, scratch, vb,
+            moe_cpu_sgemm(true, false, vb, D, nb, 1.0f, scratch, vb,
                         h + (size_t)n0 * D, D, 1.0f, dW + (size_t)v0 * D, D);
         }
     }

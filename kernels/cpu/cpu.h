@@ -7,6 +7,25 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The CPU backend's thread pool (kernels/cpu/threads.c): moe_cpu_threads()
+// starts it on first use (one thread per core of the affinity mask, at most
+// MOE_NUM_THREADS) and sets OpenBLAS to one thread; parallel_for runs
+// fn(ctx, i) for i in [0, n) on the pool and the caller, and returns when all
+// are done. Items must not depend on which thread runs them; nested calls and
+// calls from a second thread meanwhile run serially.
+typedef void (*moe_cpu_task)(void *ctx, int i);
+int moe_cpu_threads(void);
+// 0 on any thread outside the pool, 1..threads-1 on its workers: tasks index
+// per-thread scratch by it.
+int moe_cpu_thread_id(void);
+void moe_cpu_parallel_for(int n, moe_cpu_task fn, void *ctx);
+
+// Row-major sgemm with explicit leading dimensions, split by rows or columns
+// of C over the pool when large enough (never along K, so each element sums
+// its products as the single-threaded sgemm does).
+void moe_cpu_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *a,
+                   int lda, const float *b, int ldb, float beta, float *c, int ldc);
+
 void *moe_cpu_alloc(size_t bytes);
 void moe_cpu_free(void *p);
 size_t moe_cpu_alloc_size(size_t bytes);
@@ -41,6 +60,12 @@ int moe_cpu_scatter_add_rows(float *out, const float *in, const int *idx, int n,
 int moe_cpu_adamw(float *params, float *m, float *v, const float *grads, const uint8_t *decay,
                   size_t n, long step, float lr, float beta1, float beta2, float eps,
                   float weight_decay);
+// The AdamW step on grads * grad_scale (the clipping scale), one pass.
+int moe_cpu_adamw_scaled(float *params, float *m, float *v, const float *grads,
+                         const uint8_t *decay, size_t n, long step, float lr, float beta1,
+                         float beta2, float eps, float weight_decay, float grad_scale);
+// Sum of squares in double, a fixed function of (x, n) whatever the thread
+// count (chunk sums added in chunk order), so sharded norms match.
 int moe_cpu_sumsq(double *sumsq, const float *x, size_t n);
 int moe_cpu_scale(float *x, size_t n, float s);
 

@@ -25,8 +25,9 @@ int moe_cpu_rope_at(float *out, const float *x, const int *pos, int N, int H, in
 
 // Causal self-attention with grouped-query heads: q [B, T, Hq, hd],
 // k, v [B, T, Hkv, hd] (Hq % Hkv == 0; query head h reads kv head h / (Hq/Hkv)).
-// out [B, T, Hq, hd]; att [B, Hq, T, T] saves the probabilities for backward
-// (upper triangle left 0).
+// out [B, T, Hq, hd]; att [B, Hq, T, T] is the state saved for backward,
+// backend-specific: here its first B*Hq*T floats are the log-sum-exp of each
+// query row's scaled scores (the probabilities are recomputed from it).
 int moe_cpu_attention_forward(float *out, float *att, const float *q, const float *k,
                               const float *v, int B, int T, int Hq, int Hkv, int hd);
 // One query row against a KV cache (incremental decoding): q [Hq, hd] of the
@@ -35,9 +36,10 @@ int moe_cpu_attention_forward(float *out, float *att, const float *q, const floa
 // forward's (max-subtracted, double sum).
 int moe_cpu_attention_cached(float *out, float *scores, const float *q, const float *kc,
                              const float *vc, int pos, int Hq, int Hkv, int hd);
-// datt [T, T] is scratch for one (b, h) at a time.
+// out is the forward's output (D = rowsum(dout * out) of FlashAttention-2);
+// datt [T, T] is scratch (unused here: the tiles live in per-thread buffers).
 int moe_cpu_attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
-                               const float *att, const float *q, const float *k, const float *v,
+                               const float *out, const float *att, const float *q, const float *k, const float *v,
                                int B, int T, int Hq, int Hkv, int hd);
 
 // out [N, C] = table[tok[n]]; tokens are checked against V.

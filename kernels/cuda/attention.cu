@@ -1,6 +1,7 @@
 // Causal scaled dot-product attention with grouped-query heads (GQA, arXiv
-// 2305.13245), the twin of kernels/cpu/attention.c with the same saved
-// probabilities att [B, Hq, T, T] (upper triangle 0):
+// 2305.13245), the twin of kernels/cpu/attention.c; it saves the
+// probabilities att [B, Hq, T, T] (upper triangle 0) where the CPU keeps only
+// the row log-sum-exp, and ignores the forward output backward gets:
 //   forward:  S = scale * Q K^T (cuBLAS, batched over the heads of one kv
 //             group), causal softmax per row (kernel), O = P V (cuBLAS)
 //   backward: dP = dO V^T,  dV += P^T dO,  dS = P * (dP - rowsum(P * dP)),
@@ -101,7 +102,8 @@ extern "C" int moe_cuda_attention_forward(float *out, float *att, const float *q
 }
 
 extern "C" int moe_cuda_attention_backward(float *dq, float *dk, float *dv, float *datt,
-                                           const float *dout, const float *att, const float *q,
+                                           const float *dout, const float *out,
+                                           const float *att, const float *q,
                                            const float *k, const float *v, int B, int T, int Hq,
                                            int Hkv, int hd) {
     MOE_TRY(check_dims(B, T, Hq, Hkv, hd));

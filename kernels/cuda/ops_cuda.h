@@ -61,7 +61,7 @@ int moe_cuda_rope_backward(float *dx, const float *dout, int B, int T, int H, in
 int moe_cuda_attention_forward(float *out, float *att, const float *q, const float *k,
                                const float *v, int B, int T, int Hq, int Hkv, int hd);
 int moe_cuda_attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
-                                const float *att, const float *q, const float *k, const float *v,
+                                const float *out, const float *att, const float *q, const float *k, const float *v,
                                 int B, int T, int Hq, int Hkv, int hd);
 int moe_cuda_embedding_forward(float *out, const int32_t *tok, const float *table, int N, int C,
                                int V);

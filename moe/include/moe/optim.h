@@ -23,6 +23,12 @@ int moe_adamw_init(moe_adamw *opt, const moe_param_table *table, bool decay_all)
 void moe_adamw_free(moe_adamw *opt);
 void moe_adamw_update(moe_adamw *opt, float *params, const float *grads, float lr, float beta1,
                       float beta2, float eps, float weight_decay);
+// Clipping and the update in one pass: the step on grads scaled as
+// moe_grad_clip(grads, n, norm, max_norm) would scale them (grads are left
+// as they are); equal bit for bit to clip-then-update. Returns the scale.
+float moe_adamw_update_clipped(moe_adamw *opt, float *params, const float *grads, double norm,
+                               double max_norm, float lr, float beta1, float beta2, float eps,
+                               float weight_decay);
 
 // lr at step (0-based): linear warmup to lr_max over warmup steps, then cosine
 // to lr_max * min_ratio at `total`.

@@ -450,8 +450,7 @@ static bool task_tensor(const char *name, int k, const int *set, const float *w,
     int l, e, len = 0, len2 = 0;
     *scale = 1.0f, *zero = false;
     snprintf(buf, cap, "%s", name);
-    if (sscanf(name, "model.layers.%d.block_sparse_moe.%n", &l, &len) != 1 || len == 0)
-        return true;
+    if (sscanf(name, "model.layers.%d.block_sparse_moe.%n", &l, &len) != 1 || len == 0) return true;
     const char *rest = name + len;
     if (!strcmp(rest, "task_embedding.weight")) return false;
     if (!strcmp(rest, "gate.weight")) {
@@ -461,8 +460,7 @@ static bool task_tensor(const char *name, int k, const int *set, const float *w,
     if (sscanf(rest, "experts.%d.%n", &e, &len2) != 1 || len2 == 0) return true;
     for (int j = 0; j < k; j++)
         if (set[(size_t)l * k + j] == e) {
-            snprintf(buf, cap, "model.layers.%d.block_sparse_moe.experts.%d.%s", l, j,
-                     rest + len2);
+            snprintf(buf, cap, "model.layers.%d.block_sparse_moe.experts.%d.%s", l, j, rest + len2);
             if (!strncmp(rest + len2, "w2.", 3)) *scale = (float)k * w[(size_t)l * k + j];
             return true;
         }
@@ -531,8 +529,7 @@ int moe_export_hf_task(const char *ckpt, const char *out, const char *task) {
             float scale = 1.0f;
             bool zero = false;
             snprintf(names[m], sizeof names[m], "%s", t->name);
-            if (task &&
-                !task_tensor(t->name, k, set, w, names[m], sizeof names[m], &scale, &zero))
+            if (task && !task_tensor(t->name, k, set, w, names[m], sizeof names[m], &scale, &zero))
                 continue;
             e[m] = (moe_st_entry){names[m], t->dtype, t->ndim, {0}, NULL};
             memcpy(e[m].shape, t->shape, sizeof(int64_t) * t->ndim);

@@ -61,7 +61,8 @@ int moe_cli_export(int argc, char **argv) {
         }
     }
     if (!dir || !out)
-        return moe_cli_fail("export", MOE_EXIT_USAGE, "usage: moe export CKPT_DIR --hf OUT_DIR [--task NAME]");
+        return moe_cli_fail("export", MOE_EXIT_USAGE,
+                            "usage: moe export CKPT_DIR --hf OUT_DIR [--task NAME]");
     moe_config cfg; // a checkpoint that cannot be read is bad input
     int rc = moe_cli_check_ckpt(dir);
     if (rc == 0) rc = moe_ckpt_config(dir, &cfg);

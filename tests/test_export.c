@@ -1,15 +1,19 @@
 // moe export --hf: Mixtral config and tensor names/shapes, tied head written
 // out, features Mixtral lacks refused by name (exit 2); moe eval
-// --dump-logits writes tokens and logits equal to a dropless forward.
+// --dump-logits writes tokens and logits equal to a dropless forward; --task
+// writes one task of an all task-routed model (its k experts, a zero gate,
+// w2 scaled by k * w_j) and refuses what stands in the way.
 #include "moe/checkpoint.h"
 #include "moe/error.h"
 #include "moe/export.h"
 #include "moe/model.h"
 #include "moe/optim.h"
 #include "moe/safetensors.h"
+#include "moe/task_experts.h"
 #include "testutil.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -137,6 +141,160 @@ START_TEST(test_dump_logits_matches_a_dropless_forward) {
 }
 END_TEST
 
+// A model whose two layers both route by task (tasks copy and reverse),
+// trained a few steps by the binary; its run folder in dir/run.
+static void train_task_model(const char *dir) {
+    char args[1200];
+    snprintf(args, sizeof args,
+             "train %s/configs/tiny.json --set model.d_model=32 --set model.n_layers=2 "
+             "--set model.d_ff=48 --set model.seq_len=32 --set train.batch_size=4 "
+             "--set train.eval_every=0 --set 'moe.task_layers=[0,1]' "
+             "--set 'data.tasks=[copy,reverse]' --steps 5 --quiet --out '%s/run'",
+             MOE_SOURCE_DIR, dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+}
+
+static float *load_f32(moe_st_file *f, const char *name, int64_t *shape) {
+    void *d = NULL;
+    ck_assert_msg(moe_st_load(f, name, MOE_ST_F32, -1, shape, &d) == 0, "%s", moe_last_error());
+    return d;
+}
+
+START_TEST(test_task_export_writes_the_tasks_experts_with_scaled_w2) {
+    const char *root = tu_tmpdir();
+    char run[700], ck[700], out[800], p[900], name[160];
+    train_task_model(root);
+    snprintf(run, sizeof run, "%s/run", root);
+    ck_assert_int_eq(moe_ckpt_resolve(run, ck, sizeof ck, NULL), 0);
+    moe_st_set *s;
+    ck_assert_int_eq(moe_st_set_open(ck, &s), 0);
+    const int E = 8, k = 2, D = 32;
+    const char *tasks[] = {"copy", "reverse"};
+    moe_router_config rc;
+    moe_router_config_default(&rc);
+    for (int t = 0; t < 2; t++) {
+        snprintf(out, sizeof out, "%s/hf-%s", root, tasks[t]);
+        ck_assert_msg(moe_export_hf_task(run, out, tasks[t]) == 0, "%s", moe_last_error());
+        snprintf(p, sizeof p, "%s/config.json", out);
+        json_error_t err;
+        json_t *cfg = json_load_file(p, 0, &err);
+        ck_assert_ptr_nonnull(cfg);
+        ck_assert_int_eq(json_integer_value(json_object_get(cfg, "num_local_experts")), k);
+        ck_assert_int_eq(json_integer_value(json_object_get(cfg, "num_experts_per_tok")), k);
+        ck_assert_str_eq(json_string_value(json_object_get(cfg, "moe_task")), tasks[t]);
+        json_decref(cfg);
+        snprintf(p, sizeof p, "%s/model.safetensors", out);
+        moe_st_file *x;
+        ck_assert_int_eq(moe_st_open(p, &x), 0);
+        for (int l = 0; l < 2; l++) {
+            moe_st_file *f;
+            int64_t sh[4];
+            snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.gate.weight", l);
+            ck_assert_ptr_nonnull(moe_st_set_find(s, name, &f));
+            float *gate = load_f32(f, name, sh);
+            float *zg = load_f32(x, name, sh);
+            ck_assert(sh[0] == k && sh[1] == D);
+            for (int i = 0; i < k * D; i++)
+                ck_assert(zg[i] == 0.0f);
+            snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.task_embedding.weight",
+                     l);
+            ck_assert_ptr_nonnull(moe_st_set_find(s, name, &f));
+            ck_assert_ptr_null(moe_st_find(x, name));
+            float *emb = load_f32(f, name, sh);
+            int set[2 * 2];
+            ck_assert_int_eq(moe_task_expert_set(set, gate, emb, E, D, 2, &rc), 0);
+            // the router's weights by hand: softmax over E, renormalised over the top k
+            double lg[8], mx = -1e300, z = 0, pk = 0;
+            for (int e = 0; e < E; e++) {
+                lg[e] = 0;
+                for (int d = 0; d < D; d++)
+                    lg[e] += (double)emb[t * D + d] * gate[e * D + d];
+                mx = fmax(mx, lg[e]);
+            }
+            for (int e = 0; e < E; e++)
+                z += exp(lg[e] - mx);
+            for (int j = 0; j < k; j++)
+                pk += exp(lg[set[t * k + j]] - mx) / z;
+            for (int j = 0; j < k; j++) {
+                const int c = set[t * k + j];
+                const double factor = k * (exp(lg[c] - mx) / z) / pk;
+                for (int w = 1; w <= 3; w++) {
+                    snprintf(name, sizeof name,
+                             "model.layers.%d.block_sparse_moe.experts.%d.w%d.weight", l, c, w);
+                    ck_assert_ptr_nonnull(moe_st_set_find(s, name, &f));
+                    int64_t n0[4], n1[4];
+                    float *src = load_f32(f, name, n0);
+                    snprintf(name, sizeof name,
+                             "model.layers.%d.block_sparse_moe.experts.%d.w%d.weight", l, j, w);
+                    float *dst = load_f32(x, name, n1);
+                    ck_assert(n0[0] == n1[0] && n0[1] == n1[1]);
+                    const size_t n = (size_t)n0[0] * n0[1];
+                    if (w != 2) {
+                        ck_assert_int_eq(memcmp(src, dst, n * sizeof(float)), 0);
+                    } else {
+                        for (size_t i = 0; i < n; i++)
+                            ck_assert_msg(fabs(dst[i] - src[i] * factor) <=
+                                              1e-6 * fabs(src[i] * factor) + 1e-12,
+                                          "layer %d expert %d w2[%zu]: %g, expected %g", l, j, i,
+                                          dst[i], src[i] * factor);
+                    }
+                    free(src);
+                    free(dst);
+                }
+            }
+            snprintf(name, sizeof name, "model.layers.%d.block_sparse_moe.experts.%d.w1.weight", l,
+                     k);
+            ck_assert_ptr_null(moe_st_find(x, name)); // only the task's k experts
+            free(gate);
+            free(zg);
+            free(emb);
+        }
+        moe_st_close(x);
+    }
+    moe_st_set_close(s);
+}
+END_TEST
+
+START_TEST(test_task_export_refuses_a_token_routed_layer) {
+    char ck[700], out[700];
+    snprintf(ck, sizeof ck, "%s/ck", tu_tmpdir());
+    snprintf(out, sizeof out, "%s/hf", tu_tmpdir());
+    moe_config c = tu_ckpt_config();
+    ck_assert_int_eq(moe_config_set(&c, NULL, "moe.task_layers=[1]"), 0);
+    tu_save_checkpoint(&c, ck);
+    ck_assert_int_eq(moe_export_hf_task(ck, out, "copy"), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "token-routed MoE layers (layer 0;"), "%s",
+                  moe_last_error());
+}
+END_TEST
+
+START_TEST(test_task_export_refuses_an_unknown_task_with_a_suggestion) {
+    const char *root = tu_tmpdir();
+    char run[700], args[2000];
+    train_task_model(root);
+    snprintf(run, sizeof run, "%s/run", root);
+    char out[800];
+    snprintf(out, sizeof out, "%s/hf", root);
+    ck_assert_int_eq(moe_export_hf_task(run, out, "revers"), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "did you mean reverse?"), "%s", moe_last_error());
+    snprintf(args, sizeof args, "export '%s' --hf '%s' --task revers", run, out);
+    ck_assert_int_eq(tu_run_moe(root, args), 2);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(root, "err.txt"), "unknown task 'revers'"));
+}
+END_TEST
+
+START_TEST(test_task_routed_export_without_task_suggests_it) {
+    const char *root = tu_tmpdir();
+    char run[700], out[800];
+    train_task_model(root);
+    snprintf(run, sizeof run, "%s/run", root);
+    snprintf(out, sizeof out, "%s/hf", root);
+    ck_assert_int_eq(moe_export_hf(run, out), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "--task NAME, NAME one of copy, reverse"), "%s",
+                  moe_last_error());
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("export");
     TCase *tc = tcase_create("export");
@@ -144,6 +302,10 @@ int main(void) {
     tcase_add_test(tc, test_export_writes_a_mixtral_folder);
     tcase_add_test(tc, test_export_refuses_what_mixtral_cannot_express);
     tcase_add_test(tc, test_dump_logits_matches_a_dropless_forward);
+    tcase_add_test(tc, test_task_export_writes_the_tasks_experts_with_scaled_w2);
+    tcase_add_test(tc, test_task_export_refuses_a_token_routed_layer);
+    tcase_add_test(tc, test_task_export_refuses_an_unknown_task_with_a_suggestion);
+    tcase_add_test(tc, test_task_routed_export_without_task_suggests_it);
     suite_add_tcase(s, tc);
     return tu_run(s);
 }

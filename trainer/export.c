@@ -10,12 +10,24 @@
 // layers, unnormalised top-k weights, sigmoid scores, route_scale != 1 and
 // a non-zero expert selection bias (a zero one is left out), expert choice
 // without a token-choice fallback.
+//
+// One task of a model whose every layer is task-routed exports exactly
+// (--task): the task embedding is only the gate input, so each layer sends
+// all of the task's tokens to the same k experts c_j with the same weights
+// w_j (the layer's own router on the task's logits, so softmax or sigmoid,
+// renormalisation and route_scale are all in w_j), y = sum_j w_j FFN_c_j(x).
+// The Mixtral written has k experts (c_1..c_k), top-k = k and an all-zero
+// gate: softmax of equal logits gives each expert 1/k, so expert j's w2 is
+// scaled by k * w_j. Equal up to float rounding (the scale is folded into w2).
+// Capacity cannot drop tokens there: moe's inference (generate, eval
+// --dump-logits) routes dropless, as Mixtral does.
 #include "moe/export.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/model.h"
 #include "moe/safetensors.h"
+#include "moe/task_experts.h"
 #include "moe/tokenizer.h"
 
 #include <errno.h>
@@ -28,22 +40,83 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-// The features of cfg Mixtral lacks, as one message (empty: none).
-static void unsupported(const moe_config *c, char *msg, size_t cap) {
-    msg[0] = 0;
+// Every layer routes by task (MoE in every layer): one task is a Mixtral.
+static bool all_task_routed(const moe_config *c) {
+    if (c->moe.every != 1) return false;
+    for (int l = 0; l < c->model.n_layers; l++) {
+        bool in = false;
+        for (int i = 0; i < c->moe.n_task_layers; i++)
+            in |= c->moe.task_layers[i] == l;
+        if (!in) return false;
+    }
+    return true;
+}
+
+// "copy, reverse": the config's task names for messages.
+static void task_list(const moe_config *c, char *buf, size_t cap) {
+    char names[MOE_MAX_TASKS][MOE_NAME_MAX];
+    int n = moe_config_task_names(c, names);
+    buf[0] = 0;
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(buf);
+        snprintf(buf + len, cap - len, "%s%s", i ? ", " : "", names[i]);
+    }
+}
+
 #define ADD(...)                                                                                   \
     do {                                                                                           \
-        size_t n = strlen(msg);                                                                    \
-        snprintf(msg + n, cap - n, "%s", n ? "; " : "");                                           \
-        n = strlen(msg);                                                                           \
-        snprintf(msg + n, cap - n, __VA_ARGS__);                                                   \
+        size_t n_ = strlen(msg);                                                                   \
+        snprintf(msg + n_, cap - n_, "%s", n_ ? "; " : "");                                        \
+        n_ = strlen(msg);                                                                          \
+        snprintf(msg + n_, cap - n_, __VA_ARGS__);                                                 \
     } while (0)
+
+// What stands in the way of exporting one task (--task) as an exact Mixtral
+// (empty: nothing). The router's options need no check: they are all in the
+// task's fixed weights.
+static void task_unsupported(const moe_config *c, char *msg, size_t cap) {
+    msg[0] = 0;
     if (c->moe.shared_experts)
         ADD("shared experts (moe.shared_experts = %d)", c->moe.shared_experts);
     bool pyramid = false;
     for (int i = 1; i < c->moe.n_num_experts; i++)
         pyramid |= c->moe.num_experts[i] != c->moe.num_experts[0];
     if (pyramid) ADD("a pyramid of expert counts (moe.num_experts is a per-layer list)");
+    if (c->moe.every != 1)
+        ADD("dense layers between MoE layers (moe.every = %d; Mixtral has MoE in every layer)",
+            c->moe.every);
+    char list[256] = "";
+    for (int l = 0; l < c->model.n_layers; l++) {
+        bool in = false;
+        for (int i = 0; i < c->moe.n_task_layers; i++)
+            in |= c->moe.task_layers[i] == l;
+        if (!in && moe_config_is_moe(c, l)) {
+            size_t n = strlen(list);
+            snprintf(list + n, sizeof list - n, "%s%d", n ? ", " : "", l);
+        }
+    }
+    if (list[0])
+        ADD("token-routed MoE layers (layer %s; --task needs every layer in moe.task_layers)",
+            list);
+}
+
+// The features of cfg Mixtral lacks, as one message (empty: none).
+static void unsupported(const moe_config *c, char *msg, size_t cap) {
+    msg[0] = 0;
+    if (c->moe.shared_experts)
+        ADD("shared experts (moe.shared_experts = %d)", c->moe.shared_experts);
+    bool pyramid = false;
+    for (int i = 1; i < c->moe.n_num_experts; i++)
+        pyramid |= c->moe.num_experts[i] != c->moe.num_experts[0];
+    if (pyramid) ADD("a pyramid of expert counts (moe.num_experts is a per-layer list)");
+    if (c->moe.n_task_layers && all_task_routed(c) && !c->moe.shared_experts && !pyramid) {
+        char tasks[MOE_MAX_TASKS * (MOE_NAME_MAX + 2)];
+        task_list(c, tasks, sizeof tasks);
+        ADD("task routing (moe.task_layers; every layer routes by task, so one task exports "
+            "exactly: --task NAME, NAME one of %s)",
+            tasks);
+        return; // the router options below are folded into the task's weights
+    }
     if (c->moe.n_task_layers) ADD("task routing (moe.task_layers)");
     if (c->moe.every != 1)
         ADD("dense layers between MoE layers (moe.every = %d; Mixtral has MoE in every layer)",
@@ -59,8 +132,8 @@ static void unsupported(const moe_config *c, char *msg, size_t cap) {
     if (c->router.route_scale != 1.0)
         ADD("scaled routing weights (router.route_scale = %g; Mixtral has no scale)",
             c->router.route_scale);
-#undef ADD
 }
+#undef ADD
 
 // A JSON document to path (plain stdio: an export is not a checkpoint).
 static int dump_json(const char *path, json_t *o) {
@@ -125,7 +198,10 @@ static int write_tokenizer(const char *out, const moe_tokenizer *t, int seq_len)
     return dump_json(p, o);
 }
 
-static int write_config(const char *path, const moe_config *c, const moe_tokenizer *t) {
+// task: the exported task (NULL: the whole model), whose k experts are the
+// Mixtral's num_local_experts.
+static int write_config(const char *path, const moe_config *c, const moe_tokenizer *t,
+                        const char *task) {
     const int H = c->moe.d_expert ? c->moe.d_expert : c->model.d_ff;
     json_t *o = json_object();
     json_object_set_new(o, "architectures", json_pack("[s]", "MixtralForCausalLM"));
@@ -145,7 +221,8 @@ static int write_config(const char *path, const moe_config *c, const moe_tokeniz
     json_object_set_new(o, "use_cache", json_true());
     json_object_set_new(o, "sliding_window", json_null());
     json_object_set_new(o, "attention_dropout", json_real(0.0));
-    json_object_set_new(o, "num_local_experts", json_integer(c->moe.num_experts[0]));
+    json_object_set_new(o, "num_local_experts",
+                        json_integer(task ? c->router.top_k : c->moe.num_experts[0]));
     json_object_set_new(o, "num_experts_per_tok", json_integer(c->router.top_k));
     json_object_set_new(o, "output_router_logits", json_false());
     json_object_set_new(o, "router_aux_loss_coef", json_real(c->router.aux_loss_coef));
@@ -162,6 +239,10 @@ static int write_config(const char *path, const moe_config *c, const moe_tokeniz
     }
     json_object_set_new(o, "torch_dtype", json_string("float32"));
     json_object_set_new(o, "moe_tokenizer", json_string(t ? "sentencepiece" : "bytes"));
+    if (task) { // what scripts/hf_check.py selects the task's rows of a logits dump by
+        json_object_set_new(o, "moe_task", json_string(task));
+        json_object_set_new(o, "moe_task_id", json_integer(moe_config_task_index(c, task)));
+    }
     return dump_json(path, o);
 }
 
@@ -318,16 +399,100 @@ static int check_out_dir(const char *ckpt, const char *out) {
     return 0;
 }
 
+// The task's experts (ascending) and weights in every layer, set and w
+// [L * k]: the layer's own GEMM and router on the checkpoint's gate and task
+// embeddings, as training and moe generate compute them.
+static int task_routes(const moe_config *c, moe_st_set *s, int task, int *set, float *w) {
+    const int L = c->model.n_layers, k = c->router.top_k, D = c->model.d_model;
+    int rc = 0;
+    for (int l = 0; l < L && rc == 0; l++) {
+        char gname[128], ename[128];
+        snprintf(gname, sizeof gname, "model.layers.%d.block_sparse_moe.gate.weight", l);
+        snprintf(ename, sizeof ename, "model.layers.%d.block_sparse_moe.task_embedding.weight", l);
+        moe_st_file *gf = NULL, *ef = NULL;
+        void *gate = NULL, *emb = NULL;
+        int64_t gs[2], es[2];
+        int *all = NULL;
+        float *wall = NULL;
+        if (!moe_st_set_find(s, gname, &gf) || !moe_st_set_find(s, ename, &ef))
+            return moe_fail(MOE_EFORMAT, "layer %d: no '%s' or '%s'", l, gname, ename);
+        rc = moe_st_load(gf, gname, MOE_ST_F32, 2, gs, &gate);
+        if (rc == 0) rc = moe_st_load(ef, ename, MOE_ST_F32, 2, es, &emb);
+        if (rc == 0 && (es[0] <= task || es[1] != D || gs[1] != D))
+            rc = moe_fail(MOE_EFORMAT, "%s: %lld task rows, task %d expected", ename,
+                          (long long)es[0], task);
+        if (rc == 0) {
+            all = malloc(sizeof(int) * (size_t)es[0] * k);
+            wall = malloc(sizeof(float) * (size_t)es[0] * k);
+            if (!all || !wall) rc = moe_fail(MOE_ENOMEM, "export: out of memory");
+        }
+        if (rc == 0)
+            rc = moe_task_route(all, wall, gate, emb, (int)gs[0], D, (int)es[0], &c->router);
+        if (rc == 0) {
+            memcpy(set + (size_t)l * k, all + (size_t)task * k, sizeof(int) * k);
+            memcpy(w + (size_t)l * k, wall + (size_t)task * k, sizeof(float) * k);
+        }
+        free(gate);
+        free(emb);
+        free(all);
+        free(wall);
+    }
+    return rc;
+}
+
+// The tensor name under which the task export writes checkpoint tensor
+// name (Mixtral expert j for the task's j-th expert), into buf; the factor
+// *scale its data is multiplied by (k * w_j for w2, else 1); *zero: written as
+// zeros (the gate). Returns false for a tensor left out (other experts, the
+// task embeddings).
+static bool task_tensor(const char *name, int k, const int *set, const float *w, char *buf,
+                        size_t cap, float *scale, bool *zero) {
+    int l, e, len = 0, len2 = 0;
+    *scale = 1.0f, *zero = false;
+    snprintf(buf, cap, "%s", name);
+    if (sscanf(name, "model.layers.%d.block_sparse_moe.%n", &l, &len) != 1 || len == 0) return true;
+    const char *rest = name + len;
+    if (!strcmp(rest, "task_embedding.weight")) return false;
+    if (!strcmp(rest, "gate.weight")) {
+        *zero = true;
+        return true;
+    }
+    if (sscanf(rest, "experts.%d.%n", &e, &len2) != 1 || len2 == 0) return true;
+    for (int j = 0; j < k; j++)
+        if (set[(size_t)l * k + j] == e) {
+            snprintf(buf, cap, "model.layers.%d.block_sparse_moe.experts.%d.%s", l, j, rest + len2);
+            if (!strncmp(rest + len2, "w2.", 3)) *scale = (float)k * w[(size_t)l * k + j];
+            return true;
+        }
+    return false;
+}
+
 int moe_export_hf(const char *ckpt, const char *out) {
+    return moe_export_hf_task(ckpt, out, NULL);
+}
+
+int moe_export_hf_task(const char *ckpt, const char *out, const char *task) {
     moe_config c;
     char rdir[PATH_MAX - 64]; // the resolved folder; room left for the file names below
     MOE_TRY(moe_ckpt_resolve(ckpt, rdir, sizeof rdir, NULL));
     ckpt = rdir;
     MOE_TRY(moe_ckpt_config(ckpt, &c));
-    char msg[1024];
-    unsupported(&c, msg, sizeof msg);
-    if (msg[0])
-        return moe_fail(MOE_EINVAL, "%s: Mixtral cannot express %s; not exported", ckpt, msg);
+    char msg[4096];
+    int task_id = -1;
+    if (task) {
+        task_unsupported(&c, msg, sizeof msg);
+        if (msg[0])
+            return moe_fail(MOE_EINVAL,
+                            "%s: --task %s exports one task only when every layer routes by "
+                            "task; in the way: %s; not exported",
+                            ckpt, task, msg);
+        MOE_TRY(task_id = moe_config_task_index(&c, task));
+    } else {
+        unsupported(&c, msg, sizeof msg);
+        if (msg[0])
+            return moe_fail(MOE_EINVAL, "%s: Mixtral cannot express %s; not exported", ckpt, msg);
+    }
+    const int k = c.router.top_k, D = c.model.d_model;
     moe_tokenizer *tok = NULL; // opened (and checked) before anything is written
     if (strcmp(c.model.tokenizer, "bytes")) MOE_TRY(moe_tok_open(c.model.tokenizer, &tok));
     moe_st_set *s = NULL;
@@ -336,24 +501,51 @@ int moe_export_hf(const char *ckpt, const char *out) {
     char p[PATH_MAX];
     moe_st_entry *e = NULL;
     void **data = NULL;
+    int *set = NULL;
+    float *w = NULL;
+    char(*names)[160] = NULL;
     MOE_TRY_GOTO(moe_st_set_open(ckpt, &s), rc);
     MOE_TRY_GOTO(check_tensors(ckpt, &c, s), rc);
     MOE_TRY_GOTO(check_bias(ckpt, &c, s), rc);
+    if (task) {
+        set = malloc(sizeof(int) * (size_t)c.model.n_layers * k);
+        w = malloc(sizeof(float) * (size_t)c.model.n_layers * k);
+        if (!set || !w) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "export: out of memory"), rc);
+        MOE_TRY_GOTO(task_routes(&c, s, task_id, set, w), rc);
+    }
     MOE_TRY_GOTO(check_out_dir(ckpt, out), rc);
     const bool was_export = is_export(out);
     for (int i = 0; i < s->n_files; i++)
         n += s->files[i]->n_tensors;
     e = calloc((size_t)n + 1, sizeof *e);
     data = calloc((size_t)n + 1, sizeof *data);
-    if (!e || !data) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "export: out of memory"), rc);
+    names = calloc((size_t)n + 1, sizeof *names);
+    if (!e || !data || !names) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "export: out of memory"), rc);
     const moe_st_tensor *embed = NULL;
     for (int i = 0; i < s->n_files; i++)
         for (int j = 0; j < s->files[i]->n_tensors; j++) {
             const moe_st_tensor *t = &s->files[i]->tensors[j];
             if (moe_ckpt_bias_layer(t->name) >= 0) continue; // all zero (check_bias)
-            MOE_TRY_GOTO(moe_st_load(s->files[i], t->name, t->dtype, -1, NULL, &data[m]), rc);
-            e[m] = (moe_st_entry){t->name, t->dtype, t->ndim, {0}, data[m]};
+            float scale = 1.0f;
+            bool zero = false;
+            snprintf(names[m], sizeof names[m], "%s", t->name);
+            if (task && !task_tensor(t->name, k, set, w, names[m], sizeof names[m], &scale, &zero))
+                continue;
+            e[m] = (moe_st_entry){names[m], t->dtype, t->ndim, {0}, NULL};
             memcpy(e[m].shape, t->shape, sizeof(int64_t) * t->ndim);
+            if (zero) { // the task export's gate: k equal logits
+                data[m] = calloc((size_t)k * D, sizeof(float));
+                if (!data[m]) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "export: out of memory"), rc);
+                e[m].shape[0] = k;
+            } else {
+                MOE_TRY_GOTO(moe_st_load(s->files[i], t->name, t->dtype, -1, NULL, &data[m]), rc);
+            }
+            if (scale != 1.0f) { // w_j folded into expert j's w2 (Mixtral weighs each 1/k)
+                float *x = data[m];
+                for (int64_t r = 0; r < t->shape[0] * t->shape[1]; r++)
+                    x[r] *= scale;
+            }
+            e[m].data = data[m];
             if (!strcmp(t->name, "model.embed_tokens.weight")) embed = t;
             if (!strcmp(t->name, "lm_head.weight")) embed = NULL, c.model.tie_embeddings = false;
             m++;
@@ -377,7 +569,7 @@ int moe_export_hf(const char *ckpt, const char *out) {
     snprintf(p, sizeof p, "%s/model.safetensors", out);
     MOE_TRY_GOTO(moe_st_write(p, e, m, meta), rc);
     snprintf(p, sizeof p, "%s/config.json", out);
-    MOE_TRY_GOTO(write_config(p, &c, tok), rc);
+    MOE_TRY_GOTO(write_config(p, &c, tok, task), rc);
     if (tok) MOE_TRY_GOTO(write_tokenizer(out, tok, c.model.seq_len), rc);
     for (int i = 0; !tok && was_export && i < 4; i++) { // a SentencePiece export's, now stale
         static const char *const stale[] = {"tokenizer.model", "tokenizer.json",
@@ -401,6 +593,9 @@ fail:
         free(data[i]);
     free(data);
     free(e);
+    free(names);
+    free(set);
+    free(w);
     if (s) moe_st_set_close(s);
     moe_tok_free(tok);
     return rc;

@@ -42,34 +42,46 @@ int moe_config_task_index(const moe_config *cfg, const char *name) {
                     known);
 }
 
-static int cmp_int(const void *a, const void *b) {
-    return *(const int *)a - *(const int *)b;
-}
-
-int moe_task_expert_set(int *set, const float *gate, const float *task_emb, int E, int D,
-                        int n_tasks, const moe_router_config *router) {
+int moe_task_route(int *set, float *weight, const float *gate, const float *task_emb, int E, int D,
+                   int n_tasks, const moe_router_config *router) {
     const int k = router->top_k;
     float *logits = malloc(sizeof(float) * (size_t)n_tasks * E);
     int *cap = malloc(sizeof(int) * (size_t)E);
     moe_plan plan = {0};
     int rc = 0;
     if (!logits || !cap) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "task experts: out of memory"), rc);
-    for (int e = 0; e < E; e++)
+    for (int e = 0; e < E; e++) // one row per task: no expert can overflow
         cap[e] = n_tasks;
     // the MoE layer's own gate GEMM and router: bit-identical choices
     MOE_TRY_GOTO(moe_ops_cpu.matmul(logits, task_emb, gate, n_tasks, E, D, false, true, 1.0f, 0.0f),
                  rc);
     MOE_TRY_GOTO(moe_plan_alloc(&plan, n_tasks, E, k), rc);
     MOE_TRY_GOTO(moe_router_forward(&plan, logits, NULL, cap, n_tasks, E, router, false, 0), rc);
-    for (int t = 0; t < n_tasks; t++) {
-        memcpy(set + (size_t)t * k, plan.choice + (size_t)t * k, sizeof(int) * k);
-        qsort(set + (size_t)t * k, (size_t)k, sizeof(int), cmp_int);
+    for (int t = 0; t < n_tasks; t++) { // ascending experts, each with its weight
+        int *c = set + (size_t)t * k;
+        float *w = weight ? weight + (size_t)t * k : NULL;
+        memcpy(c, plan.choice + (size_t)t * k, sizeof(int) * k);
+        if (w) memcpy(w, plan.weight + (size_t)t * k, sizeof(float) * k);
+        for (int i = 1; i < k; i++) // insertion sort of k pairs
+            for (int j = i; j > 0 && c[j - 1] > c[j]; j--) {
+                int ci = c[j];
+                c[j] = c[j - 1], c[j - 1] = ci;
+                if (w) {
+                    float wi = w[j];
+                    w[j] = w[j - 1], w[j - 1] = wi;
+                }
+            }
     }
 fail:
     moe_plan_free(&plan);
     free(logits);
     free(cap);
     return rc;
+}
+
+int moe_task_expert_set(int *set, const float *gate, const float *task_emb, int E, int D,
+                        int n_tasks, const moe_router_config *router) {
+    return moe_task_route(set, NULL, gate, task_emb, E, D, n_tasks, router);
 }
 
 void moe_task_experts_free(moe_task_experts *te) {

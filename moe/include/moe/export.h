@@ -15,6 +15,16 @@
 // dense layers between MoE layers, unnormalised top-k); MOE_EFORMAT/MOE_EIO for
 // bad or unwritable files.
 int moe_export_hf(const char *ckpt, const char *out);
+// The same for one task (task non-NULL) of a model whose every layer is
+// task-routed (moe.task_layers lists them all, moe.every = 1, no shared
+// experts, no pyramid; otherwise MOE_EINVAL naming what stands in the way):
+// a Mixtral with the task's k experts per layer, top-k = k, an all-zero gate
+// (each expert weighed 1/k) and expert j's w2 multiplied by k * w_j, w_j the
+// router's weight of the task's j-th expert: the task's sub-model up to float
+// rounding. config.json records moe_task and moe_task_id. An unknown task is
+// MOE_EINVAL naming the known ones. task NULL: moe_export_hf, which refuses
+// an all-task-routed model suggesting --task.
+int moe_export_hf_task(const char *ckpt, const char *out, const char *task);
 
 // tokenizer.json (the `tokenizers` library's format) for a SentencePiece BPE
 // model, as transformers' Llama tokenizer: vocabulary in id order, merges

@@ -37,6 +37,12 @@ int moe_config_task_index(const moe_config *cfg, const char *name);
 // task_emb [n_tasks, D], with the layer's GEMM and router (dropless, no noise).
 int moe_task_expert_set(int *set, const float *gate, const float *task_emb, int E, int D,
                         int n_tasks, const moe_router_config *router);
+// The same, and weight [n_tasks * k] (may be NULL): the combine weight of each
+// of those experts as the router computes it (softmax or sigmoid, top-k
+// renormalisation, route_scale), so a task's layer output is
+// sum_j weight[j] * FFN_set[j](x).
+int moe_task_route(int *set, float *weight, const float *gate, const float *task_emb, int E, int D,
+                   int n_tasks, const moe_router_config *router);
 
 // Fills te from the model: layer kinds, the task layers' sets, and the token
 // layers' shares when m->task_share holds a measurement.

@@ -71,11 +71,10 @@ static void task_list(const moe_config *c, char *buf, size_t cap) {
         snprintf(msg + n_, cap - n_, __VA_ARGS__);                                                 \
     } while (0)
 
-// What stands in the way of exporting one task (--task) as an exact Mixtral
-// (empty: nothing). The router's options need no check: they are all in the
-// task's fixed weights.
-static void task_unsupported(const moe_config *c, char *msg, size_t cap) {
-    msg[0] = 0;
+// Shared experts, a pyramid of expert counts and dense layers between MoE
+// layers: no export can write them. Adds them to msg; true if any.
+static bool layout_unsupported(const moe_config *c, char *msg, size_t cap) {
+    size_t before = strlen(msg);
     if (c->moe.shared_experts)
         ADD("shared experts (moe.shared_experts = %d)", c->moe.shared_experts);
     bool pyramid = false;
@@ -85,6 +84,15 @@ static void task_unsupported(const moe_config *c, char *msg, size_t cap) {
     if (c->moe.every != 1)
         ADD("dense layers between MoE layers (moe.every = %d; Mixtral has MoE in every layer)",
             c->moe.every);
+    return strlen(msg) > before;
+}
+
+// What stands in the way of exporting one task (--task) as an exact Mixtral
+// (empty: nothing). The router's options need no check: they are all in the
+// task's fixed weights.
+static void task_unsupported(const moe_config *c, char *msg, size_t cap) {
+    msg[0] = 0;
+    layout_unsupported(c, msg, cap);
     char list[256] = "";
     for (int l = 0; l < c->model.n_layers; l++) {
         bool in = false;
@@ -103,13 +111,8 @@ static void task_unsupported(const moe_config *c, char *msg, size_t cap) {
 // The features of cfg Mixtral lacks, as one message (empty: none).
 static void unsupported(const moe_config *c, char *msg, size_t cap) {
     msg[0] = 0;
-    if (c->moe.shared_experts)
-        ADD("shared experts (moe.shared_experts = %d)", c->moe.shared_experts);
-    bool pyramid = false;
-    for (int i = 1; i < c->moe.n_num_experts; i++)
-        pyramid |= c->moe.num_experts[i] != c->moe.num_experts[0];
-    if (pyramid) ADD("a pyramid of expert counts (moe.num_experts is a per-layer list)");
-    if (c->moe.n_task_layers && all_task_routed(c) && !c->moe.shared_experts && !pyramid) {
+    const bool layout = layout_unsupported(c, msg, cap);
+    if (c->moe.n_task_layers && all_task_routed(c) && !layout) {
         char tasks[MOE_MAX_TASKS * (MOE_NAME_MAX + 2)];
         task_list(c, tasks, sizeof tasks);
         ADD("task routing (moe.task_layers; every layer routes by task, so one task exports "
@@ -118,9 +121,6 @@ static void unsupported(const moe_config *c, char *msg, size_t cap) {
         return; // the router options below are folded into the task's weights
     }
     if (c->moe.n_task_layers) ADD("task routing (moe.task_layers)");
-    if (c->moe.every != 1)
-        ADD("dense layers between MoE layers (moe.every = %d; Mixtral has MoE in every layer)",
-            c->moe.every);
     if (!c->router.normalize_topk)
         ADD("raw top-k weights (router.normalize_topk = false; Mixtral renormalises)");
     if (c->router.score != MOE_SCORE_SOFTMAX)

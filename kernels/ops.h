@@ -99,6 +99,12 @@ typedef struct moe_ops {
     int (*attention_backward)(float *dq, float *dk, float *dv, float *datt, const float *dout,
                               const float *out, const float *att, const float *q, const float *k,
                               const float *v, int B, int T, int Hq, int Hkv, int hd);
+    // Floats the caller provides for att (kept from forward to backward, one
+    // per layer) and for backward's datt scratch: the backend's own sizes, so
+    // the model (and moe plan's memory model) allocate no more than it needs.
+    // CPU: att [B, Hq, T], datt none; CUDA: att [B, Hq, T, T], datt [T, T].
+    size_t (*attention_state_floats)(int B, int T, int Hq);
+    size_t (*attention_scratch_floats)(int T);
     // tok/target are backend memory; an id outside the vocabulary fails with
     // the same message on both (CUDA copies the ids to the host to check them).
     int (*embedding_forward)(float *out, const int32_t *tok, const float *table, int N, int C,

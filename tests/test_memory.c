@@ -5,6 +5,7 @@
 // shared, so it is exact up to small untracked buffers).
 #include "moe/alloc.h"
 #include "moe/error.h"
+#include "moe/model.h"
 #include "moe/plan.h"
 #include "moe/train.h"
 #include "testutil.h"
@@ -29,6 +30,8 @@ static const char *variants[][4] = {
     {"memory.mini_seq=4", "memory.recompute=moe", "", ""},
     {"memory.mini_seq=8", "memory.recompute=moe", "moe.every=2", "loss.impl=cce"},
     {"memory.mini_seq=4", "memory.recompute=all", "model.seq_len=64", ""},
+    {"model.seq_len=200", "train.batch_size=2", "", ""},
+    {"model.seq_len=200", "train.batch_size=2", "memory.mini_seq=4", "memory.recompute=all"},
 };
 
 START_TEST(test_estimate_matches_measured_peak) {
@@ -62,12 +65,42 @@ START_TEST(test_estimate_matches_measured_peak) {
 }
 END_TEST
 
+// The CPU attention saves one log-sum-exp per query row, so no buffer of the
+// model grows with T^2: the dense activations at T, 2T and 3T have a zero
+// second difference (a [B, Hq, T, T] buffer would leave 2 * L * B * Hq * T^2
+// floats), with and without chunking, recompute and cut cross-entropy.
+START_TEST(test_activations_linear_in_seq_len) {
+    static const char *sets[][3] = {
+        {"", "", ""},
+        {"memory.mini_seq=4", "memory.recompute=all", "loss.impl=cce"},
+    };
+    for (size_t v = 0; v < sizeof sets / sizeof sets[0]; v++) {
+        moe_config c;
+        moe_config_default(&c);
+        ck_assert_int_eq(moe_config_set(&c, NULL, "model.seq_len=1024"), 0);
+        for (int j = 0; j < 3 && sets[v][j][0]; j++)
+            ck_assert_int_eq(moe_config_set(&c, NULL, sets[v][j]), 0);
+        size_t a[3];
+        for (int i = 0; i < 3; i++) {
+            moe_model_mem mm;
+            ck_assert_msg(moe_model_memory(&c, 2, 256 * (i + 1), 1, 1, 0, &mm) == 0, "%s",
+                          moe_last_error());
+            a[i] = mm.activations;
+        }
+        ck_assert_uint_gt(a[1], a[0]);
+        ck_assert_msg(a[2] + a[0] == 2 * a[1], "set %zu: activations %zu, %zu, %zu bytes", v, a[0],
+                      a[1], a[2]);
+    }
+}
+END_TEST
+
 static Suite *memory_suite(void) {
     Suite *s = suite_create("memory");
     TCase *tc = tcase_create("estimate");
     tcase_set_timeout(tc, 120);
     tcase_add_loop_test(tc, test_estimate_matches_measured_peak, 0,
                         sizeof variants / sizeof variants[0]);
+    tcase_add_test(tc, test_activations_linear_in_seq_len);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -38,6 +38,18 @@ START_TEST(test_cpu_table_has_every_op) {
 }
 END_TEST
 
+// The CPU saves one log-sum-exp per query row and keeps backward's tiles in
+// its own buffers; CUDA saves the probabilities and needs one [T, T] scratch.
+START_TEST(test_attention_buffer_sizes_per_backend) {
+    ck_assert_uint_eq(ops->attention_state_floats(2, 300, 6), 2 * 6 * 300);
+    ck_assert_uint_eq(ops->attention_scratch_floats(300), 0);
+#ifdef MOE_HAVE_CUDA
+    ck_assert_uint_eq(moe_ops_cuda.attention_state_floats(2, 300, 6), 2 * 6 * 300 * 300);
+    ck_assert_uint_eq(moe_ops_cuda_bf16.attention_scratch_floats(300), 300 * 300);
+#endif
+}
+END_TEST
+
 // The grouped GEMMs are the per-segment GEMMs the MoE layer makes, bit for
 // bit; an empty segment is skipped and decreasing offsets are an error.
 START_TEST(test_grouped_matmul_equals_per_segment_calls) {
@@ -126,6 +138,7 @@ int main(void) {
     Suite *s = suite_create("ops_table");
     TCase *tc = tcase_create("cpu");
     tcase_add_test(tc, test_cpu_table_has_every_op);
+    tcase_add_test(tc, test_attention_buffer_sizes_per_backend);
     tcase_add_test(tc, test_grouped_matmul_equals_per_segment_calls);
     tcase_add_test(tc, test_adamw_op_equals_trainer_update_bitwise);
     suite_add_tcase(s, tc);

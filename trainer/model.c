@@ -106,7 +106,7 @@ static size_t layout_acts(moe_model *m, float *base) {
             TAKE(a->q, N * QD);
             TAKE(a->k, N * KD);
             TAKE(a->v, N * KD);
-            TAKE(a->att, (size_t)m->B * m->Hq * m->T * m->T);
+            TAKE(a->att, m->ops->attention_state_floats(m->B, m->T, m->Hq));
             TAKE(a->atty, N * QD);
         }
         TAKE(a->mid, N * D);
@@ -147,7 +147,9 @@ static size_t layout_acts(moe_model *m, float *base) {
     TAKE(m->dqr, N * QD);
     TAKE(m->dkr, N * KD);
     TAKE(m->datty, N * QD);
-    TAKE(m->datt, (size_t)m->T * m->T);
+    const size_t n_datt = m->ops->attention_scratch_floats(m->T);
+    TAKE(m->datt, n_datt);
+    if (base && !n_datt) m->datt = NULL; // the backend keeps none: point at nothing
     TAKE(m->dab, Nc * 2 * m->F);
     TAKE(m->dh, Nc * m->F);
     TAKE(m->dlogits, cce ? 0 : Nc * m->V);

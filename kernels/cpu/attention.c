@@ -207,6 +207,15 @@ static void forward_head(void *ctx, int item) {
     }
 }
 
+size_t moe_cpu_attention_state_floats(int B, int T, int Hq) {
+    return (size_t)B * Hq * T; // one log-sum-exp per query row
+}
+
+size_t moe_cpu_attention_scratch_floats(int T) {
+    (void)T; // tiles live in per-thread buffers sized by the thread count
+    return 0;
+}
+
 int moe_cpu_attention_forward(float *out, float *att, const float *q, const float *k,
                               const float *v, int B, int T, int Hq, int Hkv, int hd) {
     MOE_TRY(check_dims(B, T, Hq, Hkv, hd));

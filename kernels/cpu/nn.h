@@ -25,11 +25,14 @@ int moe_cpu_rope_at(float *out, const float *x, const int *pos, int N, int H, in
 
 // Causal self-attention with grouped-query heads: q [B, T, Hq, hd],
 // k, v [B, T, Hkv, hd] (Hq % Hkv == 0; query head h reads kv head h / (Hq/Hkv)).
-// out [B, T, Hq, hd]; att [B, Hq, T, T] is the state saved for backward,
-// backend-specific: here its first B*Hq*T floats are the log-sum-exp of each
-// query row's scaled scores (the probabilities are recomputed from it).
+// out [B, T, Hq, hd]; att [B, Hq, T] is the state saved for backward,
+// backend-specific: the log-sum-exp of each query row's scaled scores (the
+// probabilities are recomputed from it).
 int moe_cpu_attention_forward(float *out, float *att, const float *q, const float *k,
                               const float *v, int B, int T, int Hq, int Hkv, int hd);
+// Floats of att (B * Hq * T) and of backward's datt scratch (0: unused).
+size_t moe_cpu_attention_state_floats(int B, int T, int Hq);
+size_t moe_cpu_attention_scratch_floats(int T);
 // One query row against a KV cache (incremental decoding): q [Hq, hd] of the
 // token at position pos attends to keys/values 0..pos of kc, vc [>= pos+1,
 // Hkv, hd]; out [Hq, hd]; scores [pos + 1] is scratch. The softmax is the
@@ -37,7 +40,7 @@ int moe_cpu_attention_forward(float *out, float *att, const float *q, const floa
 int moe_cpu_attention_cached(float *out, float *scores, const float *q, const float *kc,
                              const float *vc, int pos, int Hq, int Hkv, int hd);
 // out is the forward's output (D = rowsum(dout * out) of FlashAttention-2);
-// datt [T, T] is scratch (unused here: the tiles live in per-thread buffers).
+// datt is scratch (unused here, may be NULL: the tiles live in per-thread buffers).
 int moe_cpu_attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
                                const float *out, const float *att, const float *q, const float *k, const float *v,
                                int B, int T, int Hq, int Hkv, int hd);

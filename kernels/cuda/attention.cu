@@ -69,6 +69,16 @@ static int check_dims(int B, int T, int Hq, int Hkv, int hd) {
     return 0;
 }
 
+// Backward multiplies through the full saved probabilities and one (b, h)'s
+// dP/dS at a time, so both are what the kernels above need.
+extern "C" size_t moe_cuda_attention_state_floats(int B, int T, int Hq) {
+    return (size_t)B * Hq * T * T;
+}
+
+extern "C" size_t moe_cuda_attention_scratch_floats(int T) {
+    return (size_t)T * T;
+}
+
 extern "C" int moe_cuda_attention_forward(float *out, float *att, const float *q, const float *k,
                                           const float *v, int B, int T, int Hq, int Hkv, int hd) {
     MOE_TRY(check_dims(B, T, Hq, Hkv, hd));

@@ -20,6 +20,8 @@
         .rmsnorm_backward = moe_cuda_rmsnorm_backward, .rope_forward = moe_cuda_rope_forward,      \
         .rope_backward = moe_cuda_rope_backward, .attention_forward = moe_cuda_attention_forward,  \
         .attention_backward = moe_cuda_attention_backward,                                         \
+        .attention_state_floats = moe_cuda_attention_state_floats,                                 \
+        .attention_scratch_floats = moe_cuda_attention_scratch_floats,                             \
         .embedding_forward = moe_cuda_embedding_forward,                                           \
         .embedding_backward = moe_cuda_embedding_backward,                                         \
         .crossentropy_forward = moe_cuda_crossentropy_forward,                                     \

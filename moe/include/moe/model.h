@@ -24,7 +24,7 @@ typedef struct {
     float *x;           // [N, D] layer input (residual stream)
     float *ln1, *rstd1; // [N, D], [N]
     float *q, *k, *v;   // [N, Hq*hd], [N, Hkv*hd] x2, q and k after RoPE
-    float *att;         // [B, Hq, T, T]
+    float *att;         // backend-sized saved state (ops->attention_state_floats)
     float *atty;        // [N, Hq*hd]
     float *mid;         // [N, D] after the attention residual
     float *ln2, *rstd2; // [N, D], [N]

@@ -9,6 +9,7 @@
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/log.h"
+#include "moe/mfu.h"
 #include "moe/optim.h"
 #include "moe/parallel.h"
 #include "moe/plan.h"
@@ -100,12 +101,16 @@ static comm_step comm_now(const moe_parallel *p) {
 // Returns -1 when the stream failed (full disk): metrics that were never
 // written must not look like a finished run.
 static int write_metrics(FILE *f, long step, const moe_model *m, double loss, double ce, double aux,
-                         double z, float lr, double gnorm, double tps, double drop, comm_step c) {
-    fprintf(f,
-            "{\"step\": %ld, \"time\": %.3f, \"loss\": %.6f, \"ce\": %.6f, \"aux\": %.6f, \"z\": "
-            "%.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"drop_rate\": %.6f, "
-            "\"layers\": [",
-            step, wall_time(), loss, ce, aux, z, lr, gnorm, tps, drop);
+                         double z, float lr, double gnorm, double tps, double drop, comm_step c,
+                         double mfu, double sgemm) {
+    fprintf(
+        f,
+        "{\"step\": %ld, \"time\": %.3f, \"loss\": %.6f, \"ce\": %.6f, \"aux\": %.6f, \"z\": "
+        "%.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"drop_rate\": %.6f, ",
+        step, wall_time(), loss, ce, aux, z, lr, gnorm, tps, drop);
+    if (mfu >= 0) fprintf(f, "\"mfu\": %.6f, ", mfu);             // CPU path only
+    if (sgemm > 0) fprintf(f, "\"sgemm_gflops\": %.3f, ", sgemm); // first record of a process
+    fprintf(f, "\"layers\": [");
     int first = 1;
     for (int l = 0; l < m->L; l++) {
         if (!m->is_moe[l]) continue;
@@ -349,6 +354,10 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 on_gpu ? (gpu.ops == &moe_ops_cpu ? " (device path on the CPU)" : " on the GPU")
                        : "",
                 total, d.B, d.T, accum, W);
+    // MFU against this machine's sgemm rate (moe/mfu.h); the GPU path has no
+    // measured rate and reports none.
+    double sgemm = 0, flops_tok = on_gpu ? 0 : moe_model_flops_per_token(cfg), mfu_sum = 0;
+    if (!on_gpu) MOE_TRY_GOTO(moe_sgemm_rate(0, &sgemm), rc);
     double t_start = now(), tokens = 0, drop_sum = 0, vio_sum = 0, ema = 0;
     long steps_run = 0;
     const double tokens0 = st.tokens, seconds0 = st.seconds; // before a resume
@@ -451,6 +460,8 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         tokens += (double)nt * accum * W;
         drop_sum += drop;
         vio_sum += mean_max_vio(fm);
+        const double mfu = sgemm > 0 ? flops_tok * tps / (W * sgemm * 1e9) : -1;
+        mfu_sum += mfu;
         steps_run++;
         ema = LOSS_EMA * ema + (1 - LOSS_EMA) * loss;
         st.tokens = tokens0 + tokens;
@@ -464,7 +475,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         r->a2a_bytes += c.a2a_bytes, r->a2a_msgs += c.a2a_msgs;
         c.a2a_inter -= c0.a2a_inter, r->a2a_inter_bytes += c.a2a_inter;
         if (metrics && write_metrics(metrics, step + 1, fm, loss, parts[1], parts[2], parts[3], lr,
-                                     gnorm, tps, drop, c) < 0) {
+                                     gnorm, tps, drop, c, mfu, steps_run == 1 ? sgemm : 0) < 0) {
             rc = metrics_failed(o->out_dir);
             goto fail;
         }
@@ -518,6 +529,8 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     r->tokens_per_s = st.seconds > 0 ? st.tokens / st.seconds : 0;
     r->drop_rate = steps_run ? drop_sum / steps_run : 0;
     r->max_vio = steps_run ? vio_sum / steps_run : 0;
+    r->mfu = steps_run && sgemm > 0 ? mfu_sum / steps_run : 0;
+    r->sgemm_gflops = sgemm;
     r->mem_peak = moe_mem_peak();
     if (!r->interrupted) {
         st.cursor[0] = d.cursor[0];
@@ -546,6 +559,11 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                     "%.2f%%, mean MaxVio %.3f\n",
                     r->steps, resumed, r->tokens, r->seconds, r->tokens_per_s, 100 * r->drop_rate,
                     r->max_vio);
+            if (r->sgemm_gflops > 0)
+                fprintf(o->report,
+                        "model FLOPs utilisation: mean %.3f of the sgemm rate %.1f GFLOP/s "
+                        "(%.3g FLOP per token)\n",
+                        r->mfu, r->sgemm_gflops, flops_tok);
             moe_eval_print(&r->eval, o->report);
             moe_mem_plan mp; // rank 0's buffers against the planner's prediction
             if (moe_plan_memory(cfg, W, 0, &mp) == 0)

@@ -65,6 +65,9 @@ typedef struct {
     size_t mem_peak;          // high-water mark of the library's allocations (moe/alloc.h)
     moe_eval_result eval;     // final evaluation (caller frees)
     long a2a_inter_bytes;     // the part of a2a_bytes sent to other nodes
+    // Model FLOPs utilisation (moe/mfu.h), CPU path only (0 on the GPU path):
+    // mean over the steps of this call, and the sgemm rate it is measured against.
+    double mfu, sgemm_gflops;
 } moe_train_result;
 
 int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *r);

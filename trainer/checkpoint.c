@@ -4,6 +4,8 @@
 // loading through the one resolver, with every tensor and every
 // trainer_state.json field validated.
 #include "moe/checkpoint.h"
+#include "checkpoint_internal.h"
+#include "moe/alloc.h"
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/fsio.h"
@@ -16,6 +18,8 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,26 +60,59 @@ static int exists(const char *p) {
     return lstat(p, &st) == 0;
 }
 
+#define JSON_FLAGS (JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17))
+
 // Writes a JSON document (plus a newline) to path, fsynced.
 static int write_json(const char *path, json_t *doc) {
-    return moe_fs_write_json(path, doc,
-                             JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    return moe_fs_write_json(path, doc, JSON_FLAGS);
 }
 
-static int write_config(const char *path, const moe_config *cfg) {
+// A small file of rank 0, rendered on the calling thread and written with the
+// shards (by the save thread of an asynchronous save). bytes == NULL with
+// len == 0: task_experts.json, written from the job's moe_task_experts.
+typedef struct {
+    char name[64];
+    char *bytes;
+    size_t len;
+} blob;
+
+// The bytes write_json would write (the document plus a newline); takes doc.
+static int render_json(blob *b, const char *name, json_t *doc) {
+    snprintf(b->name, sizeof b->name, "%s", name);
+    char *text = doc ? json_dumps(doc, JSON_FLAGS) : NULL;
+    json_decref(doc);
+    size_t n = text ? strlen(text) : 0;
+    char *line = text ? realloc(text, n + 2) : NULL;
+    if (!line) {
+        free(text);
+        return moe_fail(MOE_ENOMEM, "checkpoint: %s: out of memory", name);
+    }
+    line[n] = '\n';
+    b->bytes = line;
+    b->len = n + 1;
+    return 0;
+}
+
+static int render_config(blob *b, const moe_config *cfg) {
     char *buf = NULL;
     size_t n = 0;
+    snprintf(b->name, sizeof b->name, "config.json");
     FILE *f = open_memstream(&buf, &n);
-    if (!f) return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+    if (!f) return moe_fail(MOE_ENOMEM, "checkpoint: config.json: out of memory");
     int rc = moe_config_write(cfg, f);
-    if (fclose(f) != 0 && rc == 0) rc = moe_fail(MOE_ENOMEM, "%s: out of memory", path);
-    if (rc == 0) rc = moe_fs_write_file(path, buf, n);
-    free(buf);
-    return rc;
+    if (fclose(f) != 0 && rc == 0)
+        rc = moe_fail(MOE_ENOMEM, "checkpoint: config.json: out of memory");
+    if (rc < 0) {
+        free(buf);
+        return rc;
+    }
+    b->bytes = buf;
+    b->len = n;
+    return 0;
 }
 
-static int write_state(const char *path, const moe_model *m, const moe_adamw *opt,
-                       const moe_train_state *st) {
+static int render_state(blob *b, const moe_model *m, const moe_adamw *opt,
+                        const moe_train_state *st) {
     json_t *doc = json_object(), *caps = json_array();
     json_object_set_new(doc, "step", json_integer(st->step));
     json_object_set_new(doc, "adam_step", json_integer(opt->step));
@@ -101,9 +138,7 @@ static int write_state(const char *path, const moe_model *m, const moe_adamw *op
         json_array_append_new(caps, o);
     }
     json_object_set_new(doc, "capacity", caps);
-    int rc = write_json(path, doc);
-    json_decref(doc);
-    return rc;
+    return render_json(b, "trainer_state.json", doc);
 }
 
 // One file's tensors, in model order: this rank's tensors of buf, each
@@ -137,13 +172,14 @@ static int build_entries(entry_list *out, const moe_model *m, const float *buf, 
     return 0;
 }
 
-// The MoE layers' selection biases (moe/checkpoint.h), replicated on every rank.
-static void add_bias_entries(entry_list *out, const moe_model *m) {
+// The MoE layers' selection biases (moe/checkpoint.h), replicated on every
+// rank; bias[l]: layer l's E values (the model's, or their snapshot).
+static void add_bias_entries(entry_list *out, const moe_model *m, float *const *bias) {
     for (int l = 0; l < m->L; l++) {
         if (!m->is_moe[l]) continue;
         snprintf(out->names[out->n], sizeof out->names[0], MOE_CKPT_BIAS_FMT, l);
-        out->e[out->n] = (moe_st_entry){
-            out->names[out->n], MOE_ST_F32, 1, {m->moe_cfg[l].E}, moe_model_bias(m, l)};
+        out->e[out->n] =
+            (moe_st_entry){out->names[out->n], MOE_ST_F32, 1, {m->moe_cfg[l].E}, bias[l]};
         out->n++;
     }
 }
@@ -151,47 +187,74 @@ static void add_bias_entries(entry_list *out, const moe_model *m) {
 static void free_entries(entry_list *l) {
     free(l->e);
     free(l->names);
+    *l = (entry_list){0};
+}
+
+// What one save writes from: the model's and the optimizer's own buffers (a
+// synchronous save: nothing is copied, so a rank holds no one else's experts
+// while saving), or their snapshot (an asynchronous one), laid out alike.
+typedef struct {
+    float *params, *m, *v;
+    float *bias[MOE_MAX_LAYERS];
+} save_src;
+
+// One save of one rank, prepared on the calling thread so that writing it
+// (job_write) reads nothing the training loop changes: the tensor entries
+// point into a save_src, rank 0's small files are rendered bytes. Pure file
+// I/O from then on, so a background thread can do it (no MPI calls).
+typedef struct {
+    char dir[PATH_MAX], tmp[PATH_MAX], old[PATH_MAX], trash[PATH_MAX];
+    char model_path[PATH_MAX], optim_path[PATH_MAX];
+    bool rank0, writer, sharded, tok;
+    int n; // shards
+    long step;
+    entry_list model, mom[2];
+    moe_st_entry *optim; // both moments in one file, tensor by tensor
+    int n_optim;
+    moe_task_experts te;
+    blob small[8]; // rank 0: indices, tokenizer, config, task experts, trainer state
+    int n_small;
+    int rc; // job_write's result, its message in msg
+    char msg[512];
+} save_job;
+
+static void job_free(save_job *j) {
+    free_entries(&j->model);
+    free_entries(&j->mom[0]);
+    free_entries(&j->mom[1]);
+    free(j->optim);
+    j->optim = NULL;
+    for (int i = 0; i < j->n_small; i++)
+        free(j->small[i].bytes);
+    j->n_small = 0;
+    moe_task_experts_free(&j->te);
+    memset(&j->te, 0, sizeof j->te);
 }
 
 // The tensor files of this rank: shard k of n (n = 1: the single files).
-// Nothing is copied: the entries point into the model's and the optimizer's
-// own buffers, so a rank holds no one else's experts while saving.
-static int write_tensor_files(const char *tmp, const moe_model *m, const moe_adamw *opt, int k,
-                              int n) {
-    char p[PATH_MAX];
-    const char *meta[] = {"format", "pt", "producer", "moe", NULL};
-    entry_list el = {0}, a = {0}, b = {0};
-    moe_st_entry *all = NULL;
+static int build_tensor_entries(save_job *j, const moe_model *m, const save_src *src, int k) {
     bool dense = k == 0;
-    int rc = build_entries(&el, m, m->params, "", dense, true);
-    if (rc == 0 && dense && m->bias_on) add_bias_entries(&el, m);
-    if (rc == 0) rc = join_shard(p, tmp, "model", k, n);
-    if (rc == 0) rc = moe_st_write(p, el.e, el.n, meta);
+    MOE_TRY(build_entries(&j->model, m, src->params, "", dense, true));
+    if (dense && m->bias_on) add_bias_entries(&j->model, m, src->bias);
+    MOE_TRY(join_shard(j->model_path, j->tmp, "model", k, j->n));
     // Both moments in one file, tensor by tensor: ranks load them by name.
-    if (rc == 0) rc = build_entries(&a, m, opt->m, ".exp_avg", dense, true);
-    if (rc == 0) rc = build_entries(&b, m, opt->v, ".exp_avg_sq", dense, true);
-    if (rc == 0 && !(all = malloc(sizeof *all * (size_t)(a.n + b.n + 1))))
-        rc = moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
-    if (rc == 0) {
-        memcpy(all, a.e, sizeof *all * a.n);
-        memcpy(all + a.n, b.e, sizeof *all * b.n);
-        rc = join_shard(p, tmp, "optimizer", k, n);
-    }
-    if (rc == 0) rc = moe_st_write(p, all, a.n + b.n, NULL);
-    free(all);
-    free_entries(&el);
-    free_entries(&a);
-    free_entries(&b);
-    return rc;
+    MOE_TRY(build_entries(&j->mom[0], m, src->m, ".exp_avg", dense, true));
+    MOE_TRY(build_entries(&j->mom[1], m, src->v, ".exp_avg_sq", dense, true));
+    j->n_optim = j->mom[0].n + j->mom[1].n;
+    if (!(j->optim = malloc(sizeof *j->optim * (size_t)(j->n_optim + 1))))
+        return moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
+    memcpy(j->optim, j->mom[0].e, sizeof *j->optim * j->mom[0].n);
+    memcpy(j->optim + j->mom[0].n, j->mom[1].e, sizeof *j->optim * j->mom[1].n);
+    return join_shard(j->optim_path, j->tmp, "optimizer", k, j->n);
 }
 
 // BASE.safetensors.index.json of a sharded save, in the Hugging Face layout
 // ({"metadata": {"total_size"}, "weight_map": {tensor: shard}}). Rank 0 knows
 // every name without asking: expert x of a layer lives on EP rank x / (E/n),
 // the rest in shard 0. suffixes: the names' endings, one pass each.
-static int write_index(const char *tmp, const char *base, const moe_model *m, int n,
-                       const char *const *suffixes, int n_suffixes) {
-    char p[PATH_MAX], name[MOE_PARAM_NAME_MAX + 96], shard[64];
+static int render_index(blob *out, const char *base, const moe_model *m, int n,
+                        const char *const *suffixes, int n_suffixes) {
+    char name[MOE_PARAM_NAME_MAX + 96], shard[64];
     json_t *doc = json_object(), *meta = json_object(), *map = json_object();
     json_int_t total = 0;
     for (int s = 0; s < n_suffixes; s++) {
@@ -232,11 +295,8 @@ static int write_index(const char *tmp, const char *base, const moe_model *m, in
     json_object_set_new(meta, "total_size", json_integer(total));
     json_object_set_new(doc, "metadata", meta);
     json_object_set_new(doc, "weight_map", map);
-    int rc = snprintf(p, sizeof p, "%s/%s.safetensors.index.json", tmp, base) >= (int)sizeof p
-                 ? moe_fail(MOE_EINVAL, "%s: path too long", tmp)
-                 : write_json(p, doc);
-    json_decref(doc);
-    return rc;
+    snprintf(name, sizeof name, "%s.safetensors.index.json", base);
+    return render_json(out, name, doc);
 }
 
 // manifest.json: each file of the folder and its size. Written last and
@@ -262,73 +322,6 @@ static int write_manifest(const char *tmp, long step, const char *const *names, 
     if (rc == 0) rc = write_json(p, doc);
     json_decref(doc);
     return rc;
-}
-
-// Every writer's tensor files, then rank 0's part: the indices (sharded),
-// the tokenizer's copy before config.json (which names it), the other files
-// and the manifest, in that order. With expert parallelism each rank of the
-// first EP group writes its shard; every rank's status is agreed before rank
-// 0 goes on, so the manifest is written only once every shard is durable.
-static int save_files(const char *tmp, const moe_model *m, const moe_adamw *opt,
-                      const moe_train_state *st, moe_parallel *par, const moe_tokenizer *tok,
-                      int rc) {
-    char p[PATH_MAX];
-    const bool sharded = par && par->ep_size > 1;
-    const int k = sharded ? par->ep_rank : 0, n = sharded ? par->ep_size : 1;
-    const bool writer = !par || (sharded ? par->dp_rank == 0 : par->rank == 0);
-    if (rc == 0 && writer) rc = write_tensor_files(tmp, m, opt, k, n);
-    if (sharded) rc = moe_comm_agree(par->world, rc);
-    if (rc < 0 || (par && par->rank != 0)) return rc;
-    if (sharded) {
-        static const char *const msuf[] = {""}, *const osuf[] = {".exp_avg", ".exp_avg_sq"};
-        MOE_TRY(write_index(tmp, "model", m, n, msuf, 1));
-        MOE_TRY(write_index(tmp, "optimizer", m, n, osuf, 2));
-    }
-    moe_config cfg = m->cfg;
-    size_t tok_len = 0;
-    const void *tok_bytes = tok ? moe_tok_model_bytes(tok, &tok_len) : NULL;
-    if (tok_bytes) {
-        MOE_TRY(join(p, tmp, "/" MOE_CKPT_TOKENIZER));
-        MOE_TRY(moe_fs_write_file(p, tok_bytes, tok_len));
-        snprintf(cfg.model.tokenizer, sizeof cfg.model.tokenizer, "%s", MOE_CKPT_TOKENIZER);
-    }
-    MOE_TRY(join(p, tmp, "/config.json"));
-    MOE_TRY(write_config(p, &cfg));
-    MOE_TRY(join(p, tmp, "/task_experts.json"));
-    moe_task_experts te;
-    MOE_TRY(moe_task_experts_from_model(&te, m));
-    rc = moe_task_experts_write(p, &te);
-    moe_task_experts_free(&te);
-    if (rc < 0) return rc;
-    MOE_TRY(join(p, tmp, "/trainer_state.json"));
-    MOE_TRY(write_state(p, m, opt, st));
-    // The folder's files, for the manifest: shards, indices, then the rest.
-    char(*names)[64] = malloc(sizeof *names * (2 * (size_t)n + 6));
-    const char **list = malloc(sizeof *list * (2 * (size_t)n + 6));
-    int n_names = 0;
-    if (!names || !list) {
-        free(names), free(list);
-        return moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
-    }
-    for (int b = 0; b < 2; b++)
-        for (int i = 0; i < n; i++)
-            shard_file(names[n_names++], b ? "optimizer" : "model", i, n);
-    if (sharded) {
-        snprintf(names[n_names++], sizeof names[0], "model.safetensors.index.json");
-        snprintf(names[n_names++], sizeof names[0], "optimizer.safetensors.index.json");
-    }
-    for (int i = 2; i < N_FILES; i++)
-        snprintf(names[n_names++], sizeof names[0], "%s", files[i]);
-    if (tok_bytes) snprintf(names[n_names++], sizeof names[0], "%s", MOE_CKPT_TOKENIZER);
-    for (int i = 0; i < n_names; i++)
-        list[i] = names[i];
-    rc = write_manifest(tmp, st->step, list, n_names);
-    free(names);
-    free(list);
-    MOE_TRY(rc);
-    if (moe_fs_fsync_dir(tmp) != 0)
-        return moe_fail(MOE_EIO, "%s: fsync failed: %s", tmp, strerror(errno));
-    return 0;
 }
 
 static int sync_parent(const char *dir) {
@@ -379,31 +372,138 @@ static int recover(const char *dir, const char *tmp, const char *old, const char
     return 0;
 }
 
-int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
-                  const moe_train_state *st, moe_parallel *par) {
-    char tmp[PATH_MAX], old[PATH_MAX], trash[PATH_MAX], p[PATH_MAX];
-    MOE_TRY(join(tmp, dir, ".tmp"));
-    MOE_TRY(join(old, dir, ".old"));
-    MOE_TRY(join(trash, dir, ".trash"));
+// Rank 0's small files, in the order they are written: the indices (sharded),
+// the tokenizer's copy before config.json (which names it), the task experts
+// and the trainer state.
+static int render_small(save_job *j, const moe_model *m, const moe_adamw *opt,
+                        const moe_train_state *st, const moe_tokenizer *tok) {
+    if (j->sharded) {
+        static const char *const msuf[] = {""}, *const osuf[] = {".exp_avg", ".exp_avg_sq"};
+        MOE_TRY(render_index(&j->small[j->n_small++], "model", m, j->n, msuf, 1));
+        MOE_TRY(render_index(&j->small[j->n_small++], "optimizer", m, j->n, osuf, 2));
+    }
+    moe_config cfg = m->cfg;
+    size_t tok_len = 0;
+    const void *tok_bytes = tok ? moe_tok_model_bytes(tok, &tok_len) : NULL;
+    if (tok_bytes) {
+        blob *b = &j->small[j->n_small++];
+        snprintf(b->name, sizeof b->name, "%s", MOE_CKPT_TOKENIZER);
+        if (!(b->bytes = malloc(tok_len ? tok_len : 1)))
+            return moe_fail(MOE_ENOMEM, "checkpoint: %s: out of memory", MOE_CKPT_TOKENIZER);
+        memcpy(b->bytes, tok_bytes, tok_len);
+        b->len = tok_len;
+        j->tok = true;
+        snprintf(cfg.model.tokenizer, sizeof cfg.model.tokenizer, "%s", MOE_CKPT_TOKENIZER);
+    }
+    MOE_TRY(render_config(&j->small[j->n_small++], &cfg));
+    MOE_TRY(moe_task_experts_from_model(&j->te, m));
+    snprintf(j->small[j->n_small++].name, sizeof j->small[0].name, "task_experts.json");
+    return render_state(&j->small[j->n_small++], m, opt, st);
+}
+
+// Steps 1 and the preparation of 2, collective: rank 0 recovers and makes
+// DIR.tmp (sharded: every rank agrees it exists), then each rank prepares
+// what it writes from src. The status is this rank's (job_commit agrees).
+static int job_start(save_job *j, const char *dir, const moe_model *m, const moe_adamw *opt,
+                     const moe_train_state *st, moe_parallel *par, const save_src *src) {
+    char p[PATH_MAX];
+    MOE_TRY(join(j->dir, dir, ""));
+    MOE_TRY(join(j->tmp, dir, ".tmp"));
+    MOE_TRY(join(j->old, dir, ".old"));
+    MOE_TRY(join(j->trash, dir, ".trash"));
     // The longest name fits: all fit.
-    MOE_TRY(join(p, tmp, "/optimizer-00000-of-00000.safetensors.index.json.tmp.XXXXXX"));
-    int rank0 = !par || par->rank == 0, rc = 0;
+    MOE_TRY(join(p, j->tmp, "/optimizer-00000-of-00000.safetensors.index.json.tmp.XXXXXX"));
     if (par && par->ep_size > 99999)
         return moe_fail(MOE_EINVAL, "checkpoint: %d shards: at most 99999", par->ep_size);
+    j->sharded = par && par->ep_size > 1;
+    j->n = j->sharded ? par->ep_size : 1;
+    j->rank0 = !par || par->rank == 0;
+    j->writer = moe_ckpt_writes_tensors(par ? par->rank : 0, par ? par->ep_size : 1);
+    j->step = st->step;
+    int rc = 0;
     moe_tokenizer *tok = NULL; // read before recover() may move the folder it lives in
-    if (rank0 && strcmp(m->cfg.model.tokenizer, "bytes"))
+    if (j->rank0 && strcmp(m->cfg.model.tokenizer, "bytes"))
         rc = moe_tok_open(m->cfg.model.tokenizer, &tok);
-    if (rank0 && rc == 0) {
-        rc = recover(dir, tmp, old, trash);
-        if (rc == 0 && moe_fs_mkdir(tmp, 0755) != 0)
-            rc = moe_fail(MOE_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+    if (j->rank0 && rc == 0) {
+        rc = recover(j->dir, j->tmp, j->old, j->trash);
+        if (rc == 0 && moe_fs_mkdir(j->tmp, 0755) != 0)
+            rc = moe_fail(MOE_EIO, "%s: cannot create: %s", j->tmp, strerror(errno));
     }
     // Sharded: every writer needs dir.tmp made before it writes into it.
-    if (par && par->ep_size > 1) rc = moe_comm_agree(par->world, rc);
-    rc = save_files(tmp, m, opt, st, par, tok, rc);
+    if (j->sharded) rc = moe_comm_agree(par->world, rc);
+    if (rc == 0 && j->writer) rc = build_tensor_entries(j, m, src, j->sharded ? par->ep_rank : 0);
+    if (rc == 0 && j->rank0) rc = render_small(j, m, opt, st, tok);
     moe_tok_free(tok);
+    return rc;
+}
+
+// Step 2's writes of this rank, each file fsynced: its tensor files, then
+// (rank 0) the small ones. Pure file I/O (no MPI, nothing the training loop
+// touches): the save thread of an asynchronous save runs it. The status and
+// its message (naming the file) are kept in the job.
+static int job_write(save_job *j) {
+    static const char *const meta[] = {"format", "pt", "producer", "moe", NULL};
+    char p[PATH_MAX];
+    int rc = 0;
+    if (j->writer) {
+        rc = moe_st_write(j->model_path, j->model.e, j->model.n, meta);
+        if (rc == 0) rc = moe_st_write(j->optim_path, j->optim, j->n_optim, NULL);
+    }
+    for (int i = 0; rc == 0 && i < j->n_small; i++) {
+        const blob *b = &j->small[i];
+        if (snprintf(p, sizeof p, "%s/%s", j->tmp, b->name) >= (int)sizeof p)
+            rc = moe_fail(MOE_EINVAL, "%s: path too long", j->tmp);
+        else if (b->bytes)
+            rc = moe_fs_write_file(p, b->bytes, b->len);
+        else
+            rc = moe_task_experts_write(p, &j->te);
+    }
+    j->rc = rc;
+    snprintf(j->msg, sizeof j->msg, "%s", rc < 0 ? moe_last_error() : "");
+    return rc;
+}
+
+// The manifest (every shard, index and file with its size), then DIR.tmp
+// fsynced: rank 0, once every rank's files are durable.
+static int job_manifest(const save_job *j) {
+    const int n = j->n;
+    char(*names)[64] = malloc(sizeof *names * (2 * (size_t)n + 6));
+    const char **list = malloc(sizeof *list * (2 * (size_t)n + 6));
+    int n_names = 0;
+    if (!names || !list) {
+        free(names), free(list);
+        return moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
+    }
+    for (int b = 0; b < 2; b++)
+        for (int i = 0; i < n; i++)
+            shard_file(names[n_names++], b ? "optimizer" : "model", i, n);
+    if (j->sharded) {
+        snprintf(names[n_names++], sizeof names[0], "model.safetensors.index.json");
+        snprintf(names[n_names++], sizeof names[0], "optimizer.safetensors.index.json");
+    }
+    for (int i = 2; i < N_FILES; i++)
+        snprintf(names[n_names++], sizeof names[0], "%s", files[i]);
+    if (j->tok) snprintf(names[n_names++], sizeof names[0], "%s", MOE_CKPT_TOKENIZER);
+    for (int i = 0; i < n_names; i++)
+        list[i] = names[i];
+    int rc = write_manifest(j->tmp, j->step, list, n_names);
+    free(names);
+    free(list);
+    MOE_TRY(rc);
+    if (moe_fs_fsync_dir(j->tmp) != 0)
+        return moe_fail(MOE_EIO, "%s: fsync failed: %s", j->tmp, strerror(errno));
+    return 0;
+}
+
+// The rest of step 2 and steps 3-4, collective: every rank's status is
+// agreed (every shard durable, or the first failure everywhere), rank 0
+// writes the manifest, the result is agreed again, and rank 0 swaps.
+static int job_commit(const save_job *j, moe_parallel *par, int rc) {
     if (par) rc = moe_comm_agree(par->world, rc);
-    if (!rank0) return rc;
+    if (rc == 0 && j->rank0) rc = job_manifest(j);
+    if (par) rc = moe_comm_agree(par->world, rc);
+    if (!j->rank0) return rc;
+    const char *dir = j->dir, *tmp = j->tmp, *old = j->old, *trash = j->trash;
     if (rc < 0) goto fail;
     // The swap. Between the renames only the complete dir.tmp holds the newest
     // checkpoint; moe_ckpt_resolve reads it there.
@@ -428,6 +528,166 @@ fail:
         moe_fail(rc, "%s", msg);
     }
     return rc;
+}
+
+int moe_ckpt_writes_tensors(int rank, int ep) {
+    return ep > 1 ? rank < ep : rank == 0; // the first EP group (dp_rank 0), else rank 0
+}
+
+static save_src model_src(const moe_model *m, const moe_adamw *opt) {
+    save_src s = {m->params, opt->m, opt->v, {0}};
+    for (int l = 0; l < m->L; l++)
+        s.bias[l] = m->is_moe[l] ? moe_model_bias(m, l) : NULL;
+    return s;
+}
+
+int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
+                  const moe_train_state *st, moe_parallel *par) {
+    save_job *j = calloc(1, sizeof *j); // every rank: a failure here is agreed below
+    save_src src = model_src(m, opt);
+    int rc = j ? job_start(j, dir, m, opt, st, par, &src)
+               : moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
+    if (rc == 0) rc = job_write(j);
+    if (j) {
+        rc = job_commit(j, par, rc);
+        job_free(j);
+        free(j);
+    } else if (par) {
+        rc = moe_comm_agree(par->world, rc);
+        rc = moe_comm_agree(par->world, rc);
+    }
+    return rc;
+}
+
+// --- the asynchronous save (train.async_checkpoint) ------------------------------
+
+struct moe_ckpt_async {
+    float *snap;                 // params, m, v of this rank (3 n floats), tracked: moe plan
+    float *bias[MOE_MAX_LAYERS]; // the selection biases' copies (E floats each, untracked)
+    size_t n;
+    save_job *job; // the save in flight (prepared by begin, written by the thread)
+    bool pending, thread_live;
+    pthread_t thread;
+    atomic_int done; // the thread finished job_write
+    char run[PATH_MAX];
+    int keep;
+};
+
+int moe_ckpt_async_init(moe_ckpt_async **out, const moe_model *m, const moe_parallel *par) {
+    *out = NULL;
+    moe_ckpt_async *a = calloc(1, sizeof *a);
+    if (!a || !(a->job = calloc(1, sizeof *a->job))) {
+        free(a);
+        return moe_fail(MOE_ENOMEM, "checkpoint: out of memory for the asynchronous save");
+    }
+    a->n = moe_model_numel(m);
+    if (moe_ckpt_writes_tensors(par ? par->rank : 0, par ? par->ep_size : 1)) {
+        int rc = (a->snap = moe_malloc(sizeof(float) * 3 * a->n)) ? 0 : MOE_ENOMEM;
+        for (int l = 0; rc == 0 && l < m->L; l++)
+            if (m->is_moe[l] && !(a->bias[l] = malloc(sizeof(float) * m->moe_cfg[l].E)))
+                rc = MOE_ENOMEM;
+        if (rc < 0) {
+            size_t bytes = sizeof(float) * 3 * a->n;
+            moe_ckpt_async_free(a);
+            return moe_fail(MOE_ENOMEM,
+                            "checkpoint: out of memory for the asynchronous save's snapshot "
+                            "(%zu bytes; train.async_checkpoint = false needs none)",
+                            bytes);
+        }
+    }
+    *out = a;
+    return 0;
+}
+
+static void *save_thread(void *arg) {
+    moe_ckpt_async *a = arg;
+    job_write(a->job);
+    atomic_store(&a->done, 1);
+    return NULL;
+}
+
+// Joins the thread, if one runs; nothing else.
+static void join_thread(moe_ckpt_async *a) {
+    if (!a->thread_live) return;
+    pthread_join(a->thread, NULL);
+    a->thread_live = false;
+}
+
+int moe_ckpt_async_begin(moe_ckpt_async *a, const char *run, int keep, const moe_model *m,
+                         const moe_adamw *opt, const moe_train_state *st, moe_parallel *par,
+                         char *saved, size_t cap) {
+    MOE_TRY(moe_ckpt_async_wait(a, par)); // at most one save in flight
+    MOE_TRY(moe_ckpt_run_folder(run, keep, st->step, saved, cap));
+    snprintf(a->run, sizeof a->run, "%s", run);
+    a->keep = keep;
+    save_src src = model_src(m, opt);
+    if (a->snap) { // the snapshot: training changes the model's buffers from the next step
+        src.params = a->snap, src.m = a->snap + a->n, src.v = a->snap + 2 * a->n;
+        memcpy(src.params, m->params, sizeof(float) * a->n);
+        memcpy(src.m, opt->m, sizeof(float) * a->n);
+        memcpy(src.v, opt->v, sizeof(float) * a->n);
+        for (int l = 0; l < m->L; l++) {
+            const float *b = m->is_moe[l] ? moe_model_bias(m, l) : NULL;
+            src.bias[l] = b ? a->bias[l] : NULL;
+            if (b) memcpy(a->bias[l], b, sizeof(float) * m->moe_cfg[l].E);
+        }
+    }
+    memset(a->job, 0, sizeof *a->job);
+    int rc = job_start(a->job, saved, m, opt, st, par, &src);
+    // A failure to start is agreed now, so every rank leaves the same way.
+    if (par) rc = moe_comm_agree(par->world, rc);
+    if (rc < 0) {
+        rc = job_commit(a->job, par, rc); // rank 0 removes dir.tmp
+        job_free(a->job);
+        return rc;
+    }
+    a->pending = true;
+    atomic_store(&a->done, 0);
+    if (pthread_create(&a->thread, NULL, save_thread, a) == 0) {
+        a->thread_live = true;
+    } else { // reported at the commit, like a failed write
+        a->job->rc = moe_fail(MOE_EIO, "%s: cannot start the save thread", a->job->tmp);
+        snprintf(a->job->msg, sizeof a->job->msg, "%s", moe_last_error());
+        atomic_store(&a->done, 1);
+    }
+    return 0;
+}
+
+int moe_ckpt_async_poll(moe_ckpt_async *a, moe_parallel *par, bool wait) {
+    if (!a || !a->pending) return 0;
+    if (wait) join_thread(a);
+    int64_t done = atomic_load(&a->done);
+    int size = par ? moe_comm_size(par->world) : 1;
+    if (size > 1) MOE_TRY(moe_comm_allreduce_i64(par->world, &done, 1));
+    if (done < size) return 0; // a rank still writes: ask again at the next step
+    join_thread(a);
+    int rc = a->job->rc;
+    if (rc < 0) moe_fail(rc, "%s", a->job->msg); // the thread's message, naming the file
+    a->pending = false;
+    rc = job_commit(a->job, par, rc);
+    if (rc == 0 && a->job->rank0) rc = moe_ckpt_run_finish(a->run, a->keep, a->job->step);
+    job_free(a->job);
+    return rc < 0 ? rc : 1;
+}
+
+int moe_ckpt_async_wait(moe_ckpt_async *a, moe_parallel *par) {
+    int rc = moe_ckpt_async_poll(a, par, true);
+    return rc < 0 ? rc : 0;
+}
+
+long moe_ckpt_async_pending(const moe_ckpt_async *a) {
+    return a && a->pending ? a->job->step : -1;
+}
+
+void moe_ckpt_async_free(moe_ckpt_async *a) {
+    if (!a) return;
+    join_thread(a);
+    if (a->job) job_free(a->job);
+    free(a->job);
+    moe_mfree(a->snap);
+    for (int l = 0; l < MOE_MAX_LAYERS; l++)
+        free(a->bias[l]);
+    free(a);
 }
 
 int moe_ckpt_config(const char *dir, moe_config *cfg) {

@@ -162,6 +162,10 @@ static const key_def keys[] = {
     {"train.keep_checkpoints", K_INT, F(train.keep_checkpoints), NO, "0", NULL, RI(0, 1000000),
      "N > 0: each save writes checkpoint-STEP/ and the file `latest` naming it, and keeps the N "
      "newest; 0: one checkpoint/ folder, replaced at each save"},
+    {"train.async_checkpoint", K_BOOL, F(train.async_checkpoint), NO, "false", NULL, R0,
+     "periodic saves (train.ckpt_every) copy this rank's tensors to a snapshot and write it on a "
+     "background thread while training goes on (3 x the rank's parameters of memory more); the "
+     "save at the end or on a stop stays synchronous"},
     {"train.log_every", K_INT, F(train.log_every), NO, "10", NULL, RI(1, 1000000000),
      "steps between progress lines when not on a terminal"},
     {"train.tensorboard", K_BOOL, F(train.tensorboard), NO, "false", NULL, R0,

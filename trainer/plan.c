@@ -2,6 +2,7 @@
 // the layouts the trainer allocates (moe_model_memory and the buffers of the
 // loop), communication from the all-to-all algorithm's traffic formulas.
 #include "moe/plan.h"
+#include "moe/checkpoint.h"
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/model.h"
@@ -49,8 +50,12 @@ int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *ou
     if (world > 1) pack = n - expert;
     if (world / ep > 1 && expert > pack) pack = expert;
     out->grad_pack = pack * sizeof(float);
+    // The asynchronous save's snapshot (moe/checkpoint.h): on the ranks that
+    // write tensors, a copy of the parameters and both moments.
+    if (cfg->train.async_checkpoint && moe_ckpt_writes_tensors(rank, ep))
+        out->ckpt_snapshot = 3 * n * sizeof(float);
     out->total = out->params + out->grads + out->optimizer + out->activations + out->moe +
-                 out->step + out->data + out->grad_pack;
+                 out->step + out->data + out->grad_pack + out->ckpt_snapshot;
     return 0;
 }
 
@@ -254,6 +259,9 @@ int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
     fprintf(f, "  %-34s %10.2f\n", "step buffers", mib(m.step));
     fprintf(f, "  %-34s %10.2f\n", "data", mib(m.data));
     fprintf(f, "  %-34s %10.2f\n", "gradient all-reduce staging", mib(m.grad_pack));
+    if (m.ckpt_snapshot) // rank 0's figure: ranks that write no tensor file hold none
+        fprintf(f, "  %-34s %10.2f  (ranks writing tensor files)\n", "async checkpoint snapshot",
+                mib(m.ckpt_snapshot));
     fprintf(f, "  %-34s %10.2f  (%zu bytes)\n", "total (predicted peak)", mib(m.total), m.total);
     if (ep == 1) {
         fprintf(f, "\nall-to-all: none (parallel.ep = 1: every expert is local)\n");

@@ -3,6 +3,7 @@
 // behind `moe train`'s refusal, and --overwrite's removal. The order of the
 // calls, and why a crash anywhere leaves `latest` naming a complete
 // checkpoint, is written down in moe/checkpoint.h.
+#include "checkpoint_internal.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
 #include "moe/fsio.h"
@@ -116,13 +117,22 @@ static int prune(const char *run, int keep, long current) {
     return rc;
 }
 
-int moe_ckpt_save_run(const char *run, int keep, const moe_model *m, const moe_adamw *opt,
-                      const moe_train_state *st, moe_parallel *par, char *saved, size_t cap) {
-    int n = keep > 0 ? snprintf(saved, cap, "%s/checkpoint-%ld", run, st->step)
+int moe_ckpt_run_folder(const char *run, int keep, long step, char *saved, size_t cap) {
+    int n = keep > 0 ? snprintf(saved, cap, "%s/checkpoint-%ld", run, step)
                      : snprintf(saved, cap, "%s/checkpoint", run);
     if (n < 0 || (size_t)n >= cap) return moe_fail(MOE_EINVAL, "%s: path too long", run);
+    return 0;
+}
+
+int moe_ckpt_save_run(const char *run, int keep, const moe_model *m, const moe_adamw *opt,
+                      const moe_train_state *st, moe_parallel *par, char *saved, size_t cap) {
+    MOE_TRY(moe_ckpt_run_folder(run, keep, st->step, saved, cap));
     MOE_TRY(moe_ckpt_save(saved, m, opt, st, par));
     if (par && par->rank != 0) return 0;
+    return moe_ckpt_run_finish(run, keep, st->step);
+}
+
+int moe_ckpt_run_finish(const char *run, int keep, long step) {
     char tmp[PATH_MAX], latest[PATH_MAX], line[64];
     if (snprintf(tmp, sizeof tmp, "%s/latest.tmp", run) >= (int)sizeof tmp ||
         snprintf(latest, sizeof latest, "%s/latest", run) >= (int)sizeof latest)
@@ -139,7 +149,7 @@ int moe_ckpt_save_run(const char *run, int keep, const moe_model *m, const moe_a
                     moe_last_error());
         return 0;
     }
-    int len = snprintf(line, sizeof line, "checkpoint-%ld\n", st->step);
+    int len = snprintf(line, sizeof line, "checkpoint-%ld\n", step);
     MOE_TRY(moe_fs_write_file(tmp, line, (size_t)len));
     if (moe_fs_rename(tmp, latest) != 0)
         return moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", tmp, latest, strerror(errno));
@@ -147,7 +157,7 @@ int moe_ckpt_save_run(const char *run, int keep, const moe_model *m, const moe_a
         return moe_fail(MOE_EIO, "%s: fsync failed: %s", run, strerror(errno));
     // `latest` names the new checkpoint: a failure from here on loses nothing,
     // and the next save's pruning finishes the job.
-    if (prune(run, keep, st->step) < 0)
+    if (prune(run, keep, step) < 0)
         moe_log(MOE_LOG_WARN, "checkpoint saved, but removing older ones failed: %s",
                 moe_last_error());
     return 0;

@@ -264,6 +264,15 @@ static void progress(bool tty, long step, long total, double loss, double ema, f
     fprintf(stderr, "\r  %s\033[K", line);                  // \033[K clears what a longer line left
 }
 
+// A synchronous save, after the asynchronous one in flight (if any) is
+// committed: the order of the checkpoints on disk is the order of the steps.
+static int save_after(moe_ckpt_async *ack, const char *run, int keep, const moe_model *m,
+                      const moe_adamw *opt, const moe_train_state *st, moe_parallel *par,
+                      char *saved, size_t cap) {
+    MOE_TRY(moe_ckpt_async_wait(ack, par));
+    return moe_ckpt_save_run(run, keep, m, opt, st, par, saved, cap);
+}
+
 int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_result *r) {
     memset(r, 0, sizeof *r);
     moe_config cfg_run = *cfg_in; // with router.n_groups = 0 resolved to the node count
@@ -287,6 +296,8 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     memset(&gpu, 0, sizeof gpu);
     const bool on_gpu = o->device_ops || !strcmp(cfg->train.device, "cuda");
     char path[PATH_MAX], ckpt[PATH_MAX];
+    moe_ckpt_async *ack = NULL; // train.async_checkpoint: the periodic saves' snapshot and thread
+    bool shared_fail = false;   // a failure every rank meets at the same step boundary
     // Setup: every rank checks; all agree on the first failure (lowest rank),
     // so an invalid config or file on one rank ends every rank cleanly.
     int rc = moe_config_check(cfg, NULL);
@@ -301,6 +312,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     if (rc == 0) rc = moe_adamw_init(&opt, &m.table, cfg->train.decay_all);
     moe_train_state st = {0, {0, 0}, 0, 0};
     if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
+    if (rc == 0 && cfg->train.async_checkpoint) rc = moe_ckpt_async_init(&ack, &m, &par);
     if (rc == 0 && on_gpu)
         rc = moe_gpu_trainer_init(&gpu, &m, &opt, cfg, (size_t)d.B * d.T, o->device_ops);
     rc = moe_comm_agree(world, rc);
@@ -445,7 +457,8 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         moe_model_bias_step(&m); // the global load: every rank moves its bias alike
         moe_model_capacity_step(&m);
         MOE_TRY_GOTO(moe_parallel_grad_norm(&par, &m, &gnorm), rc);
-        if (!isfinite(gnorm)) {
+        if (!isfinite(gnorm)) { // the global norm: every rank stops here
+            shared_fail = true;
             rc = moe_fail(MOE_ENUMERIC, "step %ld: non-finite gradient in %s", step,
                           nonfinite_grad(&m));
             goto fail;
@@ -507,14 +520,23 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         // stops every rank after the same step.
         int64_t stop = (o->stop && *o->stop) || (o->stop_after > 0 && st.step >= o->stop_after);
         MOE_TRY_GOTO(moe_comm_allreduce_i64(world, &stop, 1), rc);
+        // An asynchronous save in flight is committed at the first step
+        // boundary where every rank's thread has finished writing.
+        if (ack && (rc = moe_ckpt_async_poll(ack, &par, false)) < 0) goto fail;
+        rc = 0;
         if (stop || (cfg->train.ckpt_every > 0 && (step + 1) % cfg->train.ckpt_every == 0)) {
             st.cursor[0] = d.cursor[0];
             st.cursor[1] = d.cursor[1];
             if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc);
             MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
-            MOE_TRY_GOTO(moe_ckpt_save_run(o->out_dir, cfg->train.keep_checkpoints, &m, &opt, &st,
-                                           &par, ckpt, sizeof ckpt),
-                         rc);
+            if (ack && !stop) // a stop's save is the last: written before returning
+                MOE_TRY_GOTO(moe_ckpt_async_begin(ack, o->out_dir, cfg->train.keep_checkpoints, &m,
+                                                  &opt, &st, &par, ckpt, sizeof ckpt),
+                             rc);
+            else
+                MOE_TRY_GOTO(save_after(ack, o->out_dir, cfg->train.keep_checkpoints, &m, &opt, &st,
+                                        &par, ckpt, sizeof ckpt),
+                             rc);
         }
         if (stop) {
             r->interrupted = true;
@@ -537,8 +559,8 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         st.cursor[1] = d.cursor[1];
         if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc);
         MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
-        MOE_TRY_GOTO(moe_ckpt_save_run(o->out_dir, cfg->train.keep_checkpoints, &m, &opt, &st, &par,
-                                       ckpt, sizeof ckpt),
+        MOE_TRY_GOTO(save_after(ack, o->out_dir, cfg->train.keep_checkpoints, &m, &opt, &st, &par,
+                                ckpt, sizeof ckpt),
                      rc);
         MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &r->eval), rc);
         if (metrics && write_eval(metrics, st.step, &r->eval) < 0) {
@@ -574,6 +596,27 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         }
     }
 fail:
+    if (rc < 0 && moe_ckpt_async_pending(ack) >= 0) {
+        // A failure all ranks share (or one process) still completes the save
+        // in flight, a snapshot of a good step; otherwise the ranks cannot
+        // agree on it, and its incomplete folder is left for the next save's
+        // recovery. The failure's message is kept either way.
+        char msg[512];
+        snprintf(msg, sizeof msg, "%s", moe_last_error());
+        long pend = moe_ckpt_async_pending(ack);
+        if (shared_fail || moe_comm_size(world) == 1) {
+            if (moe_ckpt_async_wait(ack, &par) < 0)
+                moe_log(MOE_LOG_WARN, "the checkpoint of step %ld was not completed: %s", pend,
+                        moe_last_error());
+        } else {
+            moe_log(MOE_LOG_WARN,
+                    "the checkpoint of step %ld was not completed (a rank failed alone); the "
+                    "previous one stays the newest",
+                    pend);
+        }
+        moe_fail(rc, "%s", msg);
+    }
+    moe_ckpt_async_free(ack);
     moe_gpu_trainer_free(&gpu);
     if (metrics && fclose(metrics) && rc == 0) rc = metrics_failed(o->out_dir);
     int tb_rc = moe_tb_close(&tb);

@@ -89,6 +89,46 @@ int moe_ckpt_complete(const char *folder);
 // Follows the protocol above; every file-system call goes through moe/fsio.h.
 int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
                   const moe_train_state *st, moe_parallel *par);
+// 1 when rank `rank` writes tensor files in a save with expert-parallel
+// groups of ep: each rank of the first EP group, or rank 0 alone (ep = 1).
+int moe_ckpt_writes_tensors(int rank, int ep);
+
+// Asynchronous save (train.async_checkpoint): the writes of a save run on a
+// background thread from a snapshot, and training goes on.
+//   begin (collective, at a step boundary): waits for the save in flight, if
+//     any (at most one); copies what this rank writes (its parameters, both
+//     AdamW moments, the selection biases) into the snapshot, allocated once
+//     by init on the ranks that write tensors (moe plan counts it); rank 0
+//     also renders its small files (config, trainer state, task experts,
+//     indices) and does step 1 of the protocol (recover, mkdir DIR.tmp).
+//     Then a thread writes this rank's files into DIR.tmp and fsyncs them:
+//     pure file I/O, no MPI call (MPI may lack thread support).
+//   poll (collective, every step boundary while a save is pending): the
+//     ranks' "my thread is done" flags are summed (one small all-reduce);
+//     once all are done, the commit runs on the calling thread: the statuses
+//     are agreed, rank 0 writes the manifest, swaps the folder into place and
+//     updates `latest` and the rotation, exactly as moe_ckpt_save_run. A
+//     thread's failure is returned there with its message (naming the file).
+//     wait = true blocks until this rank's thread is done. Returns 1 when a
+//     save was committed, 0 when none is pending or a rank still writes.
+//   wait: poll with wait = true; before a synchronous save, at the end of
+//     training, and before exit on a failure every rank shares.
+// Crash safety is the protocol's: until the commit DIR.tmp has no manifest,
+// so a crash leaves the previous checkpoint as the one that resolves. The
+// files are those moe_ckpt_save_run writes, byte for byte.
+typedef struct moe_ckpt_async moe_ckpt_async;
+int moe_ckpt_async_init(moe_ckpt_async **out, const moe_model *m, const moe_parallel *par);
+int moe_ckpt_async_begin(moe_ckpt_async *a, const char *run, int keep, const moe_model *m,
+                         const moe_adamw *opt, const moe_train_state *st, moe_parallel *par,
+                         char *saved, size_t cap);
+int moe_ckpt_async_poll(moe_ckpt_async *a, moe_parallel *par, bool wait);
+int moe_ckpt_async_wait(moe_ckpt_async *a, moe_parallel *par);
+// The step of the save in flight, else -1.
+long moe_ckpt_async_pending(const moe_ckpt_async *a);
+// Joins the thread of a save in flight without committing it (its DIR.tmp
+// stays incomplete: the next save's recovery removes it), then frees. NULL ok.
+void moe_ckpt_async_free(moe_ckpt_async *a);
+
 // Loads parameters (every tensor must exist with the model's shape, and no
 // other tensor may be present), the dynamic-capacity state, and, when opt/st
 // are given, the optimizer and trainer state, from the folder moe_ckpt_resolve
@@ -129,8 +169,8 @@ int moe_ckpt_config(const char *dir, moe_config *cfg);
 //      A failure in step 3 is logged, not returned (the new checkpoint is in
 //      place; the next save's step 3 finishes the job).
 // keep = 0 saves RUN/checkpoint alone, then removes `latest` and the
-// checkpoint-STEP folders an earlier setting of the run left (all older). saved (cap bytes) receives the
-// folder written.
+// checkpoint-STEP folders an earlier setting of the run left (all older). saved (cap bytes)
+// receives the folder written.
 int moe_ckpt_save_run(const char *run, int keep, const moe_model *m, const moe_adamw *opt,
                       const moe_train_state *st, moe_parallel *par, char *saved, size_t cap);
 // "checkpoint-STEP", optionally followed by .tmp, .old or .trash (*suffix:

@@ -17,6 +17,7 @@ typedef struct {
     size_t step;                     // token/target/task buffers, accumulation buffer
     size_t data;                     // 0: token files are memory-mapped, not allocated
     size_t grad_pack;                // staging of the gradient all-reduces
+    size_t ckpt_snapshot;            // train.async_checkpoint: params and moments copied
     size_t total;                    // predicted peak of the library's allocations
     size_t n_params;                 // parameters held by this rank
 } moe_mem_plan;

@@ -1,0 +1,16 @@
+// The two halves of moe_ckpt_save_run around the save itself (trainer/run_dir.c),
+// shared with the asynchronous save (trainer/checkpoint.c), which commits the
+// folder steps later; not part of the public API.
+#ifndef MOE_CHECKPOINT_INTERNAL_H
+#define MOE_CHECKPOINT_INTERNAL_H
+
+#include <stddef.h>
+
+// The folder a save of step into run writes (RUN/checkpoint-STEP with keep >
+// 0, else RUN/checkpoint), into saved (cap bytes).
+int moe_ckpt_run_folder(const char *run, int keep, long step, char *saved, size_t cap);
+// Rank 0, once the folder of step is in place: `latest` and the rotation
+// (steps 2-3 of the save with rotation in moe/checkpoint.h).
+int moe_ckpt_run_finish(const char *run, int keep, long step);
+
+#endif

@@ -1,0 +1,249 @@
+// Asynchronous checkpoints (train.async_checkpoint, moe/checkpoint.h): the
+// folder equals a synchronous save's byte for byte, is taken from a snapshot
+// at the step that triggers it, resumes bit-identically, reports a failed
+// write with the file's name, is completed when training stops on a
+// non-finite value, and its snapshot is part of the memory plan.
+#include "moe/alloc.h"
+#include "moe/checkpoint.h"
+#include "moe/error.h"
+#include "moe/fsio.h"
+#include "moe/plan.h"
+#include "moe/train.h"
+#include "testutil.h"
+
+#include <jansson.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static moe_config cfg(bool async) {
+    moe_config c = tu_small_config();
+    c.train.steps = 6;
+    c.train.ckpt_every = 2;
+    c.train.keep_checkpoints = 3;
+    c.router.capacity_mode = MOE_CAPACITY_DYNAMIC; // trainer_state.json carries more state
+    ck_assert_int_eq(
+        moe_config_set(&c, NULL,
+                       async ? "train.async_checkpoint=true" : "train.async_checkpoint=false"),
+        0);
+    return c;
+}
+
+static void train(const moe_config *c, const char *out, const char *resume, double *losses) {
+    moe_train_opts o = {.out_dir = out, .resume_dir = resume, .quiet = true, .losses = losses};
+    moe_train_result r;
+    ck_assert_msg(moe_train(c, &o, &r) == 0, "%s", moe_last_error());
+    moe_eval_result_free(&r.eval);
+}
+
+static const char *path(const char *dir, const char *a, const char *b) {
+    static char p[4][1200];
+    static int k;
+    k = (k + 1) % 4;
+    int n = snprintf(p[k], sizeof p[k], "%s/%s%s%s", dir, a, b[0] ? "/" : "", b);
+    ck_assert(n > 0 && (size_t)n < sizeof p[k]);
+    return p[k];
+}
+
+// Every periodic save of an async run (steps 2, 4 and 6, written while
+// training went on) holds the bytes of the synchronous run's.
+START_TEST(test_async_checkpoints_equal_sync_byte_for_byte) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    moe_config cs = cfg(false), ca = cfg(true);
+    train(&cs, path(dir, "sync", ""), NULL, NULL);
+    train(&ca, path(dir, "async", ""), NULL, NULL);
+    static const char *const names[] = {"checkpoint-2", "checkpoint-4", "checkpoint-6"};
+    for (int i = 0; i < 3; i++) {
+        char a[1200], b[1200];
+        snprintf(a, sizeof a, "%s", path(dir, "sync", names[i]));
+        snprintf(b, sizeof b, "%s", path(dir, "async", names[i]));
+        ck_assert_msg(moe_ckpt_complete(b), "%s is not complete", b);
+        tu_assert_same_checkpoint(a, b);
+        tu_assert_same_file(path(a, "task_experts.json", ""), path(b, "task_experts.json", ""));
+    }
+}
+END_TEST
+
+// The folder holds the state of the step that began the save, although the
+// model and the optimizer change before the thread is done: a snapshot.
+START_TEST(test_async_save_writes_the_state_at_begin) {
+    moe_config c = tu_ckpt_config();
+    c.router.bias_update_rate = 1e-3; // the selection biases are saved too
+    moe_model m;
+    moe_adamw opt;
+    ck_assert_int_eq(moe_model_init(&m, &c, 2, 16, 5), 0);
+    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
+    tu_rng g;
+    tu_seed(&g, 7);
+    size_t n = moe_model_numel(&m);
+    tu_fill_normal(&g, opt.m, n, 1e-2f);
+    tu_fill_normal(&g, opt.v, n, 1e-2f);
+    for (int l = 0; l < m.L; l++)
+        if (moe_model_bias(&m, l)) tu_fill_normal(&g, moe_model_bias(&m, l), 4, 1.0f);
+    moe_train_state st = {.step = 3, .cursor = {12, 0}, .tokens = 1e3, .seconds = 1.5};
+    char dir[600], ref[700], run[700], saved[800];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(ref, sizeof ref, "%s/ref", dir);
+    snprintf(run, sizeof run, "%s/run", dir);
+    mkdir(run, 0755);
+    ck_assert_int_eq(moe_ckpt_save(ref, &m, &opt, &st, NULL), 0);
+    moe_ckpt_async *a;
+    ck_assert_int_eq(moe_ckpt_async_init(&a, &m, NULL), 0);
+    ck_assert_int_eq(moe_ckpt_async_begin(a, run, 0, &m, &opt, &st, NULL, saved, sizeof saved), 0);
+    ck_assert_int_eq(moe_ckpt_async_pending(a), 3);
+    for (size_t i = 0; i < n; i++) // what the next steps do to the live buffers
+        m.params[i] += 1, opt.m[i] += 1, opt.v[i] += 1;
+    for (int l = 0; l < m.L; l++)
+        if (moe_model_bias(&m, l)) moe_model_bias(&m, l)[0] += 1;
+    ck_assert_msg(moe_ckpt_async_wait(a, NULL) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(moe_ckpt_async_pending(a), -1);
+    moe_ckpt_async_free(a);
+    ck_assert_str_eq(saved, path(run, "checkpoint", ""));
+    tu_assert_same_checkpoint(ref, saved);
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+}
+END_TEST
+
+// Training resumed from a checkpoint an async save wrote continues bit for
+// bit: the losses of steps 3-6 and the final checkpoint equal the straight run's.
+START_TEST(test_resume_from_async_checkpoint_is_bit_identical) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    moe_config c = cfg(true);
+    double straight[6] = {0}, resumed[6] = {0};
+    train(&c, path(dir, "straight", ""), NULL, straight);
+    train(&c, path(dir, "resumed", ""), path(dir, "straight", "checkpoint-2"), resumed);
+    for (int i = 2; i < 6; i++)
+        ck_assert_msg(straight[i] == resumed[i], "step %d: %.9g vs %.9g", i + 1, straight[i],
+                      resumed[i]);
+    tu_assert_same_checkpoint(path(dir, "straight", "checkpoint-6"),
+                              path(dir, "resumed", "checkpoint-6"));
+}
+END_TEST
+
+// A write that fails on the save thread is returned by the commit with the
+// file's name, and the previous checkpoint stays the one that resolves.
+START_TEST(test_async_write_failure_names_the_file) {
+    moe_config c = tu_ckpt_config();
+    moe_model m;
+    moe_adamw opt;
+    ck_assert_int_eq(moe_model_init(&m, &c, 2, 16, 5), 0);
+    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
+    char run[600], saved[800], ref[800];
+    snprintf(run, sizeof run, "%s", tu_tmpdir());
+    moe_train_state st = {.step = 1, .seconds = 1};
+    moe_ckpt_async *a;
+    ck_assert_int_eq(moe_ckpt_async_init(&a, &m, NULL), 0);
+    ck_assert_int_eq(moe_ckpt_async_begin(a, run, 0, &m, &opt, &st, NULL, saved, sizeof saved), 0);
+    ck_assert_int_eq(moe_ckpt_async_wait(a, NULL), 0);
+    snprintf(ref, sizeof ref, "%s/ref", run);
+    ck_assert_int_eq(moe_ckpt_save(ref, &m, &opt, &st, NULL), 0);
+    st.step = 2;
+    m.params[0] += 1;
+    // The second save's calls: mkdir of checkpoint.tmp (this thread), then
+    // the model file's temp file (the save thread): that one fails.
+    moe_fs_fault_arm(2, MOE_FAULT_FAIL);
+    int rc = moe_ckpt_async_begin(a, run, 0, &m, &opt, &st, NULL, saved, sizeof saved);
+    ck_assert_msg(rc == 0, "%s", moe_last_error());
+    rc = moe_ckpt_async_wait(a, NULL);
+    moe_fs_fault_arm(0, MOE_FAULT_OFF);
+    ck_assert_int_eq(rc, MOE_EIO);
+    ck_assert_msg(strstr(moe_last_error(), "checkpoint.tmp/model.safetensors"), "message: %s",
+                  moe_last_error());
+    ck_assert_int_eq(moe_ckpt_async_pending(a), -1);
+    moe_ckpt_async_free(a);
+    tu_assert_same_checkpoint(ref, path(run, "checkpoint", ""));
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+}
+END_TEST
+
+// Training stopped by a non-finite loss completes the save in flight (the
+// last good step's), which then loads: nothing commits it but the stop.
+START_TEST(test_nonfinite_stop_completes_the_pending_save) {
+    moe_config c = cfg(true);
+    c.train.lr = 1e30; // the first update blows the weights up
+    c.train.warmup_steps = 0;
+    c.train.grad_clip = 0;
+    c.train.ckpt_every = 1;
+    c.train.keep_checkpoints = 0;
+    char out[600];
+    snprintf(out, sizeof out, "%s/nan", tu_tmpdir());
+    moe_train_opts o = {.out_dir = out, .quiet = true};
+    moe_train_result r;
+    ck_assert_int_eq(moe_train(&c, &o, &r), MOE_ENUMERIC);
+    ck_assert_msg(strstr(moe_last_error(), "step "), "message: %s", moe_last_error());
+    const char *ck = path(out, "checkpoint", "");
+    ck_assert_msg(moe_ckpt_complete(ck), "%s: no complete checkpoint", ck);
+    moe_model m;
+    moe_adamw opt;
+    moe_train_state st;
+    ck_assert_int_eq(moe_model_init(&m, &c, 4, 32, 5), 0);
+    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
+    ck_assert_msg(moe_ckpt_load(ck, &m, &opt, &st) == 0, "%s", moe_last_error());
+    ck_assert_int_ge(st.step, 1); // a step that finished (r.steps is not set on a failure)
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+}
+END_TEST
+
+// The memory plan adds a copy of the parameters and both moments on the ranks
+// that write tensor files (rank 0; with ep > 1 the first EP group), else nothing.
+START_TEST(test_plan_counts_the_snapshot_on_writing_ranks) {
+    moe_config c = tu_small_config();
+    ck_assert_int_eq(moe_config_set(&c, NULL, "parallel.ep=2"), 0);
+    for (int rank = 0; rank < 4; rank++) {
+        moe_mem_plan off, on;
+        c.train.async_checkpoint = false;
+        ck_assert_int_eq(moe_plan_memory(&c, 4, rank, &off), 0);
+        c.train.async_checkpoint = true;
+        ck_assert_int_eq(moe_plan_memory(&c, 4, rank, &on), 0);
+        size_t want = rank < 2 ? 3 * on.n_params * sizeof(float) : 0;
+        ck_assert_uint_eq(on.ckpt_snapshot, want);
+        ck_assert_uint_eq(on.total - off.total, want);
+    }
+}
+END_TEST
+
+// Measured: a run with async saves peaks where the plan says (test_memory's
+// 3% standard), the snapshot included.
+START_TEST(test_plan_matches_measured_peak_with_async_saves) {
+    moe_config c = cfg(true);
+    c.train.keep_checkpoints = 0;
+    moe_mem_plan plan;
+    ck_assert_int_eq(moe_plan_memory(&c, 1, 0, &plan), 0);
+    ck_assert_uint_gt(plan.ckpt_snapshot, 0);
+    char out[600];
+    snprintf(out, sizeof out, "%s/mem", tu_tmpdir());
+    size_t before = moe_mem_in_use();
+    moe_mem_reset_peak();
+    moe_train_opts o = {.out_dir = out, .quiet = true, .stop_after = 5};
+    moe_train_result r;
+    ck_assert_msg(moe_train(&c, &o, &r) == 0, "%s", moe_last_error());
+    size_t measured = moe_mem_peak() - before;
+    ck_assert_int_eq(moe_mem_in_use(), before);
+    double err = ((double)plan.total - (double)measured) / (double)measured;
+    ck_assert_msg(err <= 0.03 && err >= -0.03, "predicted %zu, measured %zu", plan.total, measured);
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("ckpt_async");
+    TCase *tc = tcase_create("async");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_async_checkpoints_equal_sync_byte_for_byte);
+    tcase_add_test(tc, test_async_save_writes_the_state_at_begin);
+    tcase_add_test(tc, test_resume_from_async_checkpoint_is_bit_identical);
+    tcase_add_test(tc, test_async_write_failure_names_the_file);
+    tcase_add_test(tc, test_nonfinite_stop_completes_the_pending_save);
+    tcase_add_test(tc, test_plan_counts_the_snapshot_on_writing_ranks);
+    tcase_add_test(tc, test_plan_matches_measured_peak_with_async_saves);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run(suite());
+}

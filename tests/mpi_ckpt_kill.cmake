@@ -3,10 +3,12 @@
 # then, for points inside the second save, one rank aborts there (MOE_FAULT=N:abort:R,
 # a crash with no cleanup), mpirun must end the job non-zero without hanging, and the
 # checkpoint a reader resolves must be complete and bitwise the step-2 or step-4 save.
+# -DVARIANT=async: the periodic saves are asynchronous, so the rank dies in its save
+# thread (or in the commit) while training goes on.
 set(run ${MPIEXEC} --allow-run-as-root --oversubscribe -np 4)
 file(REMOVE_RECURSE ${OUT})
 file(MAKE_DIRECTORY ${OUT})
-execute_process(COMMAND ${run} ${PROG} ref ${OUT} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+execute_process(COMMAND ${run} ${PROG} ref ${OUT} ${VARIANT} RESULT_VARIABLE rc OUTPUT_VARIABLE out
                 ERROR_VARIABLE out TIMEOUT 120)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "reference run failed (${rc}):\n${out}")
@@ -33,7 +35,7 @@ foreach(point "2;${a}" "2;${b}" "2;${c}" "2;${d}" "0;${e}" "0;${f}" "0;${g}" "0;
   list(GET point 0 who)
   list(GET point 1 at)
   file(REMOVE_RECURSE ${OUT}/kill)
-  execute_process(COMMAND ${run} -x MOE_FAULT=${at}:abort:${who} ${PROG} kill ${OUT}
+  execute_process(COMMAND ${run} -x MOE_FAULT=${at}:abort:${who} ${PROG} kill ${OUT} ${VARIANT}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out TIMEOUT 90)
   if(rc MATCHES "timeout|terminated")
     message(FATAL_ERROR "rank ${who} killed at call ${at}: the job hung (${rc})\n${out}")
@@ -51,4 +53,4 @@ foreach(point "2;${a}" "2;${b}" "2;${c}" "2;${d}" "0;${e}" "0;${f}" "0;${g}" "0;
   message("rank ${who} killed at call ${at}: the checkpoint ${held}")
   math(EXPR n "${n} + 1")
 endforeach()
-message("mpi_ckpt_kill: ${n} passed, 0 failed")
+message("mpi_ckpt_kill ${VARIANT}: ${n} passed, 0 failed")

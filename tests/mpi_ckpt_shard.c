@@ -10,6 +10,8 @@
 //               (saves at steps 2 and 4) dies when rank R aborts
 //   check DIR   one process: the checkpoint DIR/kill resolves to is complete
 //               and bitwise the step-2 or the step-4 save
+// ref and kill take a last argument "async": the periodic saves are then
+// asynchronous (train.async_checkpoint), so the kill lands in a save thread.
 // tests/mpi_ckpt_kill.cmake drives ref, kill and check.
 #include "moe/alloc.h"
 #include "moe/checkpoint.h"
@@ -31,6 +33,7 @@
 
 enum { W = 4, E = 8 };
 static int rank;
+static bool async_saves; // train.async_checkpoint in every run
 
 #define CHECK(cond, ...) TU_MPI_CHECK(rank, cond, __VA_ARGS__)
 
@@ -44,6 +47,7 @@ static moe_config base(void) {
     for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
         moe_config_set(&c, NULL, sets[i]);
     c.train.steps = 4;
+    c.train.async_checkpoint = async_saves;
     return c;
 }
 
@@ -55,6 +59,89 @@ static int train(moe_comm *world, const char *out, long stop_after) {
     CHECK(rc == 0, "training into %s: %s", out, moe_last_error());
     if (rc == 0 && !r.interrupted) moe_eval_result_free(&r.eval);
     return rc;
+}
+
+// Steps 1-4 with saves at 2 and 4 kept as checkpoint-2 and checkpoint-4, from
+// resume (a checkpoint) when not NULL.
+static void train_kept(moe_comm *world, const char *out, const char *resume, bool async) {
+    moe_config c = base();
+    c.train.keep_checkpoints = 2;
+    c.train.async_checkpoint = async;
+    moe_train_opts o = {.out_dir = out, .resume_dir = resume, .quiet = true, .world = world};
+    moe_train_result r;
+    int rc = moe_train(&c, &o, &r);
+    CHECK(rc == 0, "training into %s: %s", out, moe_last_error());
+    if (rc == 0) moe_eval_result_free(&r.eval);
+}
+
+// 1 when files a and b hold the same bytes.
+static int same_bytes(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    int same = fa && fb;
+    for (int ca = 0, cb = 0; same && ca != EOF;) {
+        ca = fgetc(fa), cb = fgetc(fb);
+        same = ca == cb;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+// Checkpoint folders a and b hold the same shards, indices and task experts
+// byte for byte, and the same trainer state but for the wall-clock seconds
+// (config.json differs by train.async_checkpoint itself).
+static void check_same_sharded(const char *a, const char *b) {
+    char pa[1200], pb[1200], name[64];
+    for (int k = 1; k <= W; k++)
+        for (int i = 0; i < 2; i++) {
+            snprintf(name, sizeof name, "%s-%05d-of-%05d.safetensors", i ? "optimizer" : "model", k,
+                     W);
+            snprintf(pa, sizeof pa, "%s/%s", a, name);
+            snprintf(pb, sizeof pb, "%s/%s", b, name);
+            CHECK(same_bytes(pa, pb), "%s and %s differ", pa, pb);
+        }
+    static const char *const names[] = {"model.safetensors.index.json",
+                                        "optimizer.safetensors.index.json", "task_experts.json"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(pa, sizeof pa, "%s/%s", a, names[i]);
+        snprintf(pb, sizeof pb, "%s/%s", b, names[i]);
+        CHECK(same_bytes(pa, pb), "%s and %s differ", pa, pb);
+    }
+    snprintf(pa, sizeof pa, "%s/trainer_state.json", a);
+    snprintf(pb, sizeof pb, "%s/trainer_state.json", b);
+    json_t *ja = json_load_file(pa, 0, NULL), *jb = json_load_file(pb, 0, NULL);
+    CHECK(ja && jb, "cannot read %s or %s", pa, pb);
+    if (ja && jb) {
+        json_object_del(ja, "train_seconds");
+        json_object_del(jb, "train_seconds");
+        CHECK(json_equal(ja, jb), "%s and %s differ", pa, pb);
+    }
+    json_decref(ja);
+    json_decref(jb);
+}
+
+// Async saves on 4 ranks (each EP rank's thread writes its shards) hold the
+// bytes of synchronous ones, and training resumed from one (checkpoint-2)
+// ends with the bytes of the straight run's checkpoint-4.
+static void test_async_sharded_saves_equal_sync_and_resume(moe_comm *world, const char *dir) {
+    char s[800], a[800], r[800], ck[900], cs[900], cr[900];
+    snprintf(s, sizeof s, "%s/sync", dir);
+    snprintf(a, sizeof a, "%s/async", dir);
+    snprintf(r, sizeof r, "%s/resumed", dir);
+    train_kept(world, s, NULL, false);
+    train_kept(world, a, NULL, true);
+    snprintf(ck, sizeof ck, "%s/checkpoint-2", a);
+    train_kept(world, r, ck, true);
+    if (rank != 0) return;
+    for (int step = 2; step <= 4; step += 2) {
+        snprintf(ck, sizeof ck, "%s/checkpoint-%d", a, step);
+        snprintf(cs, sizeof cs, "%s/checkpoint-%d", s, step);
+        CHECK(moe_ckpt_complete(ck), "%s is not complete", ck);
+        check_same_sharded(cs, ck);
+    }
+    snprintf(ck, sizeof ck, "%s/checkpoint-4", a);
+    snprintf(cr, sizeof cr, "%s/checkpoint-4", r);
+    check_same_sharded(ck, cr);
 }
 
 static int exists(const char *dir, const char *name) {
@@ -240,6 +327,7 @@ int main(int argc, char **argv) {
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     const char *mode = argc > 1 ? argv[1] : "";
+    if (argc == 4 && !strcmp(argv[3], "async")) async_saves = true, argc = 3;
     if (!strcmp(mode, "check") && argc == 3) {
         check_mode(argv[2]);
     } else if (size != W) {
@@ -264,6 +352,7 @@ int main(int argc, char **argv) {
             MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
             test_sharded_save_writes_every_shard_and_index(world, dir);
             test_save_holds_no_other_ranks_experts(world, dir);
+            test_async_sharded_saves_equal_sync_and_resume(world, dir);
         }
         moe_comm_free(world);
     }

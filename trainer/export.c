@@ -341,8 +341,9 @@ static bool is_export(const char *dir) {
 
 // The export writes out/config.json and out/model.safetensors. It may not land
 // in the checkpoint it reads (or a folder inside it), nor in any folder that
-// holds a checkpoint or a config.json it did not write: out must be new, or a
-// folder of other files, or a previous export.
+// holds a checkpoint (trainer_state.json, the optimizer file or its sharded
+// index) or a config.json it did not write: out must be new, or a folder of
+// other files, or a previous export.
 static int check_out_dir(const char *ckpt, const char *out) {
     char src[PATH_MAX], dst[PATH_MAX];
     struct stat sb;
@@ -386,10 +387,13 @@ static int check_out_dir(const char *ckpt, const char *out) {
                             out, dst[ns] ? "is inside" : "is", ckpt);
     }
     if (!exists) return 0;
-    if (has_file(out, "trainer_state.json") || has_file(out, "optimizer.safetensors"))
-        return moe_fail(MOE_EINVAL,
-                        "%s: holds a checkpoint (trainer_state.json); export to another folder",
-                        out);
+    // A training checkpoint, single-file or sharded (its optimizer index).
+    static const char *const ckpt_files[] = {"trainer_state.json", "optimizer.safetensors",
+                                             "optimizer.safetensors.index.json"};
+    for (int i = 0; i < 3; i++)
+        if (has_file(out, ckpt_files[i]))
+            return moe_fail(MOE_EINVAL, "%s: holds a checkpoint (%s); export to another folder",
+                            out, ckpt_files[i]);
     bool weights =
         has_file(out, "model.safetensors") || has_file(out, "model.safetensors.index.json");
     if ((weights || has_file(out, "config.json")) && !is_export(out))

@@ -18,6 +18,7 @@
 #include "moe/comm.h"
 #include "moe/error.h"
 #include "moe/fsio.h"
+#include "moe/infer.h"
 #include "moe/parallel.h"
 #include "moe/safetensors.h"
 #include "moe/train.h"
@@ -142,6 +143,43 @@ static void test_async_sharded_saves_equal_sync_and_resume(moe_comm *world, cons
     snprintf(ck, sizeof ck, "%s/checkpoint-4", a);
     snprintf(cr, sizeof cr, "%s/checkpoint-4", r);
     check_same_sharded(ck, cr);
+}
+
+static int exists(const char *dir, const char *name);
+
+// A task-routed load of a sharded checkpoint the trainer wrote (ep = 4, layer
+// 1 routed by task) reads fewer bytes than the full load: exactly the bytes of
+// the task layer's experts it skips, (E - top_k) x 3 tensors of H x D floats.
+static void test_task_load_reads_less_of_a_sharded_checkpoint(moe_comm *world, const char *dir) {
+    moe_config c = base();
+    moe_config_set(&c, NULL, "moe.task_layers=[1]");
+    char out[800], ck[900];
+    snprintf(out, sizeof out, "%s/task", dir);
+    snprintf(ck, sizeof ck, "%s/checkpoint", out);
+    moe_train_opts o = {.out_dir = out, .quiet = true, .world = world};
+    moe_train_result r;
+    int rc = moe_train(&c, &o, &r);
+    CHECK(rc == 0, "training into %s: %s", out, moe_last_error());
+    if (rc == 0) moe_eval_result_free(&r.eval);
+    if (rank != 0 || rc) return;
+    CHECK(exists(ck, "model.safetensors.index.json"), "%s is not sharded", ck);
+    moe_infer part, full;
+    moe_infer_opts po = {.task = c.data.tasks[0]},
+                   fo = {.task = c.data.tasks[0], .full_load = true};
+    CHECK(moe_infer_open(&part, ck, &po) == 0, "partial load: %s", moe_last_error());
+    CHECK(moe_infer_open(&full, ck, &fo) == 0, "full load: %s", moe_last_error());
+    const uint64_t skipped =
+        (uint64_t)(E - c.router.top_k) * 3 * c.model.d_ff * c.model.d_model * sizeof(float);
+    CHECK(full.stats.bytes_read == full.stats.ckpt_bytes, "the full load read %llu of %llu bytes",
+          (unsigned long long)full.stats.bytes_read, (unsigned long long)full.stats.ckpt_bytes);
+    CHECK(part.stats.bytes_read + skipped == full.stats.bytes_read,
+          "the task load read %llu bytes, the full load %llu: expected %llu fewer",
+          (unsigned long long)part.stats.bytes_read, (unsigned long long)full.stats.bytes_read,
+          (unsigned long long)skipped);
+    CHECK(part.stats.loaded[1] == c.router.top_k, "layer 1: %d experts loaded",
+          part.stats.loaded[1]);
+    moe_infer_free(&part);
+    moe_infer_free(&full);
 }
 
 static int exists(const char *dir, const char *name) {
@@ -353,6 +391,7 @@ int main(int argc, char **argv) {
             test_sharded_save_writes_every_shard_and_index(world, dir);
             test_save_holds_no_other_ranks_experts(world, dir);
             test_async_sharded_saves_equal_sync_and_resume(world, dir);
+            test_task_load_reads_less_of_a_sharded_checkpoint(world, dir);
         }
         moe_comm_free(world);
     }

@@ -583,6 +583,8 @@ int moe_ckpt_async_init(moe_ckpt_async **out, const moe_model *m, const moe_para
     a->n = moe_model_numel(m);
     if (moe_ckpt_writes_tensors(par ? par->rank : 0, par ? par->ep_size : 1)) {
         int rc = (a->snap = moe_malloc(sizeof(float) * 3 * a->n)) ? 0 : MOE_ENOMEM;
+        // Touched now, so the first save's copy does not also pay the page faults.
+        if (rc == 0) memset(a->snap, 0, sizeof(float) * 3 * a->n);
         for (int l = 0; rc == 0 && l < m->L; l++)
             if (m->is_moe[l] && !(a->bias[l] = malloc(sizeof(float) * m->moe_cfg[l].E)))
                 rc = MOE_ENOMEM;

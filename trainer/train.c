@@ -522,13 +522,18 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         MOE_TRY_GOTO(moe_comm_allreduce_i64(world, &stop, 1), rc);
         // An asynchronous save in flight is committed at the first step
         // boundary where every rank's thread has finished writing.
+        double t_ck = now();
         if (ack && (rc = moe_ckpt_async_poll(ack, &par, false)) < 0) goto fail;
+        if (rc > 0)
+            moe_log(MOE_LOG_DEBUG, "step %ld: async checkpoint committed in %.3f s", step + 1,
+                    now() - t_ck);
         rc = 0;
         if (stop || (cfg->train.ckpt_every > 0 && (step + 1) % cfg->train.ckpt_every == 0)) {
             st.cursor[0] = d.cursor[0];
             st.cursor[1] = d.cursor[1];
             if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc);
             MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
+            const double t_save = now();
             if (ack && !stop) // a stop's save is the last: written before returning
                 MOE_TRY_GOTO(moe_ckpt_async_begin(ack, o->out_dir, cfg->train.keep_checkpoints, &m,
                                                   &opt, &st, &par, ckpt, sizeof ckpt),
@@ -537,6 +542,11 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 MOE_TRY_GOTO(save_after(ack, o->out_dir, cfg->train.keep_checkpoints, &m, &opt, &st,
                                         &par, ckpt, sizeof ckpt),
                              rc);
+            moe_log(MOE_LOG_DEBUG,
+                    "step %ld: checkpoint %s took %.3f s on the training thread (and %.3f s "
+                    "measuring the task shares)",
+                    step + 1, ack && !stop ? "begin (snapshot)" : "save", now() - t_save,
+                    t_save - t_ck);
         }
         if (stop) {
             r->interrupted = true;

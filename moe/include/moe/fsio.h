@@ -19,9 +19,11 @@ typedef enum {
 // environment variable MOE_FAULT="N:fail" or "N:abort" arms it at the first
 // counted call of the process; "N:abort:R" (or "N:fail:R") arms it on MPI
 // rank R only (read from the launcher's OMPI_COMM_WORLD_RANK or PMI_RANK), so
-// a test can crash one rank in the middle of a sharded save. Off by default; the cost is one increment and
-// one comparison per call. Not thread-safe: a save's calls come from one thread at a
-// time (an asynchronous save's thread, joined before the commit's calls).
+// a test can crash one rank in the middle of a sharded save. Off by default;
+// the cost is one increment and one comparison per call. Not thread-safe: a
+// save's calls come from one thread at a time (an asynchronous save's thread
+// starts after the caller's calls of the save and is joined before the
+// commit's).
 void moe_fs_fault_arm(long n, moe_fault_mode mode);
 // Counted calls since the last arm (a dry run of a save gives its points).
 long moe_fs_op_count(void);

@@ -50,32 +50,36 @@ static int grow(moe_parallel *p, size_t n) {
     return 0;
 }
 
+// The load a placement balances is the rows the experts compute: each
+// expert's kept assignments of the last forward, summed over every rank (so
+// every EP group computes the same tables), in an EMA with capacity.ema.
 int moe_parallel_placement_observe(moe_parallel *p, const moe_model *m) {
     if (!p->place_ema) return 0;
-    const double a = m->cfg.router.ema;
-    double rows = 0;
+    const size_t n = moe_model_load_len(m);
+    double kept[n + 1], rows = 0;
+    memset(kept, 0, sizeof(double) * (n + 1));
     for (int l = 0, idx = 0; l < m->L; l++) {
         if (!m->is_moe[l]) continue;
-        const moe_place_layer *pl = p->place[l];
-        const int E = m->moe_cfg[l].E;
-        double *ema = p->place_ema + (size_t)idx * m->usage_E;
-        const double *load = m->load + (size_t)idx++ * m->usage_E;
-        for (int e = 0; e < E && m->load_calls > 0; e++) {
-            const double x = load[e] / m->load_calls;
-            ema[e] = p->place_seeded ? a * ema[e] + (1 - a) * x : x;
-        }
+        const moe_plan *pl = &m->a[l].moe.plan;
+        for (int e = 0; e < m->moe_cfg[l].E; e++)
+            kept[(size_t)idx * m->usage_E + e] = pl->kept[e];
+        idx++;
         // Rows this rank's experts computed in the last forward.
-        const int *rr = pl->active ? pl->recv_rows : m->a[l].moe.recv_rows;
+        const int *rr = p->place[l]->active ? p->place[l]->recv_rows : m->a[l].moe.recv_rows;
         for (int s = 0; s < p->ep_size; s++)
             rows += rr[s];
     }
-    if (m->load_calls > 0) p->place_seeded = true;
-    double mx = rows, sum = rows;
+    MOE_TRY(moe_comm_allreduce_f64(p->world, kept, n));
+    const double a = m->cfg.router.ema;
+    for (size_t i = 0; i < n; i++)
+        p->place_ema[i] = p->place_seeded ? a * p->place_ema[i] + (1 - a) * kept[i] : kept[i];
+    p->place_seeded = true;
+    double sum = rows, all[p->ep_size];
     MOE_TRY(moe_comm_allreduce_f64(p->ep, &sum, 1));
-    double all[p->ep_size];
-    MOE_TRY(moe_comm_allgather(p->ep, &mx, all, sizeof(double)));
+    MOE_TRY(moe_comm_allgather(p->ep, &rows, all, sizeof(double)));
+    double mx = 0;
     for (int r = 0; r < p->ep_size; r++)
-        if (all[r] > mx) mx = all[r];
+        mx = all[r] > mx ? all[r] : mx;
     p->place_rows_max += mx;
     p->place_rows_mean += sum / p->ep_size;
     p->place_steps++;

@@ -47,44 +47,57 @@ static void reset(moe_placement *t) {
         t->n_hold[e] = 1, t->hold[(size_t)e * t->P] = e / t->El;
 }
 
+// Largest modelled rank load of the table for load.
+static double max_rank(const moe_placement *t, const double *load, double *tok) {
+    moe_placement_rank_tokens(t, load, tok);
+    double mx = 0;
+    for (int r = 0; r < t->P; r++)
+        mx = tok[r] > mx ? tok[r] : mx;
+    return mx;
+}
+
 int moe_placement_update(moe_placement *t, const double *load) {
     reset(t);
     if (!load || t->S == t->El || t->P == 1) return 0;
     const int E = t->E, P = t->P, S = t->S;
-    double mean = 0;
-    for (int e = 0; e < E; e++) {
-        if (!(load[e] >= 0)) return moe_fail(MOE_EINVAL, "placement: load[%d] = %g", e, load[e]);
-        mean += load[e] / E;
-    }
+    for (int e = 0; e < E; e++)
+        if (!(load[e] >= 0 && load[e] < 1e300))
+            return moe_fail(MOE_EINVAL, "placement: load[%d] = %g", e, load[e]);
+    // Fill every spare slot the rule can, then keep the prefix of additions
+    // with the lowest largest rank load (the fewest on ties): one replica
+    // alone may not lower the maximum where two do.
+    double tok[P];
+    double best_max = max_rank(t, load, tok);
+    int n_add = 0, keep = 0, add_r[P * (S - t->El)], add_j[P * (S - t->El)], add_e[P * (S - t->El)];
     for (int spare = P * (S - t->El); spare > 0; spare--) {
         int best = -1;
         double best_l = 0;
         for (int e = 0; e < E; e++) {
             double l = load[e] / t->n_hold[e];
-            if (t->n_hold[e] < P && l > MOE_PLACEMENT_HOT * mean && l > best_l) best = e, best_l = l;
+            if (t->n_hold[e] < P && l > best_l) best = e, best_l = l;
         }
         if (best < 0) break;
-        // The least loaded rank with a free spare slot that lacks the expert.
-        int to = -1, to_j = -1;
-        double to_l = 0;
+        int to = -1, to_j = -1; // least loaded rank with a free spare slot, lacking best
         for (int r = 0; r < P; r++) {
-            double l = 0;
             int free_j = -1, has = 0;
             for (int j = 0; j < S; j++) {
                 int e = t->slot[r * S + j];
-                if (e < 0) {
-                    if (free_j < 0) free_j = j;
-                    continue;
-                }
+                if (e < 0 && free_j < 0) free_j = j;
                 has |= e == best;
-                l += load[e] / t->n_hold[e];
             }
-            if (free_j < 0 || has) continue;
-            if (to < 0 || l < to_l) to = r, to_j = free_j, to_l = l;
+            if (free_j >= 0 && !has && (to < 0 || tok[r] < tok[to])) to = r, to_j = free_j;
         }
-        if (to < 0) break; // every rank with room holds it already
+        if (to < 0) break;
         t->slot[to * S + to_j] = best;
         t->hold[(size_t)best * P + t->n_hold[best]++] = to;
+        add_r[n_add] = to, add_j[n_add] = to_j, add_e[n_add++] = best;
+        double mx = max_rank(t, load, tok);
+        if (mx < best_max) best_max = mx, keep = n_add;
+    }
+    while (n_add > keep) { // undo, newest first
+        n_add--;
+        t->slot[add_r[n_add] * S + add_j[n_add]] = -1;
+        t->n_hold[add_e[n_add]]--;
     }
     return 0;
 }

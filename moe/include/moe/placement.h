@@ -26,14 +26,13 @@ void moe_placement_free(moe_placement *t);
 // True when no spare slot holds a replica (today's placement).
 bool moe_placement_is_static(const moe_placement *t);
 
-// Recomputes the replicas from load [E] (tokens per expert, any scale, e.g.
-// the globally reduced EMA; identical inputs give identical tables). Greedy:
-// while a spare slot is free, the expert with the highest load per holder
-// (ties: lower index) gets one more holder if that per-holder load exceeds
-// MOE_PLACEMENT_HOT times the mean expert load and it is not on every rank;
-// the replica goes to the free spare slot of the rank with the least load
-// (load of each slot's expert divided by its holders; ties: lower rank).
-#define MOE_PLACEMENT_HOT 1.25
+// Recomputes the replicas from load [E] (rows each expert computes, any
+// scale, e.g. the globally reduced EMA; identical inputs give identical
+// tables). Greedy: the expert with the highest load per holder (ties: lower
+// index) gets a replica in a free spare slot of the least loaded rank that
+// lacks it (ties: lower rank), as long as that lowers the largest rank load
+// of moe_placement_rank_tokens; the first replica that does not is undone
+// and the update stops (balanced load: no replica at all).
 int moe_placement_update(moe_placement *t, const double *load);
 
 // Rank that computes the tokens source rank s routes to expert e: s itself

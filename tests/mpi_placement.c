@@ -148,10 +148,10 @@ static void replicate_matches_static(moe_comm *world, const char *dir, const cha
         double d = max_rel_diff(b, a);
         CHECK(d >= 0 && d <= 1e-4, "%s: checkpoints differ by %.3g (-1: not the same tensors)",
               name, d);
-        printf("%s: max/mean rank rows %.3f static, %.3f replicate; drop rate %.4f; a2a bytes "
-               "%ld vs %ld; weights within %.3g\n",
-               name, r0.rank_imbalance, r1.rank_imbalance, r0.drop_rate, r0.a2a_bytes,
-               r1.a2a_bytes, d);
+        printf("%s: max/mean rank rows %.3f static, %.3f replicate; drop rate %.4f; expert rows "
+               "a2a bytes per step per rank %.0f vs %.0f; weights within %.3g\n",
+               name, r0.rank_imbalance, r1.rank_imbalance, r0.drop_rate, r0.place_a2a_bytes,
+               r1.place_a2a_bytes, d);
     }
 }
 

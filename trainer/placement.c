@@ -53,40 +53,60 @@ static int grow(moe_parallel *p, size_t n) {
 // The load a placement balances is the rows the experts compute: each
 // expert's kept assignments of the last forward, summed over every rank (so
 // every EP group computes the same tables), in an EMA with capacity.ema.
+// Layers run one after the other, each exchange waiting for its slowest
+// rank, so the imbalance measured is per layer: the sum over the layers of
+// the largest rank's rows against the sum of the mean rows.
 int moe_parallel_placement_observe(moe_parallel *p, const moe_model *m) {
     if (!p->place_ema) return 0;
     const size_t n = moe_model_load_len(m);
-    double kept[n + 1], rows = 0;
+    const int P = p->ep_size;
+    double kept[n + 1], rows[MOE_MAX_LAYERS + 1], sent = 0;
     memset(kept, 0, sizeof(double) * (n + 1));
-    for (int l = 0, idx = 0; l < m->L; l++) {
+    int n_moe = 0;
+    for (int l = 0; l < m->L; l++) {
         if (!m->is_moe[l]) continue;
         const moe_plan *pl = &m->a[l].moe.plan;
         for (int e = 0; e < m->moe_cfg[l].E; e++)
-            kept[(size_t)idx * m->usage_E + e] = pl->kept[e];
-        idx++;
-        // Rows this rank's experts computed in the last forward.
-        const int *rr = p->place[l]->active ? p->place[l]->recv_rows : m->a[l].moe.recv_rows;
-        for (int s = 0; s < p->ep_size; s++)
-            rows += rr[s];
+            kept[(size_t)n_moe * m->usage_E + e] = pl->kept[e];
+        // Rows this rank's experts computed in the last forward, and the rows
+        // it sent to other ranks (four times: out and back, forward and backward).
+        const moe_place_layer *q = p->place[l];
+        const int *rr = q->active ? q->recv_rows : m->a[l].moe.recv_rows;
+        const int *sr = q->active ? q->send_rows : m->a[l].moe.send_rows;
+        rows[n_moe] = 0;
+        for (int s = 0; s < P; s++) {
+            rows[n_moe] += rr[s];
+            if (s != p->ep_rank) sent += 4.0 * sr[s] * m->moe_cfg[l].D * sizeof(float);
+        }
+        n_moe++;
     }
     MOE_TRY(moe_comm_allreduce_f64(p->world, kept, n));
     const double a = m->cfg.router.ema;
     for (size_t i = 0; i < n; i++)
         p->place_ema[i] = p->place_seeded ? a * p->place_ema[i] + (1 - a) * kept[i] : kept[i];
     p->place_seeded = true;
-    double sum = rows, all[p->ep_size];
-    MOE_TRY(moe_comm_allreduce_f64(p->ep, &sum, 1));
-    MOE_TRY(moe_comm_allgather(p->ep, &rows, all, sizeof(double)));
-    double mx = 0;
-    for (int r = 0; r < p->ep_size; r++)
-        mx = all[r] > mx ? all[r] : mx;
-    p->place_rows_max += mx;
-    p->place_rows_mean += sum / p->ep_size;
+    rows[n_moe] = sent;
+    double all[(size_t)P * (n_moe + 1)];
+    MOE_TRY(moe_comm_allgather(p->ep, rows, all, sizeof(double) * (n_moe + 1)));
+    for (int i = 0; i <= n_moe; i++) {
+        double mx = 0, sum = 0;
+        for (int r = 0; r < P; r++) {
+            const double v = all[(size_t)r * (n_moe + 1) + i];
+            mx = v > mx ? v : mx, sum += v;
+        }
+        if (i == n_moe) {
+            p->place_a2a_bytes += sum / P;
+        } else {
+            p->place_rows_max += mx;
+            p->place_rows_mean += sum / P;
+        }
+    }
     p->place_steps++;
     return 0;
 }
 
-double moe_parallel_placement_imbalance(const moe_parallel *p) {
+double moe_parallel_placement_imbalance(const moe_parallel *p, double *a2a_bytes) {
+    if (a2a_bytes) *a2a_bytes = p->place_steps ? p->place_a2a_bytes / p->place_steps : 0;
     return p->place_rows_mean > 0 ? p->place_rows_max / p->place_rows_mean : 0;
 }
 

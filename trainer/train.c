@@ -532,7 +532,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     r->tokens_per_s = st.seconds > 0 ? st.tokens / st.seconds : 0;
     r->drop_rate = steps_run ? drop_sum / steps_run : 0;
     r->max_vio = steps_run ? vio_sum / steps_run : 0;
-    r->rank_imbalance = moe_parallel_placement_imbalance(&par);
+    r->rank_imbalance = moe_parallel_placement_imbalance(&par, &r->place_a2a_bytes);
     r->mfu = steps_run && sgemm > 0 ? mfu_sum / steps_run : 0;
     r->sgemm_gflops = sgemm;
     r->mem_peak = moe_mem_peak();
@@ -568,6 +568,11 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                         "model FLOPs utilisation: mean %.3f of the sgemm rate %.1f GFLOP/s "
                         "(%.3g FLOP per token)\n",
                         r->mfu, r->sgemm_gflops, flops_tok);
+            if (r->rank_imbalance > 0)
+                fprintf(o->report,
+                        "expert placement: max/mean rows per rank %.3f, all-to-all rows %.0f "
+                        "bytes per step per rank\n",
+                        r->rank_imbalance, r->place_a2a_bytes);
             moe_eval_print(&r->eval, o->report);
             moe_mem_plan mp; // rank 0's buffers against the planner's prediction
             if (moe_plan_memory(cfg, W, 0, &mp) == 0)

@@ -9,9 +9,9 @@
 //                              tensors within 1e-4 relative L2, and a lower
 //                              max/mean of the rows the ranks compute
 //   every step                 each replica holds its home expert's bits
-#include "moe/error.h"
 #include "moe/comm.h"
 #include "moe/data.h"
+#include "moe/error.h"
 #include "moe/optim.h"
 #include "moe/parallel.h"
 #include "moe/placement.h"
@@ -33,10 +33,10 @@ static int rank;
 static moe_config base(const char *const *extra, int n_extra) {
     moe_config c;
     moe_config_default(&c);
-    const char *sets[] = {"model.d_model=32",      "model.n_layers=2",   "model.d_ff=48",
-                          "model.seq_len=16",      "moe.num_experts=8",  "moe.task_layers=[0]",
-                          "train.batch_size=2",    "train.eval_every=0", "train.warmup_steps=2",
-                          "data.tasks=copy",       "parallel.ep=4",      "capacity.mode=dynamic",
+    const char *sets[] = {"model.d_model=32",   "model.n_layers=2",   "model.d_ff=48",
+                          "model.seq_len=16",   "moe.num_experts=8",  "moe.task_layers=[0]",
+                          "train.batch_size=2", "train.eval_every=0", "train.warmup_steps=2",
+                          "data.tasks=copy",    "parallel.ep=4",      "capacity.mode=dynamic",
                           "train.lr=1e-4"};
     for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
         CHECK(moe_config_set(&c, NULL, sets[i]) == 0, "%s: %s", sets[i], moe_last_error());

@@ -45,8 +45,8 @@ static int check_placement(const moe_config *c, const moe_config_src *src, int n
                             moe_config_where(src, "placement.slots_per_rank"), S);
     }
     if (!rep) return 0;
-    const char *why = ep < 2                            ? "parallel.ep > 1"
-                      : S == 0                          ? "placement.slots_per_rank above E/ep"
+    const char *why = ep < 2                             ? "parallel.ep > 1"
+                      : S == 0                           ? "placement.slots_per_rank above E/ep"
                       : !strcmp(c->train.device, "cuda") ? "train.device = cpu"
                       : c->router.type == MOE_ROUTER_EXPERT_CHOICE ? "router.type = token_choice"
                       : c->comm.node_dedup                         ? "comm.node_dedup = false"

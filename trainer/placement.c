@@ -2,10 +2,10 @@
 // replicate): load EMA, table updates, replica gradient sums and weight copies.
 // Primaries never move: replicas live in spare slots, so checkpoints, the
 // optimizer state and the gradient norm see one copy per expert, the home one.
+#include "moe/placement.h"
 #include "moe/alloc.h"
 #include "moe/error.h"
 #include "moe/parallel.h"
-#include "moe/placement.h"
 
 #include <string.h>
 
@@ -112,7 +112,9 @@ double moe_parallel_placement_imbalance(const moe_parallel *p, double *a2a_bytes
 
 // The replicated experts of layer l, in expert order: the units of the
 // gradient sums and weight copies, identical on every rank.
-#define FOR_REPLICATED(pl, e) for (int e = 0; e < (pl)->t.E; e++) if ((pl)->t.n_hold[e] > 1)
+#define FOR_REPLICATED(pl, e)                                                                      \
+    for (int e = 0; e < (pl)->t.E; e++)                                                            \
+        if ((pl)->t.n_hold[e] > 1)
 
 // Before the expert-DP all-reduce: each replicated expert's gradient summed
 // over the EP group (holders contribute theirs, the rest zeros, added in rank
@@ -142,8 +144,10 @@ int moe_parallel_placement_reduce_grads(moe_parallel *p, moe_model *m) {
                 int j = moe_placement_slot_of(t, me, e);
                 if (!g && j >= t->El) g = pl->rep_g + (size_t)(j - t->El) * pl->numel;
                 if (pass == 0) {
-                    if (g) memcpy(buf, g, pl->numel * sizeof(float));
-                    else memset(buf, 0, pl->numel * sizeof(float));
+                    if (g)
+                        memcpy(buf, g, pl->numel * sizeof(float));
+                    else
+                        memset(buf, 0, pl->numel * sizeof(float));
                 } else if (t->hold[(size_t)e * t->P] == me) {
                     memcpy(g, buf, pl->numel * sizeof(float));
                 }
@@ -177,13 +181,11 @@ int moe_parallel_placement_step(moe_parallel *p, moe_model *m, long steps_done) 
             const int home = t->hold[(size_t)e * t->P], me = p->ep_rank;
             float *buf = p->place_buf;
             if (home == me)
-                memcpy(buf, moe_layer_w13(&m->p[l].moe, e - me * t->El),
-                       pl->numel * sizeof(float));
+                memcpy(buf, moe_layer_w13(&m->p[l].moe, e - me * t->El), pl->numel * sizeof(float));
             MOE_TRY(moe_comm_bcast(p->ep, buf, pl->numel * sizeof(float), home));
             const int j = moe_placement_slot_of(t, me, e);
             if (j >= t->El)
-                memcpy(pl->rep_w + (size_t)(j - t->El) * pl->numel, buf,
-                       pl->numel * sizeof(float));
+                memcpy(pl->rep_w + (size_t)(j - t->El) * pl->numel, buf, pl->numel * sizeof(float));
         }
     }
     return 0;

@@ -329,7 +329,8 @@ int moe_plan_placement(const moe_config *cfg, double skew, const double *load,
     double share[E], total = 0;
     for (int e = 0; e < E; e++) {
         share[e] = load ? load[e] : skew > 0 ? (e ? (1 - skew) / (E - 1) : skew) : 1.0 / E;
-        if (!(share[e] >= 0)) return moe_fail(MOE_EINVAL, "plan: load of expert %d is %g", e, share[e]);
+        if (!(share[e] >= 0))
+            return moe_fail(MOE_EINVAL, "plan: load of expert %d is %g", e, share[e]);
         total += share[e];
     }
     if (!(total > 0)) return moe_fail(MOE_EINVAL, "plan: the load sums to %g", total);
@@ -392,9 +393,12 @@ int moe_plan_placement_print(const moe_config *cfg, double skew, const double *l
     MOE_TRY(moe_plan_placement(cfg, skew, load, &pp));
     fprintf(f, "\nexpert placement over the EP group of %d ranks (first MoE layer, %d experts; ", P,
             pp.E);
-    if (load) fprintf(f, "the given load):\n");
-    else if (skew > 0) fprintf(f, "expert 0 takes %.0f%% of the assignments):\n", 100 * skew);
-    else fprintf(f, "balanced routing):\n");
+    if (load)
+        fprintf(f, "the given load):\n");
+    else if (skew > 0)
+        fprintf(f, "expert 0 takes %.0f%% of the assignments):\n", 100 * skew);
+    else
+        fprintf(f, "balanced routing):\n");
     fprintf(f, "  %-6s %14s %14s\n", "rank", "static", "replicate");
     for (int r = 0; r < P; r++)
         fprintf(f, "  %-6d %14.1f %14.1f\n", r, t0[r], t1[r]);

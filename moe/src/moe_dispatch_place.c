@@ -50,8 +50,8 @@ int moe_place_dispatch(moe_layer_acts *a) {
     int per_peer[P], got[P];
     for (int r = 0; r < P; r++)
         per_peer[r] = S;
-    MOE_TRY(g->alltoallv(g->ctx, pl->cnt, per_peer, pl->recv_kept, got, (size_t)P * S,
-                         sizeof(int)));
+    MOE_TRY(
+        g->alltoallv(g->ctx, pl->cnt, per_peer, pl->recv_kept, got, (size_t)P * S, sizeof(int)));
     repack(pl, a->xe, pl->xs, D, true);
     MOE_TRY(g->alltoallv(g->ctx, pl->xs, pl->send_rows, a->xr, pl->recv_rows, P * rows_max(a),
                          (size_t)D * sizeof(float)));

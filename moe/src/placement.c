@@ -156,7 +156,7 @@ int moe_place_layer_init(moe_place_layer *pl, int E, int P, int S, size_t numel,
 
 void moe_place_layer_free(moe_place_layer *pl) {
     moe_placement_free(&pl->t);
-    void *p[] = {pl->rep_w,   pl->rep_g,   pl->xs,        pl->seg,       pl->cnt,
+    void *p[] = {pl->rep_w,     pl->rep_g,   pl->xs,    pl->seg,       pl->cnt,
                  pl->recv_kept, pl->blk_off, pl->blk_n, pl->send_rows, pl->recv_rows};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         moe_mfree(p[i]);

@@ -59,8 +59,9 @@ int moe_parallel_resolve_groups(const moe_parallel *p, moe_config *cfg);
 // Init attaches a static table to every MoE layer of m. Observe, once per
 // optimizer step after the backward pass (collective over the world), adds
 // each expert's kept rows of the last forward, summed over every rank, to the
-// load EMA (capacity.ema) and measures the rows each rank computed. Step, after the optimizer update: every placement.update_every
-// steps recomputes the tables from the EMA (identical on every rank), then
+// load EMA (capacity.ema) and measures the rows each rank computed. Step,
+// after the optimizer update: every placement.update_every steps recomputes
+// the tables from the EMA (identical on every rank), then
 // copies each replicated expert's weights from its home rank to its replicas,
 // so every replica holds the home's bits. The replicas' gradients are summed
 // into the home expert by moe_parallel_allreduce_grads.

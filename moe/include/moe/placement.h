@@ -52,11 +52,11 @@ void moe_placement_rank_tokens(const moe_placement *t, const double *load, doubl
 // rep_g; the rest is the dispatch's scratch, sized for the layer.
 typedef struct moe_place_layer {
     moe_placement t;
-    bool active;         // some spare slot holds a replica
-    size_t numel;        // floats of one expert (3 H D)
+    bool active;          // some spare slot holds a replica
+    size_t numel;         // floats of one expert (3 H D)
     float *rep_w, *rep_g; // [(S - El) * numel]
-    float *xs;           // [rows_max * D] token-side rows in send order
-    int *seg, *cnt;      // [P * S] first row in expert order and rows sent, per (dest, slot)
+    float *xs;            // [rows_max * D] token-side rows in send order
+    int *seg, *cnt;       // [P * S] first row in expert order and rows sent, per (dest, slot)
     int *recv_kept, *blk_off, *blk_n; // [P * S] per (source, slot) on the expert side
     int *send_rows, *recv_rows;       // [P]
 } moe_place_layer;

@@ -80,8 +80,7 @@ typedef struct {
     double a2a_bytes[2]; // rows to other ranks per step per rank, all MoE layers, fwd + bwd
     double *tokens[2];   // [P] rank tokens of the layer (caller's arrays, or NULL)
 } moe_place_plan;
-int moe_plan_placement(const moe_config *cfg, double skew, const double *load,
-                       moe_place_plan *out);
+int moe_plan_placement(const moe_config *cfg, double skew, const double *load, moe_place_plan *out);
 
 // Prints the plan a person reads.
 int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f);

@@ -17,6 +17,30 @@
 #include <string.h>
 #include <sys/stat.h>
 
+// placement.mode = replicate: per MoE layer the table, the replicas' weights
+// and gradients, the dispatch scratch (trainer/placement.c's allocations);
+// the load EMA; and the staging of the replica gradients at its largest,
+// every spare slot a distinct expert (an upper bound: the rest is exact).
+static size_t placement_bytes(const moe_config *cfg, int B, int T) {
+    const int P = cfg->parallel.ep, S = cfg->placement.slots_per_rank;
+    if (strcmp(cfg->placement.mode, "replicate") || P < 2) return 0;
+    size_t b = 0, stage = 0, n_moe = 0, E_max = 0;
+    const size_t D = (size_t)cfg->model.d_model;
+    const size_t H = cfg->moe.d_expert ? (size_t)cfg->moe.d_expert : (size_t)cfg->model.d_ff;
+    for (int l = 0; l < cfg->model.n_layers; l++) {
+        const int E = moe_config_experts(cfg, l);
+        if (!E) continue;
+        const size_t X = (size_t)(S - E / P), numel = 3 * H * D, PS = (size_t)P * S;
+        const size_t rows = (size_t)moe_router_rows_max(&cfg->router, B * T, E);
+        b += sizeof(moe_place_layer) + (PS + (size_t)E + (size_t)E * P) * sizeof(int);
+        b += 2 * (X * numel + 1) * sizeof(float) + (rows * D + 1) * sizeof(float);
+        b += (5 * PS + 2 * (size_t)P) * sizeof(int);
+        stage += (X * P < (size_t)E ? X * P : (size_t)E) * numel;
+        n_moe++, E_max = (size_t)E > E_max ? (size_t)E : E_max;
+    }
+    return b + (n_moe * E_max + 1) * sizeof(double) + stage * sizeof(float);
+}
+
 int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *out) {
     memset(out, 0, sizeof *out);
     MOE_TRY(moe_config_check(cfg, NULL));
@@ -50,6 +74,7 @@ int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *ou
     if (world > 1) pack = n - expert;
     if (world / ep > 1 && expert > pack) pack = expert;
     out->grad_pack = pack * sizeof(float);
+    out->moe += placement_bytes(cfg, B, T);
     out->total = out->params + out->grads + out->optimizer + out->activations + out->moe +
                  out->step + out->data + out->grad_pack;
     return 0;

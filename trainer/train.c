@@ -299,6 +299,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     if (rc == 0)
         rc = moe_model_init_ep(&m, cfg, d.B, d.T, d.n_tasks, par.ep_size > 1 ? &par.group : NULL);
     if (rc == 0) rc = moe_adamw_init(&opt, &m.table, cfg->train.decay_all);
+    if (rc == 0 && on_gpu && strcmp(cfg->placement.mode, "static"))
+        rc = moe_fail(MOE_EINVAL, "placement.mode = %s needs the CPU training path",
+                      cfg->placement.mode);
     if (rc == 0) rc = moe_parallel_placement_init(&par, &m, cfg);
     moe_train_state st = {0, {0, 0}, 0, 0};
     if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);

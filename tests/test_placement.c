@@ -199,6 +199,23 @@ START_TEST(test_plan_models_placement_for_any_ranks) {
 }
 END_TEST
 
+// The skewed-load config (an MPI run: parallel.ep = 4) loads and passes its
+// checks, at 8 ranks too with one spare slot each.
+START_TEST(test_placement_skewed_config_checks) {
+    moe_config c;
+    moe_config_default(&c);
+    moe_config_src *src = moe_config_src_new();
+    int rc = moe_config_load(&c, src, MOE_SOURCE_DIR "/configs/placement_skewed.json");
+    if (rc == 0) rc = moe_config_check(&c, src);
+    moe_config_src_free(src);
+    ck_assert_msg(rc == 0, "%s", moe_last_error());
+    ck_assert_str_eq(c.placement.mode, "replicate");
+    ck_assert_int_eq(moe_config_set(&c, NULL, "parallel.ep=8"), 0);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "placement.slots_per_rank=2"), 0);
+    ck_assert_int_eq(moe_config_check(&c, NULL), 0);
+}
+END_TEST
+
 static Suite *placement_suite(void) {
     Suite *s = suite_create("placement");
     TCase *tc = tcase_create("table");
@@ -209,6 +226,7 @@ static Suite *placement_suite(void) {
     tcase_add_test(tc, test_placement_properties_on_random_loads);
     tcase_add_test(tc, test_placement_keys_refuse_bad_combinations);
     tcase_add_test(tc, test_plan_models_placement_for_any_ranks);
+    tcase_add_test(tc, test_placement_skewed_config_checks);
     suite_add_tcase(s, tc);
     return s;
 }

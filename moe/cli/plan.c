@@ -118,8 +118,6 @@ int moe_cli_plan(int argc, char **argv) {
     if ((long long)mc.nodes * mc.ranks_per_node > INT_MAX)
         return moe_cli_fail("plan", MOE_EXIT_USAGE, "--nodes x --ranks-per-node is too large");
     mc.world = mc.nodes * mc.ranks_per_node;
-    if (moe_plan_print(&cfg, &mc, stdout) < 0)
-        return moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
     if (skew_s && load_s)
         return moe_cli_fail("plan", MOE_EXIT_USAGE, "--skew and --load: give one of them");
     int E = 0;
@@ -128,6 +126,8 @@ int moe_cli_plan(int argc, char **argv) {
     if (load_s && n_load != E)
         return moe_cli_fail("plan", MOE_EXIT_USAGE, "--load has %d weights for %d experts", n_load,
                             E);
+    if (moe_plan_print(&cfg, &mc, stdout) < 0)
+        return moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
     if ((skew_s || load_s || !strcmp(cfg.placement.mode, "replicate")) && E &&
         moe_plan_placement_print(&cfg, skew, load_s ? load : NULL, stdout) < 0)
         return moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());

@@ -108,6 +108,23 @@ START_TEST(test_cli_non_finite_and_negative_numbers_are_refused) {
 }
 END_TEST
 
+// moe plan's placement model: --skew a share in [0, 1), --load one weight per
+// expert, not both; a good one prints the per-rank table.
+START_TEST(test_cli_plan_placement_options_are_checked) {
+    ck_assert_int_eq(run_moe("plan " TINY " --set parallel.ep=4 --skew 1.5"), 2);
+    assert_one_line_error("plan", "--skew needs a share");
+    ck_assert_int_eq(run_moe("plan " TINY " --set parallel.ep=4 --load 1,2"), 2);
+    assert_one_line_error("plan", "--load has 2 weights for 8 experts");
+    ck_assert_int_eq(run_moe("plan " TINY " --set parallel.ep=4 --load 1,,2"), 2);
+    assert_one_line_error("plan", "--load needs");
+    ck_assert_int_eq(run_moe("plan " TINY " --set parallel.ep=4 --skew 0.5 --load 1,1,1,1,1,1,1,1"),
+                     2);
+    assert_one_line_error("plan", "give one of them");
+    ck_assert_int_eq(run_moe("plan " TINY " --set parallel.ep=4 --skew 0.5"), 0);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "out.txt"), "max/mean"));
+}
+END_TEST
+
 // A checkpoint folder without its model file, and one that does not exist:
 // exit 2 in eval, export, generate and train --resume alike.
 START_TEST(test_cli_missing_checkpoint_is_exit_2_in_every_command) {
@@ -215,6 +232,7 @@ static Suite *cli_errors_suite(void) {
     tcase_add_test(tc, test_cli_extra_positional_is_refused);
     tcase_add_test(tc, test_cli_unknown_option_and_missing_value_are_refused);
     tcase_add_test(tc, test_cli_non_finite_and_negative_numbers_are_refused);
+    tcase_add_test(tc, test_cli_plan_placement_options_are_checked);
     tcase_add_test(tc, test_cli_missing_checkpoint_is_exit_2_in_every_command);
     tcase_add_test(tc, test_cli_generate_input_must_be_a_bounded_text_file);
     tcase_add_test(tc, test_cli_train_refuses_a_run_above_available_memory);

@@ -24,6 +24,40 @@ static const char *src_where2(const moe_config_src *src, const char *a, const ch
     return strcmp(w, "default") ? w : moe_config_where(src, b);
 }
 
+// placement.* (moe/placement.h): slots hold at least the home experts and at
+// most every expert; replicas need spare slots, an EP group, and the CPU
+// token-choice exchange (the GPU path, expert choice and the node-deduplicated
+// dispatch do not route through the placement table).
+static int check_placement(const moe_config *c, const moe_config_src *src, int n_moe) {
+    const int S = c->placement.slots_per_rank, ep = c->parallel.ep;
+    const bool rep = !strcmp(c->placement.mode, "replicate");
+    for (int i = 0; n_moe > 0 && S > 0 && i < c->moe.n_num_experts; i++) {
+        const int E = c->moe.num_experts[i];
+        if (S < E / ep || S > E)
+            return moe_fail(MOE_EINVAL,
+                            "%s: placement.slots_per_rank = %d must be between E/parallel.ep = %d "
+                            "and moe.num_experts = %d",
+                            moe_config_where(src, "placement.slots_per_rank"), S, E / ep, E);
+        if (rep && S == E / ep)
+            return moe_fail(MOE_EINVAL,
+                            "%s: placement.mode = replicate needs spare slots: "
+                            "placement.slots_per_rank = %d is E/parallel.ep",
+                            moe_config_where(src, "placement.slots_per_rank"), S);
+    }
+    if (!rep) return 0;
+    const char *why = ep < 2                             ? "parallel.ep > 1"
+                      : S == 0                           ? "placement.slots_per_rank above E/ep"
+                      : !strcmp(c->train.device, "cuda") ? "train.device = cpu"
+                      : c->router.type == MOE_ROUTER_EXPERT_CHOICE ? "router.type = token_choice"
+                      : c->comm.node_dedup                         ? "comm.node_dedup = false"
+                      : n_moe == 0                                 ? "MoE layers"
+                                                                   : NULL;
+    if (why)
+        return moe_fail(MOE_EINVAL, "%s: placement.mode = replicate needs %s",
+                        moe_config_where(src, "placement.mode"), why);
+    return 0;
+}
+
 bool moe_config_is_moe(const moe_config *cfg, int layer) {
     return cfg->moe.every > 0 && (layer + 1) % cfg->moe.every == 0;
 }
@@ -247,5 +281,6 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
                         "parallel.ep = 1",
                         src_where2(src, "memory.mini_seq", "model.seq_len"), c->memory.mini_seq,
                         c->model.seq_len);
+    MOE_TRY(check_placement(c, src, n_moe));
     return moe_config_check_sizes(c, src, c->train.batch_size, c->model.seq_len);
 }

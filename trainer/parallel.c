@@ -74,6 +74,7 @@ void moe_parallel_free(moe_parallel *p) {
     if (p->ep) moe_comm_free(p->ep);
     if (p->edp) moe_comm_free(p->edp);
     moe_mfree(p->pack);
+    moe_parallel_placement_free(p);
     memset(p, 0, sizeof *p);
 }
 
@@ -112,6 +113,7 @@ static int allreduce_kind(moe_parallel *p, moe_model *m, moe_comm *comm, int exp
 }
 
 int moe_parallel_allreduce_grads(moe_parallel *p, moe_model *m) {
+    MOE_TRY(moe_parallel_placement_reduce_grads(p, m));
     MOE_TRY(allreduce_kind(p, m, p->world, 0));
     return allreduce_kind(p, m, p->edp, 1);
 }

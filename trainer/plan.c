@@ -6,6 +6,7 @@
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/model.h"
+#include "moe/placement.h"
 #include "moe/router.h"
 #include "moe/task_experts.h"
 
@@ -16,6 +17,30 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+
+// placement.mode = replicate: per MoE layer the table, the replicas' weights
+// and gradients, the dispatch scratch (trainer/placement.c's allocations);
+// the load EMA; and the staging of the replica gradients at its largest,
+// every spare slot a distinct expert (an upper bound: the rest is exact).
+static size_t placement_bytes(const moe_config *cfg, int B, int T) {
+    const int P = cfg->parallel.ep, S = cfg->placement.slots_per_rank;
+    if (strcmp(cfg->placement.mode, "replicate") || P < 2) return 0;
+    size_t b = 0, stage = 0, n_moe = 0, E_max = 0;
+    const size_t D = (size_t)cfg->model.d_model;
+    const size_t H = cfg->moe.d_expert ? (size_t)cfg->moe.d_expert : (size_t)cfg->model.d_ff;
+    for (int l = 0; l < cfg->model.n_layers; l++) {
+        const int E = moe_config_experts(cfg, l);
+        if (!E) continue;
+        const size_t X = (size_t)(S - E / P), numel = 3 * H * D, PS = (size_t)P * S;
+        const size_t rows = (size_t)moe_router_rows_max(&cfg->router, B * T, E);
+        b += sizeof(moe_place_layer) + (PS + (size_t)E + (size_t)E * P) * sizeof(int);
+        b += 2 * (X * numel + 1) * sizeof(float) + (rows * D + 1) * sizeof(float);
+        b += (5 * PS + 2 * (size_t)P) * sizeof(int);
+        stage += (X * P < (size_t)E ? X * P : (size_t)E) * numel;
+        n_moe++, E_max = (size_t)E > E_max ? (size_t)E : E_max;
+    }
+    return b + (n_moe * E_max + 1) * sizeof(double) + stage * sizeof(float);
+}
 
 int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *out) {
     memset(out, 0, sizeof *out);
@@ -54,6 +79,7 @@ int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *ou
     // write tensors, a copy of the parameters and both moments.
     if (cfg->train.async_checkpoint && moe_ckpt_writes_tensors(rank, ep))
         out->ckpt_snapshot = 3 * n * sizeof(float);
+    out->moe += placement_bytes(cfg, B, T);
     out->total = out->params + out->grads + out->optimizer + out->activations + out->moe +
                  out->step + out->data + out->grad_pack + out->ckpt_snapshot;
     return 0;
@@ -314,5 +340,108 @@ int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
             "the groups; comm.node_dedup sends one)\n",
             cfg->router.top_k, a.remote_nodes, a.bytes_inter_node_copy,
             cfg->router.top_k * (a.nodes - 1.0) / a.nodes);
+    return 0;
+}
+
+int moe_plan_placement(const moe_config *cfg, double skew, const double *load,
+                       moe_place_plan *out) {
+    double *keep[2] = {out->tokens[0], out->tokens[1]};
+    memset(out, 0, sizeof *out);
+    out->tokens[0] = keep[0], out->tokens[1] = keep[1];
+    MOE_TRY(moe_config_check(cfg, NULL));
+    int E = 0, n_moe = 0;
+    for (int l = 0; l < cfg->model.n_layers; l++)
+        if (moe_config_experts(cfg, l)) E = E ? E : moe_config_experts(cfg, l), n_moe++;
+    if (!E) return moe_fail(MOE_EINVAL, "plan: the model has no MoE layer to place");
+    if (!(skew >= 0 && skew < 1))
+        return moe_fail(MOE_EINVAL, "plan: skew = %g, expected a share in [0, 1)", skew);
+    const int P = cfg->parallel.ep, El = E / P, k = cfg->router.top_k;
+    int S = cfg->placement.slots_per_rank > El ? cfg->placement.slots_per_rank : El + 1;
+    if (S > E) S = E;
+    const long Ts = (long)cfg->train.batch_size * cfg->model.seq_len; // tokens per source rank
+    double share[E], total = 0;
+    for (int e = 0; e < E; e++) {
+        share[e] = load ? load[e] : skew > 0 ? (e ? (1 - skew) / (E - 1) : skew) : 1.0 / E;
+        if (!(share[e] >= 0))
+            return moe_fail(MOE_EINVAL, "plan: load of expert %d is %g", e, share[e]);
+        total += share[e];
+    }
+    if (!(total > 0)) return moe_fail(MOE_EINVAL, "plan: the load sums to %g", total);
+    int C = cfg->router.type == MOE_ROUTER_EXPERT_CHOICE
+                ? moe_expert_choice_capacity(&cfg->router, (int)Ts, E)
+                : moe_capacity_static(&cfg->router, (int)Ts, E);
+    double routed[E], kept[E], sent = 0, got = 0; // per source rank
+    for (int e = 0; e < E; e++) {
+        routed[e] = (double)Ts * k * share[e] / total;
+        kept[e] = C >= 0 && routed[e] > C ? C : routed[e];
+        sent += routed[e], got += kept[e];
+    }
+    out->E = E, out->P = P, out->S = S;
+    out->drop_rate = sent > 0 ? 1 - got / sent : 0;
+    moe_placement t;
+    MOE_TRY(moe_placement_init(&t, E, P, S));
+    double glob[E], tok[P];
+    for (int e = 0; e < E; e++)
+        glob[e] = kept[e] * P; // the measured load: rows kept over the group
+    const size_t row = (size_t)cfg->model.d_model * sizeof(float);
+    for (int i = 0; i < 2; i++) {
+        int rc = i ? moe_placement_update(&t, glob) : 0;
+        if (rc < 0) {
+            moe_placement_free(&t);
+            return rc;
+        }
+        double kg[E];
+        for (int e = 0; e < E; e++)
+            kg[e] = kept[e] * P;
+        moe_placement_rank_tokens(&t, kg, tok);
+        double mx = 0, mean = 0;
+        for (int r = 0; r < P; r++) {
+            mx = tok[r] > mx ? tok[r] : mx, mean += tok[r] / P;
+            if (out->tokens[i]) out->tokens[i][r] = tok[r];
+        }
+        out->max_mean[i] = mean > 0 ? mx / mean : 0;
+        double remote = 0; // rows leaving their source rank, all sources
+        for (int s = 0; s < P; s++)
+            for (int e = 0; e < E; e++)
+                if (moe_placement_dest(&t, e, s) != s) remote += kept[e];
+        // out, back, and the same two in backward; every MoE layer, every micro-batch
+        out->a2a_bytes[i] = 4.0 * remote / P * row * n_moe * cfg->train.grad_accum;
+    }
+    int used = 0;
+    for (int j = 0; j < P * S; j++)
+        used += t.slot[j] >= 0;
+    out->replicas = used - E;
+    moe_placement_free(&t);
+    return 0;
+}
+
+int moe_plan_placement_print(const moe_config *cfg, double skew, const double *load, FILE *f) {
+    const int P = cfg->parallel.ep;
+    if (P < 2) {
+        fprintf(f, "\nexpert placement: none (parallel.ep = 1: every expert is local)\n");
+        return 0;
+    }
+    double t0[P], t1[P];
+    moe_place_plan pp = {.tokens = {t0, t1}};
+    MOE_TRY(moe_plan_placement(cfg, skew, load, &pp));
+    fprintf(f, "\nexpert placement over the EP group of %d ranks (first MoE layer, %d experts; ", P,
+            pp.E);
+    if (load)
+        fprintf(f, "the given load):\n");
+    else if (skew > 0)
+        fprintf(f, "expert 0 takes %.0f%% of the assignments):\n", 100 * skew);
+    else
+        fprintf(f, "balanced routing):\n");
+    fprintf(f, "  %-6s %14s %14s\n", "rank", "static", "replicate");
+    for (int r = 0; r < P; r++)
+        fprintf(f, "  %-6d %14.1f %14.1f\n", r, t0[r], t1[r]);
+    fprintf(f, "  %-6s %14.3f %14.3f   (max rank tokens / mean rank tokens)\n", "max/mean",
+            pp.max_mean[0], pp.max_mean[1]);
+    fprintf(f, "  %-6s %14.0f %14.0f   (all-to-all row bytes per step per rank, all layers)\n",
+            "bytes", pp.a2a_bytes[0], pp.a2a_bytes[1]);
+    fprintf(f,
+            "  %d slots per rank, %d replicas; drop rate %.1f%% either way (capacity is enforced "
+            "where tokens are routed)\n",
+            pp.S, pp.replicas, 100 * pp.drop_rate);
     return 0;
 }

@@ -310,6 +310,10 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     if (rc == 0)
         rc = moe_model_init_ep(&m, cfg, d.B, d.T, d.n_tasks, par.ep_size > 1 ? &par.group : NULL);
     if (rc == 0) rc = moe_adamw_init(&opt, &m.table, cfg->train.decay_all);
+    if (rc == 0 && on_gpu && strcmp(cfg->placement.mode, "static"))
+        rc = moe_fail(MOE_EINVAL, "placement.mode = %s needs the CPU training path",
+                      cfg->placement.mode);
+    if (rc == 0) rc = moe_parallel_placement_init(&par, &m, cfg);
     moe_train_state st = {0, {0, 0}, 0, 0};
     if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
     if (rc == 0 && cfg->train.async_checkpoint) rc = moe_ckpt_async_init(&ack, &m, &par);
@@ -455,6 +459,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         MOE_TRY_GOTO(moe_comm_allreduce_i64(world, &calls, 1), rc);
         m.load_calls = (long)calls;
         moe_model_bias_step(&m); // the global load: every rank moves its bias alike
+        MOE_TRY_GOTO(moe_parallel_placement_observe(&par, &m), rc);
         moe_model_capacity_step(&m);
         MOE_TRY_GOTO(moe_parallel_grad_norm(&par, &m, &gnorm), rc);
         if (!isfinite(gnorm)) { // the global norm: every rank stops here
@@ -466,6 +471,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         moe_adamw_update_clipped(&opt, m.params, m.grads, gnorm, cfg->train.grad_clip, lr,
                                  (float)cfg->train.beta1, (float)cfg->train.beta2, 1e-8f,
                                  (float)cfg->train.weight_decay);
+        MOE_TRY_GOTO(moe_parallel_placement_step(&par, &m, step + 1), rc);
     stepped:
         st.step = step + 1;
         const double loss = parts[0];
@@ -561,6 +567,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     r->tokens_per_s = st.seconds > 0 ? st.tokens / st.seconds : 0;
     r->drop_rate = steps_run ? drop_sum / steps_run : 0;
     r->max_vio = steps_run ? vio_sum / steps_run : 0;
+    r->rank_imbalance = moe_parallel_placement_imbalance(&par, &r->place_a2a_bytes);
     r->mfu = steps_run && sgemm > 0 ? mfu_sum / steps_run : 0;
     r->sgemm_gflops = sgemm;
     r->mem_peak = moe_mem_peak();
@@ -596,6 +603,11 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                         "model FLOPs utilisation: mean %.3f of the sgemm rate %.1f GFLOP/s "
                         "(%.3g FLOP per token)\n",
                         r->mfu, r->sgemm_gflops, flops_tok);
+            if (r->rank_imbalance > 0)
+                fprintf(o->report,
+                        "expert placement: max/mean rows per rank %.3f, all-to-all rows %.0f "
+                        "bytes per step per rank\n",
+                        r->rank_imbalance, r->place_a2a_bytes);
             moe_eval_print(&r->eval, o->report);
             moe_mem_plan mp; // rank 0's buffers against the planner's prediction
             if (moe_plan_memory(cfg, W, 0, &mp) == 0)

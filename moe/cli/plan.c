@@ -1,5 +1,5 @@
 // `moe plan CONFIG [--nodes N] [--ranks-per-node G] [--set k=v]... [--link-gbps a,b]
-// [--latency-us a,b]`
+// [--latency-us a,b] [--skew F | --load w0,w1,...]`
 #include "moe/plan.h"
 #include "moe/cli/cli.h"
 #include "moe/error.h"
@@ -12,12 +12,17 @@
 static const char *help =
     "usage: moe plan CONFIG.json [--nodes N] [--ranks-per-node G] [--set key=value]...\n"
     "                [--link-gbps INTRA,INTER] [--latency-us INTRA,INTER]\n"
+    "                [--skew F | --load W0,W1,...]\n"
     "\n"
     "Prints, for a run of CONFIG on N nodes of G ranks (default 1 node of parallel.ep\n"
     "ranks): the memory of one rank (parameters, gradients, optimizer, activations,\n"
     "MoE buffers, step buffers, data; the predicted peak of the library's\n"
     "allocations), and the all-to-all bytes, messages and alpha-beta time per step for\n"
-    "flat and hierarchical exchange. Links default to 400,100 Gb/s and 2,5 us.\n";
+    "flat and hierarchical exchange. Links default to 400,100 Gb/s and 2,5 us.\n"
+    "With --skew F (expert 0 takes the share F of the assignments, the rest evenly),\n"
+    "--load (one weight per expert), or placement.mode = replicate: the tokens each\n"
+    "rank of the EP group computes with the static placement and with replicas of\n"
+    "the hot experts in placement.slots_per_rank slots, max/mean and bytes.\n";
 
 // "A,B": two finite numbers > 0.
 static int pair(const char *v, double *out) {
@@ -34,6 +39,9 @@ static int pair(const char *v, double *out) {
 
 int moe_cli_plan(int argc, char **argv) {
     const char *config = NULL, *nodes_s = NULL, *rpn_s = NULL, *gbps_s = NULL, *lat_s = NULL;
+    const char *skew_s = NULL, *load_s = NULL;
+    double skew = 0, load[1024];
+    int n_load = 0;
     const char **sets = malloc(sizeof *sets * (size_t)argc); // one per argument at most
     int n_sets = 0, code = MOE_EXIT_OK;
     long long nodes = 1, rpn = 0;
@@ -65,6 +73,25 @@ int moe_cli_plan(int argc, char **argv) {
                 code = moe_cli_fail("plan", MOE_EXIT_USAGE,
                                     "--latency-us needs INTRA,INTER, finite numbers > 0%s%s",
                                     m < 0 ? ": " : "", m < 0 ? moe_last_error() : "");
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--skew", &skew_s)) != 0) {
+            if (m < 0 || !moe_cli_parse_double(skew_s, 0, 1, false, &skew) || skew >= 1)
+                code = moe_cli_fail("plan", MOE_EXIT_USAGE,
+                                    "--skew needs a share of the assignments in [0, 1)%s%s",
+                                    m < 0 ? ": " : "", m < 0 ? moe_last_error() : "");
+        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--load", &load_s)) != 0) {
+            for (const char *q = m < 0 ? NULL : load_s; q && code == MOE_EXIT_OK;) {
+                char item[64];
+                size_t len = strcspn(q, ",");
+                snprintf(item, sizeof item, "%.*s", (int)(len < 63 ? len : 63), q);
+                if (n_load == 1024 || len == 0 || len > 63 ||
+                    !moe_cli_parse_double(item, 0, 1e300, false, &load[n_load++]))
+                    code = moe_cli_fail("plan", MOE_EXIT_USAGE,
+                                        "--load needs up to 1024 weights >= 0 separated by commas "
+                                        "('%s')",
+                                        load_s);
+                q = q[len] ? q + len + 1 : NULL;
+            }
+            if (m < 0) code = moe_cli_fail("plan", MOE_EXIT_USAGE, "--load: %s", moe_last_error());
         } else if ((m = moe_cli_opt_value(argc, argv, &i, "--set", &v)) != 0) {
             if (m < 0)
                 code = moe_cli_fail("plan", MOE_EXIT_USAGE, "--set needs key=value");
@@ -91,7 +118,18 @@ int moe_cli_plan(int argc, char **argv) {
     if ((long long)mc.nodes * mc.ranks_per_node > INT_MAX)
         return moe_cli_fail("plan", MOE_EXIT_USAGE, "--nodes x --ranks-per-node is too large");
     mc.world = mc.nodes * mc.ranks_per_node;
+    if (skew_s && load_s)
+        return moe_cli_fail("plan", MOE_EXIT_USAGE, "--skew and --load: give one of them");
+    int E = 0;
+    for (int l = 0; l < cfg.model.n_layers && !E; l++)
+        E = moe_config_experts(&cfg, l);
+    if (load_s && n_load != E)
+        return moe_cli_fail("plan", MOE_EXIT_USAGE, "--load has %d weights for %d experts", n_load,
+                            E);
     if (moe_plan_print(&cfg, &mc, stdout) < 0)
+        return moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
+    if ((skew_s || load_s || !strcmp(cfg.placement.mode, "replicate")) && E &&
+        moe_plan_placement_print(&cfg, skew, load_s ? load : NULL, stdout) < 0)
         return moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
     return MOE_EXIT_OK;
 }

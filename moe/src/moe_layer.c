@@ -5,6 +5,7 @@
 #include "moe/moe_layer.h"
 #include "moe/error.h"
 #include "moe_dispatch_node.h"
+#include "moe_dispatch_place.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -265,6 +266,7 @@ static int dispatch(moe_layer_acts *a) {
             a->blk_off[e] = pl->offsets[e], a->blk_n[e] = pl->kept[e];
         return 0;
     }
+    if (moe_place_on(a)) return moe_place_dispatch(a);
     const moe_ep_group *g = a->ep;
     if (!g || g->size != cfg->ep_size || g->rank != cfg->ep_rank)
         return moe_fail(MOE_EINVAL, "moe layer: expert-parallel group missing or not %d ranks",
@@ -301,6 +303,7 @@ static int dispatch(moe_layer_acts *a) {
 static int combine(moe_layer_acts *a, const float *from, float *to) {
     const moe_layer_config *cfg = &a->cfg;
     if (cfg->ep_size <= 1) return 0; // aliases: nothing to move
+    if (moe_place_on(a)) return moe_place_combine(a, from, to);
     int got[cfg->ep_size];
     MOE_TRY(a->ep->alltoallv(a->ep->ctx, from, a->recv_rows, to, got,
                              (size_t)moe_router_rows_max(&cfg->router, cfg->T_max, cfg->E),
@@ -309,9 +312,10 @@ static int combine(moe_layer_acts *a, const float *from, float *to) {
 }
 
 // Local-side rows (from) to the expert side (to), with the forward's counts.
-static int redispatch(moe_layer_acts *a, const float *from, float *to) {
+static int redispatch(moe_layer_acts *a, float *from, float *to) {
     const moe_layer_config *cfg = &a->cfg;
     if (cfg->ep_size <= 1) return 0;
+    if (moe_place_on(a)) return moe_place_redispatch(a, from, to);
     int got[cfg->ep_size];
     MOE_TRY(a->ep->alltoallv(a->ep->ctx, from, a->send_rows, to, got,
                              (size_t)cfg->ep_size *
@@ -500,13 +504,17 @@ int moe_layer_forward(float *y, const float *x, const int *task_id, const int *c
     // Experts, one block per (source rank, local expert): xr [n, D] @ [2H, D]^T
     // -> abr, SwiGLU -> hr, [n, H] @ [D, H]^T -> yr. A block has the shape the
     // source's rows would have in a single-process step, so results match it.
-    const int El = moe_layer_local_experts(cfg), n_src = cfg->ep_size > 1 ? cfg->ep_size : 1;
+    // Under a replicated placement the blocks are (source rank, slot).
+    const int El = moe_place_slots(a), n_src = cfg->ep_size > 1 ? cfg->ep_size : 1;
+    const int *blk_n = moe_place_on(a) ? a->place->blk_n : a->blk_n;
+    const int *blk_off = moe_place_on(a) ? a->place->blk_off : a->blk_off;
     for (int b = 0; b < n_src * El; b++) {
-        const int n = a->blk_n[b], e = b % El;
+        const int n = blk_n[b], e = b % El;
         if (n == 0) continue;
-        const size_t r0 = (size_t)a->blk_off[b];
+        const size_t r0 = (size_t)blk_off[b];
+        const float *w13 = moe_place_w13(a, p, e, false), *w2 = w13 + p->w2_offset;
         MOE_TRY(ffn_forward(ops, a->yr + r0 * D, a->abr + r0 * 2 * H, a->hr + r0 * H,
-                            a->xr + r0 * D, moe_layer_w13(p, e), moe_layer_w2(p, e), n, D, H));
+                            a->xr + r0 * D, w13, w2, n, D, H));
     }
     LAP(experts);
     MOE_TRY(combine(a, a->yr, a->ye));
@@ -584,26 +592,27 @@ int moe_layer_backward(float *dx, const moe_layer_params *dp, const float *dy, c
     // Expert blocks. With expert parallelism each block's weight gradient is
     // computed from zero and added to the total in source order: the sum a
     // single process forms over its micro-batches, so the bits agree.
-    const int El = moe_layer_local_experts(cfg), n_src = cfg->ep_size > 1 ? cfg->ep_size : 1;
+    const int El = moe_place_slots(a), n_src = cfg->ep_size > 1 ? cfg->ep_size : 1;
+    const int *blk_n = moe_place_on(a) ? a->place->blk_n : a->blk_n;
+    const int *blk_off = moe_place_on(a) ? a->place->blk_off : a->blk_off;
     const size_t n13 = 2 * (size_t)H * D, n2 = (size_t)D * H;
     for (int e = 0; e < El; e++) {
         for (int s = 0; s < n_src; s++) {
-            const int n = a->blk_n[s * El + e];
+            const int n = blk_n[s * El + e];
             if (n == 0) continue;
-            const size_t r0 = (size_t)a->blk_off[s * El + e];
-            float *dw13 = moe_layer_w13(dp, e), *dw2 = moe_layer_w2(dp, e);
+            const size_t r0 = (size_t)blk_off[s * El + e];
+            float *g13 = moe_place_w13(a, dp, e, true), *dw13 = g13, *dw2 = g13 + dp->w2_offset;
+            const float *w13 = moe_place_w13(a, p, e, false);
             if (n_src > 1) {
                 MOE_TRY(ops->zero(a->dw, n13 + n2));
                 dw13 = a->dw, dw2 = a->dw + n13;
             }
             MOE_TRY(ffn_backward(ops, a->dxr + r0 * D, 0.0f, dw13, dw2, a->dyr + r0 * D,
-                                 a->xr + r0 * D, a->abr + r0 * 2 * H, a->hr + r0 * H,
-                                 moe_layer_w13(p, e), moe_layer_w2(p, e), a->dh, a->dab, n, D, H));
-            if (n_src > 1) {
-                float *g = moe_layer_w13(dp, e); // w13 and w2 are one block
+                                 a->xr + r0 * D, a->abr + r0 * 2 * H, a->hr + r0 * H, w13,
+                                 w13 + p->w2_offset, a->dh, a->dab, n, D, H));
+            if (n_src > 1) // w13 and w2 are one block
                 for (size_t i = 0; i < n13 + n2; i++)
-                    g[i] += a->dw[i];
-            }
+                    g13[i] += a->dw[i];
         }
     }
     LAP(experts);

@@ -81,6 +81,11 @@ typedef struct {
         int mini_seq;
         char recompute[MOE_NAME_MAX]; // none | moe | all
     } memory;
+    struct {
+        char mode[MOE_NAME_MAX]; // static | replicate (moe/placement.h)
+        int slots_per_rank;      // expert slots per rank (0: E / parallel.ep, no spare)
+        int update_every;        // steps between placement updates
+    } placement;
 } moe_config;
 
 // Where each key's value came from, for error messages.

@@ -150,6 +150,9 @@ typedef struct {
     int *crow, *coff, *cfill; // chunking: [Tc * k] rows of a chunk, [E + 1] offsets, [E] fill
     moe_layer_timing *timing; // optional, set by the caller
     struct moe_node_state *node; // node-deduplicated exchange (ep->dedup_G), its own memory
+    // placement.mode = replicate (moe/placement.h), set by the caller; NULL or
+    // without replicas: the contiguous exchange.
+    struct moe_place_layer *place;
 } moe_layer_acts;
 
 int moe_layer_acts_alloc(moe_layer_acts *a, const moe_layer_config *cfg, const moe_ops *ops);

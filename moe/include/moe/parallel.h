@@ -20,6 +20,17 @@ typedef struct {
     moe_ep_group group; // the model's exchange, bound to ep
     float *pack;        // staging for grouped all-reduces
     size_t pack_n;
+    // placement.mode = replicate (trainer/placement.c): per layer, NULL for
+    // dense layers; the global load EMA [layer][E] the tables come from; the
+    // measured expert-side rows (max over ranks, mean over ranks) summed over
+    // the steps, for max/mean rank tokens.
+    struct moe_place_layer *place[MOE_MAX_LAYERS];
+    double *place_ema;
+    bool place_seeded;
+    long place_steps;
+    double place_rows_max, place_rows_mean, place_a2a_bytes;
+    float *place_buf; // staging of replica gradients and weights
+    size_t place_buf_n;
 } moe_parallel;
 
 // Builds the grid over world (not owned) from parallel.ep and comm.all_to_all;
@@ -43,5 +54,27 @@ int moe_parallel_ep_nodes(const moe_parallel *p);
 // run writes routes the same in one process. Refuses a node count whose
 // topk_groups groups hold fewer than router.top_k experts.
 int moe_parallel_resolve_groups(const moe_parallel *p, moe_config *cfg);
+
+// Load-driven placement (placement.mode = replicate; nothing for static).
+// Init attaches a static table to every MoE layer of m. Observe, once per
+// optimizer step after the backward pass (collective over the world), adds
+// each expert's kept rows of the last forward, summed over every rank, to the
+// load EMA (capacity.ema) and measures the rows each rank computed. Step,
+// after the optimizer update: every placement.update_every steps recomputes
+// the tables from the EMA (identical on every rank), then
+// copies each replicated expert's weights from its home rank to its replicas,
+// so every replica holds the home's bits. The replicas' gradients are summed
+// into the home expert by moe_parallel_allreduce_grads.
+int moe_parallel_placement_init(moe_parallel *p, moe_model *m, const moe_config *cfg);
+int moe_parallel_placement_observe(moe_parallel *p, const moe_model *m);
+int moe_parallel_placement_step(moe_parallel *p, moe_model *m, long steps_done);
+// Over the observed steps and MoE layers: (sum of each layer's largest rank
+// rows) / (sum of its mean rank rows) on the expert side (1: balanced; 0 before any step or
+// without placement), and *a2a_bytes (NULL: not wanted) the expert rows each
+// rank sent to other ranks per step, mean over ranks, forward and backward.
+double moe_parallel_placement_imbalance(const moe_parallel *p, double *a2a_bytes);
+// Called by moe_parallel_allreduce_grads (no-op without replicas).
+int moe_parallel_placement_reduce_grads(moe_parallel *p, moe_model *m);
+void moe_parallel_placement_free(moe_parallel *p);
 
 #endif

@@ -66,7 +66,26 @@ typedef struct {
 int moe_plan_a2a(const moe_config *cfg, const moe_machine *mc, moe_a2a_algo algo,
                  moe_a2a_plan *out);
 
+// Expert placement model (placement.*, moe/placement.h) for one MoE layer of
+// the EP group (parallel.ep ranks, any number): every rank routes B*T*k
+// assignments, a share `skew` of them to expert 0 and the rest evenly (skew
+// 0: all even); load[e] instead, when given, is each expert's share (any
+// scale). Capacity is enforced where tokens are routed, so drops are the same
+// with or without replicas; the experts compute the kept rows. Index 0: the
+// static table, 1: replicated (placement.slots_per_rank, or E/ep + 1 when the
+// config has no spare slot).
+typedef struct {
+    int E, P, S, replicas;
+    double max_mean[2];  // max rank tokens / mean rank tokens
+    double drop_rate;    // dropped / routed assignments
+    double a2a_bytes[2]; // rows to other ranks per step per rank, all MoE layers, fwd + bwd
+    double *tokens[2];   // [P] rank tokens of the layer (caller's arrays, or NULL)
+} moe_place_plan;
+int moe_plan_placement(const moe_config *cfg, double skew, const double *load, moe_place_plan *out);
+
 // Prints the plan a person reads.
 int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f);
+// The placement model printed: per-rank tokens with and without replicas.
+int moe_plan_placement_print(const moe_config *cfg, double skew, const double *load, FILE *f);
 
 #endif

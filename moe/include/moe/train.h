@@ -68,6 +68,10 @@ typedef struct {
     // Model FLOPs utilisation (moe/mfu.h), CPU path only (0 on the GPU path):
     // mean over the steps of this call, and the sgemm rate it is measured against.
     double mfu, sgemm_gflops;
+    // placement.mode = replicate: max / mean expert-side rows per rank of the
+    // EP group over the run (1: balanced), and the expert rows' all-to-all
+    // bytes per step per rank (mean over ranks); 0 without it.
+    double rank_imbalance, place_a2a_bytes;
 } moe_train_result;
 
 int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *r);

@@ -1,0 +1,164 @@
+// Expert placement table (moe/placement.h): home blocks plus replicas of hot
+// experts in spare slots, chosen greedily by load per replica (the direction
+// of FlexMoE, arXiv 2304.03946, and SmartMoE, in a deliberately simple form).
+#include "moe/placement.h"
+#include "moe/alloc.h"
+#include "moe/error.h"
+
+#include <string.h>
+
+int moe_placement_init(moe_placement *t, int E, int P, int S) {
+    memset(t, 0, sizeof *t);
+    if (E < 1 || P < 1 || E % P || S < E / P)
+        return moe_fail(MOE_EINVAL,
+                        "placement: %d experts over %d ranks need E %% P = 0 and "
+                        "placement.slots_per_rank = %d >= %d",
+                        E, P, S, P > 0 ? E / P : 0);
+    t->E = E, t->P = P, t->S = S, t->El = E / P;
+    t->slot = moe_malloc(sizeof(int) * (size_t)P * S);
+    t->n_hold = moe_malloc(sizeof(int) * (size_t)E);
+    t->hold = moe_malloc(sizeof(int) * (size_t)E * P);
+    if (!t->slot || !t->n_hold || !t->hold) {
+        moe_placement_free(t);
+        return moe_fail(MOE_ENOMEM, "placement table of %d experts over %d ranks", E, P);
+    }
+    return moe_placement_update(t, NULL);
+}
+
+void moe_placement_free(moe_placement *t) {
+    moe_mfree(t->slot);
+    moe_mfree(t->n_hold);
+    moe_mfree(t->hold);
+    memset(t, 0, sizeof *t);
+}
+
+bool moe_placement_is_static(const moe_placement *t) {
+    for (int e = 0; e < t->E; e++)
+        if (t->n_hold[e] != 1) return false;
+    return true;
+}
+
+// Home experts only, every spare slot empty.
+static void reset(moe_placement *t) {
+    for (int r = 0; r < t->P; r++)
+        for (int j = 0; j < t->S; j++)
+            t->slot[r * t->S + j] = j < t->El ? r * t->El + j : -1;
+    for (int e = 0; e < t->E; e++)
+        t->n_hold[e] = 1, t->hold[(size_t)e * t->P] = e / t->El;
+}
+
+// Largest modelled rank load of the table for load.
+static double max_rank(const moe_placement *t, const double *load, double *tok) {
+    moe_placement_rank_tokens(t, load, tok);
+    double mx = 0;
+    for (int r = 0; r < t->P; r++)
+        mx = tok[r] > mx ? tok[r] : mx;
+    return mx;
+}
+
+int moe_placement_update(moe_placement *t, const double *load) {
+    reset(t);
+    if (!load || t->S == t->El || t->P == 1) return 0;
+    const int E = t->E, P = t->P, S = t->S;
+    for (int e = 0; e < E; e++)
+        if (!(load[e] >= 0 && load[e] < 1e300))
+            return moe_fail(MOE_EINVAL, "placement: load[%d] = %g", e, load[e]);
+    // Fill every spare slot the rule can, then keep the prefix of additions
+    // with the lowest largest rank load (the fewest on ties): one replica
+    // alone may not lower the maximum where two do.
+    double tok[P];
+    double best_max = max_rank(t, load, tok);
+    int n_add = 0, keep = 0, add_r[P * (S - t->El)], add_j[P * (S - t->El)], add_e[P * (S - t->El)];
+    for (int spare = P * (S - t->El); spare > 0; spare--) {
+        int best = -1;
+        double best_l = 0;
+        for (int e = 0; e < E; e++) {
+            double l = load[e] / t->n_hold[e];
+            if (t->n_hold[e] < P && l > best_l) best = e, best_l = l;
+        }
+        if (best < 0) break;
+        int to = -1, to_j = -1; // least loaded rank with a free spare slot, lacking best
+        for (int r = 0; r < P; r++) {
+            int free_j = -1, has = 0;
+            for (int j = 0; j < S; j++) {
+                int e = t->slot[r * S + j];
+                if (e < 0 && free_j < 0) free_j = j;
+                has |= e == best;
+            }
+            if (free_j >= 0 && !has && (to < 0 || tok[r] < tok[to])) to = r, to_j = free_j;
+        }
+        if (to < 0) break;
+        t->slot[to * S + to_j] = best;
+        t->hold[(size_t)best * P + t->n_hold[best]++] = to;
+        add_r[n_add] = to, add_j[n_add] = to_j, add_e[n_add++] = best;
+        double mx = max_rank(t, load, tok);
+        if (mx < best_max) best_max = mx, keep = n_add;
+    }
+    while (n_add > keep) { // undo, newest first
+        n_add--;
+        t->slot[add_r[n_add] * S + add_j[n_add]] = -1;
+        t->n_hold[add_e[n_add]]--;
+    }
+    return 0;
+}
+
+int moe_placement_dest(const moe_placement *t, int e, int s) {
+    const int n = t->n_hold[e];
+    const int *h = t->hold + (size_t)e * t->P;
+    if (n == 1) return h[0];
+    int below = 0; // non-holders ranked before s
+    for (int r = 0; r < s; r++) {
+        int held = 0;
+        for (int i = 0; i < n; i++)
+            held |= h[i] == r;
+        below += !held;
+    }
+    for (int i = 0; i < n; i++)
+        if (h[i] == s) return s;
+    return h[below % n];
+}
+
+int moe_placement_slot_of(const moe_placement *t, int r, int e) {
+    for (int j = 0; j < t->S; j++)
+        if (t->slot[r * t->S + j] == e) return j;
+    return -1;
+}
+
+void moe_placement_rank_tokens(const moe_placement *t, const double *load, double *rank_tokens) {
+    for (int r = 0; r < t->P; r++)
+        rank_tokens[r] = 0;
+    for (int s = 0; s < t->P; s++)
+        for (int e = 0; e < t->E; e++)
+            rank_tokens[moe_placement_dest(t, e, s)] += load[e] / t->P;
+}
+
+int moe_place_layer_init(moe_place_layer *pl, int E, int P, int S, size_t numel, size_t rows_max,
+                         int D) {
+    memset(pl, 0, sizeof *pl);
+    MOE_TRY(moe_placement_init(&pl->t, E, P, S));
+    const size_t X = (size_t)(S - E / P), PS = (size_t)P * S;
+    pl->numel = numel;
+    pl->rep_w = moe_calloc(X * numel + 1, sizeof(float));
+    pl->rep_g = moe_calloc(X * numel + 1, sizeof(float));
+    pl->xs = moe_malloc((rows_max * D + 1) * sizeof(float));
+    int **ip[] = {&pl->seg, &pl->cnt, &pl->recv_kept, &pl->blk_off, &pl->blk_n};
+    for (size_t i = 0; i < sizeof ip / sizeof ip[0]; i++)
+        *ip[i] = moe_malloc(PS * sizeof(int));
+    pl->send_rows = moe_malloc((size_t)P * sizeof(int));
+    pl->recv_rows = moe_malloc((size_t)P * sizeof(int));
+    if (!pl->rep_w || !pl->rep_g || !pl->xs || !pl->seg || !pl->cnt || !pl->recv_kept ||
+        !pl->blk_off || !pl->blk_n || !pl->send_rows || !pl->recv_rows) {
+        moe_place_layer_free(pl);
+        return moe_fail(MOE_ENOMEM, "placement of %d experts over %d ranks x %d slots", E, P, S);
+    }
+    return 0;
+}
+
+void moe_place_layer_free(moe_place_layer *pl) {
+    moe_placement_free(&pl->t);
+    void *p[] = {pl->rep_w,     pl->rep_g,   pl->xs,    pl->seg,       pl->cnt,
+                 pl->recv_kept, pl->blk_off, pl->blk_n, pl->send_rows, pl->recv_rows};
+    for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
+        moe_mfree(p[i]);
+    memset(pl, 0, sizeof *pl);
+}

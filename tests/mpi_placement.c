@@ -1,0 +1,256 @@
+// Load-driven expert placement (placement.*) under `mpirun -np 4`, ep = 4,
+// on a skewed load (one synthetic task, task-routed first layer: its tokens
+// all go to the same two experts):
+//   static / never triggered   bit-identical losses and checkpoints to a run
+//                              without placement keys
+//   replicate, dropless        losses within 1e-6 relative of the static run
+//   replicate, with drops      (routing decides drops at the source, so they
+//                              are the same), checkpoints with the same
+//                              tensors within 1e-6 relative L2, and a lower
+//                              max/mean of the rows the ranks compute
+//   every step                 each replica holds its home expert's bits
+#include "moe/comm.h"
+#include "moe/data.h"
+#include "moe/error.h"
+#include "moe/optim.h"
+#include "moe/parallel.h"
+#include "moe/placement.h"
+#include "moe/safetensors.h"
+#include "moe/train.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { STEPS = 6, W = 4 };
+static int rank;
+
+#define CHECK(cond, ...) TU_MPI_CHECK(rank, cond, __VA_ARGS__)
+
+static moe_config base(const char *const *extra, int n_extra) {
+    moe_config c;
+    moe_config_default(&c);
+    const char *sets[] = {"model.d_model=32",   "model.n_layers=2",   "model.d_ff=48",
+                          "model.seq_len=16",   "moe.num_experts=8",  "moe.task_layers=[0]",
+                          "train.batch_size=2", "train.eval_every=0", "train.warmup_steps=2",
+                          "data.tasks=copy",    "parallel.ep=4",      "capacity.mode=dynamic",
+                          "train.lr=1e-4"};
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+        CHECK(moe_config_set(&c, NULL, sets[i]) == 0, "%s: %s", sets[i], moe_last_error());
+    for (int i = 0; i < n_extra; i++)
+        CHECK(moe_config_set(&c, NULL, extra[i]) == 0, "%s: %s", extra[i], moe_last_error());
+    c.train.steps = STEPS;
+    return c;
+}
+
+static int train(moe_comm *world, moe_config c, const char *out, double *losses,
+                 moe_train_result *res) {
+    moe_train_opts o = {.out_dir = out, .quiet = true, .losses = losses, .world = world};
+    moe_train_result r;
+    int rc = moe_train(&c, &o, &r);
+    CHECK(rc == 0, "training %s: %s", out, moe_last_error());
+    if (rc == 0) moe_eval_result_free(&r.eval);
+    if (res) *res = r;
+    return rc;
+}
+
+// Largest per-tensor relative L2 difference of two checkpoints (same tensor
+// names required); -1 when they do not hold the same tensors.
+static double max_rel_diff(const char *a, const char *b) {
+    moe_st_set *sa, *sb;
+    if (moe_st_set_open(a, &sa) || moe_st_set_open(b, &sb)) return -1;
+    double worst = 0;
+    int na = 0, nb = 0;
+    for (int k = 0; k < sb->n_files; k++)
+        nb += sb->files[k]->n_tensors;
+    for (int k = 0; k < sa->n_files && worst >= 0; k++)
+        for (int i = 0; i < sa->files[k]->n_tensors && worst >= 0; i++, na++) {
+            moe_st_file *fa = sa->files[k], *fb = NULL;
+            const moe_st_tensor *ta = &fa->tensors[i], *tb = moe_st_set_find(sb, ta->name, &fb);
+            if (!tb || tb->nbytes != ta->nbytes) {
+                worst = -1;
+                break;
+            }
+            float *x = malloc(ta->nbytes), *y = malloc(tb->nbytes);
+            moe_st_read(fa, ta, x, ta->nbytes);
+            moe_st_read(fb, tb, y, tb->nbytes);
+            double d = 0, n = 0;
+            for (size_t j = 0; j < ta->nbytes / 4; j++)
+                d += ((double)x[j] - y[j]) * ((double)x[j] - y[j]), n += (double)y[j] * y[j];
+            double rel = n > 0 ? sqrt(d / n) : sqrt(d);
+            if (rel > worst) worst = rel;
+            free(x);
+            free(y);
+        }
+    moe_st_set_close(sa);
+    moe_st_set_close(sb);
+    return worst >= 0 && na == nb ? worst : -1;
+}
+
+static void static_placement_is_bit_identical(moe_comm *world, const char *dir) {
+    static const char *const off_keys[] = {"placement.mode=static", "placement.slots_per_rank=3"};
+    static const char *const never[] = {"placement.mode=replicate", "placement.slots_per_rank=3",
+                                        "placement.update_every=1000"};
+    char out[3][800], why[512];
+    double l[3][STEPS];
+    const char *const *extra[3] = {NULL, off_keys, never};
+    const int n_extra[3] = {0, 2, 3};
+    for (int i = 0; i < 3; i++) {
+        snprintf(out[i], sizeof out[i], "%s/static%d", dir, i);
+        train(world, base(extra[i], n_extra[i]), out[i], l[i], NULL);
+    }
+    for (int i = 1; i < 3; i++) {
+        for (int s = 0; s < STEPS; s++)
+            CHECK(l[i][s] == l[0][s], "placement %d step %d: loss %.17g vs %.17g", i, s, l[i][s],
+                  l[0][s]);
+        char a[900], b[900];
+        snprintf(a, sizeof a, "%s/checkpoint", out[0]);
+        snprintf(b, sizeof b, "%s/checkpoint", out[i]);
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank == 0) CHECK(!tu_st_dirs_differ(a, b, why, sizeof why), "placement %d: %s", i, why);
+    }
+}
+
+// Replicas from the first step on against the same run with a table never
+// updated (static placement, rows measured).
+static void replicate_matches_static(moe_comm *world, const char *dir, const char *factor,
+                                     const char *name) {
+    const char *cf = strcmp(factor, "capacity.mode=static") ? "router.capacity_factor=1.0"
+                                                            : "router.capacity_factor=0";
+    const char *rep[] = {factor, cf, "placement.mode=replicate", "placement.slots_per_rank=3",
+                         "placement.update_every=1"};
+    char o0[800], o1[800];
+    double l0[STEPS], l1[STEPS];
+    moe_train_result r0 = {0}, r1 = {0};
+    snprintf(o0, sizeof o0, "%s/%s-static", dir, name);
+    snprintf(o1, sizeof o1, "%s/%s-replicate", dir, name);
+    // The static run with the replicate keys and no update measures the rows too.
+    const char *st_measured[] = {factor, cf, "placement.mode=replicate",
+                                 "placement.slots_per_rank=3", "placement.update_every=1000"};
+    train(world, base(st_measured, 5), o0, l0, &r0);
+    train(world, base(rep, 5), o1, l1, &r1);
+    for (int s = 0; s < STEPS; s++)
+        CHECK(fabs(l1[s] - l0[s]) <= 1e-6 * fabs(l0[s]), "%s step %d: loss %.9g vs %.9g", name, s,
+              l1[s], l0[s]);
+    CHECK(r1.rank_imbalance < 0.8 * r0.rank_imbalance,
+          "%s: max/mean rank rows %.3f with replicas, %.3f without", name, r1.rank_imbalance,
+          r0.rank_imbalance);
+    CHECK(r1.drop_rate == r0.drop_rate, "%s: drop rate %.6f vs %.6f", name, r1.drop_rate,
+          r0.drop_rate);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) {
+        char a[900], b[900];
+        snprintf(a, sizeof a, "%s/checkpoint", o0);
+        snprintf(b, sizeof b, "%s/checkpoint", o1);
+        double d = max_rel_diff(b, a);
+        CHECK(d >= 0 && d <= 1e-6, "%s: checkpoints differ by %.3g (-1: not the same tensors)",
+              name, d);
+        printf("%s: max/mean rank rows %.3f static, %.3f replicate; drop rate %.4f; expert rows "
+               "a2a bytes per step per rank %.0f vs %.0f; weights within %.3g\n",
+               name, r0.rank_imbalance, r1.rank_imbalance, r0.drop_rate, r0.place_a2a_bytes,
+               r1.place_a2a_bytes, d);
+    }
+}
+
+// The training step by hand, checking after each that every replica holds
+// its home expert's weights, bit for bit.
+static void replicas_stay_identical(moe_comm *world) {
+    const char *rep[] = {"placement.mode=replicate", "placement.slots_per_rank=3",
+                         "placement.update_every=1", "router.capacity_factor=0",
+                         "capacity.mode=static"};
+    moe_config c = base(rep, 5);
+    moe_parallel par;
+    moe_data d;
+    moe_model m;
+    moe_adamw opt;
+    int rc = moe_parallel_init(&par, world, &c);
+    CHECK(rc == 0, "parallel: %s", moe_last_error());
+    if (rc) return;
+    CHECK(moe_data_open(&d, &c) == 0, "data: %s", moe_last_error());
+    CHECK(moe_model_init_ep(&m, &c, d.B, d.T, d.n_tasks, &par.group) == 0, "model: %s",
+          moe_last_error());
+    CHECK(moe_adamw_init(&opt, &m.table, false) == 0, "adamw: %s", moe_last_error());
+    CHECK(moe_parallel_placement_init(&par, &m, &c) == 0, "placement: %s", moe_last_error());
+    const size_t nt = (size_t)d.B * d.T, n = m.table.numel;
+    int32_t *in = malloc(nt * 4), *tg = malloc(nt * 4), *task = malloc((size_t)d.B * 4);
+    int replicated = 0;
+    for (int step = 0; step < STEPS; step++) {
+        memset(m.grads, 0, n * sizeof(float));
+        CHECK(moe_data_batch(&d, MOE_SPLIT_TRAIN, (uint64_t)step * W + par.rank, in, tg, task) == 0,
+              "batch");
+        CHECK(moe_model_forward(&m, in, tg, task, d.B, d.T, true, (uint64_t)step) == 0, "fwd: %s",
+              moe_last_error());
+        CHECK(moe_model_backward(&m, in, tg, task) == 0, "bwd: %s", moe_last_error());
+        CHECK(moe_parallel_allreduce_grads(&par, &m) == 0, "allreduce: %s", moe_last_error());
+        for (size_t i = 0; i < n; i++)
+            m.grads[i] /= W;
+        CHECK(moe_parallel_placement_observe(&par, &m) == 0, "observe: %s", moe_last_error());
+        moe_adamw_update_clipped(&opt, m.params, m.grads, 0, 0, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
+        CHECK(moe_parallel_placement_step(&par, &m, step + 1) == 0, "step: %s", moe_last_error());
+        for (int l = 0; l < m.L; l++) {
+            moe_place_layer *pl = par.place[l];
+            if (!pl || !pl->active) continue;
+            const moe_placement *t = &pl->t;
+            float *home = malloc(pl->numel * sizeof(float));
+            for (int e = 0; e < t->E; e++) {
+                if (t->n_hold[e] < 2) continue;
+                const int h = t->hold[(size_t)e * t->P];
+                if (h == par.ep_rank)
+                    memcpy(home, moe_layer_w13(&m.p[l].moe, e - h * t->El),
+                           pl->numel * sizeof(float));
+                MPI_Bcast(home, (int)pl->numel, MPI_FLOAT, h, MPI_COMM_WORLD);
+                const int j = moe_placement_slot_of(t, par.ep_rank, e);
+                if (j >= t->El) {
+                    replicated++;
+                    CHECK(!memcmp(home, pl->rep_w + (size_t)(j - t->El) * pl->numel,
+                                  pl->numel * sizeof(float)),
+                          "step %d layer %d: the replica of expert %d differs from rank %d's", step,
+                          l, e, h);
+                }
+            }
+            free(home);
+        }
+    }
+    int all = replicated;
+    MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(all > 0, "no replica was ever placed: the skewed load should make some");
+    free(in), free(tg), free(task);
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+    moe_data_close(&d);
+    moe_parallel_free(&par);
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    char dir[512] = "";
+    if (rank == 0) snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
+    if (size != W) {
+        if (rank == 0) fprintf(stderr, "mpi_placement: run with mpirun -np %d\n", W);
+        MPI_Finalize();
+        return 2;
+    }
+    moe_comm *world;
+    if (moe_comm_mpi_world(&world, 0)) {
+        fprintf(stderr, "world: %s\n", moe_last_error());
+        MPI_Finalize();
+        return 1;
+    }
+    static_placement_is_bit_identical(world, dir);
+    replicate_matches_static(world, dir, "capacity.mode=static", "dropless");
+    replicate_matches_static(world, dir, "capacity.mode=dynamic", "drops");
+    replicas_stay_identical(world);
+    moe_comm_free(world);
+    int total[2] = {tu_failures, tu_checks};
+    MPI_Allreduce(MPI_IN_PLACE, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    if (rank == 0) printf("mpi_placement: %d passed, %d failed\n", total[1] - total[0], total[0]);
+    MPI_Finalize();
+    return total[0] ? 1 : 0;
+}

@@ -1,0 +1,236 @@
+// Expert placement (moe/placement.h): the static table is today's contiguous
+// blocks, the greedy replicates hot experts (hand-computed cases), the token
+// split by source rank, properties on random loads, the placement.* keys'
+// refusals, and the `moe plan` model.
+#include "moe/config.h"
+#include "moe/error.h"
+#include "moe/placement.h"
+#include "moe/plan.h"
+#include "testutil.h"
+
+#include <stdio.h>
+#include <string.h>
+
+START_TEST(test_placement_static_is_contiguous_blocks) {
+    moe_placement t;
+    ck_assert_int_eq(moe_placement_init(&t, 8, 4, 3), 0);
+    static const int want[12] = {0, 1, -1, 2, 3, -1, 4, 5, -1, 6, 7, -1};
+    for (int i = 0; i < 12; i++)
+        ck_assert_int_eq(t.slot[i], want[i]);
+    ck_assert(moe_placement_is_static(&t));
+    for (int e = 0; e < 8; e++)
+        for (int s = 0; s < 4; s++)
+            ck_assert_int_eq(moe_placement_dest(&t, e, s), e / 2);
+    moe_placement_free(&t);
+}
+END_TEST
+
+START_TEST(test_placement_uniform_load_stays_static) {
+    moe_placement t;
+    ck_assert_int_eq(moe_placement_init(&t, 8, 4, 4), 0);
+    const double load[8] = {5, 5, 5, 5, 5, 5, 5, 5};
+    ck_assert_int_eq(moe_placement_update(&t, load), 0);
+    ck_assert(moe_placement_is_static(&t));
+    moe_placement_free(&t);
+}
+END_TEST
+
+// 8 experts on 4 ranks, one spare slot each, expert 0 carries 10 of 17.
+// Rank loads 11, 2, 2, 2: a replica of 0 on rank 1 (least loaded, lowest)
+// takes the largest load to 7, one on rank 2 to 6, one on rank 3 to 4.5:
+// every rank holds 0 and serves its own tokens of it: 3.5, 4.5, 4.5, 4.5.
+// Then no rank lacking expert 1 has a free slot.
+START_TEST(test_placement_replicates_the_hot_expert) {
+    moe_placement t;
+    ck_assert_int_eq(moe_placement_init(&t, 8, 4, 3), 0);
+    const double load[8] = {10, 1, 1, 1, 1, 1, 1, 1};
+    ck_assert_int_eq(moe_placement_update(&t, load), 0);
+    static const int want[12] = {0, 1, -1, 2, 3, 0, 4, 5, 0, 6, 7, 0};
+    for (int i = 0; i < 12; i++)
+        ck_assert_int_eq(t.slot[i], want[i]);
+    ck_assert_int_eq(t.n_hold[0], 4);
+    for (int s = 0; s < 4; s++)
+        ck_assert_int_eq(moe_placement_dest(&t, 0, s), s);
+    double tok[4];
+    moe_placement_rank_tokens(&t, load, tok);
+    ck_assert_double_eq_tol(tok[0], 3.5, 1e-12);
+    for (int r = 1; r < 4; r++)
+        ck_assert_double_eq_tol(tok[r], 4.5, 1e-12);
+    moe_placement_free(&t);
+}
+END_TEST
+
+// Non-holders are dealt round-robin over the holders, home first: 8 ranks,
+// expert 0 held by ranks 0, 1, 2, 3 -> sources 4, 5, 6, 7 go to 0, 1, 2, 3.
+START_TEST(test_placement_dest_deals_non_holders_by_source_rank) {
+    moe_placement t;
+    ck_assert_int_eq(moe_placement_init(&t, 8, 8, 2), 0);
+    for (int r = 1; r < 4; r++) {
+        t.slot[r * 2 + 1] = 0;
+        t.hold[t.n_hold[0]++] = r;
+    }
+    for (int s = 0; s < 8; s++)
+        ck_assert_int_eq(moe_placement_dest(&t, 0, s), s < 4 ? s : s - 4);
+    ck_assert_int_eq(moe_placement_slot_of(&t, 2, 0), 1);
+    ck_assert_int_eq(moe_placement_slot_of(&t, 5, 0), -1);
+    moe_placement_free(&t);
+}
+END_TEST
+
+// Random loads: each expert keeps its home slot, no rank holds an expert
+// twice, holders and slots agree, tokens are conserved, the largest rank
+// load never grows, and the same load gives the same table.
+START_TEST(test_placement_properties_on_random_loads) {
+    tu_rng r;
+    tu_seed(&r, 42);
+    for (int it = 0; it < 200; it++) {
+        const int P = 2 + it % 7, El = 1 + it % 3, E = P * El, S = El + 1 + it % 2;
+        double load[E], tok[P], tok0[P];
+        for (int e = 0; e < E; e++)
+            load[e] = tu_uniform(&r) < 0.2 ? 50 * tu_uniform(&r) : tu_uniform(&r);
+        moe_placement t, u;
+        ck_assert_int_eq(moe_placement_init(&t, E, P, S), 0);
+        ck_assert_int_eq(moe_placement_init(&u, E, P, S), 0);
+        moe_placement_rank_tokens(&t, load, tok0);
+        ck_assert_int_eq(moe_placement_update(&t, load), 0);
+        ck_assert_int_eq(moe_placement_update(&u, load), 0);
+        ck_assert(!memcmp(t.slot, u.slot, sizeof(int) * P * S));
+        moe_placement_rank_tokens(&t, load, tok);
+        double sum = 0, sum0 = 0, mx = 0, mx0 = 0;
+        for (int p = 0; p < P; p++) {
+            sum += tok[p], sum0 += tok0[p];
+            mx = tok[p] > mx ? tok[p] : mx, mx0 = tok0[p] > mx0 ? tok0[p] : mx0;
+        }
+        ck_assert_double_eq_tol(sum, sum0, 1e-9 * sum0);
+        ck_assert(mx <= mx0);
+        for (int e = 0; e < E; e++) {
+            ck_assert_int_eq(t.slot[(e / El) * S + e % El], e);
+            ck_assert_int_eq(t.hold[e * P], e / El);
+            int copies = 0;
+            for (int j = 0; j < P * S; j++)
+                copies += t.slot[j] == e;
+            ck_assert_int_eq(copies, t.n_hold[e]);
+            for (int i = 0; i < t.n_hold[e]; i++)
+                ck_assert_int_ge(moe_placement_slot_of(&t, t.hold[e * P + i], e), 0);
+        }
+        moe_placement_free(&t);
+        moe_placement_free(&u);
+    }
+}
+END_TEST
+
+static void expect_refused(const char *const *sets, int n, const char *key) {
+    moe_config c;
+    moe_config_default(&c);
+    for (int i = 0; i < n; i++)
+        ck_assert_msg(moe_config_set(&c, NULL, sets[i]) == 0, "%s: %s", sets[i], moe_last_error());
+    ck_assert_int_eq(moe_config_check(&c, NULL), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), key), "'%s' does not name %s", moe_last_error(), key);
+}
+
+START_TEST(test_placement_keys_refuse_bad_combinations) {
+    const char *no_ep[] = {"placement.mode=replicate", "placement.slots_per_rank=9"};
+    expect_refused(no_ep, 2, "placement.slots_per_rank");
+    const char *ep1[] = {"placement.mode=replicate"};
+    expect_refused(ep1, 1, "placement.mode");
+    const char *few[] = {"parallel.ep=4", "placement.slots_per_rank=1"};
+    expect_refused(few, 2, "placement.slots_per_rank");
+    const char *no_spare[] = {"parallel.ep=4", "placement.mode=replicate",
+                              "placement.slots_per_rank=2"};
+    expect_refused(no_spare, 3, "placement.slots_per_rank");
+    const char *ec[] = {"parallel.ep=4", "placement.mode=replicate", "placement.slots_per_rank=3",
+                        "router.type=expert_choice"};
+    expect_refused(ec, 4, "placement.mode");
+    const char *dedup[] = {"parallel.ep=4", "placement.mode=replicate",
+                           "placement.slots_per_rank=3", "comm.node_dedup=true"};
+    expect_refused(dedup, 4, "placement.mode");
+    const char *gpu[] = {"parallel.ep=4", "placement.mode=replicate", "placement.slots_per_rank=3",
+                         "train.device=cuda"};
+    expect_refused(gpu, 4, "placement.mode");
+    moe_config c;
+    moe_config_default(&c);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "placement.mode=spread"), MOE_EINVAL);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "placement.update_every=0"), MOE_EINVAL);
+    const char *ok[] = {"parallel.ep=4", "placement.mode=replicate", "placement.slots_per_rank=3",
+                        "placement.update_every=5"};
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(moe_config_set(&c, NULL, ok[i]), 0);
+    ck_assert_int_eq(moe_config_check(&c, NULL), 0);
+}
+END_TEST
+
+// moe plan: 4 ranks, 8 experts, dropless, expert 0 takes half of the 2*32
+// assignments of each rank: static rank 0 computes 4*32 + 4*32/7, the rest
+// 2*4*32/7; with one spare slot each, rank tokens balance better, the total
+// is kept, and nothing drops either way.
+START_TEST(test_plan_models_placement_for_any_ranks) {
+    moe_config c;
+    moe_config_default(&c);
+    const char *sets[] = {"model.seq_len=16", "train.batch_size=2", "router.capacity_factor=0",
+                          "parallel.ep=4", "model.n_layers=2"};
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(moe_config_set(&c, NULL, sets[i]), 0);
+    double t0[8], t1[8];
+    moe_place_plan pp = {.tokens = {t0, t1}};
+    ck_assert_int_eq(moe_plan_placement(&c, 0.5, NULL, &pp), 0);
+    ck_assert_int_eq(pp.S, 3);
+    ck_assert_double_eq_tol(t0[0], 128 + 128.0 / 7, 1e-9);
+    for (int r = 1; r < 4; r++)
+        ck_assert_double_eq_tol(t0[r], 256.0 / 7, 1e-9);
+    double s0 = 0, s1 = 0;
+    for (int r = 0; r < 4; r++)
+        s0 += t0[r], s1 += t1[r];
+    ck_assert_double_eq_tol(s0, s1, 1e-9);
+    ck_assert(pp.max_mean[1] < pp.max_mean[0]);
+    ck_assert_double_eq_tol(pp.max_mean[0], (128 + 128.0 / 7) / 64, 1e-9);
+    ck_assert(pp.replicas > 0);
+    ck_assert(pp.drop_rate == 0);
+    ck_assert(pp.a2a_bytes[1] < pp.a2a_bytes[0]);
+    // 8 ranks (any number the experts divide).
+    ck_assert_int_eq(moe_config_set(&c, NULL, "parallel.ep=8"), 0);
+    ck_assert_int_eq(moe_plan_placement(&c, 0.5, NULL, &pp), 0);
+    ck_assert_int_eq(pp.P, 8);
+    ck_assert(pp.max_mean[1] < 0.5 * pp.max_mean[0]);
+    // Balanced routing: nothing to replicate.
+    ck_assert_int_eq(moe_plan_placement(&c, 0, NULL, &pp), 0);
+    ck_assert_int_eq(pp.replicas, 0);
+    ck_assert_double_eq_tol(pp.max_mean[0], 1, 1e-12);
+    ck_assert_int_eq(moe_plan_placement(&c, 1.5, NULL, &pp), MOE_EINVAL);
+}
+END_TEST
+
+// The skewed-load config (an MPI run: parallel.ep = 4) loads and passes its
+// checks, at 8 ranks too with one spare slot each.
+START_TEST(test_placement_skewed_config_checks) {
+    moe_config c;
+    moe_config_default(&c);
+    moe_config_src *src = moe_config_src_new();
+    int rc = moe_config_load(&c, src, MOE_SOURCE_DIR "/configs/placement_skewed.json");
+    if (rc == 0) rc = moe_config_check(&c, src);
+    moe_config_src_free(src);
+    ck_assert_msg(rc == 0, "%s", moe_last_error());
+    ck_assert_str_eq(c.placement.mode, "replicate");
+    ck_assert_int_eq(moe_config_set(&c, NULL, "parallel.ep=8"), 0);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "placement.slots_per_rank=2"), 0);
+    ck_assert_int_eq(moe_config_check(&c, NULL), 0);
+}
+END_TEST
+
+static Suite *placement_suite(void) {
+    Suite *s = suite_create("placement");
+    TCase *tc = tcase_create("table");
+    tcase_add_test(tc, test_placement_static_is_contiguous_blocks);
+    tcase_add_test(tc, test_placement_uniform_load_stays_static);
+    tcase_add_test(tc, test_placement_replicates_the_hot_expert);
+    tcase_add_test(tc, test_placement_dest_deals_non_holders_by_source_rank);
+    tcase_add_test(tc, test_placement_properties_on_random_loads);
+    tcase_add_test(tc, test_placement_keys_refuse_bad_combinations);
+    tcase_add_test(tc, test_plan_models_placement_for_any_ranks);
+    tcase_add_test(tc, test_placement_skewed_config_checks);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run(placement_suite());
+}

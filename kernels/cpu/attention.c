@@ -1,24 +1,26 @@
 // Causal scaled dot-product attention with grouped-query heads (GQA, arXiv
 // 2305.13245), blocked as FlashAttention-2 (Dao, arXiv 2307.08691): scores
-// exist one [BR, BC] tile at a time, the softmax is kept online per query row
-// (running max m, running sum l) in float, and only the row log-sum-exp is
-// saved. Backward recomputes each tile from it:
+// exist one [BC keys x BR queries] tile at a time, the softmax is kept online
+// per query (running max m, running sum l) in float, and only the row
+// log-sum-exp is saved. Backward recomputes each tile from it:
 //   P = exp(S - lse),  dV += P^T dO,  dP = dO V^T,  dS = P * (dP - D),
 //   D = rowsum(dO * O),  dQ += scale dS K,  dK += scale dS^T Q.
-// Tiles are multiplied by a 4x16 register-blocked kernel over zero-padded
-// copies (K and V transposed where the inner loop needs them), so every loop
-// runs on full 8-wide vectors. (b, head) pairs, or (b, kv head) groups in
-// backward so that dK and dV have one writer, are spread over the thread pool.
+// Tiles are stored transposed (key-major, S^T [BC x BR]) so that K and V are
+// read in place as the broadcast operand of a 6x16 register-blocked FMA
+// kernel, only Q (and dO) need a transposed copy, and the per-query softmax
+// statistics are 8-wide vectors across a tile row. Forward items are
+// (b, head, query block), heaviest first; backward items are (b, kv head) so
+// that dK and dV have one writer. Every item's arithmetic is fixed, so the
+// results do not depend on the thread count or timing.
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/nn.h"
 #include "moe/error.h"
 
 #include <cblas.h>
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
-enum { BR = 64, BC = 64 }; // query rows, key columns per tile
+enum { BR = 64, BC = 64 }; // queries, keys per tile (BR a multiple of 16)
 
 // 8-lane vectors: AVX registers under -march=native, pairs of SSE ones
 // without; the helpers are static, so the vector-ABI note does not apply.
@@ -38,18 +40,25 @@ static inline v8 load8(const float *p) {
     memcpy(&x, p, sizeof x);
     return x;
 }
-static inline void store8(float *p, v8 x) { memcpy(p, &x, sizeof x); }
-static inline v8 splat(float x) { return (v8){x, x, x, x, x, x, x, x}; }
-
+static inline void store8(float *p, v8 x) {
+    memcpy(p, &x, sizeof x);
+}
+static inline v8 splat(float x) {
+    return (v8){x, x, x, x, x, x, x, x};
+}
 static inline v8 vselect(v8i mask, v8 a, v8 b) { // mask ? a : b per lane (C has no vector ?:)
     return (v8)(((v8i)a & mask) | ((v8i)b & ~mask));
 }
+static inline v8 vmax(v8 a, v8 b) {
+    return vselect(a > b, a, b);
+}
 
-// exp on 8 lanes (Cephes expf: Cody-Waite reduction by ln 2, degree-6
-// polynomial, about 1 ulp); x below -87 (masked scores are -inf) gives 0.
+// exp on 8 lanes (Cephes expf: Cody-Waite reduction by ln 2, degree-7
+// polynomial, within 2 ulp; tests/test_nn_ops.c bounds it); x below -87
+// (masked scores are -inf) gives exactly 0.
 static inline v8 exp8(v8 x) {
     const v8i dead = x < splat(-87.0f);
-    x = vselect(dead, splat(-87.0f), x);
+    x = vmax(x, splat(-87.0f));
     x = vselect(x > splat(88.0f), splat(88.0f), x);
     v8 n = x * splat(1.44269504088896341f) + splat(12582912.0f); // round to nearest
     n -= splat(12582912.0f);
@@ -65,145 +74,187 @@ static inline v8 exp8(v8 x) {
     return (v8)((v8i)((v8)e * p) & ~dead);
 }
 
-// C[4 x 16] += A[4 x K] B[K x 16]: A[r][k] at a[r * rs + k * ks] (so A may be
-// read transposed), B rows ldb apart, C rows ldc apart; the tile sits in 8
-// vector registers through the K loop.
-static inline void kernel4x16(float *c, int ldc, const float *a, int rs, int ks, const float *b,
-                              int ldb, int K) {
-    v8 c00 = load8(c), c01 = load8(c + 8), c10 = load8(c + ldc), c11 = load8(c + ldc + 8);
-    v8 c20 = load8(c + 2 * ldc), c21 = load8(c + 2 * ldc + 8);
-    v8 c30 = load8(c + 3 * ldc), c31 = load8(c + 3 * ldc + 8);
+void moe_cpu_exp_vec(float *y, const float *x, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        store8(y + i, exp8(load8(x + i)));
+    if (i < n) {
+        float t[8] = {0};
+        memcpy(t, x + i, sizeof(float) * (n - i));
+        store8(t, exp8(load8(t)));
+        memcpy(y + i, t, sizeof(float) * (n - i));
+    }
+}
+
+// C[R x 16] (+)= A[R x K] B[K x 16]: A[r][k] at a[r * rs + k * ks] (so A may
+// be read transposed or in place from a strided tensor), B rows ldb apart, C
+// rows ldc apart; zero: C starts from 0 instead of its contents. R <= 6: the
+// 12 accumulators, two B vectors and a broadcast fill 15 of the 16 vector
+// registers, enough independent FMA chains to cover the FMA latency.
+static inline __attribute__((always_inline)) void kernel(int R, bool zero, float *c, size_t ldc,
+                                                         const float *a, size_t rs, size_t ks,
+                                                         const float *b, size_t ldb, int K) {
+    v8 acc[6][2];
+    for (int r = 0; r < R; r++) {
+        acc[r][0] = zero ? splat(0.0f) : load8(c + r * ldc);
+        acc[r][1] = zero ? splat(0.0f) : load8(c + r * ldc + 8);
+    }
     for (int k = 0; k < K; k++) {
         const v8 b0 = load8(b + (size_t)k * ldb), b1 = load8(b + (size_t)k * ldb + 8);
         const float *ak = a + (size_t)k * ks;
-        v8 a0 = splat(ak[0]), a1 = splat(ak[rs]);
-        c00 += a0 * b0, c01 += a0 * b1, c10 += a1 * b0, c11 += a1 * b1;
-        a0 = splat(ak[2 * rs]), a1 = splat(ak[3 * rs]);
-        c20 += a0 * b0, c21 += a0 * b1, c30 += a1 * b0, c31 += a1 * b1;
+        for (int r = 0; r < R; r++) {
+            const v8 ar = splat(ak[r * rs]);
+            acc[r][0] += ar * b0, acc[r][1] += ar * b1;
+        }
     }
-    store8(c, c00), store8(c + 8, c01), store8(c + ldc, c10), store8(c + ldc + 8, c11);
-    store8(c + 2 * ldc, c20), store8(c + 2 * ldc + 8, c21);
-    store8(c + 3 * ldc, c30), store8(c + 3 * ldc + 8, c31);
+    for (int r = 0; r < R; r++)
+        store8(c + r * ldc, acc[r][0]), store8(c + r * ldc + 8, acc[r][1]);
 }
 
-// C[M x N] += A[M x K] B[K x N], M % 4 == 0, N % 16 == 0; A rows lda apart.
-static void tile_gemm(float *c, int ldc, const float *a, int lda, const float *b, int ldb, int M,
-                      int N, int K) {
-    for (int i = 0; i < M; i += 4)
+// C[M x N] (+)= A[M x K] B[K x N] for any M, N % 16 == 0, strides as kernel().
+static inline __attribute__((always_inline)) void gemm(bool zero, float *c, size_t ldc,
+                                                       const float *a, size_t rs, size_t ks,
+                                                       const float *b, size_t ldb, int M, int N,
+                                                       int K) {
+    int i = 0;
+    for (; i + 6 <= M; i += 6)
         for (int j = 0; j < N; j += 16)
-            kernel4x16(c + (size_t)i * ldc + j, ldc, a + (size_t)i * lda, lda, 1, b + j, ldb, K);
+            kernel(6, zero, c + i * ldc + j, ldc, a + i * rs, rs, ks, b + j, ldb, K);
+    for (int R = 4; R >= 1; R /= 2)
+        if ((M - i) & R) {
+            for (int j = 0; j < N; j += 16)
+                kernel(R, zero, c + i * ldc + j, ldc, a + i * rs, rs, ks, b + j, ldb, K);
+            i += R;
+        }
 }
 
-// C[M x N] += A^T B for A [K x M] with rows lda apart (no transposed copy).
-static void tile_gemm_tn(float *c, int ldc, const float *a, int lda, const float *b, int ldb, int M,
-                         int N, int K) {
-    for (int i = 0; i < M; i += 4)
-        for (int j = 0; j < N; j += 16)
-            kernel4x16(c + (size_t)i * ldc + j, ldc, a + i, 1, lda, b + j, ldb, K);
+// The two variants the passes use, so each is compiled once: C = A B (zero)
+// and C += A B.
+static void gemm_set(float *c, size_t ldc, const float *a, size_t rs, size_t ks, const float *b,
+                     size_t ldb, int M, int N, int K) {
+    gemm(true, c, ldc, a, rs, ks, b, ldb, M, N, K);
+}
+static void gemm_add(float *c, size_t ldc, const float *a, size_t rs, size_t ks, const float *b,
+                     size_t ldb, int M, int N, int K) {
+    gemm(false, c, ldc, a, rs, ks, b, ldb, M, N, K);
 }
 
-static inline int round_up(int x, int m) { return (x + m - 1) / m * m; }
+static inline int round_up(int x, int m) {
+    return (x + m - 1) / m * m;
+}
+static inline int min_int(int a, int b) {
+    return a < b ? a : b;
+}
 
-// dst [rows x ldd] = src rows (stride lds, n values each), zero padded.
-static void copy_rows(float *dst, int ldd, const float *src, size_t lds, int rows, int n, int pad_rows,
-                      float s) {
-    for (int r = 0; r < pad_rows; r++) {
-        float *d = dst + (size_t)r * ldd;
-        if (r < rows)
-            for (int i = 0; i < n; i++)
-                d[i] = s * src[r * lds + i];
-        else
-            memset(d, 0, sizeof(float) * n);
-        memset(d + n, 0, sizeof(float) * (ldd - n));
+// dst [hd x BR] = s * (rows x hd, stride lds)^T, queries past rows zero.
+static void transpose_block(float *dst, const float *src, size_t lds, int rows, int hd, float s) {
+    for (int d = 0; d < hd; d++) {
+        float *o = dst + (size_t)d * BR;
+        for (int r = 0; r < rows; r++)
+            o[r] = s * src[r * lds + d];
+        for (int r = rows; r < BR; r++)
+            o[r] = 0.0f;
     }
 }
 
-// dst [n_pad x ldd] = transpose of src rows (rows x n, stride lds), zero padded.
-static void copy_transposed(float *dst, int ldd, const float *src, size_t lds, int rows, int n,
-                            int n_pad) {
-    memset(dst, 0, sizeof(float) * (size_t)n_pad * ldd);
-    for (int r = 0; r < rows; r++)
-        for (int i = 0; i < n; i++)
-            dst[(size_t)i * ldd + r] = src[r * lds + i];
+// dst [rows x ldd] = src rows (stride lds, n values each), zero padded to ldd.
+static void copy_rows(float *dst, int ldd, const float *src, size_t lds, int rows, int n) {
+    for (int r = 0; r < rows; r++) {
+        memcpy(dst + (size_t)r * ldd, src + r * lds, sizeof(float) * n);
+        memset(dst + (size_t)r * ldd + n, 0, sizeof(float) * (ldd - n));
+    }
+}
+
+// Scores of a diagonal tile (key block = query block): key c is in the
+// future of query r when c > r.
+static void mask_diagonal(float *St, int kc) {
+    for (int c = 1; c < kc; c++)
+        for (int r = 0; r < c; r++)
+            St[c * BR + r] = -INFINITY;
 }
 
 typedef struct {
     float *out, *lse, *dq, *dk, *dv;
     const float *q, *k, *v, *o, *dout;
-    int B, T, Hq, Hkv, hd, Tp, hdp;
+    int B, T, Hq, Hkv, hd, hdp, nt;
     float scale;
     float *scratch;
     size_t slot; // floats of scratch per thread
 } att_job;
 
-// S [BR x BC] = Qs_i K_j^T for query rows i0.., key columns j0.., with
-// -inf where the key is in the future or past T.
-static void scores(float *S, const float *qs, const float *kT, int Tp, int hdp, int i0, int j0,
-                   int T) {
-    memset(S, 0, sizeof(float) * BR * BC);
-    tile_gemm(S, BC, qs, hdp, kT + j0, Tp, BR, BC, hdp);
-    if (j0 + BC - 1 <= i0 && j0 + BC <= T) return; // wholly in the past
-    for (int r = 0; r < BR; r++)
-        for (int c = 0; c < BC; c++)
-            if (j0 + c > i0 + r || j0 + c >= T) S[r * BC + c] = -INFINITY;
+// Per-thread floats: forward tiles, or backward's per-head transposed copies
+// and (head_dim not a multiple of 16) padded copies and accumulators.
+static size_t slot_floats(int T, int hd) {
+    const size_t Tp = (size_t)round_up(T, BR), hdp = (size_t)round_up(hd, 16);
+    const size_t fwd = (size_t)hd * BR + (size_t)BC * BR + 2 * (size_t)BR * hdp + 2 * BR;
+    size_t bwd = 2 * Tp * hd + 2 * Tp + 2 * (size_t)BC * BR;
+    if (hdp != (size_t)hd) bwd += 6 * Tp * hdp;
+    return ((fwd > bwd ? fwd : bwd) + 15) / 16 * 16;
 }
 
-static void forward_head(void *ctx, int item) {
+// One query block of one head against every key block up to it (FlashAttention-2
+// forward). The tile St[c][r] = k_c . (scale q_r) is K read in place times the
+// transposed query block; its columns are the queries, so m, l and the
+// rescaling factors are vectors over 8 queries.
+static void forward_block(void *ctx, int item) {
     const att_job *J = ctx;
-    const int b = item / J->Hq, h = item % J->Hq, g = h / (J->Hq / J->Hkv);
-    const int T = J->T, hd = J->hd, Tp = J->Tp, hdp = J->hdp;
+    const int BH = J->B * J->Hq, i0 = (J->nt - 1 - item / BH) * BR; // heaviest first
+    const int b = item % BH / J->Hq, h = item % J->Hq, g = h / (J->Hq / J->Hkv);
+    const int T = J->T, hd = J->hd, hdp = J->hdp, rows = min_int(BR, T - i0);
     const size_t ldq = (size_t)J->Hq * hd, ldk = (size_t)J->Hkv * hd;
-    const float *q = J->q + (size_t)b * T * ldq + (size_t)h * hd;
-    const float *k = J->k + (size_t)b * T * ldk + (size_t)g * hd, *v = J->v + (size_t)b * T * ldk + (size_t)g * hd;
-    float *kT = J->scratch + (size_t)moe_cpu_thread_id() * J->slot; // [hdp x Tp]
-    float *vp = kT + (size_t)hdp * Tp;                               // [Tp x hdp]
-    float *qs = vp + (size_t)Tp * hdp, *acc = qs + BR * hdp, *S = acc + BR * hdp; // tiles
-    float m[BR], l[BR];
-    copy_transposed(kT, Tp, k, ldk, T, hd, hdp);
-    copy_rows(vp, hdp, v, ldk, T, hd, Tp, 1.0f);
-    for (int i0 = 0; i0 < T; i0 += BR) {
-        const int rows = T - i0 < BR ? T - i0 : BR;
-        copy_rows(qs, hdp, q + i0 * ldq, ldq, rows, hd, BR, J->scale);
-        memset(acc, 0, sizeof(float) * BR * hdp);
-        for (int r = 0; r < BR; r++)
-            m[r] = -INFINITY, l[r] = 0.0f;
-        for (int j0 = 0; j0 <= i0 + rows - 1; j0 += BC) {
-            scores(S, qs, kT, Tp, hdp, i0, j0, T);
-            for (int r = 0; r < rows; r++) {
-                float *s = S + r * BC, mx = m[r];
-                v8 vm = splat(mx);
-                for (int c = 0; c < BC; c += 8) {
-                    const v8 x = load8(s + c);
-                    vm = vselect(x > vm, x, vm);
-                }
-                for (int i = 0; i < 8; i++)
-                    mx = vm[i] > mx ? vm[i] : mx;
-                const float alpha = expf(m[r] - mx); // 0 on the first block
-                v8 sum = splat(0.0f);
-                for (int c = 0; c < BC; c += 8) {
-                    v8 p = exp8(load8(s + c) - splat(mx));
-                    store8(s + c, p);
-                    sum += p;
-                }
-                float ls = 0.0f;
-                for (int i = 0; i < 8; i++)
-                    ls += sum[i];
-                l[r] = l[r] * alpha + ls, m[r] = mx;
-                if (alpha != 1.0f)
-                    for (int d = 0; d < hdp; d++)
-                        acc[r * hdp + d] *= alpha;
+    const float *q = J->q + ((size_t)b * T + i0) * ldq + (size_t)h * hd;
+    const float *k = J->k + (size_t)b * T * ldk + (size_t)g * hd;
+    const float *v = J->v + (size_t)b * T * ldk + (size_t)g * hd;
+    float *Qt = J->scratch + (size_t)moe_cpu_thread_id() * J->slot; // [hd x BR]
+    float *St = Qt + (size_t)hd * BR;                               // [BC x BR]
+    float *acc = St + BC * BR, *Vp = acc + (size_t)BR * hdp;        // [BR x hdp], [BC x hdp]
+    float *m = Vp + (size_t)BC * hdp, *l = m + BR;                  // [BR] each
+    transpose_block(Qt, q, ldq, rows, hd, J->scale);
+    memset(acc, 0, sizeof(float) * BR * hdp);
+    for (int r = 0; r < BR; r++)
+        m[r] = -INFINITY, l[r] = 0.0f;
+    for (int j0 = 0; j0 <= i0; j0 += BC) {
+        const int kc = min_int(BC, T - j0);
+        gemm_set(St, BR, k + j0 * ldk, ldk, 1, Qt, BR, kc, BR, hd);
+        if (j0 == i0) mask_diagonal(St, kc);
+        v8 alpha[BR / 8];
+        bool rescale = false;
+        for (int rv = 0; rv < BR; rv += 8) {
+            const v8 m_old = load8(m + rv);
+            v8 mx = m_old;
+            for (int c = 0; c < kc; c++)
+                mx = vmax(mx, load8(St + c * BR + rv));
+            v8 sum = splat(0.0f);
+            for (int c = 0; c < kc; c++) {
+                const v8 p = exp8(load8(St + c * BR + rv) - mx);
+                store8(St + c * BR + rv, p);
+                sum += p;
             }
-            if (rows < BR) memset(S + rows * BC, 0, sizeof(float) * (BR - rows) * BC);
-            tile_gemm(acc, hdp, S, BC, vp + (size_t)j0 * hdp, hdp, BR, hdp, BC);
+            const v8 a = exp8(m_old - mx); // 0 on the first block (m_old = -inf)
+            store8(l + rv, load8(l + rv) * a + sum), store8(m + rv, mx);
+            alpha[rv / 8] = a;
+            for (int i = 0; i < 8; i++)
+                rescale |= a[i] != 1.0f;
         }
-        float *o = J->out + (size_t)b * T * ldq + (size_t)h * hd + i0 * ldq;
-        float *lse = J->lse + ((size_t)b * J->Hq + h) * T + i0;
-        for (int r = 0; r < rows; r++) {
-            const float inv = 1.0f / l[r];
-            for (int d = 0; d < hd; d++)
-                o[r * ldq + d] = acc[r * hdp + d] * inv;
-            lse[r] = m[r] + logf(l[r]);
-        }
+        if (rescale && j0)
+            for (int r = 0; r < BR; r++) {
+                const v8 a = splat(alpha[r / 8][r % 8]);
+                for (int d = 0; d < hdp; d += 8)
+                    store8(acc + r * hdp + d, load8(acc + r * hdp + d) * a);
+            }
+        // acc [BR x hdp] += P^T V_j: P^T read from St as A[r][c] = St[c][r]
+        const float *vb = v + j0 * ldk;
+        size_t ldv = ldk;
+        if (hd != hdp) copy_rows(Vp, hdp, vb, ldk, kc, hd), vb = Vp, ldv = hdp;
+        gemm_add(acc, hdp, St, 1, BR, vb, ldv, BR, hdp, kc);
+    }
+    float *o = J->out + ((size_t)b * T + i0) * ldq + (size_t)h * hd;
+    float *lse = J->lse + ((size_t)b * J->Hq + h) * T + i0;
+    for (int r = 0; r < rows; r++) {
+        const float inv = 1.0f / l[r];
+        for (int d = 0; d < hd; d++)
+            o[r * ldq + d] = acc[r * hdp + d] * inv;
+        lse[r] = m[r] + logf(l[r]);
     }
 }
 
@@ -211,104 +262,131 @@ size_t moe_cpu_attention_state_floats(int B, int T, int Hq) {
     return (size_t)B * Hq * T; // one log-sum-exp per query row
 }
 
-size_t moe_cpu_attention_scratch_floats(int T) {
-    (void)T; // tiles live in per-thread buffers sized by the thread count
-    return 0;
+size_t moe_cpu_attention_scratch_floats(int T, int hd) {
+    return slot_floats(T, hd) * (size_t)moe_cpu_threads();
 }
 
-int moe_cpu_attention_forward(float *out, float *att, const float *q, const float *k,
-                              const float *v, int B, int T, int Hq, int Hkv, int hd) {
+static int job_init(att_job *J, float *scratch, int B, int T, int Hq, int Hkv, int hd) {
     MOE_TRY(check_dims(B, T, Hq, Hkv, hd));
-    att_job J = {.out = out, .lse = att, .q = q, .k = k, .v = v, .B = B, .T = T, .Hq = Hq,
-                 .Hkv = Hkv, .hd = hd, .Tp = round_up(T, BC), .hdp = round_up(hd, 16),
-                 .scale = 1.0f / sqrtf((float)hd)};
-    J.slot = 2 * (size_t)J.Tp * J.hdp + 2 * BR * J.hdp + BR * BC + 16;
-    J.scratch = malloc(sizeof(float) * J.slot * moe_cpu_threads());
-    if (!J.scratch) return moe_fail(MOE_ENOMEM, "attention: %d-position tiles: out of memory", T);
-    moe_cpu_parallel_for(B * Hq, forward_head, &J);
-    free(J.scratch);
+    if (!scratch)
+        return moe_fail(MOE_EINVAL,
+                        "attention: no scratch (attention_scratch_floats(%d, %d) "
+                        "floats expected)",
+                        T, hd);
+    J->scratch = scratch, J->B = B, J->T = T, J->Hq = Hq, J->Hkv = Hkv, J->hd = hd;
+    J->hdp = round_up(hd, 16), J->nt = (T + BR - 1) / BR, J->scale = 1.0f / sqrtf((float)hd);
+    J->slot = slot_floats(T, hd);
     return 0;
 }
 
+int moe_cpu_attention_forward(float *out, float *att, float *scratch, const float *q,
+                              const float *k, const float *v, int B, int T, int Hq, int Hkv,
+                              int hd) {
+    att_job J = {.out = out, .lse = att, .q = q, .k = k, .v = v};
+    MOE_TRY(job_init(&J, scratch, B, T, Hq, Hkv, hd));
+    moe_cpu_parallel_for(B * Hq * J.nt, forward_block, &J);
+    return 0;
+}
+
+// Every query head of kv group (b, g), every (query block, key block) pair at
+// or below the diagonal. With head_dim a multiple of 16, dQ, dK and dV
+// accumulate in place in the caller's buffers and Q, dO, K are read there;
+// otherwise through zero-padded copies.
 static void backward_group(void *ctx, int item) {
     const att_job *J = ctx;
     const int b = item / J->Hkv, g = item % J->Hkv, group = J->Hq / J->Hkv;
-    const int T = J->T, hd = J->hd, Tp = J->Tp, hdp = J->hdp;
+    const int T = J->T, hd = J->hd, hdp = J->hdp, Tp = J->nt * BR;
+    const bool pad = hd != hdp;
     const size_t ldq = (size_t)J->Hq * hd, ldk = (size_t)J->Hkv * hd;
     const size_t off_k = (size_t)b * T * ldk + (size_t)g * hd;
-    float *kp = J->scratch + (size_t)moe_cpu_thread_id() * J->slot; // [Tp x hdp]
-    float *vT = kp + (size_t)Tp * hdp, *kT = vT + (size_t)hdp * Tp;  // [hdp x Tp]
-    float *dk = kT + (size_t)hdp * Tp, *dv = dk + (size_t)Tp * hdp;  // [Tp x hdp]
-    float *qs = dv + (size_t)Tp * hdp, *dO = qs + (size_t)Tp * hdp;  // [Tp x hdp]
-    float *dQ = dO + (size_t)Tp * hdp, *D = dQ + (size_t)Tp * hdp;  // [Tp x hdp], [Tp]
-    float *P = D + Tp, *dS = P + BR * BC; // tiles
-    copy_rows(kp, hdp, J->k + off_k, ldk, T, hd, Tp, 1.0f);
-    copy_transposed(kT, Tp, J->k + off_k, ldk, T, hd, hdp);
-    copy_transposed(vT, Tp, J->v + off_k, ldk, T, hd, hdp);
-    memset(dk, 0, sizeof(float) * 2 * Tp * hdp);
+    float *Qt = J->scratch + (size_t)moe_cpu_thread_id() * J->slot; // [nt][hd x BR]
+    float *dOt = Qt + (size_t)Tp * hd, *D = dOt + (size_t)Tp * hd;  // [nt][hd x BR], [Tp]
+    float *L = D + Tp, *P = L + Tp, *dS = P + BC * BR;              // [Tp], tiles [BC x BR]
+    float *Kp = dS + BC * BR, *Qp = Kp + (size_t)Tp * hdp;          // padded: [Tp x hdp] each
+    float *dOp = Qp + (size_t)Tp * hdp, *dQp = dOp + (size_t)Tp * hdp;
+    float *dKp = dQp + (size_t)Tp * hdp, *dVp = dKp + (size_t)Tp * hdp;
+    const float *kb = J->k + off_k;
+    float *dkb = J->dk + off_k, *dvb = J->dv + off_k;
+    size_t ldkb = ldk; // stride of K rows read as B and of dK, dV rows
+    if (pad) {
+        copy_rows(Kp, hdp, kb, ldk, T, hd);
+        memset(dKp, 0, sizeof(float) * 2 * Tp * hdp); // dKp, dVp
+        kb = Kp, dkb = dKp, dvb = dVp, ldkb = hdp;
+    }
     for (int h = g * group; h < (g + 1) * group; h++) {
         const size_t off_q = (size_t)b * T * ldq + (size_t)h * hd;
         const float *lse = J->lse + ((size_t)b * J->Hq + h) * T;
-        copy_rows(qs, hdp, J->q + off_q, ldq, T, hd, Tp, J->scale);
-        copy_rows(dO, hdp, J->dout + off_q, ldq, T, hd, Tp, 1.0f);
-        memset(dQ, 0, sizeof(float) * Tp * hdp);
+        const float *qb = J->q + off_q, *dob = J->dout + off_q;
+        float *dqb = J->dq + off_q;
+        size_t ldqb = ldq;
+        for (int i0 = 0; i0 < T; i0 += BR) {
+            const int rows = min_int(BR, T - i0);
+            transpose_block(Qt + (size_t)i0 * hd, qb + i0 * ldq, ldq, rows, hd, J->scale);
+            transpose_block(dOt + (size_t)i0 * hd, dob + i0 * ldq, ldq, rows, hd, 1.0f);
+        }
         for (int t = 0; t < Tp; t++) {
             float s = 0.0f;
             if (t < T)
                 for (int d = 0; d < hd; d++)
-                    s += J->dout[off_q + t * ldq + d] * J->o[off_q + t * ldq + d];
-            D[t] = s;
+                    s += dob[t * ldq + d] * J->o[off_q + t * ldq + d];
+            D[t] = s, L[t] = t < T ? lse[t] : INFINITY; // padded queries: P = 0
         }
-        for (int j0 = 0; j0 < T; j0 += BC) {
-            for (int i0 = j0 / BR * BR; i0 < T; i0 += BR) {
-                const int rows = T - i0 < BR ? T - i0 : BR;
-                scores(P, qs + (size_t)i0 * hdp, kT, Tp, hdp, i0, j0, T);
-                for (int r = 0; r < BR; r++) {
-                    const v8 m = splat(r < rows ? lse[i0 + r] : INFINITY);
-                    for (int c = 0; c < BC; c += 8)
-                        store8(P + r * BC + c, exp8(load8(P + r * BC + c) - m));
-                }
-                // dP = dO_i V_j^T, then dS = P * (dP - D)
-                memset(dS, 0, sizeof(float) * BR * BC);
-                tile_gemm(dS, BC, dO + (size_t)i0 * hdp, hdp, vT + j0, Tp, BR, BC, hdp);
-                for (int r = 0; r < BR; r++) {
-                    const v8 Dr = splat(D[i0 + r]);
-                    for (int c = 0; c < BC; c += 8)
-                        store8(dS + r * BC + c,
-                               load8(P + r * BC + c) * (load8(dS + r * BC + c) - Dr));
-                }
-                tile_gemm_tn(dv + (size_t)j0 * hdp, hdp, P, BC, dO + (size_t)i0 * hdp, hdp, BC,
-                             hdp, BR);
-                tile_gemm_tn(dk + (size_t)j0 * hdp, hdp, dS, BC, qs + (size_t)i0 * hdp, hdp, BC,
-                             hdp, BR);
-                tile_gemm(dQ + (size_t)i0 * hdp, hdp, dS, BC, kp + (size_t)j0 * hdp, hdp, BR, hdp,
-                          BC);
+        if (pad) {
+            copy_rows(Qp, hdp, qb, ldq, T, hd), copy_rows(dOp, hdp, dob, ldq, T, hd);
+            memset(dQp, 0, sizeof(float) * Tp * hdp);
+            qb = Qp, dob = dOp, dqb = dQp, ldqb = hdp;
+        }
+        for (int i0 = 0; i0 < T; i0 += BR) {
+            const int rows = min_int(BR, T - i0);
+            const float *qt = Qt + (size_t)i0 * hd, *dot = dOt + (size_t)i0 * hd;
+            for (int j0 = 0; j0 <= i0; j0 += BC) {
+                const int kc = min_int(BC, T - j0);
+                const float *kj = J->k + off_k + j0 * ldk, *vj = J->v + off_k + j0 * ldk;
+                gemm_set(P, BR, kj, ldk, 1, qt, BR, kc, BR, hd); // S^T
+                if (j0 == i0) mask_diagonal(P, kc);
+                gemm_set(dS, BR, vj, ldk, 1, dot, BR, kc, BR, hd); // dP^T
+                for (int c = 0; c < kc; c++)
+                    for (int rv = 0; rv < BR; rv += 8) {
+                        const v8 p = exp8(load8(P + c * BR + rv) - load8(L + i0 + rv));
+                        store8(P + c * BR + rv, p);
+                        store8(dS + c * BR + rv,
+                               splat(J->scale) * p *
+                                   (load8(dS + c * BR + rv) - load8(D + i0 + rv)));
+                    }
+                // dV_j += P^T dO_i, dK_j += dS^T Q_i (A = the tiles read row-major)
+                gemm_add(dvb + j0 * ldkb, ldkb, P, BR, 1, dob + i0 * ldqb, ldqb, kc, hdp, rows);
+                gemm_add(dkb + j0 * ldkb, ldkb, dS, BR, 1, qb + i0 * ldqb, ldqb, kc, hdp, rows);
+                // dQ_i += dS K_j (A[r][c] = dS^T[c][r])
+                gemm_add(dqb + i0 * ldqb, ldqb, dS, 1, BR, kb + j0 * ldkb, ldkb, rows, hdp, kc);
             }
         }
-        for (int t = 0; t < T; t++)
-            for (int d = 0; d < hd; d++)
-                J->dq[off_q + t * ldq + d] += J->scale * dQ[(size_t)t * hdp + d];
+        if (pad)
+            for (int t = 0; t < T; t++)
+                for (int d = 0; d < hd; d++)
+                    J->dq[off_q + t * ldq + d] += dQp[(size_t)t * hdp + d];
     }
-    for (int t = 0; t < T; t++)
-        for (int d = 0; d < hd; d++) {
-            J->dk[off_k + t * ldk + d] += dk[(size_t)t * hdp + d];
-            J->dv[off_k + t * ldk + d] += dv[(size_t)t * hdp + d];
-        }
+    if (pad)
+        for (int t = 0; t < T; t++)
+            for (int d = 0; d < hd; d++) {
+                J->dk[off_k + t * ldk + d] += dKp[(size_t)t * hdp + d];
+                J->dv[off_k + t * ldk + d] += dVp[(size_t)t * hdp + d];
+            }
 }
 
 int moe_cpu_attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
                                const float *out, const float *att, const float *q, const float *k,
                                const float *v, int B, int T, int Hq, int Hkv, int hd) {
-    MOE_TRY(check_dims(B, T, Hq, Hkv, hd));
-    (void)datt; // tiles live in the backend's own scratch
-    att_job J = {.dq = dq, .dk = dk, .dv = dv, .lse = (float *)att, .q = q, .k = k, .v = v,
-                 .o = out, .dout = dout, .B = B, .T = T, .Hq = Hq, .Hkv = Hkv, .hd = hd,
-                 .Tp = round_up(T, BC), .hdp = round_up(hd, 16), .scale = 1.0f / sqrtf((float)hd)};
-    J.slot = 8 * (size_t)J.Tp * J.hdp + J.Tp + 2 * BR * BC + 16;
-    J.scratch = malloc(sizeof(float) * J.slot * moe_cpu_threads());
-    if (!J.scratch) return moe_fail(MOE_ENOMEM, "attention: %d-position tiles: out of memory", T);
+    att_job J = {.dq = dq,
+                 .dk = dk,
+                 .dv = dv,
+                 .lse = (float *)att,
+                 .q = q,
+                 .k = k,
+                 .v = v,
+                 .o = out,
+                 .dout = dout};
+    MOE_TRY(job_init(&J, datt, B, T, Hq, Hkv, hd));
     moe_cpu_parallel_for(B * Hkv, backward_group, &J);
-    free(J.scratch);
     return 0;
 }
 

@@ -83,7 +83,7 @@ int main(int argc, char **argv) {
         float *dout = malloc(sizeof(float) * nq), *dq = calloc(nq, sizeof(float));
         float *dk = calloc(nk, sizeof(float)), *dv = calloc(nk, sizeof(float));
         float *lse = malloc(sizeof(float) * B * Hq * T); // all the CPU kernel keeps of att
-        float *sc = malloc(sizeof(float) * moe_cpu_attention_scratch_floats(T, hd));
+        float *sc = malloc(sizeof(float) * moe_cpu_attention_scratch_floats(B, T, Hq, Hkv, hd));
         if (!q || !k || !v || !out || !dout || !dq || !dk || !dv || !lse || !sc) return 1;
         fill(q, nq, 3), fill(k, nk, 4), fill(v, nk, 5), fill(dout, nq, 6);
         double tf[MAX_REPS], tb[MAX_REPS], tg[MAX_REPS];

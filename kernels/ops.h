@@ -104,10 +104,10 @@ typedef struct moe_ops {
     // buffer, free between calls): the backend's own sizes, so the model (and
     // moe plan's memory model) allocate no more than it needs and the backend
     // allocates nothing. CPU: att [B, Hq, T], scratch one slot per pool thread
-    // (tiles, per-head copies: O(T hd)); CUDA: att [B, Hq, T, T], datt [T, T],
-    // forward none.
+    // (tiles, per-head copies: O(T hd)) and with GQA per-head dK, dV partials
+    // [2, B, Hq, T, hd]; CUDA: att [B, Hq, T, T], datt [T, T], forward none.
     size_t (*attention_state_floats)(int B, int T, int Hq);
-    size_t (*attention_scratch_floats)(int T, int hd);
+    size_t (*attention_scratch_floats)(int B, int T, int Hq, int Hkv, int hd);
     // tok/target are backend memory; an id outside the vocabulary fails with
     // the same message on both (CUDA copies the ids to the host to check them).
     int (*embedding_forward)(float *out, const int32_t *tok, const float *table, int N, int C,

@@ -512,7 +512,8 @@ START_TEST(test_attention_matches_cpu) {
         fbuf q = fb_randn(&r, nq, 1.0f), k = fb_randn(&r, nk, 1.0f), v = fb_randn(&r, nk, 1.0f);
         fbuf out = fb_make(nq, NULL, NAN), att = fb_make((size_t)B * Hq * T * T, NULL, NAN);
         // one scratch of the larger backend's size, shared by forward and backward
-        size_t ns = CPU->attention_scratch_floats(T, hd), ns_gpu = GPU->attention_scratch_floats(T, hd);
+        size_t ns = CPU->attention_scratch_floats(B, T, Hq, Hkv, hd);
+        size_t ns_gpu = GPU->attention_scratch_floats(B, T, Hq, Hkv, hd);
         fbuf datt = fb_make(ns > ns_gpu ? ns : ns_gpu, NULL, NAN);
         BOTH(CPU->attention_forward(out.h, att.h, datt.h, q.h, k.h, v.h, B, T, Hq, Hkv, hd),
              GPU->attention_forward(out.d, att.d, datt.d, q.d, k.d, v.d, B, T, Hq, Hkv, hd));

@@ -11,8 +11,8 @@
 #include <string.h>
 
 // The attention scratch (forward tiles, backward copies) the kernel is given.
-static float *att_scratch(int T, int hd) {
-    return calloc(moe_cpu_attention_scratch_floats(T, hd) + 1, sizeof(float));
+static float *att_scratch(int B, int T, int Hq, int Hkv, int hd) {
+    return calloc(moe_cpu_attention_scratch_floats(B, T, Hq, Hkv, hd) + 1, sizeof(float));
 }
 
 typedef double (*loss_fn)(void *ctx);
@@ -134,7 +134,8 @@ START_TEST(test_attention_causal_first_token) {
     float *q = randn(&g, B * T * HQ * HD, 1), *k = randn(&g, B * T * HKV * HD, 1);
     float *v = randn(&g, B * T * HKV * HD, 1);
     float *out = calloc(B * T * HQ * HD, 4),
-          *att = calloc(moe_cpu_attention_state_floats(B, T, HQ), 4), *sc = att_scratch(T, HD);
+          *att = calloc(moe_cpu_attention_state_floats(B, T, HQ), 4),
+          *sc = att_scratch(B, T, HQ, HKV, HD);
     ck_assert_int_eq(moe_cpu_attention_forward(out, att, sc, q, k, v, B, T, HQ, HKV, HD), 0);
     for (int h = 0; h < HQ; h++)
         for (int d = 0; d < HD; d++)
@@ -174,7 +175,7 @@ START_TEST(test_attention_gradients) {
                  randn(&g, NK, 1),
                  randn(&g, NK, 1),
                  randn(&g, NQ, 1),
-                 att_scratch(T, HD),
+                 att_scratch(B, T, HQ, HKV, HD),
                  B,
                  T,
                  HQ,
@@ -252,7 +253,7 @@ static double rel_err(const float *x, const double *ref, size_t n) {
 // head (accumulated in place); one position. out, dq, dk and dv within 2e-5
 // of the largest entry (float rounding over a few hundred terms; a wrong mask,
 // scale or lse gives errors of order 1). dq, dk, dv start from a nonzero
-// gradient that backward adds to. The scratch sits before a guard that must
+// gradient that backward adds to. The scratch sits between guards that must
 // stay untouched.
 static const int ref_shapes[][5] = {{2, 300, 6, 2, 40}, {1, 200, 4, 1, 64}, {2, 1, 2, 2, 16}};
 
@@ -262,14 +263,14 @@ START_TEST(test_attention_matches_double_reference) {
     const int B = ref_shapes[_i][0], T = ref_shapes[_i][1], HQ = ref_shapes[_i][2];
     const int HKV = ref_shapes[_i][3], HD = ref_shapes[_i][4];
     const size_t NQ = (size_t)B * T * HQ * HD, NK = (size_t)B * T * HKV * HD;
-    const size_t ns = moe_cpu_attention_scratch_floats(T, HD), guard = 64;
+    const size_t ns = moe_cpu_attention_scratch_floats(B, T, HQ, HKV, HD);
     float *q = randn(&g, NQ, 1.5f), *k = randn(&g, NK, 1.5f), *v = randn(&g, NK, 1);
     float *dout = randn(&g, NQ, 1), *out = calloc(NQ, 4),
           *att = calloc(moe_cpu_attention_state_floats(B, T, HQ), 4);
     float *dq = randn(&g, NQ, 1), *dk = randn(&g, NK, 1), *dv = randn(&g, NK, 1);
-    float *sc = malloc(sizeof(float) * (ns + guard));
-    for (size_t i = 0; i < ns + guard; i++)
-        sc[i] = i < ns ? NAN : 12345.0f; // stale scratch must not leak into results
+    float *sc = tu_guarded_alloc(ns);
+    for (size_t i = 0; i < ns; i++)
+        sc[i] = NAN; // stale scratch must not leak into results
     double *ro = calloc(NQ, 8), *rq = calloc(NQ, 8), *rk = calloc(NK, 8), *rv = calloc(NK, 8);
     for (size_t i = 0; i < NQ; i++)
         rq[i] = dq[i];
@@ -283,10 +284,10 @@ START_TEST(test_attention_matches_double_reference) {
     ck_assert_double_le(rel_err(dq, rq, NQ), 2e-5);
     ck_assert_double_le(rel_err(dk, rk, NK), 2e-5);
     ck_assert_double_le(rel_err(dv, rv, NK), 2e-5);
-    for (size_t i = ns; i < ns + guard; i++)
-        ck_assert_float_eq(sc[i], 12345.0f);
+    ck_assert(tu_guards_intact(sc, ns));
     free(q), free(k), free(v), free(dout), free(out), free(att), free(dq), free(dk), free(dv);
-    free(ro), free(rq), free(rk), free(rv), free(sc);
+    free(ro), free(rq), free(rk), free(rv);
+    tu_guarded_free(sc, ns);
 }
 END_TEST
 
@@ -325,7 +326,7 @@ START_TEST(test_attention_same_bits_serial_and_threaded) {
     for (int s = 0; s < 2; s++) {
         r[s] = (att_run){calloc(NQ, 4),
                          calloc(B * HQ * T, 4),
-                         att_scratch(T, HD),
+                         att_scratch(B, T, HQ, HKV, HD),
                          q,
                          k,
                          v,

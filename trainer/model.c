@@ -147,7 +147,7 @@ static size_t layout_acts(moe_model *m, float *base) {
     TAKE(m->dqr, N * QD);
     TAKE(m->dkr, N * KD);
     TAKE(m->datty, N * QD);
-    const size_t n_datt = m->ops->attention_scratch_floats(m->T, m->hd);
+    const size_t n_datt = m->ops->attention_scratch_floats(m->B, m->T, m->Hq, m->Hkv, m->hd);
     TAKE(m->datt, n_datt);
     if (base && !n_datt) m->datt = NULL; // the backend keeps none: point at nothing
     TAKE(m->dab, Nc * 2 * m->F);

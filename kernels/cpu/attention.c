@@ -178,8 +178,8 @@ typedef struct {
     const float *q, *k, *v, *o, *dout;
     int B, T, Hq, Hkv, hd, hdp, nt;
     float scale;
-    float *scratch;
-    size_t slot; // floats of scratch per thread
+    float *scratch, *part; // per-thread slots; per-head dK, dV partials (GQA backward)
+    size_t slot;           // floats of scratch per thread
 } att_job;
 
 // Per-thread floats: forward tiles, or backward's per-head transposed copies
@@ -190,6 +190,15 @@ static size_t slot_floats(int T, int hd) {
     size_t bwd = 2 * Tp * hd + 2 * Tp + 2 * (size_t)BC * BR;
     if (hdp != (size_t)hd) bwd += 6 * Tp * hdp;
     return ((fwd > bwd ? fwd : bwd) + 15) / 16 * 16;
+}
+
+// With GQA, backward runs one item per query head (B * Hq items spread over
+// the pool, not B * Hkv) and each head's dK, dV go to its own [Tp x hdp]
+// pair, added per kv head in head order afterwards: one writer each, and the
+// sum's order fixed whatever the thread count.
+static size_t part_floats(int B, int T, int Hq, int Hkv, int hd) {
+    if (Hq == Hkv) return 0;
+    return 2 * (size_t)B * Hq * (size_t)round_up(T, BR) * (size_t)round_up(hd, 16);
 }
 
 // One query block of one head against every key block up to it (FlashAttention-2
@@ -262,20 +271,22 @@ size_t moe_cpu_attention_state_floats(int B, int T, int Hq) {
     return (size_t)B * Hq * T; // one log-sum-exp per query row
 }
 
-size_t moe_cpu_attention_scratch_floats(int T, int hd) {
-    return slot_floats(T, hd) * (size_t)moe_cpu_threads();
+size_t moe_cpu_attention_scratch_floats(int B, int T, int Hq, int Hkv, int hd) {
+    if (B < 0 || T < 1 || Hq < 1 || Hkv < 1 || hd < 1 || Hq % Hkv) return 0; // refused at the call
+    return slot_floats(T, hd) * (size_t)moe_cpu_threads() + part_floats(B, T, Hq, Hkv, hd);
 }
 
 static int job_init(att_job *J, float *scratch, int B, int T, int Hq, int Hkv, int hd) {
     MOE_TRY(check_dims(B, T, Hq, Hkv, hd));
     if (!scratch)
         return moe_fail(MOE_EINVAL,
-                        "attention: no scratch (attention_scratch_floats(%d, %d) "
-                        "floats expected)",
-                        T, hd);
+                        "attention: no scratch (%zu floats expected: "
+                        "attention_scratch_floats)",
+                        moe_cpu_attention_scratch_floats(B, T, Hq, Hkv, hd));
     J->scratch = scratch, J->B = B, J->T = T, J->Hq = Hq, J->Hkv = Hkv, J->hd = hd;
     J->hdp = round_up(hd, 16), J->nt = (T + BR - 1) / BR, J->scale = 1.0f / sqrtf((float)hd);
     J->slot = slot_floats(T, hd);
+    J->part = part_floats(B, T, Hq, Hkv, hd) ? scratch + J->slot * (size_t)moe_cpu_threads() : NULL;
     return 0;
 }
 
@@ -288,89 +299,102 @@ int moe_cpu_attention_forward(float *out, float *att, float *scratch, const floa
     return 0;
 }
 
-// Every query head of kv group (b, g), every (query block, key block) pair at
-// or below the diagonal. With head_dim a multiple of 16, dQ, dK and dV
-// accumulate in place in the caller's buffers and Q, dO, K are read there;
-// otherwise through zero-padded copies.
-static void backward_group(void *ctx, int item) {
+// One query head (b, h): every (query block, key block) pair at or below the
+// diagonal. With head_dim a multiple of 16, dQ accumulates in place in the
+// caller's buffer and Q, dO, K are read there, as are dK and dV without GQA;
+// otherwise through zero-padded copies and accumulators (dK, dV of a GQA head
+// in its partial pair).
+static void backward_head(void *ctx, int item) {
     const att_job *J = ctx;
-    const int b = item / J->Hkv, g = item % J->Hkv, group = J->Hq / J->Hkv;
+    const int b = item / J->Hq, h = item % J->Hq, g = h / (J->Hq / J->Hkv);
     const int T = J->T, hd = J->hd, hdp = J->hdp, Tp = J->nt * BR;
     const bool pad = hd != hdp;
     const size_t ldq = (size_t)J->Hq * hd, ldk = (size_t)J->Hkv * hd;
     const size_t off_k = (size_t)b * T * ldk + (size_t)g * hd;
+    const size_t off_q = (size_t)b * T * ldq + (size_t)h * hd;
     float *Qt = J->scratch + (size_t)moe_cpu_thread_id() * J->slot; // [nt][hd x BR]
     float *dOt = Qt + (size_t)Tp * hd, *D = dOt + (size_t)Tp * hd;  // [nt][hd x BR], [Tp]
     float *L = D + Tp, *P = L + Tp, *dS = P + BC * BR;              // [Tp], tiles [BC x BR]
     float *Kp = dS + BC * BR, *Qp = Kp + (size_t)Tp * hdp;          // padded: [Tp x hdp] each
     float *dOp = Qp + (size_t)Tp * hdp, *dQp = dOp + (size_t)Tp * hdp;
     float *dKp = dQp + (size_t)Tp * hdp, *dVp = dKp + (size_t)Tp * hdp;
-    const float *kb = J->k + off_k;
-    float *dkb = J->dk + off_k, *dvb = J->dv + off_k;
-    size_t ldkb = ldk; // stride of K rows read as B and of dK, dV rows
+    const float *lse = J->lse + ((size_t)b * J->Hq + h) * T;
+    const float *kb = J->k + off_k, *qb = J->q + off_q, *dob = J->dout + off_q;
+    float *dkb = J->dk + off_k, *dvb = J->dv + off_k, *dqb = J->dq + off_q;
+    size_t ldkb = ldk, ldqb = ldq; // strides of K (as B), dK, dV rows; of Q, dO, dQ rows
+    for (int i0 = 0; i0 < T; i0 += BR) {
+        const int rows = min_int(BR, T - i0);
+        transpose_block(Qt + (size_t)i0 * hd, qb + i0 * ldq, ldq, rows, hd, J->scale);
+        transpose_block(dOt + (size_t)i0 * hd, dob + i0 * ldq, ldq, rows, hd, 1.0f);
+    }
+    for (int t = 0; t < Tp; t++) {
+        float s = 0.0f;
+        if (t < T)
+            for (int d = 0; d < hd; d++)
+                s += dob[t * ldq + d] * J->o[off_q + t * ldq + d];
+        D[t] = s, L[t] = t < T ? lse[t] : INFINITY; // padded queries: P = 0
+    }
     if (pad) {
         copy_rows(Kp, hdp, kb, ldk, T, hd);
+        copy_rows(Qp, hdp, qb, ldq, T, hd), copy_rows(dOp, hdp, dob, ldq, T, hd);
+        memset(dQp, 0, sizeof(float) * Tp * hdp);
         memset(dKp, 0, sizeof(float) * 2 * Tp * hdp); // dKp, dVp
-        kb = Kp, dkb = dKp, dvb = dVp, ldkb = hdp;
+        kb = Kp, qb = Qp, dob = dOp, dqb = dQp, dkb = dKp, dvb = dVp, ldkb = ldqb = hdp;
     }
-    for (int h = g * group; h < (g + 1) * group; h++) {
-        const size_t off_q = (size_t)b * T * ldq + (size_t)h * hd;
-        const float *lse = J->lse + ((size_t)b * J->Hq + h) * T;
-        const float *qb = J->q + off_q, *dob = J->dout + off_q;
-        float *dqb = J->dq + off_q;
-        size_t ldqb = ldq;
-        for (int i0 = 0; i0 < T; i0 += BR) {
-            const int rows = min_int(BR, T - i0);
-            transpose_block(Qt + (size_t)i0 * hd, qb + i0 * ldq, ldq, rows, hd, J->scale);
-            transpose_block(dOt + (size_t)i0 * hd, dob + i0 * ldq, ldq, rows, hd, 1.0f);
-        }
-        for (int t = 0; t < Tp; t++) {
-            float s = 0.0f;
-            if (t < T)
-                for (int d = 0; d < hd; d++)
-                    s += dob[t * ldq + d] * J->o[off_q + t * ldq + d];
-            D[t] = s, L[t] = t < T ? lse[t] : INFINITY; // padded queries: P = 0
-        }
-        if (pad) {
-            copy_rows(Qp, hdp, qb, ldq, T, hd), copy_rows(dOp, hdp, dob, ldq, T, hd);
-            memset(dQp, 0, sizeof(float) * Tp * hdp);
-            qb = Qp, dob = dOp, dqb = dQp, ldqb = hdp;
-        }
-        for (int i0 = 0; i0 < T; i0 += BR) {
-            const int rows = min_int(BR, T - i0);
-            const float *qt = Qt + (size_t)i0 * hd, *dot = dOt + (size_t)i0 * hd;
-            for (int j0 = 0; j0 <= i0; j0 += BC) {
-                const int kc = min_int(BC, T - j0);
-                const float *kj = J->k + off_k + j0 * ldk, *vj = J->v + off_k + j0 * ldk;
-                gemm_set(P, BR, kj, ldk, 1, qt, BR, kc, BR, hd); // S^T
-                if (j0 == i0) mask_diagonal(P, kc);
-                gemm_set(dS, BR, vj, ldk, 1, dot, BR, kc, BR, hd); // dP^T
-                for (int c = 0; c < kc; c++)
-                    for (int rv = 0; rv < BR; rv += 8) {
-                        const v8 p = exp8(load8(P + c * BR + rv) - load8(L + i0 + rv));
-                        store8(P + c * BR + rv, p);
-                        store8(dS + c * BR + rv,
-                               splat(J->scale) * p *
-                                   (load8(dS + c * BR + rv) - load8(D + i0 + rv)));
-                    }
-                // dV_j += P^T dO_i, dK_j += dS^T Q_i (A = the tiles read row-major)
-                gemm_add(dvb + j0 * ldkb, ldkb, P, BR, 1, dob + i0 * ldqb, ldqb, kc, hdp, rows);
-                gemm_add(dkb + j0 * ldkb, ldkb, dS, BR, 1, qb + i0 * ldqb, ldqb, kc, hdp, rows);
-                // dQ_i += dS K_j (A[r][c] = dS^T[c][r])
-                gemm_add(dqb + i0 * ldqb, ldqb, dS, 1, BR, kb + j0 * ldkb, ldkb, rows, hdp, kc);
-            }
-        }
-        if (pad)
-            for (int t = 0; t < T; t++)
-                for (int d = 0; d < hd; d++)
-                    J->dq[off_q + t * ldq + d] += dQp[(size_t)t * hdp + d];
+    if (J->part) { // GQA: this head's own dK, dV
+        dkb = J->part + (size_t)item * 2 * Tp * hdp, dvb = dkb + (size_t)Tp * hdp, ldkb = hdp;
+        memset(dkb, 0, sizeof(float) * 2 * Tp * hdp);
     }
-    if (pad)
+    for (int i0 = 0; i0 < T; i0 += BR) {
+        const int rows = min_int(BR, T - i0);
+        const float *qt = Qt + (size_t)i0 * hd, *dot = dOt + (size_t)i0 * hd;
+        for (int j0 = 0; j0 <= i0; j0 += BC) {
+            const int kc = min_int(BC, T - j0);
+            const float *kj = J->k + off_k + j0 * ldk, *vj = J->v + off_k + j0 * ldk;
+            gemm_set(P, BR, kj, ldk, 1, qt, BR, kc, BR, hd); // S^T
+            if (j0 == i0) mask_diagonal(P, kc);
+            gemm_set(dS, BR, vj, ldk, 1, dot, BR, kc, BR, hd); // dP^T
+            for (int c = 0; c < kc; c++)
+                for (int rv = 0; rv < BR; rv += 8) {
+                    const v8 p = exp8(load8(P + c * BR + rv) - load8(L + i0 + rv));
+                    store8(P + c * BR + rv, p);
+                    store8(dS + c * BR + rv,
+                           splat(J->scale) * p * (load8(dS + c * BR + rv) - load8(D + i0 + rv)));
+                }
+            // dV_j += P^T dO_i, dK_j += dS^T Q_i (A = the tiles read row-major)
+            gemm_add(dvb + j0 * ldkb, ldkb, P, BR, 1, dob + i0 * ldqb, ldqb, kc, hdp, rows);
+            gemm_add(dkb + j0 * ldkb, ldkb, dS, BR, 1, qb + i0 * ldqb, ldqb, kc, hdp, rows);
+            // dQ_i += dS K_j (A[r][c] = dS^T[c][r])
+            gemm_add(dqb + i0 * ldqb, ldqb, dS, 1, BR, kb + j0 * ldkb, ldkb, rows, hdp, kc);
+        }
+    }
+    if (!pad) return;
+    for (int t = 0; t < T; t++)
+        for (int d = 0; d < hd; d++)
+            J->dq[off_q + t * ldq + d] += dQp[(size_t)t * hdp + d];
+    if (!J->part)
         for (int t = 0; t < T; t++)
             for (int d = 0; d < hd; d++) {
                 J->dk[off_k + t * ldk + d] += dKp[(size_t)t * hdp + d];
                 J->dv[off_k + t * ldk + d] += dVp[(size_t)t * hdp + d];
             }
+}
+
+// dK, dV of kv head (b, g) += its query heads' partials, in head order.
+static void reduce_group(void *ctx, int item) {
+    const att_job *J = ctx;
+    const int b = item / J->Hkv, g = item % J->Hkv, group = J->Hq / J->Hkv;
+    const int T = J->T, hd = J->hd, hdp = J->hdp, Tp = J->nt * BR;
+    const size_t ldk = (size_t)J->Hkv * hd, off_k = (size_t)b * T * ldk + (size_t)g * hd;
+    for (int h = g * group; h < (g + 1) * group; h++) {
+        const float *pk = J->part + ((size_t)b * J->Hq + h) * 2 * Tp * hdp;
+        const float *pv = pk + (size_t)Tp * hdp;
+        for (int t = 0; t < T; t++)
+            for (int d = 0; d < hd; d++) {
+                J->dk[off_k + t * ldk + d] += pk[(size_t)t * hdp + d];
+                J->dv[off_k + t * ldk + d] += pv[(size_t)t * hdp + d];
+            }
+    }
 }
 
 int moe_cpu_attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
@@ -386,7 +410,8 @@ int moe_cpu_attention_backward(float *dq, float *dk, float *dv, float *datt, con
                  .o = out,
                  .dout = dout};
     MOE_TRY(job_init(&J, datt, B, T, Hq, Hkv, hd));
-    moe_cpu_parallel_for(B * Hkv, backward_group, &J);
+    moe_cpu_parallel_for(B * Hq, backward_head, &J);
+    if (J.part) moe_cpu_parallel_for(B * Hkv, reduce_group, &J);
     return 0;
 }
 

@@ -28,15 +28,16 @@ int moe_cpu_rope_at(float *out, const float *x, const int *pos, int N, int H, in
 // out [B, T, Hq, hd]; att [B, Hq, T] is the state saved for backward,
 // backend-specific: the log-sum-exp of each query row's scaled scores (the
 // probabilities are recomputed from it). scratch holds the tiles:
-// moe_cpu_attention_scratch_floats(T, hd) floats.
+// moe_cpu_attention_scratch_floats(B, T, Hq, Hkv, hd) floats.
 int moe_cpu_attention_forward(float *out, float *att, float *scratch, const float *q,
                               const float *k, const float *v, int B, int T, int Hq, int Hkv,
                               int hd);
 // Floats of att (B * Hq * T) and of the scratch of forward and backward (its
-// datt): one slot per pool thread, tiles and per-head transposed copies
-// (O(T * hd)), so the caller's planned buffers hold it all.
+// datt): one slot per pool thread (tiles, a head's transposed copies: O(T hd))
+// and, with GQA, each query head's dK, dV partials (2 B Hq T hd), so the
+// caller's planned buffers hold it all.
 size_t moe_cpu_attention_state_floats(int B, int T, int Hq);
-size_t moe_cpu_attention_scratch_floats(int T, int hd);
+size_t moe_cpu_attention_scratch_floats(int B, int T, int Hq, int Hkv, int hd);
 // y[i] = exp(x[i]) by the 8-lane polynomial the attention softmax uses
 // (within 2 ulp of expf; x < -87 gives 0), exposed so tests can bound it.
 void moe_cpu_exp_vec(float *y, const float *x, size_t n);
@@ -49,8 +50,8 @@ int moe_cpu_attention_cached(float *out, float *scores, const float *q, const fl
 // out is the forward's output (D = rowsum(dout * out) of FlashAttention-2);
 // datt is the scratch, as the forward's.
 int moe_cpu_attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
-                               const float *out, const float *att, const float *q, const float *k, const float *v,
-                               int B, int T, int Hq, int Hkv, int hd);
+                               const float *out, const float *att, const float *q, const float *k,
+                               const float *v, int B, int T, int Hq, int Hkv, int hd);
 
 // out [N, C] = table[tok[n]]; tokens are checked against V.
 int moe_cpu_embedding_forward(float *out, const int32_t *tok, const float *table, int N, int C,

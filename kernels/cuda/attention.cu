@@ -75,7 +75,7 @@ extern "C" size_t moe_cuda_attention_state_floats(int B, int T, int Hq) {
     return (size_t)B * Hq * T * T;
 }
 
-extern "C" size_t moe_cuda_attention_scratch_floats(int T, int hd) {
+extern "C" size_t moe_cuda_attention_scratch_floats(int B, int T, int Hq, int Hkv, int hd) {
     return (size_t)T * T;
 }
 

@@ -66,7 +66,7 @@ int moe_cuda_attention_backward(float *dq, float *dk, float *dv, float *datt, co
                                 int B, int T, int Hq, int Hkv, int hd);
 // att: the probabilities [B, Hq, T, T]; datt: one (b, h) at a time [T, T].
 size_t moe_cuda_attention_state_floats(int B, int T, int Hq);
-size_t moe_cuda_attention_scratch_floats(int T, int hd);
+size_t moe_cuda_attention_scratch_floats(int B, int T, int Hq, int Hkv, int hd);
 int moe_cuda_embedding_forward(float *out, const int32_t *tok, const float *table, int N, int C,
                                int V);
 int moe_cuda_embedding_backward(float *dtable, const float *dout, const int32_t *tok, int N, int C);

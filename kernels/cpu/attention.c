@@ -182,13 +182,14 @@ typedef struct {
     size_t slot;           // floats of scratch per thread
 } att_job;
 
-// Per-thread floats: forward tiles, or backward's per-head transposed copies
-// and (head_dim not a multiple of 16) padded copies and accumulators.
+// Per-thread floats: forward tiles, or backward's per-head copies (Q and dO
+// transposed, K, V, Q, dO rows contiguous) and, head_dim not a multiple of
+// 16, padded accumulators.
 static size_t slot_floats(int T, int hd) {
     const size_t Tp = (size_t)round_up(T, BR), hdp = (size_t)round_up(hd, 16);
     const size_t fwd = (size_t)hd * BR + (size_t)BC * BR + 2 * (size_t)BR * hdp + 2 * BR;
-    size_t bwd = 2 * Tp * hd + 2 * Tp + 2 * (size_t)BC * BR;
-    if (hdp != (size_t)hd) bwd += 6 * Tp * hdp;
+    size_t bwd = 2 * Tp * hd + 2 * Tp + 2 * (size_t)BC * BR + 4 * Tp * hdp;
+    if (hdp != (size_t)hd) bwd += 3 * Tp * hdp;
     return ((fwd > bwd ? fwd : bwd) + 15) / 16 * 16;
 }
 
@@ -251,11 +252,11 @@ static void forward_block(void *ctx, int item) {
                 for (int d = 0; d < hdp; d += 8)
                     store8(acc + r * hdp + d, load8(acc + r * hdp + d) * a);
             }
-        // acc [BR x hdp] += P^T V_j: P^T read from St as A[r][c] = St[c][r]
-        const float *vb = v + j0 * ldk;
-        size_t ldv = ldk;
-        if (hd != hdp) copy_rows(Vp, hdp, vb, ldk, kc, hd), vb = Vp, ldv = hdp;
-        gemm_add(acc, hdp, St, 1, BR, vb, ldv, BR, hdp, kc);
+        // acc [BR x hdp] += P^T V_j: P^T read from St as A[r][c] = St[c][r].
+        // V_j is copied to contiguous rows first: read in place, its rows a
+        // power-of-two stride apart would share a few L1 sets.
+        copy_rows(Vp, hdp, v + j0 * ldk, ldk, kc, hd);
+        gemm_add(acc, hdp, St, 1, BR, Vp, hdp, BR, hdp, kc);
     }
     float *o = J->out + ((size_t)b * T + i0) * ldq + (size_t)h * hd;
     float *lse = J->lse + ((size_t)b * J->Hq + h) * T + i0;
@@ -300,10 +301,10 @@ int moe_cpu_attention_forward(float *out, float *att, float *scratch, const floa
 }
 
 // One query head (b, h): every (query block, key block) pair at or below the
-// diagonal. With head_dim a multiple of 16, dQ accumulates in place in the
-// caller's buffer and Q, dO, K are read there, as are dK and dV without GQA;
-// otherwise through zero-padded copies and accumulators (dK, dV of a GQA head
-// in its partial pair).
+// diagonal. K, V, Q and dO are read from contiguous (zero-padded) copies, as
+// V in forward; with head_dim a multiple of 16, dQ accumulates in place in the
+// caller's buffer, as do dK and dV without GQA; otherwise in padded
+// accumulators (dK, dV of a GQA head in its partial pair).
 static void backward_head(void *ctx, int item) {
     const att_job *J = ctx;
     const int b = item / J->Hq, h = item % J->Hq, g = h / (J->Hq / J->Hkv);
@@ -315,31 +316,31 @@ static void backward_head(void *ctx, int item) {
     float *Qt = J->scratch + (size_t)moe_cpu_thread_id() * J->slot; // [nt][hd x BR]
     float *dOt = Qt + (size_t)Tp * hd, *D = dOt + (size_t)Tp * hd;  // [nt][hd x BR], [Tp]
     float *L = D + Tp, *P = L + Tp, *dS = P + BC * BR;              // [Tp], tiles [BC x BR]
-    float *Kp = dS + BC * BR, *Qp = Kp + (size_t)Tp * hdp;          // padded: [Tp x hdp] each
-    float *dOp = Qp + (size_t)Tp * hdp, *dQp = dOp + (size_t)Tp * hdp;
-    float *dKp = dQp + (size_t)Tp * hdp, *dVp = dKp + (size_t)Tp * hdp;
+    float *Kp = dS + BC * BR, *Vp = Kp + (size_t)Tp * hdp;          // rows: [Tp x hdp] each
+    float *Qp = Vp + (size_t)Tp * hdp, *dOp = Qp + (size_t)Tp * hdp;
+    float *dQp = dOp + (size_t)Tp * hdp, *dKp = dQp + (size_t)Tp * hdp; // padded accumulators
+    float *dVp = dKp + (size_t)Tp * hdp;
     const float *lse = J->lse + ((size_t)b * J->Hq + h) * T;
-    const float *kb = J->k + off_k, *qb = J->q + off_q, *dob = J->dout + off_q;
+    const float *q = J->q + off_q, *dout = J->dout + off_q;
     float *dkb = J->dk + off_k, *dvb = J->dv + off_k, *dqb = J->dq + off_q;
-    size_t ldkb = ldk, ldqb = ldq; // strides of K (as B), dK, dV rows; of Q, dO, dQ rows
+    size_t ldkb = ldk, ldqb = ldq; // strides of dK, dV rows; of dQ rows
     for (int i0 = 0; i0 < T; i0 += BR) {
         const int rows = min_int(BR, T - i0);
-        transpose_block(Qt + (size_t)i0 * hd, qb + i0 * ldq, ldq, rows, hd, J->scale);
-        transpose_block(dOt + (size_t)i0 * hd, dob + i0 * ldq, ldq, rows, hd, 1.0f);
+        transpose_block(Qt + (size_t)i0 * hd, q + i0 * ldq, ldq, rows, hd, J->scale);
+        transpose_block(dOt + (size_t)i0 * hd, dout + i0 * ldq, ldq, rows, hd, 1.0f);
     }
     for (int t = 0; t < Tp; t++) {
         float s = 0.0f;
         if (t < T)
             for (int d = 0; d < hd; d++)
-                s += dob[t * ldq + d] * J->o[off_q + t * ldq + d];
+                s += dout[t * ldq + d] * J->o[off_q + t * ldq + d];
         D[t] = s, L[t] = t < T ? lse[t] : INFINITY; // padded queries: P = 0
     }
+    copy_rows(Kp, hdp, J->k + off_k, ldk, T, hd), copy_rows(Vp, hdp, J->v + off_k, ldk, T, hd);
+    copy_rows(Qp, hdp, q, ldq, T, hd), copy_rows(dOp, hdp, dout, ldq, T, hd);
     if (pad) {
-        copy_rows(Kp, hdp, kb, ldk, T, hd);
-        copy_rows(Qp, hdp, qb, ldq, T, hd), copy_rows(dOp, hdp, dob, ldq, T, hd);
-        memset(dQp, 0, sizeof(float) * Tp * hdp);
-        memset(dKp, 0, sizeof(float) * 2 * Tp * hdp); // dKp, dVp
-        kb = Kp, qb = Qp, dob = dOp, dqb = dQp, dkb = dKp, dvb = dVp, ldkb = ldqb = hdp;
+        memset(dQp, 0, sizeof(float) * 3 * Tp * hdp); // dQp, dKp, dVp
+        dqb = dQp, dkb = dKp, dvb = dVp, ldkb = ldqb = hdp;
     }
     if (J->part) { // GQA: this head's own dK, dV
         dkb = J->part + (size_t)item * 2 * Tp * hdp, dvb = dkb + (size_t)Tp * hdp, ldkb = hdp;
@@ -350,10 +351,10 @@ static void backward_head(void *ctx, int item) {
         const float *qt = Qt + (size_t)i0 * hd, *dot = dOt + (size_t)i0 * hd;
         for (int j0 = 0; j0 <= i0; j0 += BC) {
             const int kc = min_int(BC, T - j0);
-            const float *kj = J->k + off_k + j0 * ldk, *vj = J->v + off_k + j0 * ldk;
-            gemm_set(P, BR, kj, ldk, 1, qt, BR, kc, BR, hd); // S^T
+            const float *kj = Kp + (size_t)j0 * hdp, *vj = Vp + (size_t)j0 * hdp;
+            gemm_set(P, BR, kj, hdp, 1, qt, BR, kc, BR, hd); // S^T
             if (j0 == i0) mask_diagonal(P, kc);
-            gemm_set(dS, BR, vj, ldk, 1, dot, BR, kc, BR, hd); // dP^T
+            gemm_set(dS, BR, vj, hdp, 1, dot, BR, kc, BR, hd); // dP^T
             for (int c = 0; c < kc; c++)
                 for (int rv = 0; rv < BR; rv += 8) {
                     const v8 p = exp8(load8(P + c * BR + rv) - load8(L + i0 + rv));
@@ -362,10 +363,10 @@ static void backward_head(void *ctx, int item) {
                            splat(J->scale) * p * (load8(dS + c * BR + rv) - load8(D + i0 + rv)));
                 }
             // dV_j += P^T dO_i, dK_j += dS^T Q_i (A = the tiles read row-major)
-            gemm_add(dvb + j0 * ldkb, ldkb, P, BR, 1, dob + i0 * ldqb, ldqb, kc, hdp, rows);
-            gemm_add(dkb + j0 * ldkb, ldkb, dS, BR, 1, qb + i0 * ldqb, ldqb, kc, hdp, rows);
+            gemm_add(dvb + j0 * ldkb, ldkb, P, BR, 1, dOp + (size_t)i0 * hdp, hdp, kc, hdp, rows);
+            gemm_add(dkb + j0 * ldkb, ldkb, dS, BR, 1, Qp + (size_t)i0 * hdp, hdp, kc, hdp, rows);
             // dQ_i += dS K_j (A[r][c] = dS^T[c][r])
-            gemm_add(dqb + i0 * ldqb, ldqb, dS, 1, BR, kb + j0 * ldkb, ldkb, rows, hdp, kc);
+            gemm_add(dqb + i0 * ldqb, ldqb, dS, 1, BR, kj, hdp, rows, hdp, kc);
         }
     }
     if (!pad) return;

@@ -19,6 +19,9 @@
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
+#ifdef __AVX__
+#include <immintrin.h>
+#endif
 
 enum { BR = 64, BC = 64 }; // queries, keys per tile (BR a multiple of 16)
 
@@ -50,16 +53,21 @@ static inline v8 vselect(v8i mask, v8 a, v8 b) { // mask ? a : b per lane (C has
     return (v8)(((v8i)a & mask) | ((v8i)b & ~mask));
 }
 static inline v8 vmax(v8 a, v8 b) {
+#ifdef __AVX__
+    return (v8)_mm256_max_ps((__m256)a, (__m256)b); // one instruction, not compare and blend
+#else
     return vselect(a > b, a, b);
+#endif
 }
 
-// exp on 8 lanes (Cephes expf: Cody-Waite reduction by ln 2, degree-7
-// polynomial, within 2 ulp; tests/test_nn_ops.c bounds it); x below -87
-// (masked scores are -inf) gives exactly 0.
+// exp on 8 lanes for x <= 0 (Cephes expf: Cody-Waite reduction by ln 2,
+// degree-7 polynomial, within 2 ulp; tests/test_nn_ops.c bounds it); x below
+// -87 (masked scores are -inf) gives exactly 0. Every argument here is a
+// score minus its row's running max or log-sum-exp, so there is no upper
+// clamp.
 static inline v8 exp8(v8 x) {
     const v8i dead = x < splat(-87.0f);
     x = vmax(x, splat(-87.0f));
-    x = vselect(x > splat(88.0f), splat(88.0f), x);
     v8 n = x * splat(1.44269504088896341f) + splat(12582912.0f); // round to nearest
     n -= splat(12582912.0f);
     v8 r = x - n * splat(0.693359375f) - n * splat(-2.12194440e-4f);

@@ -38,8 +38,8 @@ int moe_cpu_attention_forward(float *out, float *att, float *scratch, const floa
 // caller's planned buffers hold it all.
 size_t moe_cpu_attention_state_floats(int B, int T, int Hq);
 size_t moe_cpu_attention_scratch_floats(int B, int T, int Hq, int Hkv, int hd);
-// y[i] = exp(x[i]) by the 8-lane polynomial the attention softmax uses
-// (within 2 ulp of expf; x < -87 gives 0), exposed so tests can bound it.
+// y[i] = exp(x[i]) for x[i] <= 0 by the 8-lane polynomial the attention
+// softmax uses (within 2 ulp; x < -87 gives 0), exposed so tests can bound it.
 void moe_cpu_exp_vec(float *y, const float *x, size_t n);
 // One query row against a KV cache (incremental decoding): q [Hq, hd] of the
 // token at position pos attends to keys/values 0..pos of kc, vc [>= pos+1,

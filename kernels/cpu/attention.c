@@ -119,32 +119,51 @@ static inline __attribute__((always_inline)) void kernel(int R, bool zero, float
         store8(c + r * ldc, acc[r][0]), store8(c + r * ldc + 8, acc[r][1]);
 }
 
+// Diagonal tiles (key block = query block) are triangular: tri names which
+// zero (masked) part of a row block of C or A to skip. Skipped products are
+// 0 * finite, so the results are the bits of the full product.
+enum {
+    FULL,
+    TRI_S,   // C = S^T [keys x queries]: columns r < c are masked; whole
+             // 16-column blocks left of the row block are zero-filled, not computed
+    TRI_KLO, // A [keys x queries] (P, dS): A[c][r] = 0 for r < c, so k starts at the row
+    TRI_KHI, // A [queries x keys] (P^T, dS^T): A[r][c] = 0 for c > r, so k ends past the block
+};
+
+static inline __attribute__((always_inline)) void row_block(int R, bool zero, int tri, float *c,
+                                                            size_t ldc, const float *a, size_t rs,
+                                                            size_t ks, const float *b, size_t ldb,
+                                                            int i, int N, int K) {
+    const int k0 = tri == TRI_KLO ? i : 0, k1 = tri == TRI_KHI && i + R < K ? i + R : K;
+    const int j0 = tri == TRI_S ? i / 16 * 16 : 0;
+    c += i * ldc, a += i * rs + k0 * ks, b += k0 * ldb;
+    for (int r = 0; zero && r < R; r++)
+        memset(c + r * ldc, 0, sizeof(float) * j0);
+    for (int j = j0; j < N; j += 16)
+        kernel(R, zero, c + j, ldc, a, rs, ks, b + j, ldb, k1 - k0);
+}
+
 // C[M x N] (+)= A[M x K] B[K x N] for any M, N % 16 == 0, strides as kernel().
-static inline __attribute__((always_inline)) void gemm(bool zero, float *c, size_t ldc,
+static inline __attribute__((always_inline)) void gemm(bool zero, int tri, float *c, size_t ldc,
                                                        const float *a, size_t rs, size_t ks,
                                                        const float *b, size_t ldb, int M, int N,
                                                        int K) {
     int i = 0;
     for (; i + 6 <= M; i += 6)
-        for (int j = 0; j < N; j += 16)
-            kernel(6, zero, c + i * ldc + j, ldc, a + i * rs, rs, ks, b + j, ldb, K);
+        row_block(6, zero, tri, c, ldc, a, rs, ks, b, ldb, i, N, K);
     for (int R = 4; R >= 1; R /= 2)
-        if ((M - i) & R) {
-            for (int j = 0; j < N; j += 16)
-                kernel(R, zero, c + i * ldc + j, ldc, a + i * rs, rs, ks, b + j, ldb, K);
-            i += R;
-        }
+        if ((M - i) & R) row_block(R, zero, tri, c, ldc, a, rs, ks, b, ldb, i, N, K), i += R;
 }
 
 // The two variants the passes use, so each is compiled once: C = A B (zero)
 // and C += A B.
-static void gemm_set(float *c, size_t ldc, const float *a, size_t rs, size_t ks, const float *b,
-                     size_t ldb, int M, int N, int K) {
-    gemm(true, c, ldc, a, rs, ks, b, ldb, M, N, K);
+static void gemm_set(int tri, float *c, size_t ldc, const float *a, size_t rs, size_t ks,
+                     const float *b, size_t ldb, int M, int N, int K) {
+    gemm(true, tri, c, ldc, a, rs, ks, b, ldb, M, N, K);
 }
-static void gemm_add(float *c, size_t ldc, const float *a, size_t rs, size_t ks, const float *b,
-                     size_t ldb, int M, int N, int K) {
-    gemm(false, c, ldc, a, rs, ks, b, ldb, M, N, K);
+static void gemm_add(int tri, float *c, size_t ldc, const float *a, size_t rs, size_t ks,
+                     const float *b, size_t ldb, int M, int N, int K) {
+    gemm(false, tri, c, ldc, a, rs, ks, b, ldb, M, N, K);
 }
 
 static inline int round_up(int x, int m) {
@@ -155,14 +174,26 @@ static inline int min_int(int a, int b) {
 }
 
 // dst [hd x BR] = s * (rows x hd, stride lds)^T, queries past rows zero.
+// Source rows are read whole (the strided side is the block, in L1).
 static void transpose_block(float *dst, const float *src, size_t lds, int rows, int hd, float s) {
-    for (int d = 0; d < hd; d++) {
-        float *o = dst + (size_t)d * BR;
-        for (int r = 0; r < rows; r++)
-            o[r] = s * src[r * lds + d];
-        for (int r = rows; r < BR; r++)
-            o[r] = 0.0f;
-    }
+    if (rows < BR)
+        for (int d = 0; d < hd; d++)
+            memset(dst + (size_t)d * BR + rows, 0, sizeof(float) * (BR - rows));
+    for (int r = 0; r < rows; r++)
+        for (int d = 0; d < hd; d++)
+            dst[(size_t)d * BR + r] = s * src[r * lds + d];
+}
+
+// sum_i a[i] b[i] over 8 lanes, then the lanes in a fixed order.
+static float dot8(const float *a, const float *b, int n) {
+    v8 acc = splat(0.0f);
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        acc += load8(a + i) * load8(b + i);
+    float s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
 }
 
 // dst [rows x ldd] = src rows (stride lds, n values each), zero padded to ldd.
@@ -233,8 +264,9 @@ static void forward_block(void *ctx, int item) {
         m[r] = -INFINITY, l[r] = 0.0f;
     for (int j0 = 0; j0 <= i0; j0 += BC) {
         const int kc = min_int(BC, T - j0);
-        gemm_set(St, BR, k + j0 * ldk, ldk, 1, Qt, BR, kc, BR, hd);
-        if (j0 == i0) mask_diagonal(St, kc);
+        const bool diag = j0 == i0;
+        gemm_set(diag ? TRI_S : FULL, St, BR, k + j0 * ldk, ldk, 1, Qt, BR, kc, BR, hd);
+        if (diag) mask_diagonal(St, kc);
         v8 alpha[BR / 8];
         bool rescale = false;
         for (int rv = 0; rv < BR; rv += 8) {
@@ -264,7 +296,7 @@ static void forward_block(void *ctx, int item) {
         // V_j is copied to contiguous rows first: read in place, its rows a
         // power-of-two stride apart would share a few L1 sets.
         copy_rows(Vp, hdp, v + j0 * ldk, ldk, kc, hd);
-        gemm_add(acc, hdp, St, 1, BR, Vp, hdp, BR, hdp, kc);
+        gemm_add(diag ? TRI_KHI : FULL, acc, hdp, St, 1, BR, Vp, hdp, BR, hdp, kc);
     }
     float *o = J->out + ((size_t)b * T + i0) * ldq + (size_t)h * hd;
     float *lse = J->lse + ((size_t)b * J->Hq + h) * T + i0;
@@ -337,12 +369,9 @@ static void backward_head(void *ctx, int item) {
         transpose_block(Qt + (size_t)i0 * hd, q + i0 * ldq, ldq, rows, hd, J->scale);
         transpose_block(dOt + (size_t)i0 * hd, dout + i0 * ldq, ldq, rows, hd, 1.0f);
     }
-    for (int t = 0; t < Tp; t++) {
-        float s = 0.0f;
-        if (t < T)
-            for (int d = 0; d < hd; d++)
-                s += dout[t * ldq + d] * J->o[off_q + t * ldq + d];
-        D[t] = s, L[t] = t < T ? lse[t] : INFINITY; // padded queries: P = 0
+    for (int t = 0; t < Tp; t++) { // padded queries: D = 0, lse = inf, so P = 0
+        D[t] = t < T ? dot8(dout + t * ldq, J->o + off_q + t * ldq, hd) : 0.0f;
+        L[t] = t < T ? lse[t] : INFINITY;
     }
     copy_rows(Kp, hdp, J->k + off_k, ldk, T, hd), copy_rows(Vp, hdp, J->v + off_k, ldk, T, hd);
     copy_rows(Qp, hdp, q, ldq, T, hd), copy_rows(dOp, hdp, dout, ldq, T, hd);
@@ -360,9 +389,10 @@ static void backward_head(void *ctx, int item) {
         for (int j0 = 0; j0 <= i0; j0 += BC) {
             const int kc = min_int(BC, T - j0);
             const float *kj = Kp + (size_t)j0 * hdp, *vj = Vp + (size_t)j0 * hdp;
-            gemm_set(P, BR, kj, hdp, 1, qt, BR, kc, BR, hd); // S^T
-            if (j0 == i0) mask_diagonal(P, kc);
-            gemm_set(dS, BR, vj, hdp, 1, dot, BR, kc, BR, hd); // dP^T
+            const bool diag = j0 == i0;
+            gemm_set(diag ? TRI_S : FULL, P, BR, kj, hdp, 1, qt, BR, kc, BR, hd); // S^T
+            if (diag) mask_diagonal(P, kc);
+            gemm_set(diag ? TRI_S : FULL, dS, BR, vj, hdp, 1, dot, BR, kc, BR, hd); // dP^T
             for (int c = 0; c < kc; c++)
                 for (int rv = 0; rv < BR; rv += 8) {
                     const v8 p = exp8(load8(P + c * BR + rv) - load8(L + i0 + rv));
@@ -371,10 +401,14 @@ static void backward_head(void *ctx, int item) {
                            splat(J->scale) * p * (load8(dS + c * BR + rv) - load8(D + i0 + rv)));
                 }
             // dV_j += P^T dO_i, dK_j += dS^T Q_i (A = the tiles read row-major)
-            gemm_add(dvb + j0 * ldkb, ldkb, P, BR, 1, dOp + (size_t)i0 * hdp, hdp, kc, hdp, rows);
-            gemm_add(dkb + j0 * ldkb, ldkb, dS, BR, 1, Qp + (size_t)i0 * hdp, hdp, kc, hdp, rows);
+            const int klo = diag ? TRI_KLO : FULL;
+            gemm_add(klo, dvb + j0 * ldkb, ldkb, P, BR, 1, dOp + (size_t)i0 * hdp, hdp, kc, hdp,
+                     rows);
+            gemm_add(klo, dkb + j0 * ldkb, ldkb, dS, BR, 1, Qp + (size_t)i0 * hdp, hdp, kc, hdp,
+                     rows);
             // dQ_i += dS K_j (A[r][c] = dS^T[c][r])
-            gemm_add(dqb + i0 * ldqb, ldqb, dS, 1, BR, kj, hdp, rows, hdp, kc);
+            gemm_add(diag ? TRI_KHI : FULL, dqb + i0 * ldqb, ldqb, dS, 1, BR, kj, hdp, rows, hdp,
+                     kc);
         }
     }
     if (!pad) return;

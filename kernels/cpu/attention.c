@@ -5,13 +5,13 @@
 // log-sum-exp is saved. Backward recomputes each tile from it:
 //   P = exp(S - lse),  dV += P^T dO,  dP = dO V^T,  dS = P * (dP - D),
 //   D = rowsum(dO * O),  dQ += scale dS K,  dK += scale dS^T Q.
-// Tiles are stored transposed (key-major, S^T [BC x BR]) so that K and V are
-// read in place as the broadcast operand of a 6x16 register-blocked FMA
-// kernel, only Q (and dO) need a transposed copy, and the per-query softmax
-// statistics are 8-wide vectors across a tile row. Forward items are
-// (b, head, query block), heaviest first; backward items are (b, kv head) so
-// that dK and dV have one writer. Every item's arithmetic is fixed, so the
-// results do not depend on the thread count or timing.
+// Tiles are stored transposed (key-major, S^T [BC x BR]) so that K (and V)
+// rows are the broadcast operand of a 6x16 register-blocked FMA kernel, only
+// Q (and dO) need a transposed copy, and the per-query softmax statistics are
+// 8-wide vectors across a tile row. Forward items are (b, head, query block),
+// heaviest first; backward items are (b, head), each GQA head's dK, dV in its
+// own partial, summed per kv head in head order. Every item's arithmetic is
+// fixed, so the results do not depend on the thread count or timing.
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/nn.h"
 #include "moe/error.h"

@@ -69,7 +69,8 @@ int main(int argc, char **argv) {
     }
     if (!n_seq) seqs[n_seq++] = 1024, seqs[n_seq++] = 4096;
     if (reps < 1 || reps > MAX_REPS) reps = 5;
-    float *ga = malloc(sizeof(float) * GEMM_N * GEMM_N), *gb = malloc(sizeof(float) * GEMM_N * GEMM_N);
+    float *ga = malloc(sizeof(float) * GEMM_N * GEMM_N),
+          *gb = malloc(sizeof(float) * GEMM_N * GEMM_N);
     float *gc = malloc(sizeof(float) * GEMM_N * GEMM_N);
     if (!ga || !gb || !gc) return 1;
     fill(ga, (size_t)GEMM_N * GEMM_N, 1), fill(gb, (size_t)GEMM_N * GEMM_N, 2);
@@ -82,15 +83,16 @@ int main(int argc, char **argv) {
         float *dout = malloc(sizeof(float) * nq), *dq = calloc(nq, sizeof(float));
         float *dk = calloc(nk, sizeof(float)), *dv = calloc(nk, sizeof(float));
         float *lse = malloc(sizeof(float) * B * Hq * T); // all the CPU kernel keeps of att
-        if (!q || !k || !v || !out || !dout || !dq || !dk || !dv || !lse) return 1;
+        float *sc = malloc(sizeof(float) * moe_cpu_attention_scratch_floats(B, T, Hq, Hkv, hd));
+        if (!q || !k || !v || !out || !dout || !dq || !dk || !dv || !lse || !sc) return 1;
         fill(q, nq, 3), fill(k, nk, 4), fill(v, nk, 5), fill(dout, nq, 6);
         double tf[MAX_REPS], tb[MAX_REPS], tg[MAX_REPS];
         for (int r = -1; r < reps; r++) { // r = -1: warm-up
             double t0 = now_s();
-            if (moe_cpu_attention_forward(out, lse, q, k, v, B, T, Hq, Hkv, hd)) goto fail;
+            if (moe_cpu_attention_forward(out, lse, sc, q, k, v, B, T, Hq, Hkv, hd)) goto fail;
             double t1 = now_s();
-            if (moe_cpu_attention_backward(dq, dk, dv, NULL, dout, out, lse, q, k, v, B, T, Hq,
-                                           Hkv, hd))
+            if (moe_cpu_attention_backward(dq, dk, dv, sc, dout, out, lse, q, k, v, B, T, Hq, Hkv,
+                                           hd))
                 goto fail;
             double t2 = now_s(), g = sgemm_seconds(ga, gb, gc);
             if (r >= 0) tf[r] = t1 - t0, tb[r] = t2 - t1, tg[r] = g;
@@ -108,6 +110,7 @@ int main(int argc, char **argv) {
                    fl[p] / t[p] * 1e-9, gemm * 1e-9, gemm / (fl[p] / t[p]));
         fflush(stdout);
         free(q), free(k), free(v), free(out), free(dout), free(dq), free(dk), free(dv), free(lse);
+        free(sc);
     }
     free(ga), free(gb), free(gc);
     return 0;

@@ -1,9 +1,10 @@
 // Training-step benchmark: tokens/s of a config (default configs/tiny.json)
 // and the share of step time in attention (its norm, projections, RoPE and
 // the attention kernel), MoE experts, router + permute, LM head + loss,
-// optimizer (gradient norm + fused clip/AdamW) and the rest; the CPU time
-// split into user and system, and context switches (getrusage over the
-// measured steps, all threads). One JSON line; --machine NAME adds it.
+// optimizer (gradient norm + fused clip/AdamW; optimizer_norm: the norm
+// pass alone) and the rest; the CPU time split into user and system, and
+// context switches (getrusage over the measured steps, all threads). One JSON line; --machine NAME
+// adds it.
 //   build/bench/train_step [CONFIG] [--steps N] [--machine NAME]
 #include "kernels/cpu/cpu.h"
 #include "moe/config.h"
@@ -51,13 +52,13 @@ int main(int argc, char **argv) {
     int32_t *in = malloc(sizeof(int32_t) * nt), *tg = malloc(sizeof(int32_t) * nt);
     int32_t *task = malloc(sizeof(int32_t) * d.B);
     moe_model_timing tm;
-    double t_opt = 0, t_total = 0;
+    double t_opt = 0, t_norm = 0, t_total = 0;
     struct rusage ru0, ru1;
     for (int s = 0; s < warmup + steps; s++) {
         if (s == warmup) {
             memset(&tm, 0, sizeof tm);
             m.timing = &tm;
-            t_opt = 0;
+            t_opt = 0, t_norm = 0;
             getrusage(RUSAGE_SELF, &ru0);
         }
         double t0 = now();
@@ -69,12 +70,13 @@ int main(int argc, char **argv) {
             return 1;
         }
         double t1 = now();
-        double gn = moe_grad_norm(m.grads, n);
+        double gn = moe_grad_norm(m.grads, n), tn = now();
         moe_adamw_update_clipped(&opt, m.params, m.grads, gn, cfg.train.grad_clip,
                                  (float)cfg.train.lr, 0.9f, 0.95f, 1e-8f, 0.1f);
         double t2 = now();
         if (s >= warmup) {
             t_opt += t2 - t1;
+            t_norm += tn - t1;
             t_total += t2 - t0;
         }
     }
@@ -88,17 +90,18 @@ int main(int argc, char **argv) {
     double experts = lt->experts + lt->shared;
     double other = t_total - tm.attention - tm.ffn - tm.moe - tm.head - tm.embed - t_opt;
     other += tm.moe - routing - experts; // MoE-block norms and residual adds
-    printf("{\"bench\":\"train_step\",\"machine\":\"%s\",\"config\":\"%s\",\"params\":%zu,\"tokens_per_step\":%zu,"
-           "\"steps\":%d,\"ms_per_step\":%.2f,\"tokens_per_s\":%.0f,\"share\":{\"attention\":%.3f,"
-           "\"moe_experts\":%.3f,\"router_permute\":%.3f,\"dense_ffn\":%.3f,\"lm_head_loss\":%.3f,"
-           "\"optimizer\":%.3f,\"embedding\":%.3f,\"other\":%.3f},\"wall_s\":%.3f,\"user_s\":%.3f,"
+    printf("{\"bench\":\"train_step\",\"machine\":\"%s\",\"config\":\"%s\",\"params\":%zu,"
+           "\"tokens_per_step\":%zu,\"steps\":%d,\"ms_per_step\":%.2f,\"tokens_per_s\":%.0f,"
+           "\"share\":{\"attention\":%.3f,\"moe_experts\":%.3f,\"router_permute\":%.3f,"
+           "\"dense_ffn\":%.3f,\"lm_head_loss\":%.3f,\"optimizer\":%.3f,\"optimizer_norm\":%.3f,"
+           "\"embedding\":%.3f,\"other\":%.3f},\"wall_s\":%.3f,\"user_s\":%.3f,"
            "\"sys_s\":%.3f,\"sys_share\":%.4f,\"voluntary_csw\":%ld,\"involuntary_csw\":%ld,"
            "\"cpu_threads\":%d}\n",
            machine, config, n, nt, steps, 1e3 * t_total / steps, nt * steps / t_total,
            tm.attention / t_total, experts / t_total, routing / t_total, tm.ffn / t_total,
-           tm.head / t_total, t_opt / t_total, tm.embed / t_total, other / t_total, t_total, user, sys,
-           sys / (user + sys), ru1.ru_nvcsw - ru0.ru_nvcsw, ru1.ru_nivcsw - ru0.ru_nivcsw,
-           moe_cpu_threads());
+           tm.head / t_total, t_opt / t_total, t_norm / t_total, tm.embed / t_total,
+           other / t_total, t_total, user, sys, sys / (user + sys), ru1.ru_nvcsw - ru0.ru_nvcsw,
+           ru1.ru_nivcsw - ru0.ru_nivcsw, moe_cpu_threads());
     free(in);
     free(tg);
     free(task);

@@ -92,19 +92,22 @@ typedef struct moe_ops {
                             const float *rstd, int N, int C);
     int (*rope_forward)(float *out, const float *x, int B, int T, int H, int hd, float theta);
     int (*rope_backward)(float *dx, const float *dout, int B, int T, int H, int hd, float theta);
-    int (*attention_forward)(float *out, float *att, const float *q, const float *k, const float *v,
-                             int B, int T, int Hq, int Hkv, int hd);
+    int (*attention_forward)(float *out, float *att, float *scratch, const float *q,
+                             const float *k, const float *v, int B, int T, int Hq, int Hkv, int hd);
     // att is backend-private saved state (CPU: row log-sum-exp; CUDA: the
     // probabilities); out is the forward's output.
     int (*attention_backward)(float *dq, float *dk, float *dv, float *datt, const float *dout,
                               const float *out, const float *att, const float *q, const float *k,
                               const float *v, int B, int T, int Hq, int Hkv, int hd);
     // Floats the caller provides for att (kept from forward to backward, one
-    // per layer) and for backward's datt scratch: the backend's own sizes, so
-    // the model (and moe plan's memory model) allocate no more than it needs.
-    // CPU: att [B, Hq, T], datt none; CUDA: att [B, Hq, T, T], datt [T, T].
+    // per layer) and for the scratch (forward's scratch, backward's datt; one
+    // buffer, free between calls): the backend's own sizes, so the model (and
+    // moe plan's memory model) allocate no more than it needs and the backend
+    // allocates nothing. CPU: att [B, Hq, T], scratch one slot per pool thread
+    // (tiles, per-head copies: O(T hd)) and with GQA per-head dK, dV partials
+    // [2, B, Hq, T, hd]; CUDA: att [B, Hq, T, T], datt [T, T], forward none.
     size_t (*attention_state_floats)(int B, int T, int Hq);
-    size_t (*attention_scratch_floats)(int T);
+    size_t (*attention_scratch_floats)(int B, int T, int Hq, int Hkv, int hd);
     // tok/target are backend memory; an id outside the vocabulary fails with
     // the same message on both (CUDA copies the ids to the host to check them).
     int (*embedding_forward)(float *out, const int32_t *tok, const float *table, int N, int C,

@@ -511,13 +511,16 @@ START_TEST(test_attention_matches_cpu) {
         tu_seed(&r, 1100 + s);
         fbuf q = fb_randn(&r, nq, 1.0f), k = fb_randn(&r, nk, 1.0f), v = fb_randn(&r, nk, 1.0f);
         fbuf out = fb_make(nq, NULL, NAN), att = fb_make((size_t)B * Hq * T * T, NULL, NAN);
-        BOTH(CPU->attention_forward(out.h, att.h, q.h, k.h, v.h, B, T, Hq, Hkv, hd),
-             GPU->attention_forward(out.d, att.d, q.d, k.d, v.d, B, T, Hq, Hkv, hd));
+        // one scratch of the larger backend's size, shared by forward and backward
+        size_t ns = CPU->attention_scratch_floats(B, T, Hq, Hkv, hd);
+        size_t ns_gpu = GPU->attention_scratch_floats(B, T, Hq, Hkv, hd);
+        fbuf datt = fb_make(ns > ns_gpu ? ns : ns_gpu, NULL, NAN);
+        BOTH(CPU->attention_forward(out.h, att.h, datt.h, q.h, k.h, v.h, B, T, Hq, Hkv, hd),
+             GPU->attention_forward(out.d, att.d, datt.d, q.d, k.d, v.d, B, T, Hq, Hkv, hd));
         fb_check("attention_forward out", &out, TOL);
         // att is each backend's own saved state (CPU: log-sum-exp, CUDA: probabilities)
         fbuf dout = fb_randn(&r, nq, 1.0f), dq = fb_randn(&r, nq, 1.0f);
         fbuf dk = fb_randn(&r, nk, 1.0f), dv = fb_randn(&r, nk, 1.0f);
-        fbuf datt = fb_make((size_t)T * T, NULL, NAN);
         BOTH(CPU->attention_backward(dq.h, dk.h, dv.h, datt.h, dout.h, out.h, att.h, q.h, k.h, v.h, B, T,
                                      Hq, Hkv, hd),
              GPU->attention_backward(dq.d, dk.d, dv.d, datt.d, dout.d, out.d, att.d, q.d, k.d, v.d, B, T,

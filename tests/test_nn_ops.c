@@ -1,6 +1,7 @@
 // Decoder ops on the CPU: hand-computed values and central-difference
 // gradient checks of RMSNorm, RoPE, causal GQA attention, embedding and
 // cross-entropy. Each loss is L = sum(out * r) for a fixed random r.
+#include "kernels/cpu/cpu.h"
 #include "kernels/cpu/nn.h"
 #include "moe/error.h"
 #include "testutil.h"
@@ -8,6 +9,11 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+
+// The attention scratch (forward tiles, backward copies) the kernel is given.
+static float *att_scratch(int B, int T, int Hq, int Hkv, int hd) {
+    return calloc(moe_cpu_attention_scratch_floats(B, T, Hq, Hkv, hd) + 1, sizeof(float));
+}
 
 typedef double (*loss_fn)(void *ctx);
 
@@ -128,8 +134,9 @@ START_TEST(test_attention_causal_first_token) {
     float *q = randn(&g, B * T * HQ * HD, 1), *k = randn(&g, B * T * HKV * HD, 1);
     float *v = randn(&g, B * T * HKV * HD, 1);
     float *out = calloc(B * T * HQ * HD, 4),
-          *att = calloc(moe_cpu_attention_state_floats(B, T, HQ), 4);
-    ck_assert_int_eq(moe_cpu_attention_forward(out, att, q, k, v, B, T, HQ, HKV, HD), 0);
+          *att = calloc(moe_cpu_attention_state_floats(B, T, HQ), 4),
+          *sc = att_scratch(B, T, HQ, HKV, HD);
+    ck_assert_int_eq(moe_cpu_attention_forward(out, att, sc, q, k, v, B, T, HQ, HKV, HD), 0);
     for (int h = 0; h < HQ; h++)
         for (int d = 0; d < HD; d++)
             ck_assert_float_eq_tol(out[h * HD + d], v[(h / 2) * HD + d], 1e-6);
@@ -141,19 +148,20 @@ START_TEST(test_attention_causal_first_token) {
                 s += exp(dot(q + (t * HQ + h) * HD, k + (u * HKV + h / 2) * HD, HD) / sqrt(HD));
             ck_assert_double_eq_tol(att[h * T + t], log(s), 1e-5);
         }
-    ck_assert_int_eq(moe_cpu_attention_forward(out, att, q, k, v, B, T, 3, 2, HD), MOE_EINVAL);
-    free(q), free(k), free(v), free(out), free(att);
+    ck_assert_int_eq(moe_cpu_attention_forward(out, att, sc, q, k, v, B, T, 3, 2, HD), MOE_EINVAL);
+    free(q), free(k), free(v), free(out), free(att), free(sc);
 }
 END_TEST
 
 typedef struct {
-    float *out, *att, *q, *k, *v, *r;
+    float *out, *att, *q, *k, *v, *r, *scratch;
     int B, T, Hq, Hkv, hd;
 } att_ctx;
 
 static double att_loss(void *p) {
     att_ctx *c = p;
-    moe_cpu_attention_forward(c->out, c->att, c->q, c->k, c->v, c->B, c->T, c->Hq, c->Hkv, c->hd);
+    moe_cpu_attention_forward(c->out, c->att, c->scratch, c->q, c->k, c->v, c->B, c->T, c->Hq,
+                              c->Hkv, c->hd);
     return dot(c->out, c->r, (size_t)c->B * c->T * c->Hq * c->hd);
 }
 
@@ -167,21 +175,22 @@ START_TEST(test_attention_gradients) {
                  randn(&g, NK, 1),
                  randn(&g, NK, 1),
                  randn(&g, NQ, 1),
+                 att_scratch(B, T, HQ, HKV, HD),
                  B,
                  T,
                  HQ,
                  HKV,
                  HD};
-    float *dq = calloc(NQ, 4), *dk = calloc(NK, 4), *dv = calloc(NK, 4), *datt = NULL;
+    float *dq = calloc(NQ, 4), *dk = calloc(NK, 4), *dv = calloc(NK, 4), *datt = c.scratch;
     att_loss(&c);
-    ck_assert_int_eq(
-        moe_cpu_attention_backward(dq, dk, dv, datt, c.r, c.out, c.att, c.q, c.k, c.v, B, T, HQ, HKV, HD),
-        0);
+    ck_assert_int_eq(moe_cpu_attention_backward(dq, dk, dv, datt, c.r, c.out, c.att, c.q, c.k, c.v,
+                                                B, T, HQ, HKV, HD),
+                     0);
     fd_check("attention dq", c.q, NQ, dq, att_loss, &c, 1e-2f);
     fd_check("attention dk", c.k, NK, dk, att_loss, &c, 1e-2f);
     fd_check("attention dv", c.v, NK, dv, att_loss, &c, 1e-2f);
     free(c.out), free(c.att), free(c.q), free(c.k), free(c.v), free(c.r);
-    free(dq), free(dk), free(dv), free(datt);
+    free(dq), free(dk), free(dv), free(c.scratch);
 }
 END_TEST
 
@@ -238,30 +247,132 @@ static double rel_err(const float *x, const double *ref, size_t n) {
     return e / m;
 }
 
-// The blocked float kernel against the double reference at 300 positions
+// The blocked float kernel against the double reference: 300 positions
 // (several 64-key tiles, a ragged last one), GQA 6 query heads on 2 kv heads,
-// head_dim 40 (padded inside): out, dq, dk and dv within 2e-5 of the largest
-// entry (float rounding over a few hundred terms; a wrong mask, scale or lse
-// gives errors of order 1).
+// head_dim 40 (padded copies inside); 200 positions, head_dim 64 on one kv
+// head (accumulated in place); one position. out, dq, dk and dv within 2e-5
+// of the largest entry (float rounding over a few hundred terms; a wrong mask,
+// scale or lse gives errors of order 1). dq, dk, dv start from a nonzero
+// gradient that backward adds to. The scratch sits between guards that must
+// stay untouched.
+static const int ref_shapes[][5] = {{2, 300, 6, 2, 40}, {1, 200, 4, 1, 64}, {2, 1, 2, 2, 16}};
+
 START_TEST(test_attention_matches_double_reference) {
     tu_rng g;
     tu_seed(&g, 5);
-    enum { B = 2, T = 300, HQ = 6, HKV = 2, HD = 40, NQ = B * T * HQ * HD, NK = B * T * HKV * HD };
+    const int B = ref_shapes[_i][0], T = ref_shapes[_i][1], HQ = ref_shapes[_i][2];
+    const int HKV = ref_shapes[_i][3], HD = ref_shapes[_i][4];
+    const size_t NQ = (size_t)B * T * HQ * HD, NK = (size_t)B * T * HKV * HD;
+    const size_t ns = moe_cpu_attention_scratch_floats(B, T, HQ, HKV, HD);
     float *q = randn(&g, NQ, 1.5f), *k = randn(&g, NK, 1.5f), *v = randn(&g, NK, 1);
     float *dout = randn(&g, NQ, 1), *out = calloc(NQ, 4),
           *att = calloc(moe_cpu_attention_state_floats(B, T, HQ), 4);
-    float *dq = calloc(NQ, 4), *dk = calloc(NK, 4), *dv = calloc(NK, 4);
+    float *dq = randn(&g, NQ, 1), *dk = randn(&g, NK, 1), *dv = randn(&g, NK, 1);
+    float *sc = tu_guarded_alloc(ns);
+    for (size_t i = 0; i < ns; i++)
+        sc[i] = NAN; // stale scratch must not leak into results
     double *ro = calloc(NQ, 8), *rq = calloc(NQ, 8), *rk = calloc(NK, 8), *rv = calloc(NK, 8);
-    ck_assert_int_eq(moe_cpu_attention_forward(out, att, q, k, v, B, T, HQ, HKV, HD), 0);
+    for (size_t i = 0; i < NQ; i++)
+        rq[i] = dq[i];
+    for (size_t i = 0; i < NK; i++)
+        rk[i] = dk[i], rv[i] = dv[i];
+    ck_assert_int_eq(moe_cpu_attention_forward(out, att, sc, q, k, v, B, T, HQ, HKV, HD), 0);
     ck_assert_int_eq(
-        moe_cpu_attention_backward(dq, dk, dv, NULL, dout, out, att, q, k, v, B, T, HQ, HKV, HD), 0);
+        moe_cpu_attention_backward(dq, dk, dv, sc, dout, out, att, q, k, v, B, T, HQ, HKV, HD), 0);
     ref_attention(ro, rq, rk, rv, q, k, v, dout, B, T, HQ, HKV, HD);
     ck_assert_double_le(rel_err(out, ro, NQ), 2e-5);
     ck_assert_double_le(rel_err(dq, rq, NQ), 2e-5);
     ck_assert_double_le(rel_err(dk, rk, NK), 2e-5);
     ck_assert_double_le(rel_err(dv, rv, NK), 2e-5);
+    ck_assert(tu_guards_intact(sc, ns));
     free(q), free(k), free(v), free(dout), free(out), free(att), free(dq), free(dk), free(dv);
     free(ro), free(rq), free(rk), free(rv);
+    tu_guarded_free(sc, ns);
+}
+END_TEST
+
+START_TEST(test_attention_refuses_missing_scratch) {
+    float x[8] = {0}, lse[1];
+    ck_assert_int_eq(moe_cpu_attention_forward(x, lse, NULL, x, x, x, 1, 1, 1, 1, 8), MOE_EINVAL);
+    ck_assert_int_eq(moe_cpu_attention_backward(x, x, x, NULL, x, x, lse, x, x, x, 1, 1, 1, 1, 8),
+                     MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "scratch"));
+}
+END_TEST
+
+typedef struct {
+    float *out, *att, *sc, *q, *k, *v, *dout, *dq, *dk, *dv;
+    int B, T, Hq, Hkv, hd;
+} att_run;
+
+static void att_run_task(void *ctx, int i) {
+    const att_run *a = ctx;
+    if (i) return;
+    (void)moe_cpu_attention_forward(a->out, a->att, a->sc, a->q, a->k, a->v, a->B, a->T, a->Hq,
+                                    a->Hkv, a->hd);
+    (void)moe_cpu_attention_backward(a->dq, a->dk, a->dv, a->sc, a->dout, a->out, a->att, a->q,
+                                     a->k, a->v, a->B, a->T, a->Hq, a->Hkv, a->hd);
+}
+
+// Spread over the pool, or run serially inside one pool task (nested calls
+// run serially, on that thread's scratch slot): the same bits.
+START_TEST(test_attention_same_bits_serial_and_threaded) {
+    tu_rng g;
+    tu_seed(&g, 6);
+    enum { B = 2, T = 150, HQ = 4, HKV = 2, HD = 32, NQ = B * T * HQ * HD, NK = B * T * HKV * HD };
+    float *q = randn(&g, NQ, 1), *k = randn(&g, NK, 1), *v = randn(&g, NK, 1);
+    float *dout = randn(&g, NQ, 1);
+    att_run r[2];
+    for (int s = 0; s < 2; s++) {
+        r[s] = (att_run){calloc(NQ, 4),
+                         calloc(B * HQ * T, 4),
+                         att_scratch(B, T, HQ, HKV, HD),
+                         q,
+                         k,
+                         v,
+                         dout,
+                         calloc(NQ, 4),
+                         calloc(NK, 4),
+                         calloc(NK, 4),
+                         B,
+                         T,
+                         HQ,
+                         HKV,
+                         HD};
+    }
+    att_run_task(&r[0], 0);
+    moe_cpu_parallel_for(2, att_run_task, &r[1]);
+    ck_assert(!memcmp(r[0].out, r[1].out, sizeof(float) * NQ));
+    ck_assert(!memcmp(r[0].att, r[1].att, sizeof(float) * B * HQ * T));
+    ck_assert(!memcmp(r[0].dq, r[1].dq, sizeof(float) * NQ));
+    ck_assert(!memcmp(r[0].dk, r[1].dk, sizeof(float) * NK));
+    ck_assert(!memcmp(r[0].dv, r[1].dv, sizeof(float) * NK));
+    for (int s = 0; s < 2; s++) {
+        free(r[s].out), free(r[s].att), free(r[s].sc), free(r[s].dq), free(r[s].dk);
+        free(r[s].dv);
+    }
+    free(q), free(k), free(v), free(dout);
+}
+END_TEST
+
+// The softmax's vector exp against exp in double over the range its
+// arguments take (a score minus the row max or log-sum-exp: x <= 0): within
+// 2 ulp (relative 2.4e-7); below -87, and -inf (masked scores), exactly 0.
+START_TEST(test_attention_exp_within_two_ulp) {
+    enum { N = 200003 };
+    float *x = malloc(sizeof(float) * N), *y = malloc(sizeof(float) * N);
+    for (int i = 0; i < N; i++)
+        x[i] = -87.0f * (float)i / (N - 1); // [-87, 0], ragged tail
+    moe_cpu_exp_vec(y, x, N);
+    double worst = 0;
+    for (int i = 0; i < N; i++)
+        worst = fmax(worst, fabs(y[i] - exp((double)x[i])) / exp((double)x[i]));
+    ck_assert_msg(worst <= 2.4e-7, "max relative error %g", worst);
+    float lo[3] = {-88.0f, -1000.0f, -INFINITY}, out[3];
+    moe_cpu_exp_vec(out, lo, 3);
+    for (int i = 0; i < 3; i++)
+        ck_assert_float_eq(out[i], 0.0f);
+    free(x), free(y);
 }
 END_TEST
 
@@ -332,7 +443,11 @@ static Suite *nn_suite(void) {
     tcase_add_test(tc, test_rope_gradients);
     tcase_add_test(tc, test_attention_causal_first_token);
     tcase_add_test(tc, test_attention_gradients);
-    tcase_add_test(tc, test_attention_matches_double_reference);
+    tcase_add_loop_test(tc, test_attention_matches_double_reference, 0,
+                        sizeof ref_shapes / sizeof *ref_shapes);
+    tcase_add_test(tc, test_attention_refuses_missing_scratch);
+    tcase_add_test(tc, test_attention_same_bits_serial_and_threaded);
+    tcase_add_test(tc, test_attention_exp_within_two_ulp);
     tcase_add_test(tc, test_embedding_forward_backward);
     tcase_add_test(tc, test_crossentropy);
     suite_add_tcase(s, tc);

@@ -38,14 +38,26 @@ START_TEST(test_cpu_table_has_every_op) {
 }
 END_TEST
 
-// The CPU saves one log-sum-exp per query row and keeps backward's tiles in
-// its own buffers; CUDA saves the probabilities and needs one [T, T] scratch.
+// The CPU saves one log-sum-exp per query row; its scratch is one slot per
+// pool thread: backward's transposed Q and dO of a head (T rounded to 64
+// times head_dim, twice), D and lse (twice 320), two 64x64 tiles and K, V, Q,
+// dO rows [320 x head_dim rounded to 16], plus three [320 x 48] accumulators
+// when head_dim (40) is not a multiple of 16; with
+// GQA also dK and dV per query head (2 x B x Hq x [320 x hd padded]). CUDA
+// saves the probabilities and needs one [T, T] scratch.
 START_TEST(test_attention_buffer_sizes_per_backend) {
+    const size_t threads = (size_t)moe_cpu_threads();
     ck_assert_uint_eq(ops->attention_state_floats(2, 300, 6), 2 * 6 * 300);
-    ck_assert_uint_eq(ops->attention_scratch_floats(300), 0);
+    ck_assert_uint_eq(ops->attention_scratch_floats(2, 300, 6, 6, 64),
+                      threads * (2 * 320 * 64 + 2 * 320 + 2 * 64 * 64 + 4 * 320 * 64));
+    ck_assert_uint_eq(ops->attention_scratch_floats(2, 300, 6, 6, 40),
+                      threads * (2 * 320 * 40 + 2 * 320 + 2 * 64 * 64 + 7 * 320 * 48));
+    ck_assert_uint_eq(ops->attention_scratch_floats(2, 300, 6, 2, 40),
+                      threads * (2 * 320 * 40 + 2 * 320 + 2 * 64 * 64 + 7 * 320 * 48) +
+                          2 * 2 * 6 * 320 * 48);
 #ifdef MOE_HAVE_CUDA
     ck_assert_uint_eq(moe_ops_cuda.attention_state_floats(2, 300, 6), 2 * 6 * 300 * 300);
-    ck_assert_uint_eq(moe_ops_cuda_bf16.attention_scratch_floats(300), 300 * 300);
+    ck_assert_uint_eq(moe_ops_cuda_bf16.attention_scratch_floats(2, 300, 6, 2, 64), 300 * 300);
 #endif
 }
 END_TEST

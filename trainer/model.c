@@ -147,7 +147,7 @@ static size_t layout_acts(moe_model *m, float *base) {
     TAKE(m->dqr, N * QD);
     TAKE(m->dkr, N * KD);
     TAKE(m->datty, N * QD);
-    const size_t n_datt = m->ops->attention_scratch_floats(m->T);
+    const size_t n_datt = m->ops->attention_scratch_floats(m->B, m->T, m->Hq, m->Hkv, m->hd);
     TAKE(m->datt, n_datt);
     if (base && !n_datt) m->datt = NULL; // the backend keeps none: point at nothing
     TAKE(m->dab, Nc * 2 * m->F);
@@ -601,7 +601,8 @@ static int attention_inner(moe_model *m, int l, int B, int T) {
     MOE_TRY(ops->matmul(a->v, a->ln1, p->wv, N, KD, D, false, true, 1.0f, 0.0f));
     MOE_TRY(m->ops->rope_forward(a->q, a->q, B, T, m->Hq, m->hd, theta));
     MOE_TRY(m->ops->rope_forward(a->k, a->k, B, T, m->Hkv, m->hd, theta));
-    return m->ops->attention_forward(a->atty, a->att, a->q, a->k, a->v, B, T, m->Hq, m->Hkv, m->hd);
+    return m->ops->attention_forward(a->atty, a->att, m->datt, a->q, a->k, a->v, B, T, m->Hq,
+                                     m->Hkv, m->hd);
 }
 
 int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *targets,

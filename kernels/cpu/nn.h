@@ -27,12 +27,20 @@ int moe_cpu_rope_at(float *out, const float *x, const int *pos, int N, int H, in
 // k, v [B, T, Hkv, hd] (Hq % Hkv == 0; query head h reads kv head h / (Hq/Hkv)).
 // out [B, T, Hq, hd]; att [B, Hq, T] is the state saved for backward,
 // backend-specific: the log-sum-exp of each query row's scaled scores (the
-// probabilities are recomputed from it).
-int moe_cpu_attention_forward(float *out, float *att, const float *q, const float *k,
-                              const float *v, int B, int T, int Hq, int Hkv, int hd);
-// Floats of att (B * Hq * T) and of backward's datt scratch (0: unused).
+// probabilities are recomputed from it). scratch holds the tiles:
+// moe_cpu_attention_scratch_floats(B, T, Hq, Hkv, hd) floats.
+int moe_cpu_attention_forward(float *out, float *att, float *scratch, const float *q,
+                              const float *k, const float *v, int B, int T, int Hq, int Hkv,
+                              int hd);
+// Floats of att (B * Hq * T) and of the scratch of forward and backward (its
+// datt): one slot per pool thread (tiles, a head's transposed copies: O(T hd))
+// and, with GQA, each query head's dK, dV partials (2 B Hq T hd), so the
+// caller's planned buffers hold it all.
 size_t moe_cpu_attention_state_floats(int B, int T, int Hq);
-size_t moe_cpu_attention_scratch_floats(int T);
+size_t moe_cpu_attention_scratch_floats(int B, int T, int Hq, int Hkv, int hd);
+// y[i] = exp(x[i]) for x[i] <= 0 by the 8-lane polynomial the attention
+// softmax uses (within 2 ulp; x < -87 gives 0), exposed so tests can bound it.
+void moe_cpu_exp_vec(float *y, const float *x, size_t n);
 // One query row against a KV cache (incremental decoding): q [Hq, hd] of the
 // token at position pos attends to keys/values 0..pos of kc, vc [>= pos+1,
 // Hkv, hd]; out [Hq, hd]; scores [pos + 1] is scratch. The softmax is the
@@ -40,10 +48,10 @@ size_t moe_cpu_attention_scratch_floats(int T);
 int moe_cpu_attention_cached(float *out, float *scores, const float *q, const float *kc,
                              const float *vc, int pos, int Hq, int Hkv, int hd);
 // out is the forward's output (D = rowsum(dout * out) of FlashAttention-2);
-// datt is scratch (unused here, may be NULL: the tiles live in per-thread buffers).
+// datt is the scratch, as the forward's.
 int moe_cpu_attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
-                               const float *out, const float *att, const float *q, const float *k, const float *v,
-                               int B, int T, int Hq, int Hkv, int hd);
+                               const float *out, const float *att, const float *q, const float *k,
+                               const float *v, int B, int T, int Hq, int Hkv, int hd);
 
 // out [N, C] = table[tok[n]]; tokens are checked against V.
 int moe_cpu_embedding_forward(float *out, const int32_t *tok, const float *table, int N, int C,

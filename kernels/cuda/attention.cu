@@ -75,12 +75,14 @@ extern "C" size_t moe_cuda_attention_state_floats(int B, int T, int Hq) {
     return (size_t)B * Hq * T * T;
 }
 
-extern "C" size_t moe_cuda_attention_scratch_floats(int T) {
+extern "C" size_t moe_cuda_attention_scratch_floats(int B, int T, int Hq, int Hkv, int hd) {
     return (size_t)T * T;
 }
 
-extern "C" int moe_cuda_attention_forward(float *out, float *att, const float *q, const float *k,
-                                          const float *v, int B, int T, int Hq, int Hkv, int hd) {
+// scratch: none needed (att holds the probabilities), so the caller may pass NULL.
+extern "C" int moe_cuda_attention_forward(float *out, float *att, float *scratch, const float *q,
+                                          const float *k, const float *v, int B, int T, int Hq,
+                                          int Hkv, int hd) {
     MOE_TRY(check_dims(B, T, Hq, Hkv, hd));
     if (!B) return 0;
     moe_cuda_ctx c = {};

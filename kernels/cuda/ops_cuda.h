@@ -58,14 +58,15 @@ int moe_cuda_rmsnorm_backward(float *dx, float *dw, const float *dout, const flo
                               const float *w, const float *rstd, int N, int C);
 int moe_cuda_rope_forward(float *out, const float *x, int B, int T, int H, int hd, float theta);
 int moe_cuda_rope_backward(float *dx, const float *dout, int B, int T, int H, int hd, float theta);
-int moe_cuda_attention_forward(float *out, float *att, const float *q, const float *k,
-                               const float *v, int B, int T, int Hq, int Hkv, int hd);
+int moe_cuda_attention_forward(float *out, float *att, float *scratch, const float *q,
+                               const float *k, const float *v, int B, int T, int Hq, int Hkv,
+                               int hd);
 int moe_cuda_attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
                                 const float *out, const float *att, const float *q, const float *k, const float *v,
                                 int B, int T, int Hq, int Hkv, int hd);
 // att: the probabilities [B, Hq, T, T]; datt: one (b, h) at a time [T, T].
 size_t moe_cuda_attention_state_floats(int B, int T, int Hq);
-size_t moe_cuda_attention_scratch_floats(int T);
+size_t moe_cuda_attention_scratch_floats(int B, int T, int Hq, int Hkv, int hd);
 int moe_cuda_embedding_forward(float *out, const int32_t *tok, const float *table, int N, int C,
                                int V);
 int moe_cuda_embedding_backward(float *dtable, const float *dout, const int32_t *tok, int N, int C);

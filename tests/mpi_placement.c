@@ -4,11 +4,12 @@
 //   static / never triggered   bit-identical losses and checkpoints to a run
 //                              without placement keys
 //   replicate, dropless        losses within 1e-6 relative of the static run
-//   replicate, with drops      (routing decides drops at the source, so they
-//                              are the same), checkpoints with the same
-//                              tensors within 1e-6 relative L2, and a lower
-//                              max/mean of the rows the ranks compute
+//   replicate, with drops      capacity follows replicas: the drop rate
+//                              falls, checkpoints keep the same tensors,
+//                              max/mean of the rows the ranks compute falls
 //   every step                 each replica holds its home expert's bits
+//   every forward              no slot computes more rows than one expert's
+//                              capacity budget, replicated experts more
 #include "moe/comm.h"
 #include "moe/data.h"
 #include "moe/error.h"
@@ -132,36 +133,82 @@ static void replicate_matches_static(moe_comm *world, const char *dir, const cha
                                  "placement.slots_per_rank=3", "placement.update_every=1000"};
     train(world, base(st_measured, 5), o0, l0, &r0);
     train(world, base(rep, 5), o1, l1, &r1);
-    for (int s = 0; s < STEPS; s++)
+    // Dropless: the same rows computed elsewhere. With drops a replicated
+    // expert's capacity grows with its holders: fewer drops, other losses.
+    const bool dropless = r0.drop_rate == 0;
+    for (int s = 0; s < STEPS && dropless; s++)
         CHECK(fabs(l1[s] - l0[s]) <= 1e-6 * fabs(l0[s]), "%s step %d: loss %.9g vs %.9g", name, s,
               l1[s], l0[s]);
     CHECK(r1.rank_imbalance < 0.8 * r0.rank_imbalance,
           "%s: max/mean rank rows %.3f with replicas, %.3f without", name, r1.rank_imbalance,
           r0.rank_imbalance);
-    CHECK(r1.drop_rate == r0.drop_rate, "%s: drop rate %.6f vs %.6f", name, r1.drop_rate,
-          r0.drop_rate);
+    if (dropless)
+        CHECK(r1.drop_rate == 0, "%s: drop rate %.6f with replicas", name, r1.drop_rate);
+    else
+        CHECK(r1.drop_rate < 0.5 * r0.drop_rate, "%s: drop rate %.6f with replicas, %.6f without",
+              name, r1.drop_rate, r0.drop_rate);
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 0) {
         char a[900], b[900];
         snprintf(a, sizeof a, "%s/checkpoint", o0);
         snprintf(b, sizeof b, "%s/checkpoint", o1);
         double d = max_rel_diff(b, a);
-        CHECK(d >= 0 && d <= 1e-6, "%s: checkpoints differ by %.3g (-1: not the same tensors)",
-              name, d);
-        printf("%s: max/mean rank rows %.3f static, %.3f replicate; drop rate %.4f; expert rows "
-               "a2a bytes per step per rank %.0f vs %.0f; weights within %.3g\n",
-               name, r0.rank_imbalance, r1.rank_imbalance, r0.drop_rate, r0.place_a2a_bytes,
-               r1.place_a2a_bytes, d);
+        CHECK(d >= 0 && (!dropless || d <= 1e-6),
+              "%s: checkpoints differ by %.3g (-1: not the same tensors)", name, d);
+        printf("%s: max/mean rank rows %.3f static, %.3f replicate; drop rate %.4f vs %.4f; "
+               "expert rows a2a bytes per step per rank %.0f vs %.0f; weights within %.3g\n",
+               name, r0.rank_imbalance, r1.rank_imbalance, r0.drop_rate, r1.drop_rate,
+               r0.place_a2a_bytes, r1.place_a2a_bytes, d);
     }
 }
 
-// The training step by hand, checking after each that every replica holds
-// its home expert's weights, bit for bit.
-static void replicas_stay_identical(moe_comm *world) {
+// After a forward under replicas: no slot computes more rows than one
+// expert's budget, P times the capacity C_e the controller gave the layer
+// (sources keep at most C_e rows of a lone expert); returns the replicated
+// experts' kept rows beyond P * C_e, summed over the group (capacity grew).
+static long slot_rows_within_capacity(const moe_model *m, const moe_parallel *par, int step) {
+    long beyond = 0;
+    for (int l = 0; l < m->L; l++) {
+        const moe_place_layer *pl = par->place[l];
+        if (!pl || !pl->active || !m->cap[l].capacity) continue;
+        const moe_placement *t = &pl->t;
+        for (int j = 0; j < t->S; j++) {
+            const int e = t->slot[par->ep_rank * t->S + j];
+            if (e < 0) continue;
+            long rows = 0, budget = (long)t->P * m->cap[l].capacity[e];
+            for (int s = 0; s < t->P; s++)
+                rows += pl->blk_n[s * t->S + j];
+            CHECK(rows <= budget,
+                  "step %d layer %d: slot %d (expert %d) computes %ld rows, %ld "
+                  "allowed",
+                  step, l, j, e, rows, budget);
+        }
+        long kept[64] = {0};
+        for (int e = 0; e < t->E && e < 64; e++)
+            kept[e] = m->a[l].moe.plan.kept[e];
+        MPI_Allreduce(MPI_IN_PLACE, kept, 64, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+        for (int e = 0; e < t->E && e < 64; e++) {
+            const long over = kept[e] - (long)t->P * m->cap[l].capacity[e];
+            if (t->n_hold[e] > 1 && over > 0) beyond += over;
+        }
+    }
+    return beyond;
+}
+
+// The training step by hand. replicas: after each step every replica holds
+// its home expert's weights, bit for bit; else (with drops) after each
+// forward every slot stays within its capacity, and some replicated expert
+// keeps more rows than a lone one could.
+static void hand_steps(moe_comm *world, bool replicas) {
     const char *rep[] = {"placement.mode=replicate", "placement.slots_per_rank=3",
                          "placement.update_every=1", "router.capacity_factor=0",
                          "capacity.mode=static"};
-    moe_config c = base(rep, 5);
+    const char *cap[] = {"placement.mode=replicate", "placement.slots_per_rank=3",
+                         "placement.update_every=1", "router.capacity_factor=1.0",
+                         "capacity.mode=dynamic",    "capacity.capacity_factor_max=1.0"};
+    // (factor_max 1: C_e = 8 of a source's 32 tokens, so the budget binds.)
+    moe_config c = replicas ? base(rep, 5) : base(cap, 6);
+    long beyond = 0;
     moe_parallel par;
     moe_data d;
     moe_model m;
@@ -183,14 +230,21 @@ static void replicas_stay_identical(moe_comm *world) {
               "batch");
         CHECK(moe_model_forward(&m, in, tg, task, d.B, d.T, true, (uint64_t)step) == 0, "fwd: %s",
               moe_last_error());
+        if (!replicas) beyond += slot_rows_within_capacity(&m, &par, step);
         CHECK(moe_model_backward(&m, in, tg, task) == 0, "bwd: %s", moe_last_error());
         CHECK(moe_parallel_allreduce_grads(&par, &m) == 0, "allreduce: %s", moe_last_error());
         for (size_t i = 0; i < n; i++)
             m.grads[i] /= W;
         CHECK(moe_parallel_placement_observe(&par, &m) == 0, "observe: %s", moe_last_error());
+        if (!replicas) {
+            MPI_Allreduce(MPI_IN_PLACE, m.load, (int)moe_model_load_len(&m), MPI_DOUBLE, MPI_SUM,
+                          MPI_COMM_WORLD);
+            MPI_Allreduce(MPI_IN_PLACE, &m.load_calls, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+            moe_model_capacity_step(&m); // every rank's load, as the trainer does
+        }
         moe_adamw_update_clipped(&opt, m.params, m.grads, 0, 0, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
         CHECK(moe_parallel_placement_step(&par, &m, step + 1) == 0, "step: %s", moe_last_error());
-        for (int l = 0; l < m.L; l++) {
+        for (int l = 0; l < m.L && replicas; l++) {
             moe_place_layer *pl = par.place[l];
             if (!pl || !pl->active) continue;
             const moe_placement *t = &pl->t;
@@ -216,7 +270,9 @@ static void replicas_stay_identical(moe_comm *world) {
     }
     int all = replicated;
     MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    CHECK(all > 0, "no replica was ever placed: the skewed load should make some");
+    if (replicas) CHECK(all > 0, "no replica was ever placed: the skewed load should make some");
+    if (!replicas)
+        CHECK(beyond > 0, "no replicated expert kept more rows than one expert's capacity");
     free(in), free(tg), free(task);
     moe_adamw_free(&opt);
     moe_model_free(&m);
@@ -246,7 +302,8 @@ int main(int argc, char **argv) {
     static_placement_is_bit_identical(world, dir);
     replicate_matches_static(world, dir, "capacity.mode=static", "dropless");
     replicate_matches_static(world, dir, "capacity.mode=dynamic", "drops");
-    replicas_stay_identical(world);
+    hand_steps(world, true);  // replicas stay identical
+    hand_steps(world, false); // slots within capacity, and capacity grows
     moe_comm_free(world);
     int total[2] = {tu_failures, tu_checks};
     MPI_Allreduce(MPI_IN_PLACE, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

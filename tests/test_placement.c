@@ -77,6 +77,39 @@ START_TEST(test_placement_dest_deals_non_holders_by_source_rank) {
 }
 END_TEST
 
+// Capacity follows replicas. 8 ranks, expert 0 held by ranks 0, 1, 2: the
+// deal sends 3, 6 to rank 0, 4, 7 to rank 1, 5 to rank 2. Each holder's
+// budget is 8 c: with c = 1, 8 over sources {0, 3, 6} is 3, 3, 2; over
+// {1, 4, 7} the same; rank 2's sources {2, 5} get 4 each. Expert 1 (one
+// holder) keeps c.
+START_TEST(test_placement_capacity_splits_each_holders_budget) {
+    moe_placement t;
+    ck_assert_int_eq(moe_placement_init(&t, 8, 8, 2), 0);
+    for (int r = 1; r < 3; r++) {
+        t.slot[r * 2 + 1] = 0;
+        t.hold[t.n_hold[0]++] = r;
+    }
+    static const int want[8] = {3, 3, 4, 3, 3, 4, 2, 2};
+    for (int s = 0; s < 8; s++) {
+        ck_assert_int_eq(moe_placement_capacity(&t, 0, s, 1), want[s]);
+        ck_assert_int_eq(moe_placement_capacity(&t, 1, s, 1), 1);
+        ck_assert_int_eq(moe_placement_capacity(&t, 1, s, 7), 7);
+    }
+    // Any c: every holder's sources share exactly 8 c, none gets less than c.
+    for (int c = 0; c < 40; c++) {
+        int got[8] = {0};
+        for (int s = 0; s < 8; s++) {
+            const int cs = moe_placement_capacity(&t, 0, s, c);
+            ck_assert_int_ge(cs, c);
+            got[moe_placement_dest(&t, 0, s)] += cs;
+        }
+        for (int h = 0; h < 3; h++)
+            ck_assert_int_eq(got[h], 8 * c);
+    }
+    moe_placement_free(&t);
+}
+END_TEST
+
 // Random loads: each expert keeps its home slot, no rank holds an expert
 // twice, holders and slots agree, tokens are conserved, the largest rank
 // load never grows, and the same load gives the same table.
@@ -223,6 +256,7 @@ static Suite *placement_suite(void) {
     tcase_add_test(tc, test_placement_uniform_load_stays_static);
     tcase_add_test(tc, test_placement_replicates_the_hot_expert);
     tcase_add_test(tc, test_placement_dest_deals_non_holders_by_source_rank);
+    tcase_add_test(tc, test_placement_capacity_splits_each_holders_budget);
     tcase_add_test(tc, test_placement_properties_on_random_loads);
     tcase_add_test(tc, test_placement_keys_refuse_bad_combinations);
     tcase_add_test(tc, test_plan_models_placement_for_any_ranks);

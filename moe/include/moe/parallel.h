@@ -73,6 +73,14 @@ int moe_parallel_placement_step(moe_parallel *p, moe_model *m, long steps_done);
 // without placement), and *a2a_bytes (NULL: not wanted) the expert rows each
 // rank sent to other ranks per step, mean over ranks, forward and backward.
 double moe_parallel_placement_imbalance(const moe_parallel *p, double *a2a_bytes);
+// Resume: the load EMA and tables saved in DIR's trainer_state.json (every
+// field checked; nothing changes on a failure). A checkpoint without them,
+// or from another parallel.ep or placement.slots_per_rank, is logged and the
+// run starts from the static table. Then, collective once every rank loaded
+// (the caller agrees the status first), sync copies the home weights to the
+// replicas.
+int moe_parallel_placement_resume(moe_parallel *p, moe_model *m, const char *dir);
+int moe_parallel_placement_sync(moe_parallel *p, moe_model *m);
 // Called by moe_parallel_allreduce_grads (no-op without replicas).
 int moe_parallel_placement_reduce_grads(moe_parallel *p, moe_model *m);
 void moe_parallel_placement_free(moe_parallel *p);

@@ -10,6 +10,7 @@
 //   every step                 each replica holds its home expert's bits
 //   resume (sync, async save)  N/2 steps + resume N/2: the losses and
 //                              checkpoint of N steps, bit for bit
+//   grad_accum = 2             the load observed sums both micro-batches
 //   every forward              no slot computes more rows than one expert's
 //                              capacity budget, replicated experts more
 #include "moe/comm.h"
@@ -320,6 +321,53 @@ static void hand_steps(moe_comm *world, bool replicas) {
     moe_parallel_free(&par);
 }
 
+// grad_accum: the load a placement balances is the step's, every
+// micro-batch's kept rows (summed over the ranks), not the last one's.
+static void load_sums_micro_batches(moe_comm *world) {
+    const char *rep[] = {"placement.mode=replicate", "placement.slots_per_rank=3",
+                         "placement.update_every=1", "train.grad_accum=2"};
+    moe_config c = base(rep, 4);
+    moe_parallel par;
+    moe_data d;
+    moe_model m;
+    int rc = moe_parallel_init(&par, world, &c);
+    CHECK(rc == 0, "parallel: %s", moe_last_error());
+    if (rc) return;
+    CHECK(moe_data_open(&d, &c) == 0, "data: %s", moe_last_error());
+    CHECK(moe_model_init_ep(&m, &c, d.B, d.T, d.n_tasks, &par.group) == 0, "model: %s",
+          moe_last_error());
+    CHECK(moe_parallel_placement_init(&par, &m, &c) == 0, "placement: %s", moe_last_error());
+    const size_t nt = (size_t)d.B * d.T, n = moe_model_load_len(&m);
+    int32_t *in = malloc(nt * 4), *tg = malloc(nt * 4), *task = malloc((size_t)d.B * 4);
+    double *want = calloc(n, sizeof(double)), last = 0;
+    for (int a = 0; a < 2; a++) {
+        CHECK(moe_data_batch(&d, MOE_SPLIT_TRAIN, (uint64_t)a * W + par.rank, in, tg, task) == 0,
+              "batch");
+        CHECK(moe_model_forward(&m, in, tg, task, d.B, d.T, true, 0) == 0, "fwd: %s",
+              moe_last_error());
+        CHECK(moe_parallel_placement_accumulate(&par, &m) == 0, "accumulate: %s", moe_last_error());
+        for (int l = 0, idx = 0; l < m.L; l++)
+            if (m.is_moe[l]) {
+                for (int e = 0; e < m.moe_cfg[l].E; e++)
+                    want[(size_t)idx * m.usage_E + e] += m.a[l].moe.plan.kept[e];
+                idx++;
+            }
+    }
+    last = m.a[0].moe.plan.kept[2]; // a hot expert of the task-routed layer
+    MPI_Allreduce(MPI_IN_PLACE, want, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &last, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(moe_parallel_placement_observe(&par, &m) == 0, "observe: %s", moe_last_error());
+    for (size_t i = 0; i < n; i++)
+        CHECK(par.place_ema[i] == want[i], "load %zu: %g, the two micro-batches sum to %g", i,
+              par.place_ema[i], want[i]);
+    CHECK(want[2] > last, "expert 2's load %g should exceed the last micro-batch's %g", want[2],
+          last);
+    free(in), free(tg), free(task), free(want);
+    moe_model_free(&m);
+    moe_data_close(&d);
+    moe_parallel_free(&par);
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int size;
@@ -346,6 +394,7 @@ int main(int argc, char **argv) {
     resume_is_bit_identical(world, dir, true);
     hand_steps(world, true);  // replicas stay identical
     hand_steps(world, false); // slots within capacity, and capacity grows
+    load_sums_micro_batches(world);
     moe_comm_free(world);
     int total[2] = {tu_failures, tu_checks};
     MPI_Allreduce(MPI_IN_PLACE, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

@@ -24,7 +24,9 @@ int moe_parallel_placement_init(moe_parallel *p, moe_model *m, const moe_config 
         return moe_fail(MOE_EINVAL, "placement.mode = replicate needs parallel.ep > 1");
     const size_t n = moe_model_load_len(m);
     p->place_ema = moe_calloc(n + 1, sizeof(double));
-    if (!p->place_ema) return moe_fail(MOE_ENOMEM, "placement: load EMA of %zu experts", n);
+    p->place_acc = moe_calloc(n + MOE_MAX_LAYERS + 1, sizeof(double));
+    if (!p->place_ema || !p->place_acc)
+        return moe_fail(MOE_ENOMEM, "placement: load EMA of %zu experts", n);
     for (int l = 0; l < m->L; l++) {
         if (!m->is_moe[l]) continue;
         const moe_layer_config *c = &m->moe_cfg[l];
@@ -47,8 +49,10 @@ void moe_parallel_placement_free(moe_parallel *p) {
             p->place[l] = NULL;
         }
     moe_mfree(p->place_ema);
+    moe_mfree(p->place_acc);
     moe_mfree(p->place_buf);
-    p->place_ema = NULL, p->place_buf = NULL, p->place_buf_n = 0;
+    p->place_ema = NULL, p->place_acc = NULL, p->place_buf = NULL, p->place_buf_n = 0;
+    p->place_acc_calls = 0;
 }
 
 static int grow(moe_parallel *p, size_t n) {
@@ -65,36 +69,52 @@ static int grow(moe_parallel *p, size_t n) {
 // Layers run one after the other, each exchange waiting for its slowest
 // rank, so the imbalance measured is per layer: the sum over the layers of
 // the largest rank's rows against the sum of the mean rows.
-int moe_parallel_placement_observe(moe_parallel *p, const moe_model *m) {
+int moe_parallel_placement_accumulate(moe_parallel *p, const moe_model *m) {
     if (!p->place_ema) return 0;
     const size_t n = moe_model_load_len(m);
     const int P = p->ep_size;
-    double kept[n + 1], rows[MOE_MAX_LAYERS + 1], sent = 0;
-    memset(kept, 0, sizeof(double) * (n + 1));
+    double *kept = p->place_acc, *rows = p->place_acc + n;
     int n_moe = 0;
     for (int l = 0; l < m->L; l++) {
         if (!m->is_moe[l]) continue;
         const moe_plan *pl = &m->a[l].moe.plan;
         for (int e = 0; e < m->moe_cfg[l].E; e++)
-            kept[(size_t)n_moe * m->usage_E + e] = pl->kept[e];
-        // Rows this rank's experts computed in the last forward, and the rows
-        // it sent to other ranks (four times: out and back, forward and backward).
+            kept[(size_t)n_moe * m->usage_E + e] += pl->kept[e];
+        // Rows this rank's experts computed, and the rows it sent to other
+        // ranks (four times: out and back, forward and backward).
         const moe_place_layer *q = p->place[l];
         const int *rr = q->active ? q->recv_rows : m->a[l].moe.recv_rows;
         const int *sr = q->active ? q->send_rows : m->a[l].moe.send_rows;
-        rows[n_moe] = 0;
         for (int s = 0; s < P; s++) {
             rows[n_moe] += rr[s];
-            if (s != p->ep_rank) sent += 4.0 * sr[s] * m->moe_cfg[l].D * sizeof(float);
+            if (s != p->ep_rank)
+                rows[MOE_MAX_LAYERS] += 4.0 * sr[s] * m->moe_cfg[l].D * sizeof(float);
         }
         n_moe++;
     }
+    p->place_acc_calls++;
+    return 0;
+}
+
+int moe_parallel_placement_observe(moe_parallel *p, const moe_model *m) {
+    if (!p->place_ema) return 0;
+    if (p->place_acc_calls == 0) MOE_TRY(moe_parallel_placement_accumulate(p, m));
+    const size_t n = moe_model_load_len(m);
+    const int P = p->ep_size;
+    int n_moe = 0;
+    for (int l = 0; l < m->L; l++)
+        n_moe += m->is_moe[l];
+    double kept[n + 1], rows[MOE_MAX_LAYERS + 1];
+    memcpy(kept, p->place_acc, sizeof(double) * n);
+    memcpy(rows, p->place_acc + n, sizeof(double) * (size_t)n_moe);
+    rows[n_moe] = p->place_acc[n + MOE_MAX_LAYERS];
+    memset(p->place_acc, 0, sizeof(double) * (n + MOE_MAX_LAYERS + 1));
+    p->place_acc_calls = 0;
     MOE_TRY(moe_comm_allreduce_f64(p->world, kept, n));
     const double a = m->cfg.router.ema;
     for (size_t i = 0; i < n; i++)
         p->place_ema[i] = p->place_seeded ? a * p->place_ema[i] + (1 - a) * kept[i] : kept[i];
     p->place_seeded = true;
-    rows[n_moe] = sent;
     double all[(size_t)P * (n_moe + 1)];
     MOE_TRY(moe_comm_allgather(p->ep, rows, all, sizeof(double) * (n_moe + 1)));
     for (int i = 0; i <= n_moe; i++) {

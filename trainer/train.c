@@ -445,6 +445,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 goto fail;
             }
             MOE_TRY_GOTO(moe_model_backward(&m, in, tg, task), rc);
+            MOE_TRY_GOTO(moe_parallel_placement_accumulate(&par, &m), rc); // every micro-batch
             const double div = (double)accum * W;
             parts[0] += m.loss / div, parts[1] += m.ce / div;
             parts[2] += m.aux / div, parts[3] += m.z / div;

@@ -10,6 +10,7 @@
 //   every step                 each replica holds its home expert's bits
 //   resume (sync, async save)  N/2 steps + resume N/2: the losses and
 //                              checkpoint of N steps, bit for bit
+//   resume, other ep / bad     static table (logged) / refused naming the field
 //   grad_accum = 2             the load observed sums both micro-batches
 //   every forward              no slot computes more rows than one expert's
 //                              capacity budget, replicated experts more
@@ -23,6 +24,7 @@
 #include "moe/train.h"
 #include "testutil.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -97,6 +99,44 @@ static void resume_is_bit_identical(moe_comm *world, const char *dir, bool async
         snprintf(b, sizeof b, "%s/checkpoint", res);
         CHECK(!tu_st_dirs_differ(a, b, why, sizeof why), "%s resume: %s", tag, why);
     }
+}
+
+// The saved placement state: under another ep the run starts from the static
+// table (logged); a table no update could build is refused, naming the field.
+static void resume_checks_the_state(moe_comm *world, const char *dir) {
+    char ck[900], out[800], path[1000];
+    snprintf(ck, sizeof ck, "%s/resume-sync-half/checkpoint", dir);
+    const char *ep2[] = {"placement.mode=replicate", "placement.slots_per_rank=5",
+                         "placement.update_every=2", "router.capacity_factor=1.0", "parallel.ep=2"};
+    moe_config c = base(ep2, 5);
+    snprintf(out, sizeof out, "%s/resume-ep2", dir);
+    moe_train_opts o = {.out_dir = out, .resume_dir = ck, .quiet = true, .world = world};
+    moe_train_result r;
+    int rc = moe_train(&c, &o, &r);
+    CHECK(rc == 0, "resume under ep = 2: %s", moe_last_error());
+    if (rc == 0) moe_eval_result_free(&r.eval);
+    // Expert 2's holders listed as rank 0 (its home is rank 1).
+    snprintf(path, sizeof path, "%s/trainer_state.json", ck);
+    if (rank == 0) {
+        json_t *doc = json_load_file(path, 0, NULL);
+        json_t *h = json_array_get(
+            json_object_get(
+                json_array_get(json_object_get(json_object_get(doc, "placement"), "layers"), 0),
+                "holders"),
+            2);
+        CHECK(h && json_array_set_new(h, 0, json_integer(0)) == 0, "editing %s", path);
+        CHECK(json_dump_file(doc, path, JSON_INDENT(2)) == 0, "writing %s", path);
+        json_decref(doc);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    const char *rep[] = {"placement.mode=replicate", "placement.slots_per_rank=3",
+                         "placement.update_every=2", "router.capacity_factor=1.0"};
+    c = base(rep, 4);
+    snprintf(out, sizeof out, "%s/resume-bad", dir);
+    o = (moe_train_opts){.out_dir = out, .resume_dir = ck, .quiet = true, .world = world};
+    rc = moe_train(&c, &o, &r);
+    CHECK(rc == MOE_EFORMAT && strstr(moe_last_error(), "placement.layers[layer 0].holders"),
+          "a bad holder list: rc %d, '%s'", rc, moe_last_error());
 }
 
 // Largest per-tensor relative L2 difference of two checkpoints (same tensor
@@ -392,6 +432,7 @@ int main(int argc, char **argv) {
     replicate_matches_static(world, dir, "capacity.mode=dynamic", "drops");
     resume_is_bit_identical(world, dir, false);
     resume_is_bit_identical(world, dir, true);
+    resume_checks_the_state(world, dir);
     hand_steps(world, true);  // replicas stay identical
     hand_steps(world, false); // slots within capacity, and capacity grows
     load_sums_micro_batches(world);

@@ -339,8 +339,9 @@ static int read_layer(const char *path, json_t *o, int l, moe_placement *t, doub
 static int read_state(moe_parallel *p, moe_model *m, const char *path, json_t *doc) {
     json_t *ps = json_object_get(doc, "placement");
     if (!ps) {
-        moe_log(MOE_LOG_INFO, "%s: no placement state: placement starts from the static table",
-                path);
+        if (p->rank == 0)
+            moe_log(MOE_LOG_INFO, "%s: no placement state: placement starts from the static table",
+                    path);
         return 0;
     }
     json_t *jep = json_object_get(ps, "ep"), *jS = json_object_get(ps, "slots_per_rank"),
@@ -355,11 +356,12 @@ static int read_state(moe_parallel *p, moe_model *m, const char *path, json_t *d
     for (int l = 0; l < m->L; l++)
         if (p->place[l]) n_moe++, S = p->place[l]->t.S;
     if (json_integer_value(jep) != p->ep_size || json_integer_value(jS) != S) {
-        moe_log(MOE_LOG_WARN,
-                "%s: placement state of parallel.ep = %lld with %lld slots per rank, this run "
-                "has %d with %d: placement starts from the static table",
-                path, (long long)json_integer_value(jep), (long long)json_integer_value(jS),
-                p->ep_size, S);
+        if (p->rank == 0)
+            moe_log(MOE_LOG_WARN,
+                    "%s: placement state of parallel.ep = %lld with %lld slots per rank, this run "
+                    "has %d with %d: placement starts from the static table",
+                    path, (long long)json_integer_value(jep), (long long)json_integer_value(jS),
+                    p->ep_size, S);
         return 0;
     }
     if (json_array_size(jl) != (size_t)n_moe)

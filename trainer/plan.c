@@ -20,7 +20,7 @@
 
 // placement.mode = replicate: per MoE layer the table, the replicas' weights
 // and gradients, the dispatch scratch (trainer/placement.c's allocations);
-// the load EMA; and the staging of the replica gradients at its largest,
+// the load EMA and the step's load; and the staging of the replica gradients at its largest,
 // every spare slot a distinct expert (an upper bound: the rest is exact).
 static size_t placement_bytes(const moe_config *cfg, int B, int T) {
     const int P = cfg->parallel.ep, S = cfg->placement.slots_per_rank;
@@ -35,11 +35,13 @@ static size_t placement_bytes(const moe_config *cfg, int B, int T) {
         const size_t rows = (size_t)moe_router_rows_max(&cfg->router, B * T, E);
         b += sizeof(moe_place_layer) + (PS + (size_t)E + (size_t)E * P) * sizeof(int);
         b += 2 * (X * numel + 1) * sizeof(float) + (rows * D + 1) * sizeof(float);
-        b += (5 * PS + 2 * (size_t)P) * sizeof(int);
+        b += (5 * PS + 2 * (size_t)P + (size_t)E) * sizeof(int); // + this source's capacities
         stage += (X * P < (size_t)E ? X * P : (size_t)E) * numel;
         n_moe++, E_max = (size_t)E > E_max ? (size_t)E : E_max;
     }
-    return b + (n_moe * E_max + 1) * sizeof(double) + stage * sizeof(float);
+    // the load EMA and the step's accumulated load
+    return b + (n_moe * E_max + 1 + n_moe * E_max + MOE_MAX_LAYERS + 1) * sizeof(double) +
+           stage * sizeof(float);
 }
 
 int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *out) {

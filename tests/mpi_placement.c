@@ -4,11 +4,16 @@
 //   static / never triggered   bit-identical losses and checkpoints to a run
 //                              without placement keys
 //   replicate, dropless        losses within 1e-6 relative of the static run
-//   replicate, with drops      (routing decides drops at the source, so they
-//                              are the same), checkpoints with the same
-//                              tensors within 1e-6 relative L2, and a lower
-//                              max/mean of the rows the ranks compute
+//   replicate, with drops      capacity follows replicas: the drop rate
+//                              falls, checkpoints keep the same tensors,
+//                              max/mean of the rows the ranks compute falls
 //   every step                 each replica holds its home expert's bits
+//   resume (sync, async save)  N/2 steps + resume N/2: the losses and
+//                              checkpoint of N steps, bit for bit
+//   resume, other ep / bad     static table (logged) / refused naming the field
+//   grad_accum = 2             the load observed sums both micro-batches
+//   every forward              no slot computes more rows than one expert's
+//                              capacity budget, replicated experts more
 #include "moe/comm.h"
 #include "moe/data.h"
 #include "moe/error.h"
@@ -19,6 +24,7 @@
 #include "moe/train.h"
 #include "testutil.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -55,6 +61,82 @@ static int train(moe_comm *world, moe_config c, const char *out, double *losses,
     if (rc == 0) moe_eval_result_free(&r.eval);
     if (res) *res = r;
     return rc;
+}
+
+// Resume continues bit for bit: STEPS steps with replicas (table updates
+// every 2 steps, drops) against STEPS/2, then a resume to STEPS; the same
+// with the asynchronous save. Without the saved EMA and tables the resumed
+// half would start static and drop other rows.
+static void resume_is_bit_identical(moe_comm *world, const char *dir, bool async) {
+    const char *rep[] = {"placement.mode=replicate", "placement.slots_per_rank=3",
+                         "placement.update_every=2", "router.capacity_factor=1.0",
+                         async ? "train.async_checkpoint=true" : "train.async_checkpoint=false"};
+    moe_config c = base(rep, 5);
+    char full[800], half[800], res[800], ck[900];
+    const char *tag = async ? "async" : "sync";
+    snprintf(full, sizeof full, "%s/resume-%s-full", dir, tag);
+    snprintf(half, sizeof half, "%s/resume-%s-half", dir, tag);
+    snprintf(res, sizeof res, "%s/resume-%s-res", dir, tag);
+    double lf[STEPS] = {0}, lr[STEPS] = {0};
+    train(world, c, full, lf, NULL);
+    moe_train_opts o = {.out_dir = half, .quiet = true, .stop_after = STEPS / 2, .world = world};
+    moe_train_result r;
+    int rc = moe_train(&c, &o, &r);
+    CHECK(rc == 0, "%s half run: %s", tag, moe_last_error());
+    if (rc == 0 && !r.interrupted) moe_eval_result_free(&r.eval);
+    snprintf(ck, sizeof ck, "%s/checkpoint", half);
+    o = (moe_train_opts){
+        .out_dir = res, .resume_dir = ck, .quiet = true, .losses = lr, .world = world};
+    rc = moe_train(&c, &o, &r);
+    CHECK(rc == 0, "%s resumed run: %s", tag, moe_last_error());
+    if (rc == 0) moe_eval_result_free(&r.eval);
+    for (int s = STEPS / 2; s < STEPS; s++)
+        CHECK(lr[s] == lf[s], "%s resume step %d: loss %.17g vs %.17g", tag, s, lr[s], lf[s]);
+    MPI_Barrier(MPI_COMM_WORLD);
+    if (rank == 0) {
+        char a[900], b[900], why[512];
+        snprintf(a, sizeof a, "%s/checkpoint", full);
+        snprintf(b, sizeof b, "%s/checkpoint", res);
+        CHECK(!tu_st_dirs_differ(a, b, why, sizeof why), "%s resume: %s", tag, why);
+    }
+}
+
+// The saved placement state: under another ep the run starts from the static
+// table (logged); a table no update could build is refused, naming the field.
+static void resume_checks_the_state(moe_comm *world, const char *dir) {
+    char ck[900], out[800], path[1000];
+    snprintf(ck, sizeof ck, "%s/resume-sync-half/checkpoint", dir);
+    const char *ep2[] = {"placement.mode=replicate", "placement.slots_per_rank=5",
+                         "placement.update_every=2", "router.capacity_factor=1.0", "parallel.ep=2"};
+    moe_config c = base(ep2, 5);
+    snprintf(out, sizeof out, "%s/resume-ep2", dir);
+    moe_train_opts o = {.out_dir = out, .resume_dir = ck, .quiet = true, .world = world};
+    moe_train_result r;
+    int rc = moe_train(&c, &o, &r);
+    CHECK(rc == 0, "resume under ep = 2: %s", moe_last_error());
+    if (rc == 0) moe_eval_result_free(&r.eval);
+    // Expert 2's holders listed as rank 0 (its home is rank 1).
+    snprintf(path, sizeof path, "%s/trainer_state.json", ck);
+    if (rank == 0) {
+        json_t *doc = json_load_file(path, 0, NULL);
+        json_t *h = json_array_get(
+            json_object_get(
+                json_array_get(json_object_get(json_object_get(doc, "placement"), "layers"), 0),
+                "holders"),
+            2);
+        CHECK(h && json_array_set_new(h, 0, json_integer(0)) == 0, "editing %s", path);
+        CHECK(json_dump_file(doc, path, JSON_INDENT(2)) == 0, "writing %s", path);
+        json_decref(doc);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    const char *rep[] = {"placement.mode=replicate", "placement.slots_per_rank=3",
+                         "placement.update_every=2", "router.capacity_factor=1.0"};
+    c = base(rep, 4);
+    snprintf(out, sizeof out, "%s/resume-bad", dir);
+    o = (moe_train_opts){.out_dir = out, .resume_dir = ck, .quiet = true, .world = world};
+    rc = moe_train(&c, &o, &r);
+    CHECK(rc == MOE_EFORMAT && strstr(moe_last_error(), "placement.layers[layer 0].holders"),
+          "a bad holder list: rc %d, '%s'", rc, moe_last_error());
 }
 
 // Largest per-tensor relative L2 difference of two checkpoints (same tensor
@@ -132,36 +214,82 @@ static void replicate_matches_static(moe_comm *world, const char *dir, const cha
                                  "placement.slots_per_rank=3", "placement.update_every=1000"};
     train(world, base(st_measured, 5), o0, l0, &r0);
     train(world, base(rep, 5), o1, l1, &r1);
-    for (int s = 0; s < STEPS; s++)
+    // Dropless: the same rows computed elsewhere. With drops a replicated
+    // expert's capacity grows with its holders: fewer drops, other losses.
+    const bool dropless = r0.drop_rate == 0;
+    for (int s = 0; s < STEPS && dropless; s++)
         CHECK(fabs(l1[s] - l0[s]) <= 1e-6 * fabs(l0[s]), "%s step %d: loss %.9g vs %.9g", name, s,
               l1[s], l0[s]);
     CHECK(r1.rank_imbalance < 0.8 * r0.rank_imbalance,
           "%s: max/mean rank rows %.3f with replicas, %.3f without", name, r1.rank_imbalance,
           r0.rank_imbalance);
-    CHECK(r1.drop_rate == r0.drop_rate, "%s: drop rate %.6f vs %.6f", name, r1.drop_rate,
-          r0.drop_rate);
+    if (dropless)
+        CHECK(r1.drop_rate == 0, "%s: drop rate %.6f with replicas", name, r1.drop_rate);
+    else
+        CHECK(r1.drop_rate < 0.5 * r0.drop_rate, "%s: drop rate %.6f with replicas, %.6f without",
+              name, r1.drop_rate, r0.drop_rate);
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 0) {
         char a[900], b[900];
         snprintf(a, sizeof a, "%s/checkpoint", o0);
         snprintf(b, sizeof b, "%s/checkpoint", o1);
         double d = max_rel_diff(b, a);
-        CHECK(d >= 0 && d <= 1e-6, "%s: checkpoints differ by %.3g (-1: not the same tensors)",
-              name, d);
-        printf("%s: max/mean rank rows %.3f static, %.3f replicate; drop rate %.4f; expert rows "
-               "a2a bytes per step per rank %.0f vs %.0f; weights within %.3g\n",
-               name, r0.rank_imbalance, r1.rank_imbalance, r0.drop_rate, r0.place_a2a_bytes,
-               r1.place_a2a_bytes, d);
+        CHECK(d >= 0 && (!dropless || d <= 1e-6),
+              "%s: checkpoints differ by %.3g (-1: not the same tensors)", name, d);
+        printf("%s: max/mean rank rows %.3f static, %.3f replicate; drop rate %.4f vs %.4f; "
+               "expert rows a2a bytes per step per rank %.0f vs %.0f; weights within %.3g\n",
+               name, r0.rank_imbalance, r1.rank_imbalance, r0.drop_rate, r1.drop_rate,
+               r0.place_a2a_bytes, r1.place_a2a_bytes, d);
     }
 }
 
-// The training step by hand, checking after each that every replica holds
-// its home expert's weights, bit for bit.
-static void replicas_stay_identical(moe_comm *world) {
+// After a forward under replicas: no slot computes more rows than one
+// expert's budget, P times the capacity C_e the controller gave the layer
+// (sources keep at most C_e rows of a lone expert); returns the replicated
+// experts' kept rows beyond P * C_e, summed over the group (capacity grew).
+static long slot_rows_within_capacity(const moe_model *m, const moe_parallel *par, int step) {
+    long beyond = 0;
+    for (int l = 0; l < m->L; l++) {
+        const moe_place_layer *pl = par->place[l];
+        if (!pl || !pl->active || !m->cap[l].capacity) continue;
+        const moe_placement *t = &pl->t;
+        for (int j = 0; j < t->S; j++) {
+            const int e = t->slot[par->ep_rank * t->S + j];
+            if (e < 0) continue;
+            long rows = 0, budget = (long)t->P * m->cap[l].capacity[e];
+            for (int s = 0; s < t->P; s++)
+                rows += pl->blk_n[s * t->S + j];
+            CHECK(rows <= budget,
+                  "step %d layer %d: slot %d (expert %d) computes %ld rows, %ld "
+                  "allowed",
+                  step, l, j, e, rows, budget);
+        }
+        long kept[64] = {0};
+        for (int e = 0; e < t->E && e < 64; e++)
+            kept[e] = m->a[l].moe.plan.kept[e];
+        MPI_Allreduce(MPI_IN_PLACE, kept, 64, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+        for (int e = 0; e < t->E && e < 64; e++) {
+            const long over = kept[e] - (long)t->P * m->cap[l].capacity[e];
+            if (t->n_hold[e] > 1 && over > 0) beyond += over;
+        }
+    }
+    return beyond;
+}
+
+// The training step by hand. replicas: after each step every replica holds
+// its home expert's weights, bit for bit; else (with drops) after each
+// forward every slot stays within its capacity, and some replicated expert
+// keeps more rows than a lone one could.
+static void hand_steps(moe_comm *world, bool replicas) {
     const char *rep[] = {"placement.mode=replicate", "placement.slots_per_rank=3",
                          "placement.update_every=1", "router.capacity_factor=0",
                          "capacity.mode=static"};
-    moe_config c = base(rep, 5);
+    const char *cap[] = {"placement.mode=replicate", "placement.slots_per_rank=3",
+                         "placement.update_every=1", "router.capacity_factor=1.0",
+                         "capacity.mode=dynamic",    "capacity.capacity_factor_max=1.0"};
+    // (factor_max 1: C_e = 8 of a source's 32 tokens, so the budget binds.)
+    moe_config c = replicas ? base(rep, 5) : base(cap, 6);
+    long beyond = 0;
     moe_parallel par;
     moe_data d;
     moe_model m;
@@ -183,14 +311,21 @@ static void replicas_stay_identical(moe_comm *world) {
               "batch");
         CHECK(moe_model_forward(&m, in, tg, task, d.B, d.T, true, (uint64_t)step) == 0, "fwd: %s",
               moe_last_error());
+        if (!replicas) beyond += slot_rows_within_capacity(&m, &par, step);
         CHECK(moe_model_backward(&m, in, tg, task) == 0, "bwd: %s", moe_last_error());
         CHECK(moe_parallel_allreduce_grads(&par, &m) == 0, "allreduce: %s", moe_last_error());
         for (size_t i = 0; i < n; i++)
             m.grads[i] /= W;
         CHECK(moe_parallel_placement_observe(&par, &m) == 0, "observe: %s", moe_last_error());
+        if (!replicas) {
+            MPI_Allreduce(MPI_IN_PLACE, m.load, (int)moe_model_load_len(&m), MPI_DOUBLE, MPI_SUM,
+                          MPI_COMM_WORLD);
+            MPI_Allreduce(MPI_IN_PLACE, &m.load_calls, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+            moe_model_capacity_step(&m); // every rank's load, as the trainer does
+        }
         moe_adamw_update_clipped(&opt, m.params, m.grads, 0, 0, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
         CHECK(moe_parallel_placement_step(&par, &m, step + 1) == 0, "step: %s", moe_last_error());
-        for (int l = 0; l < m.L; l++) {
+        for (int l = 0; l < m.L && replicas; l++) {
             moe_place_layer *pl = par.place[l];
             if (!pl || !pl->active) continue;
             const moe_placement *t = &pl->t;
@@ -216,9 +351,58 @@ static void replicas_stay_identical(moe_comm *world) {
     }
     int all = replicated;
     MPI_Allreduce(MPI_IN_PLACE, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    CHECK(all > 0, "no replica was ever placed: the skewed load should make some");
+    if (replicas) CHECK(all > 0, "no replica was ever placed: the skewed load should make some");
+    if (!replicas)
+        CHECK(beyond > 0, "no replicated expert kept more rows than one expert's capacity");
     free(in), free(tg), free(task);
     moe_adamw_free(&opt);
+    moe_model_free(&m);
+    moe_data_close(&d);
+    moe_parallel_free(&par);
+}
+
+// grad_accum: the load a placement balances is the step's, every
+// micro-batch's kept rows (summed over the ranks), not the last one's.
+static void load_sums_micro_batches(moe_comm *world) {
+    const char *rep[] = {"placement.mode=replicate", "placement.slots_per_rank=3",
+                         "placement.update_every=1", "train.grad_accum=2"};
+    moe_config c = base(rep, 4);
+    moe_parallel par;
+    moe_data d;
+    moe_model m;
+    int rc = moe_parallel_init(&par, world, &c);
+    CHECK(rc == 0, "parallel: %s", moe_last_error());
+    if (rc) return;
+    CHECK(moe_data_open(&d, &c) == 0, "data: %s", moe_last_error());
+    CHECK(moe_model_init_ep(&m, &c, d.B, d.T, d.n_tasks, &par.group) == 0, "model: %s",
+          moe_last_error());
+    CHECK(moe_parallel_placement_init(&par, &m, &c) == 0, "placement: %s", moe_last_error());
+    const size_t nt = (size_t)d.B * d.T, n = moe_model_load_len(&m);
+    int32_t *in = malloc(nt * 4), *tg = malloc(nt * 4), *task = malloc((size_t)d.B * 4);
+    double *want = calloc(n, sizeof(double)), last = 0;
+    for (int a = 0; a < 2; a++) {
+        CHECK(moe_data_batch(&d, MOE_SPLIT_TRAIN, (uint64_t)a * W + par.rank, in, tg, task) == 0,
+              "batch");
+        CHECK(moe_model_forward(&m, in, tg, task, d.B, d.T, true, 0) == 0, "fwd: %s",
+              moe_last_error());
+        CHECK(moe_parallel_placement_accumulate(&par, &m) == 0, "accumulate: %s", moe_last_error());
+        for (int l = 0, idx = 0; l < m.L; l++)
+            if (m.is_moe[l]) {
+                for (int e = 0; e < m.moe_cfg[l].E; e++)
+                    want[(size_t)idx * m.usage_E + e] += m.a[l].moe.plan.kept[e];
+                idx++;
+            }
+    }
+    last = m.a[0].moe.plan.kept[2]; // a hot expert of the task-routed layer
+    MPI_Allreduce(MPI_IN_PLACE, want, (int)n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &last, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    CHECK(moe_parallel_placement_observe(&par, &m) == 0, "observe: %s", moe_last_error());
+    for (size_t i = 0; i < n; i++)
+        CHECK(par.place_ema[i] == want[i], "load %zu: %g, the two micro-batches sum to %g", i,
+              par.place_ema[i], want[i]);
+    CHECK(want[2] > last, "expert 2's load %g should exceed the last micro-batch's %g", want[2],
+          last);
+    free(in), free(tg), free(task), free(want);
     moe_model_free(&m);
     moe_data_close(&d);
     moe_parallel_free(&par);
@@ -246,7 +430,12 @@ int main(int argc, char **argv) {
     static_placement_is_bit_identical(world, dir);
     replicate_matches_static(world, dir, "capacity.mode=static", "dropless");
     replicate_matches_static(world, dir, "capacity.mode=dynamic", "drops");
-    replicas_stay_identical(world);
+    resume_is_bit_identical(world, dir, false);
+    resume_is_bit_identical(world, dir, true);
+    resume_checks_the_state(world, dir);
+    hand_steps(world, true);  // replicas stay identical
+    hand_steps(world, false); // slots within capacity, and capacity grows
+    load_sums_micro_batches(world);
     moe_comm_free(world);
     int total[2] = {tu_failures, tu_checks};
     MPI_Allreduce(MPI_IN_PLACE, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

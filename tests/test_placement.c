@@ -77,6 +77,39 @@ START_TEST(test_placement_dest_deals_non_holders_by_source_rank) {
 }
 END_TEST
 
+// Capacity follows replicas. 8 ranks, expert 0 held by ranks 0, 1, 2: the
+// deal sends 3, 6 to rank 0, 4, 7 to rank 1, 5 to rank 2. Each holder's
+// budget is 8 c: with c = 1, 8 over sources {0, 3, 6} is 3, 3, 2; over
+// {1, 4, 7} the same; rank 2's sources {2, 5} get 4 each. Expert 1 (one
+// holder) keeps c.
+START_TEST(test_placement_capacity_splits_each_holders_budget) {
+    moe_placement t;
+    ck_assert_int_eq(moe_placement_init(&t, 8, 8, 2), 0);
+    for (int r = 1; r < 3; r++) {
+        t.slot[r * 2 + 1] = 0;
+        t.hold[t.n_hold[0]++] = r;
+    }
+    static const int want[8] = {3, 3, 4, 3, 3, 4, 2, 2};
+    for (int s = 0; s < 8; s++) {
+        ck_assert_int_eq(moe_placement_capacity(&t, 0, s, 1), want[s]);
+        ck_assert_int_eq(moe_placement_capacity(&t, 1, s, 1), 1);
+        ck_assert_int_eq(moe_placement_capacity(&t, 1, s, 7), 7);
+    }
+    // Any c: every holder's sources share exactly 8 c, none gets less than c.
+    for (int c = 0; c < 40; c++) {
+        int got[8] = {0};
+        for (int s = 0; s < 8; s++) {
+            const int cs = moe_placement_capacity(&t, 0, s, c);
+            ck_assert_int_ge(cs, c);
+            got[moe_placement_dest(&t, 0, s)] += cs;
+        }
+        for (int h = 0; h < 3; h++)
+            ck_assert_int_eq(got[h], 8 * c);
+    }
+    moe_placement_free(&t);
+}
+END_TEST
+
 // Random loads: each expert keeps its home slot, no rank holds an expert
 // twice, holders and slots agree, tokens are conserved, the largest rank
 // load never grows, and the same load gives the same table.
@@ -184,7 +217,7 @@ START_TEST(test_plan_models_placement_for_any_ranks) {
     ck_assert(pp.max_mean[1] < pp.max_mean[0]);
     ck_assert_double_eq_tol(pp.max_mean[0], (128 + 128.0 / 7) / 64, 1e-9);
     ck_assert(pp.replicas > 0);
-    ck_assert(pp.drop_rate == 0);
+    ck_assert(pp.drop_rate[0] == 0 && pp.drop_rate[1] == 0);
     ck_assert(pp.a2a_bytes[1] < pp.a2a_bytes[0]);
     // 8 ranks (any number the experts divide).
     ck_assert_int_eq(moe_config_set(&c, NULL, "parallel.ep=8"), 0);
@@ -196,6 +229,33 @@ START_TEST(test_plan_models_placement_for_any_ranks) {
     ck_assert_int_eq(pp.replicas, 0);
     ck_assert_double_eq_tol(pp.max_mean[0], 1, 1e-12);
     ck_assert_int_eq(moe_plan_placement(&c, 1.5, NULL, &pp), MOE_EINVAL);
+}
+END_TEST
+
+// moe plan with drops: 4 ranks, 8 experts, 32 tokens per rank, k = 2, C = 8;
+// experts 2 and 3 (both on rank 1) take every assignment: 32 rows per source
+// each, 8 kept: 75% drop, rank 1 computes 4 * 16. Replicas of 2 on rank 0
+// and of 3 on rank 2: each holder's budget 4 * 8 = 32 over its two sources,
+// 16 each: 50% drop; rank 1 computes 2 from sources 1, 2 and 3 from 1, 0.
+START_TEST(test_plan_drops_fall_with_replica_capacity) {
+    moe_config c;
+    moe_config_default(&c);
+    const char *sets[] = {"model.seq_len=16", "train.batch_size=2", "router.capacity_factor=1.0",
+                          "parallel.ep=4", "model.n_layers=2"};
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(moe_config_set(&c, NULL, sets[i]), 0);
+    double t0[4], t1[4];
+    const double load[8] = {0, 0, 1, 1, 0, 0, 0, 0};
+    moe_place_plan pp = {.tokens = {t0, t1}};
+    ck_assert_int_eq(moe_plan_placement(&c, 0, load, &pp), 0);
+    ck_assert_int_eq(pp.replicas, 2);
+    ck_assert_double_eq_tol(pp.drop_rate[0], 0.75, 1e-12);
+    ck_assert_double_eq_tol(pp.drop_rate[1], 0.5, 1e-12);
+    static const double w0[4] = {0, 64, 0, 0}, w1[4] = {32, 64, 32, 0};
+    for (int r = 0; r < 4; r++) {
+        ck_assert_double_eq_tol(t0[r], w0[r], 1e-9);
+        ck_assert_double_eq_tol(t1[r], w1[r], 1e-9);
+    }
 }
 END_TEST
 
@@ -223,9 +283,11 @@ static Suite *placement_suite(void) {
     tcase_add_test(tc, test_placement_uniform_load_stays_static);
     tcase_add_test(tc, test_placement_replicates_the_hot_expert);
     tcase_add_test(tc, test_placement_dest_deals_non_holders_by_source_rank);
+    tcase_add_test(tc, test_placement_capacity_splits_each_holders_budget);
     tcase_add_test(tc, test_placement_properties_on_random_loads);
     tcase_add_test(tc, test_placement_keys_refuse_bad_combinations);
     tcase_add_test(tc, test_plan_models_placement_for_any_ranks);
+    tcase_add_test(tc, test_plan_drops_fall_with_replica_capacity);
     tcase_add_test(tc, test_placement_skewed_config_checks);
     suite_add_tcase(s, tc);
     return s;

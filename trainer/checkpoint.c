@@ -112,7 +112,7 @@ static int render_config(blob *b, const moe_config *cfg) {
 }
 
 static int render_state(blob *b, const moe_model *m, const moe_adamw *opt,
-                        const moe_train_state *st) {
+                        const moe_train_state *st, const moe_parallel *par) {
     json_t *doc = json_object(), *caps = json_array();
     json_object_set_new(doc, "step", json_integer(st->step));
     json_object_set_new(doc, "adam_step", json_integer(opt->step));
@@ -138,6 +138,13 @@ static int render_state(blob *b, const moe_model *m, const moe_adamw *opt,
         json_array_append_new(caps, o);
     }
     json_object_set_new(doc, "capacity", caps);
+    json_t *place; // placement.mode = replicate: its load EMA and tables
+    int rc = moe_parallel_placement_state(par, m, &place);
+    if (rc < 0) {
+        json_decref(doc);
+        return rc;
+    }
+    if (place) json_object_set_new(doc, "placement", place);
     return render_json(b, "trainer_state.json", doc);
 }
 
@@ -376,7 +383,8 @@ static int recover(const char *dir, const char *tmp, const char *old, const char
 // the tokenizer's copy before config.json (which names it), the task experts
 // and the trainer state.
 static int render_small(save_job *j, const moe_model *m, const moe_adamw *opt,
-                        const moe_train_state *st, const moe_tokenizer *tok) {
+                        const moe_train_state *st, const moe_tokenizer *tok,
+                        const moe_parallel *par) {
     if (j->sharded) {
         static const char *const msuf[] = {""}, *const osuf[] = {".exp_avg", ".exp_avg_sq"};
         MOE_TRY(render_index(&j->small[j->n_small++], "model", m, j->n, msuf, 1));
@@ -398,7 +406,7 @@ static int render_small(save_job *j, const moe_model *m, const moe_adamw *opt,
     MOE_TRY(render_config(&j->small[j->n_small++], &cfg));
     MOE_TRY(moe_task_experts_from_model(&j->te, m));
     snprintf(j->small[j->n_small++].name, sizeof j->small[0].name, "task_experts.json");
-    return render_state(&j->small[j->n_small++], m, opt, st);
+    return render_state(&j->small[j->n_small++], m, opt, st, par);
 }
 
 // Steps 1 and the preparation of 2, collective: rank 0 recovers and makes
@@ -432,7 +440,7 @@ static int job_start(save_job *j, const char *dir, const moe_model *m, const moe
     // Sharded: every writer needs dir.tmp made before it writes into it.
     if (j->sharded) rc = moe_comm_agree(par->world, rc);
     if (rc == 0 && j->writer) rc = build_tensor_entries(j, m, src, j->sharded ? par->ep_rank : 0);
-    if (rc == 0 && j->rank0) rc = render_small(j, m, opt, st, tok);
+    if (rc == 0 && j->rank0) rc = render_small(j, m, opt, st, tok, par);
     moe_tok_free(tok);
     return rc;
 }

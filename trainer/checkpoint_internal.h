@@ -4,6 +4,9 @@
 #ifndef MOE_CHECKPOINT_INTERNAL_H
 #define MOE_CHECKPOINT_INTERNAL_H
 
+#include "moe/parallel.h"
+
+#include <jansson.h>
 #include <stddef.h>
 
 // The folder a save of step into run writes (RUN/checkpoint-STEP with keep >
@@ -12,5 +15,9 @@ int moe_ckpt_run_folder(const char *run, int keep, long step, char *saved, size_
 // Rank 0, once the folder of step is in place: `latest` and the rotation
 // (steps 2-3 of the save with rotation in moe/checkpoint.h).
 int moe_ckpt_run_finish(const char *run, int keep, long step);
+
+// The placement state (trainer/placement.c) for trainer_state.json's
+// "placement": *out NULL without placement.mode = replicate.
+int moe_parallel_placement_state(const moe_parallel *p, const moe_model *m, json_t **out);
 
 #endif

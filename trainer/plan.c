@@ -20,7 +20,7 @@
 
 // placement.mode = replicate: per MoE layer the table, the replicas' weights
 // and gradients, the dispatch scratch (trainer/placement.c's allocations);
-// the load EMA; and the staging of the replica gradients at its largest,
+// the load EMA and the step's load; and the staging of the replica gradients at its largest,
 // every spare slot a distinct expert (an upper bound: the rest is exact).
 static size_t placement_bytes(const moe_config *cfg, int B, int T) {
     const int P = cfg->parallel.ep, S = cfg->placement.slots_per_rank;
@@ -35,11 +35,13 @@ static size_t placement_bytes(const moe_config *cfg, int B, int T) {
         const size_t rows = (size_t)moe_router_rows_max(&cfg->router, B * T, E);
         b += sizeof(moe_place_layer) + (PS + (size_t)E + (size_t)E * P) * sizeof(int);
         b += 2 * (X * numel + 1) * sizeof(float) + (rows * D + 1) * sizeof(float);
-        b += (5 * PS + 2 * (size_t)P) * sizeof(int);
+        b += (5 * PS + 2 * (size_t)P + (size_t)E) * sizeof(int); // + this source's capacities
         stage += (X * P < (size_t)E ? X * P : (size_t)E) * numel;
         n_moe++, E_max = (size_t)E > E_max ? (size_t)E : E_max;
     }
-    return b + (n_moe * E_max + 1) * sizeof(double) + stage * sizeof(float);
+    // the load EMA and the step's accumulated load
+    return b + (n_moe * E_max + 1 + n_moe * E_max + MOE_MAX_LAYERS + 1) * sizeof(double) +
+           stage * sizeof(float);
 }
 
 int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *out) {
@@ -370,14 +372,24 @@ int moe_plan_placement(const moe_config *cfg, double skew, const double *load,
     int C = cfg->router.type == MOE_ROUTER_EXPERT_CHOICE
                 ? moe_expert_choice_capacity(&cfg->router, (int)Ts, E)
                 : moe_capacity_static(&cfg->router, (int)Ts, E);
-    double routed[E], kept[E], sent = 0, got = 0; // per source rank
-    for (int e = 0; e < E; e++) {
-        routed[e] = (double)Ts * k * share[e] / total;
-        kept[e] = C >= 0 && routed[e] > C ? C : routed[e];
-        sent += routed[e], got += kept[e];
+    // Per source rank: routed rows, capacity, kept rows (static table). The
+    // dynamic controller, fed this load, settles at its capacities.
+    double routed[E], kept[E];
+    int Ce[E];
+    for (int e = 0; e < E; e++)
+        routed[e] = (double)Ts * k * share[e] / total, Ce[e] = C;
+    if (cfg->router.capacity_mode == MOE_CAPACITY_DYNAMIC && C >= 0 &&
+        cfg->router.type != MOE_ROUTER_EXPERT_CHOICE) {
+        moe_capacity_ctl ctl;
+        MOE_TRY(moe_capacity_ctl_init(&ctl, &cfg->router, (int)Ts, E));
+        ctl.steps = cfg->router.update_every - 1; // the next update sets capacities
+        moe_capacity_ctl_update_mean(&ctl, &cfg->router, routed, (int)Ts);
+        memcpy(Ce, ctl.capacity, sizeof Ce);
+        moe_capacity_ctl_free(&ctl);
     }
+    for (int e = 0; e < E; e++)
+        kept[e] = Ce[e] >= 0 && routed[e] > Ce[e] ? Ce[e] : routed[e];
     out->E = E, out->P = P, out->S = S;
-    out->drop_rate = sent > 0 ? 1 - got / sent : 0;
     moe_placement t;
     MOE_TRY(moe_placement_init(&t, E, P, S));
     double glob[E], tok[P];
@@ -390,20 +402,26 @@ int moe_plan_placement(const moe_config *cfg, double skew, const double *load,
             moe_placement_free(&t);
             return rc;
         }
-        double kg[E];
-        for (int e = 0; e < E; e++)
-            kg[e] = kept[e] * P;
-        moe_placement_rank_tokens(&t, kg, tok);
+        // Each source keeps up to its capacity of each expert (grown for a
+        // replicated one) and sends it to the holder the deal names.
+        double remote = 0, sent = 0, got = 0;
+        for (int r = 0; r < P; r++)
+            tok[r] = 0;
+        for (int s = 0; s < P; s++)
+            for (int e = 0; e < E; e++) {
+                const int cs = Ce[e] >= 0 ? moe_placement_capacity(&t, e, s, Ce[e]) : -1;
+                const double ks = cs >= 0 && routed[e] > cs ? cs : routed[e];
+                const int d = moe_placement_dest(&t, e, s);
+                tok[d] += ks, sent += routed[e], got += ks;
+                if (d != s) remote += ks;
+            }
         double mx = 0, mean = 0;
         for (int r = 0; r < P; r++) {
             mx = tok[r] > mx ? tok[r] : mx, mean += tok[r] / P;
             if (out->tokens[i]) out->tokens[i][r] = tok[r];
         }
         out->max_mean[i] = mean > 0 ? mx / mean : 0;
-        double remote = 0; // rows leaving their source rank, all sources
-        for (int s = 0; s < P; s++)
-            for (int e = 0; e < E; e++)
-                if (moe_placement_dest(&t, e, s) != s) remote += kept[e];
+        out->drop_rate[i] = sent > 0 ? 1 - got / sent : 0;
         // out, back, and the same two in backward; every MoE layer, every micro-batch
         out->a2a_bytes[i] = 4.0 * remote / P * row * n_moe * cfg->train.grad_accum;
     }
@@ -440,8 +458,9 @@ int moe_plan_placement_print(const moe_config *cfg, double skew, const double *l
     fprintf(f, "  %-6s %14.0f %14.0f   (all-to-all row bytes per step per rank, all layers)\n",
             "bytes", pp.a2a_bytes[0], pp.a2a_bytes[1]);
     fprintf(f,
-            "  %d slots per rank, %d replicas; drop rate %.1f%% either way (capacity is enforced "
-            "where tokens are routed)\n",
-            pp.S, pp.replicas, 100 * pp.drop_rate);
+            "  %-6s %13.1f%% %13.1f%%   (a replicated expert's capacity grows with its "
+            "holders)\n",
+            "drops", 100 * pp.drop_rate[0], 100 * pp.drop_rate[1]);
+    fprintf(f, "  %d slots per rank, %d replicas\n", pp.S, pp.replicas);
     return 0;
 }

@@ -316,6 +316,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     if (rc == 0) rc = moe_parallel_placement_init(&par, &m, cfg);
     moe_train_state st = {0, {0, 0}, 0, 0};
     if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
+    if (rc == 0 && o->resume_dir) rc = moe_parallel_placement_resume(&par, &m, o->resume_dir);
     if (rc == 0 && cfg->train.async_checkpoint) rc = moe_ckpt_async_init(&ack, &m, &par);
     if (rc == 0 && on_gpu)
         rc = moe_gpu_trainer_init(&gpu, &m, &opt, cfg, (size_t)d.B * d.T, o->device_ops);
@@ -328,6 +329,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         if (rc < 0) goto fail;
     }
     if (o->resume_dir) {
+        rc = moe_comm_agree(world, moe_parallel_placement_sync(&par, &m)); // collective
+        r->agreed = rc < 0;
+        if (rc < 0) goto fail;
         d.cursor[0] = st.cursor[0];
         d.cursor[1] = st.cursor[1];
         if (lead) moe_log(MOE_LOG_INFO, "resumed from %s at step %ld", o->resume_dir, st.step);
@@ -441,6 +445,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 goto fail;
             }
             MOE_TRY_GOTO(moe_model_backward(&m, in, tg, task), rc);
+            MOE_TRY_GOTO(moe_parallel_placement_accumulate(&par, &m), rc); // every micro-batch
             const double div = (double)accum * W;
             parts[0] += m.loss / div, parts[1] += m.ce / div;
             parts[2] += m.aux / div, parts[3] += m.z / div;

@@ -36,6 +36,19 @@ static void repack(const moe_place_layer *pl, float *xe, float *xs, int D, bool 
     }
 }
 
+const int *moe_place_capacity(moe_layer_acts *a, const int *capacity, int T) {
+    moe_place_layer *pl = a->place;
+    const int c_static = moe_capacity_static(&a->cfg.router, T, a->cfg.E);
+    if (c_static < 0) return capacity;
+    for (int e = 0; e < a->cfg.E; e++) {
+        const int c = capacity ? capacity[e] : c_static;
+        const int share = moe_placement_capacity(&pl->t, e, a->cfg.ep_rank, c);
+        // A source keeps at most T rows of an expert: more only inflates padding.
+        pl->cap[e] = share > c && share > T ? (c > T ? c : T) : share;
+    }
+    return pl->cap;
+}
+
 static size_t rows_max(const moe_layer_acts *a) {
     return (size_t)moe_router_rows_max(&a->cfg.router, a->cfg.T_max, a->cfg.E);
 }

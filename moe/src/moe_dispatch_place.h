@@ -27,6 +27,11 @@ static inline float *moe_place_w13(const moe_layer_acts *a, const moe_layer_para
     return (grad ? a->place->rep_g : a->place->rep_w) + (size_t)(j - El) * a->place->numel;
 }
 
+// The capacities this source rank routes T tokens with: `capacity` (NULL:
+// the static formula) with each replicated expert's grown to this source's
+// share of its holder's budget (moe_placement_capacity), in the placement's
+// array; unchanged when the router keeps every row (capacity_factor <= 0).
+const int *moe_place_capacity(moe_layer_acts *a, const int *capacity, int T);
 // a->xe (expert order) to a->xr; fills the placement's blocks and counts.
 int moe_place_dispatch(moe_layer_acts *a);
 // Expert side `from` back into token-side expert order `to`.

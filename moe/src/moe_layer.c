@@ -483,6 +483,8 @@ int moe_layer_forward(float *y, const float *x, const int *task_id, const int *c
     }
     LAP(gate);
 
+    // Under replicas capacity follows the holders (moe_dispatch_place.h).
+    if (moe_place_on(a)) capacity = moe_place_capacity(a, capacity, T);
     MOE_TRY(moe_router_forward(&a->plan, a->logits, task_id, capacity, T, E, &cfg->router, training,
                                step));
     MOE_TRY(check_plan(&a->plan, T, E, k));

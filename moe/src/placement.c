@@ -5,6 +5,7 @@
 #include "moe/alloc.h"
 #include "moe/error.h"
 
+#include <limits.h>
 #include <string.h>
 
 int moe_placement_init(moe_placement *t, int E, int P, int S) {
@@ -124,6 +125,16 @@ int moe_placement_slot_of(const moe_placement *t, int r, int e) {
     return -1;
 }
 
+int moe_placement_capacity(const moe_placement *t, int e, int s, int c) {
+    if (t->n_hold[e] == 1 || c <= 0) return c;
+    const int h = moe_placement_dest(t, e, s);
+    int m = 0, idx = 0; // sources dealt to h, and those before s
+    for (int r = 0; r < t->P; r++)
+        if (moe_placement_dest(t, e, r) == h) idx += r < s, m++;
+    const long budget = (long)t->P * c, share = budget / m + (idx < budget % m);
+    return share > INT_MAX ? INT_MAX : (int)share;
+}
+
 void moe_placement_rank_tokens(const moe_placement *t, const double *load, double *rank_tokens) {
     for (int r = 0; r < t->P; r++)
         rank_tokens[r] = 0;
@@ -144,10 +155,11 @@ int moe_place_layer_init(moe_place_layer *pl, int E, int P, int S, size_t numel,
     int **ip[] = {&pl->seg, &pl->cnt, &pl->recv_kept, &pl->blk_off, &pl->blk_n};
     for (size_t i = 0; i < sizeof ip / sizeof ip[0]; i++)
         *ip[i] = moe_malloc(PS * sizeof(int));
+    pl->cap = moe_malloc((size_t)E * sizeof(int));
     pl->send_rows = moe_malloc((size_t)P * sizeof(int));
     pl->recv_rows = moe_malloc((size_t)P * sizeof(int));
     if (!pl->rep_w || !pl->rep_g || !pl->xs || !pl->seg || !pl->cnt || !pl->recv_kept ||
-        !pl->blk_off || !pl->blk_n || !pl->send_rows || !pl->recv_rows) {
+        !pl->blk_off || !pl->blk_n || !pl->send_rows || !pl->recv_rows || !pl->cap) {
         moe_place_layer_free(pl);
         return moe_fail(MOE_ENOMEM, "placement of %d experts over %d ranks x %d slots", E, P, S);
     }
@@ -156,8 +168,8 @@ int moe_place_layer_init(moe_place_layer *pl, int E, int P, int S, size_t numel,
 
 void moe_place_layer_free(moe_place_layer *pl) {
     moe_placement_free(&pl->t);
-    void *p[] = {pl->rep_w,     pl->rep_g,   pl->xs,    pl->seg,       pl->cnt,
-                 pl->recv_kept, pl->blk_off, pl->blk_n, pl->send_rows, pl->recv_rows};
+    void *p[] = {pl->rep_w,   pl->rep_g, pl->xs,        pl->seg,       pl->cnt, pl->recv_kept,
+                 pl->blk_off, pl->blk_n, pl->send_rows, pl->recv_rows, pl->cap};
     for (size_t i = 0; i < sizeof p / sizeof p[0]; i++)
         moe_mfree(p[i]);
     memset(pl, 0, sizeof *pl);

@@ -29,7 +29,9 @@ typedef struct {
     bool place_seeded;
     long place_steps;
     double place_rows_max, place_rows_mean, place_a2a_bytes;
-    float *place_buf; // staging of replica gradients and weights
+    double *place_acc;   // kept rows [layer][E], rows per layer, bytes sent: this step's
+    int place_acc_calls; // micro-batches added to place_acc
+    float *place_buf;    // staging of replica gradients and weights
     size_t place_buf_n;
 } moe_parallel;
 
@@ -58,7 +60,8 @@ int moe_parallel_resolve_groups(const moe_parallel *p, moe_config *cfg);
 // Load-driven placement (placement.mode = replicate; nothing for static).
 // Init attaches a static table to every MoE layer of m. Observe, once per
 // optimizer step after the backward pass (collective over the world), adds
-// each expert's kept rows of the last forward, summed over every rank, to the
+// each expert's kept rows of the step (every micro-batch accumulated, else
+// the last forward), summed over every rank, to the
 // load EMA (capacity.ema) and measures the rows each rank computed. Step,
 // after the optimizer update: every placement.update_every steps recomputes
 // the tables from the EMA (identical on every rank), then
@@ -67,12 +70,23 @@ int moe_parallel_resolve_groups(const moe_parallel *p, moe_config *cfg);
 // into the home expert by moe_parallel_allreduce_grads.
 int moe_parallel_placement_init(moe_parallel *p, moe_model *m, const moe_config *cfg);
 int moe_parallel_placement_observe(moe_parallel *p, const moe_model *m);
+// After each micro-batch's forward (grad_accum > 1): adds its kept rows, so
+// observe measures the step's load; observe alone takes the last forward's.
+int moe_parallel_placement_accumulate(moe_parallel *p, const moe_model *m);
 int moe_parallel_placement_step(moe_parallel *p, moe_model *m, long steps_done);
 // Over the observed steps and MoE layers: (sum of each layer's largest rank
 // rows) / (sum of its mean rank rows) on the expert side (1: balanced; 0 before any step or
 // without placement), and *a2a_bytes (NULL: not wanted) the expert rows each
 // rank sent to other ranks per step, mean over ranks, forward and backward.
 double moe_parallel_placement_imbalance(const moe_parallel *p, double *a2a_bytes);
+// Resume: the load EMA and tables saved in DIR's trainer_state.json (every
+// field checked; nothing changes on a failure). A checkpoint without them,
+// or from another parallel.ep or placement.slots_per_rank, is logged and the
+// run starts from the static table. Then, collective once every rank loaded
+// (the caller agrees the status first), sync copies the home weights to the
+// replicas.
+int moe_parallel_placement_resume(moe_parallel *p, moe_model *m, const char *dir);
+int moe_parallel_placement_sync(moe_parallel *p, moe_model *m);
 // Called by moe_parallel_allreduce_grads (no-op without replicas).
 int moe_parallel_placement_reduce_grads(moe_parallel *p, moe_model *m);
 void moe_parallel_placement_free(moe_parallel *p);

@@ -42,6 +42,14 @@ int moe_placement_dest(const moe_placement *t, int e, int s);
 // Slot of rank r holding expert e, -1 when none.
 int moe_placement_slot_of(const moe_placement *t, int r, int e);
 
+// Capacity follows replicas: with per-expert capacity c (rows one source rank
+// keeps for an expert, so a lone expert computes at most P * c rows), each
+// holder of e has that budget P * c, split among the sources the deal sends
+// to it: floor(P c / m) each, the first (P c mod m) in rank order one more.
+// Returns source s's capacity for e; c itself when e has one holder, so a
+// table without replicas changes nothing. Never below c.
+int moe_placement_capacity(const moe_placement *t, int e, int s, int c);
+
 // The model behind `moe plan`: tokens each rank computes when every source
 // rank routes load[e] / P tokens to expert e; rank_tokens [P].
 void moe_placement_rank_tokens(const moe_placement *t, const double *load, double *rank_tokens);
@@ -59,6 +67,7 @@ typedef struct moe_place_layer {
     int *seg, *cnt;       // [P * S] first row in expert order and rows sent, per (dest, slot)
     int *recv_kept, *blk_off, *blk_n; // [P * S] per (source, slot) on the expert side
     int *send_rows, *recv_rows;       // [P]
+    int *cap;                         // [E] this source's capacities (moe_placement_capacity)
 } moe_place_layer;
 
 // Allocates pl for a layer of E experts of numel floats each, rows_max

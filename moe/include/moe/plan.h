@@ -70,14 +70,15 @@ int moe_plan_a2a(const moe_config *cfg, const moe_machine *mc, moe_a2a_algo algo
 // the EP group (parallel.ep ranks, any number): every rank routes B*T*k
 // assignments, a share `skew` of them to expert 0 and the rest evenly (skew
 // 0: all even); load[e] instead, when given, is each expert's share (any
-// scale). Capacity is enforced where tokens are routed, so drops are the same
-// with or without replicas; the experts compute the kept rows. Index 0: the
+// scale). Each source keeps at most its capacity of an expert's rows; a
+// replicated expert's capacity grows with its holders (moe_placement_capacity),
+// so drops fall; the experts compute the kept rows. Index 0: the
 // static table, 1: replicated (placement.slots_per_rank, or E/ep + 1 when the
 // config has no spare slot).
 typedef struct {
     int E, P, S, replicas;
     double max_mean[2];  // max rank tokens / mean rank tokens
-    double drop_rate;    // dropped / routed assignments
+    double drop_rate[2]; // dropped / routed assignments
     double a2a_bytes[2]; // rows to other ranks per step per rank, all MoE layers, fwd + bwd
     double *tokens[2];   // [P] rank tokens of the layer (caller's arrays, or NULL)
 } moe_place_plan;

@@ -56,8 +56,8 @@ static void gemv_part(void *ctx, int i) {
     for (int r = 0; r < j->n; r++) {
         float *c = j->c + (size_t)r * j->out + o0;
         if (j->beta == 0.0f) memset(c, 0, sizeof(float) * m);
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, m, j->in, 1.0f, j->w + (size_t)o0 * j->in,
-                    j->in, j->a + (size_t)r * j->in, 1, j->beta, c, 1);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, m, j->in, 1.0f, j->w + (size_t)o0 * j->in, j->in,
+                    j->a + (size_t)r * j->in, 1, j->beta, c, 1);
     }
 }
 

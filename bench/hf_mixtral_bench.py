@@ -9,7 +9,11 @@ train.grad_clip, weight decay on the matrices) and thread count.
 
 Every run is a child process; the three kinds are interleaved for --rounds
 rounds, each run prints one JSON line, and a last line has the medians, the
-ratios moe / eager and moe / grouped_mm and the load average. Optional, not
+ratios moe / eager and moe / grouped_mm and the load average. On a shared
+machine tokens/s mostly measure how much CPU each run got (torch's OpenMP
+threads spin while waiting, the moe pool sleeps), so the lines also give
+tokens per CPU second (user + system time of all threads; torch's spinning
+counts against it) and their ratios. Optional, not
 part of the tests; needs torch and transformers (plain PyPI works):
 
     python3 -m venv .venv && .venv/bin/pip install torch transformers
@@ -175,6 +179,7 @@ def main() -> int:
               "threads": args.threads, "steps": args.steps, "shape": shape}
     kinds = ["moe"] + [k for k in args.impl.split(",") if k]
     tps = {k: [] for k in kinds}
+    cpu = {k: [] for k in kinds}  # tokens per CPU second (user + sys, all threads)
     try:
         for rnd in range(args.rounds):
             for kind in kinds:
@@ -194,14 +199,22 @@ def main() -> int:
                              "--steps", str(args.steps), "--warmup", str(args.warmup),
                              "--threads", str(args.threads)])
                 tps[kind].append(r["tokens_per_s"])
+                r["tokens_per_cpu_s"] = round(
+                    dims["batch_size"] * dims["max_position_embeddings"] * args.steps /
+                    max(r["user_s"] + r["sys_s"], 1e-9))
+                cpu[kind].append(r["tokens_per_cpu_s"])
                 print(json.dumps({"bench": "hf_mixtral", "impl": kind, "round": rnd, **common,
                                   "load1_before": load, **r}), flush=True)
     finally:  # also on Ctrl-C / SIGTERM (see signal handler)
         os.unlink(path)
     med = {k: statistics.median(v) for k, v in tps.items()}
+    mcpu = {k: statistics.median(v) for k, v in cpu.items()}
     print(json.dumps({"bench": "hf_mixtral_summary", **common, "rounds": args.rounds,
                       "median_tokens_per_s": med,
                       "ratio": {f"moe/{k}": round(med["moe"] / med[k], 3) for k in kinds[1:]},
+                      "median_tokens_per_cpu_s": mcpu,
+                      "cpu_ratio": {f"moe/{k}": round(mcpu["moe"] / mcpu[k], 3)
+                                    for k in kinds[1:]},
                       "load1_after": os.getloadavg()[0]}), flush=True)
     return 0
 

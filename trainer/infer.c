@@ -25,7 +25,7 @@ enum { GEMV_ROWS = 4 };
 // kernels' column blocks), so each output sums its products exactly as in one
 // GEMV over all rows, whatever the thread count; small GEMVs stay on the
 // calling thread, where waking the pool would cost more than it saves.
-enum { GEMV_ALIGN = 16, GEMV_SPLIT_MACS = 1 << 15 };
+enum { GEMV_ALIGN = 16, GEMV_SPLIT_MACS = 1 << 17 };
 
 typedef struct {
     float *c;

@@ -149,7 +149,9 @@ def main() -> int:
     ap.add_argument("--config", default="configs/tiny.json")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--steps", type=int, default=20, help="measured steps per run")
-    ap.add_argument("--warmup", type=int, default=5, help="unmeasured steps first (as train_step)")
+    ap.add_argument("--warmup", type=int, default=5, help="unmeasured transformers steps first "
+                    "(train_step always runs 5; torch's CPU kernels are slow on their first "
+                    "shapes, 10 steps settle them at tiny)")
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; medians reported")
     ap.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (moe: its pool "
                     "takes the cores of its affinity mask; MOE_NUM_THREADS caps it)")

@@ -6,6 +6,7 @@
 // weighted combine), final norm and LM head. Projections are GEMMs, or GEMVs
 // for the few rows of a decode step.
 #include "moe/infer.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/cpu/nn.h"
 #include "kernels/ops.h"
 #include "moe/error.h"
@@ -18,37 +19,84 @@
 // GEMV_ROWS rows go through one GEMV each. Partial and full loads take the
 // same path for the same rows, so they stay bit-identical.
 enum { GEMV_ROWS = 4 };
+
+// OpenBLAS runs single-threaded inside our pool, so a large GEMV splits its
+// output rows over the pool. Parts are multiples of GEMV_ALIGN rows (the GEMV
+// kernels' column blocks), so each output sums its products exactly as in one
+// GEMV over all rows, whatever the thread count; small GEMVs stay on the
+// calling thread, where waking the pool would cost more than it saves.
+enum { GEMV_ALIGN = 16, GEMV_SPLIT_MACS = 1 << 17 };
+
+typedef struct {
+    float *c;
+    const float *a, *w;
+    const int8_t *q;
+    const float *scale;
+    int n, out, in, rows; // rows: output rows per part
+    float beta;
+} gemv_job;
+
+static int gemv_parts(gemv_job *j) {
+    const int T = moe_cpu_threads();
+    if (T == 1 || (size_t)j->n * j->out * j->in < GEMV_SPLIT_MACS || j->out < 2 * GEMV_ALIGN) {
+        j->rows = j->out;
+        return 1;
+    }
+    // two parts per thread: a thread slowed by another process's work
+    // leaves its second part to the others
+    int rows = (j->out + 2 * T - 1) / (2 * T);
+    rows = (rows + GEMV_ALIGN - 1) / GEMV_ALIGN * GEMV_ALIGN;
+    j->rows = rows;
+    return (j->out + rows - 1) / rows;
+}
+
+static void gemv_part(void *ctx, int i) {
+    const gemv_job *j = ctx;
+    const int o0 = i * j->rows, m = j->out - o0 < j->rows ? j->out - o0 : j->rows;
+    for (int r = 0; r < j->n; r++) {
+        float *c = j->c + (size_t)r * j->out + o0;
+        if (j->beta == 0.0f) memset(c, 0, sizeof(float) * m);
+        cblas_sgemv(CblasRowMajor, CblasNoTrans, m, j->in, 1.0f, j->w + (size_t)o0 * j->in, j->in,
+                    j->a + (size_t)r * j->in, 1, j->beta, c, 1);
+    }
+}
+
 static int linear(float *c, const float *a, const float *w, int n, int out, int in, float beta) {
     if (n > GEMV_ROWS) return moe_ops_cpu.matmul(c, a, w, n, out, in, false, true, 1.0f, beta);
-    for (int r = 0; r < n; r++) {
-        if (beta == 0.0f) memset(c + (size_t)r * out, 0, sizeof(float) * out);
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w, in, a + (size_t)r * in, 1, beta,
-                    c + (size_t)r * out, 1);
-    }
+    gemv_job j = {.c = c, .a = a, .w = w, .n = n, .out = out, .in = in, .beta = beta};
+    moe_cpu_parallel_for(gemv_parts(&j), gemv_part, &j);
     return 0;
 }
 
 // The same for int8 weights q [out, in] with one scale per output row, for
 // a few rows: c[r, o] = scale[o] * sum_i q[o, i] * a[r, i], dequantised on
 // the fly with fp32 accumulation in 16 lanes (so the compiler vectorises it).
-static void qlinear(float *c, const float *a, const int8_t *q, const float *scale, int n, int out,
-                    int in) {
-    for (int r = 0; r < n; r++) {
-        const float *x = a + (size_t)r * in;
-        for (int o = 0; o < out; o++) {
-            const int8_t *qo = q + (size_t)o * in;
+static void qlinear_part(void *ctx, int part) {
+    const gemv_job *j = ctx;
+    const int o0 = part * j->rows, o1 = j->out - o0 < j->rows ? j->out : o0 + j->rows;
+    const int in = j->in;
+    for (int r = 0; r < j->n; r++) {
+        const float *x = j->a + (size_t)r * in;
+        for (int o = o0; o < o1; o++) {
+            const int8_t *qo = j->q + (size_t)o * in;
             float lane[16] = {0}, acc = 0.0f;
             int i = 0;
             for (; i + 16 <= in; i += 16)
-                for (int j = 0; j < 16; j++)
-                    lane[j] += (float)qo[i + j] * x[i + j];
+                for (int l = 0; l < 16; l++)
+                    lane[l] += (float)qo[i + l] * x[i + l];
             for (; i < in; i++)
                 acc += (float)qo[i] * x[i];
-            for (int j = 0; j < 16; j++)
-                acc += lane[j];
-            c[(size_t)r * out + o] = acc * scale[o];
+            for (int l = 0; l < 16; l++)
+                acc += lane[l];
+            j->c[(size_t)r * j->out + o] = acc * j->scale[o];
         }
     }
+}
+
+static void qlinear(float *c, const float *a, const int8_t *q, const float *scale, int n, int out,
+                    int in) {
+    gemv_job j = {.c = c, .a = a, .q = q, .scale = scale, .n = n, .out = out, .in = in};
+    moe_cpu_parallel_for(gemv_parts(&j), qlinear_part, &j);
 }
 
 static void add_into(float *y, const float *x, size_t n) {

@@ -15,23 +15,32 @@ static int rope(float *out, const float *x, int B, int T, const int *pos_of, int
     double inv_freq[half > 0 ? half : 1];
     for (int i = 0; i < half; i++)
         inv_freq[i] = pow(theta, -2.0 * i / hd);
+    float c[half > 0 ? half : 1], sn[half > 0 ? half : 1];
     for (int r = 0; r < rows; r++) {
         const int pos = pos_of ? pos_of[r] : r;
         for (int i = 0; i < half; i++) {
             double ang = pos * inv_freq[i];
-            float c = (float)cos(ang), s = sign * (float)sin(ang);
-            for (int b = 0; b < reps; b++) {
-                const size_t bt = pos_of ? (size_t)r : (size_t)b * T + r;
-                for (int h = 0; h < H; h++) {
-                    size_t o = (bt * H + h) * hd;
-                    float a = x[o + i], bb = x[o + i + half];
-                    float ra = a * c - bb * s, rb = bb * c + a * s;
-                    if (accumulate) {
-                        out[o + i] += ra;
-                        out[o + i + half] += rb;
-                    } else {
-                        out[o + i] = ra;
-                        out[o + i + half] = rb;
+            c[i] = (float)cos(ang), sn[i] = sign * (float)sin(ang);
+        }
+        // a head's halves are contiguous: the inner loop runs over i (vectorised)
+        for (int b = 0; b < reps; b++) {
+            const size_t bt = pos_of ? (size_t)r : (size_t)b * T + r;
+            for (int h = 0; h < H; h++) {
+                const float *xa = x + (bt * H + h) * hd, *xb = xa + half;
+                float *oa = out + (bt * H + h) * hd, *ob = oa + half;
+                if (accumulate) {
+                    for (int i = 0; i < half; i++) {
+                        float a = xa[i], bb = xb[i];
+                        float ra = a * c[i] - bb * sn[i], rb = bb * c[i] + a * sn[i];
+                        oa[i] += ra;
+                        ob[i] += rb;
+                    }
+                } else {
+                    for (int i = 0; i < half; i++) {
+                        float a = xa[i], bb = xb[i];
+                        float ra = a * c[i] - bb * sn[i], rb = bb * c[i] + a * sn[i];
+                        oa[i] = ra;
+                        ob[i] = rb;
                     }
                 }
             }

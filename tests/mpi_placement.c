@@ -324,7 +324,7 @@ static void hand_steps(moe_comm *world, bool replicas) {
             moe_model_capacity_step(&m); // every rank's load, as the trainer does
         }
         moe_adamw_update_clipped(&opt, m.params, m.grads, 0, 0, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
-        CHECK(moe_parallel_placement_step(&par, &m, step + 1) == 0, "step: %s", moe_last_error());
+        CHECK(moe_parallel_placement_step(&par, &m, &opt, step + 1) == 0, "step: %s", moe_last_error());
         for (int l = 0; l < m.L && replicas; l++) {
             moe_place_layer *pl = par.place[l];
             if (!pl || !pl->active) continue;

@@ -398,7 +398,7 @@ int moe_plan_placement(const moe_config *cfg, double skew, const double *load,
     out->E = E, out->P = P, out->S = S;
     moe_placement t;
     MOE_TRY(moe_placement_init(&t, E, P, S));
-    t.moves = strcmp(cfg->placement.mode, "replicate") != 0; // replicate alone keeps homes
+    t.moves = !strcmp(cfg->placement.mode, "move");
     double glob[E], tok[P];
     for (int e = 0; e < E; e++)
         glob[e] = kept[e] * P; // the measured load: rows kept over the group
@@ -460,7 +460,7 @@ int moe_plan_placement_print(const moe_config *cfg, double skew, const double *l
     else
         fprintf(f, "balanced routing):\n");
     fprintf(f, "  %-6s %14s %14s\n", "rank", "static",
-            strcmp(cfg->placement.mode, "replicate") ? "move" : "replicate");
+            strcmp(cfg->placement.mode, "move") ? "replicate" : "move");
     for (int r = 0; r < P; r++)
         fprintf(f, "  %-6d %14.1f %14.1f\n", r, t0[r], t1[r]);
     fprintf(f, "  %-6s %14.3f %14.3f   (max rank tokens / mean rank tokens)\n", "max/mean",

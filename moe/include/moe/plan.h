@@ -74,8 +74,8 @@ int moe_plan_a2a(const moe_config *cfg, const moe_machine *mc, moe_a2a_algo algo
 // replicated expert's capacity grows with its holders (moe_placement_capacity),
 // so drops fall; the experts compute the kept rows. Index 0: the
 // static table, 1: replicated (placement.slots_per_rank, or E/ep + 1 when the
-// config has no spare slot), with home experts moved too unless
-// placement.mode = replicate (the move greedy of moe_placement_update).
+// config has no spare slot), with home experts moved too under
+// placement.mode = move (the swap greedy of moe_placement_update).
 typedef struct {
     int E, P, S, replicas;
     double max_mean[2];  // max rank tokens / mean rank tokens

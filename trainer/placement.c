@@ -394,7 +394,7 @@ static int read_layer(const char *path, json_t *o, int l, moe_placement *t, doub
     const int E = t->E, P = t->P, S = t->S, El = t->El;
     json_t *jl = json_object_get(o, "layer"), *je = json_object_get(o, "ema"),
            *js = json_object_get(o, "slots"), *jh = json_object_get(o, "holders");
-    char want[128];
+    char want[192];
     if (!json_is_object(o)) return bad(path, "(entry)", l, "an object");
     snprintf(want, sizeof want, "%d (the next MoE layer)", l);
     if (!json_is_integer(jl) || json_integer_value(jl) != l) return bad(path, "layer", l, want);

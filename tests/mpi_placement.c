@@ -14,6 +14,10 @@
 //   grad_accum = 2             the load observed sums both micro-batches
 //   every forward              no slot computes more rows than one expert's
 //                              capacity budget, replicated experts more
+//   move (homes swap)          each expert's weights and moments, found by
+//                              name, unchanged by a move and held once;
+//                              dropless losses and checkpoints (by name)
+//                              as static; resume bit for bit
 #include "moe/comm.h"
 #include "moe/data.h"
 #include "moe/error.h"
@@ -33,6 +37,7 @@
 
 enum { STEPS = 6, W = 4 };
 static int rank;
+static bool homes_moved(const char *ckpt);
 
 #define CHECK(cond, ...) TU_MPI_CHECK(rank, cond, __VA_ARGS__)
 
@@ -67,13 +72,14 @@ static int train(moe_comm *world, moe_config c, const char *out, double *losses,
 // every 2 steps, drops) against STEPS/2, then a resume to STEPS; the same
 // with the asynchronous save. Without the saved EMA and tables the resumed
 // half would start static and drop other rows.
-static void resume_is_bit_identical(moe_comm *world, const char *dir, bool async) {
-    const char *rep[] = {"placement.mode=replicate", "placement.slots_per_rank=3",
-                         "placement.update_every=2", "router.capacity_factor=1.0",
+static void resume_is_bit_identical(moe_comm *world, const char *dir, bool async,
+                                    const char *mode) {
+    const char *rep[] = {mode, "placement.slots_per_rank=3", "placement.update_every=2",
+                         "router.capacity_factor=1.0",
                          async ? "train.async_checkpoint=true" : "train.async_checkpoint=false"};
     moe_config c = base(rep, 5);
     char full[800], half[800], res[800], ck[900];
-    const char *tag = async ? "async" : "sync";
+    const char *tag = strstr(mode, "move") ? "move" : async ? "async" : "sync";
     snprintf(full, sizeof full, "%s/resume-%s-full", dir, tag);
     snprintf(half, sizeof half, "%s/resume-%s-half", dir, tag);
     snprintf(res, sizeof res, "%s/resume-%s-res", dir, tag);
@@ -98,7 +104,54 @@ static void resume_is_bit_identical(moe_comm *world, const char *dir, bool async
         snprintf(a, sizeof a, "%s/checkpoint", full);
         snprintf(b, sizeof b, "%s/checkpoint", res);
         CHECK(!tu_st_dirs_differ(a, b, why, sizeof why), "%s resume: %s", tag, why);
+        snprintf(a, sizeof a, "%s/checkpoint", half);
+        if (strstr(mode, "move")) CHECK(homes_moved(a), "move: the half run moved no home");
     }
+}
+
+// The saved tables (trainer_state.json) have some expert away from its
+// contiguous home block.
+static bool homes_moved(const char *ckpt) {
+    char path[1000];
+    snprintf(path, sizeof path, "%s/trainer_state.json", ckpt);
+    json_t *doc = json_load_file(path, 0, NULL);
+    json_t *ls = json_object_get(json_object_get(doc, "placement"), "layers");
+    bool moved = false;
+    for (size_t i = 0; i < json_array_size(ls); i++) {
+        json_t *sl = json_object_get(json_array_get(ls, i), "slots");
+        for (size_t j = 0; j < json_array_size(sl); j++) // S = 3, El = 2
+            moved |= j % 3 < 2 &&
+                     json_integer_value(json_array_get(sl, j)) != (json_int_t)(j / 3 * 2 + j % 3);
+    }
+    json_decref(doc);
+    return moved;
+}
+
+// Every expert tensor of the EP group by name (layer, expert, w1 w3 w2):
+// weights and both moments into all [L][E][3][numel] x 3, and how many ranks
+// hold each into cnt (sums of zeros elsewhere: exact).
+static void gather_experts(const moe_model *m, const moe_adamw *opt, float *all, int *cnt,
+                           size_t tn) {
+    const int E = 8;
+    const size_t per = (size_t)m->L * E * 3 * tn;
+    memset(all, 0, 3 * per * sizeof(float));
+    memset(cnt, 0, sizeof(int) * (size_t)m->L * E * 3);
+    for (int i = 0; i < m->table.count; i++) {
+        const moe_param_view *v = &m->table.views[i];
+        const char *x = strstr(v->name, ".experts.");
+        if (!x) continue;
+        int l = atoi(v->name + strlen("model.layers.")), e = atoi(x + 9);
+        const char *w = strchr(x + 9, '.') + 1;
+        int k = w[1] == '1' ? 0 : w[1] == '3' ? 1 : 2;
+        const size_t at = (((size_t)l * E + e) * 3 + k) * tn;
+        CHECK(v->numel == tn, "%s: %zu floats", v->name, v->numel);
+        memcpy(all + at, m->params + v->offset, tn * sizeof(float));
+        memcpy(all + per + at, opt->m + v->offset, tn * sizeof(float));
+        memcpy(all + 2 * per + at, opt->v + v->offset, tn * sizeof(float));
+        cnt[(at / tn)]++;
+    }
+    MPI_Allreduce(MPI_IN_PLACE, all, (int)(3 * per), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, cnt, m->L * E * 3, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
 }
 
 // The saved placement state: under another ep the run starts from the static
@@ -199,10 +252,10 @@ static void static_placement_is_bit_identical(moe_comm *world, const char *dir) 
 // Replicas from the first step on against the same run with a table never
 // updated (static placement, rows measured).
 static void replicate_matches_static(moe_comm *world, const char *dir, const char *factor,
-                                     const char *name) {
+                                     const char *name, const char *mode) {
     const char *cf = strcmp(factor, "capacity.mode=static") ? "router.capacity_factor=1.0"
                                                             : "router.capacity_factor=0";
-    const char *rep[] = {factor, cf, "placement.mode=replicate", "placement.slots_per_rank=3",
+    const char *rep[] = {factor, cf, mode, "placement.slots_per_rank=3",
                          "placement.update_every=1"};
     char o0[800], o1[800];
     double l0[STEPS], l1[STEPS];
@@ -236,6 +289,7 @@ static void replicate_matches_static(moe_comm *world, const char *dir, const cha
         double d = max_rel_diff(b, a);
         CHECK(d >= 0 && (!dropless || d <= 1e-6),
               "%s: checkpoints differ by %.3g (-1: not the same tensors)", name, d);
+        if (strstr(mode, "move")) CHECK(homes_moved(b), "%s: no expert changed its home", name);
         printf("%s: max/mean rank rows %.3f static, %.3f replicate; drop rate %.4f vs %.4f; "
                "expert rows a2a bytes per step per rank %.0f vs %.0f; weights within %.3g\n",
                name, r0.rank_imbalance, r1.rank_imbalance, r0.drop_rate, r1.drop_rate,
@@ -280,7 +334,7 @@ static long slot_rows_within_capacity(const moe_model *m, const moe_parallel *pa
 // its home expert's weights, bit for bit; else (with drops) after each
 // forward every slot stays within its capacity, and some replicated expert
 // keeps more rows than a lone one could.
-static void hand_steps(moe_comm *world, bool replicas) {
+static void hand_steps(moe_comm *world, bool replicas, bool move) {
     const char *rep[] = {"placement.mode=replicate", "placement.slots_per_rank=3",
                          "placement.update_every=1", "router.capacity_factor=0",
                          "capacity.mode=static"};
@@ -288,6 +342,7 @@ static void hand_steps(moe_comm *world, bool replicas) {
                          "placement.update_every=1", "router.capacity_factor=1.0",
                          "capacity.mode=dynamic",    "capacity.capacity_factor_max=1.0"};
     // (factor_max 1: C_e = 8 of a source's 32 tokens, so the budget binds.)
+    if (move) rep[0] = "placement.mode=move";
     moe_config c = replicas ? base(rep, 5) : base(cap, 6);
     long beyond = 0;
     moe_parallel par;
@@ -304,7 +359,10 @@ static void hand_steps(moe_comm *world, bool replicas) {
     CHECK(moe_parallel_placement_init(&par, &m, &c) == 0, "placement: %s", moe_last_error());
     const size_t nt = (size_t)d.B * d.T, n = m.table.numel;
     int32_t *in = malloc(nt * 4), *tg = malloc(nt * 4), *task = malloc((size_t)d.B * 4);
-    int replicated = 0;
+    int replicated = 0, moved = 0;
+    const size_t tn = (size_t)m.moe_cfg[0].H * m.moe_cfg[0].D, per = (size_t)m.L * 8 * 3 * tn;
+    float *before = malloc(3 * per * sizeof(float)), *after = malloc(3 * per * sizeof(float));
+    int *cb = malloc(sizeof(int) * (size_t)m.L * 24), *ca = malloc(sizeof(int) * (size_t)m.L * 24);
     for (int step = 0; step < STEPS; step++) {
         memset(m.grads, 0, n * sizeof(float));
         CHECK(moe_data_batch(&d, MOE_SPLIT_TRAIN, (uint64_t)step * W + par.rank, in, tg, task) == 0,
@@ -324,7 +382,23 @@ static void hand_steps(moe_comm *world, bool replicas) {
             moe_model_capacity_step(&m); // every rank's load, as the trainer does
         }
         moe_adamw_update_clipped(&opt, m.params, m.grads, 0, 0, 1e-3f, 0.9f, 0.95f, 1e-8f, 0.1f);
-        CHECK(moe_parallel_placement_step(&par, &m, step + 1) == 0, "step: %s", moe_last_error());
+        if (move) gather_experts(&m, &opt, before, cb, tn);
+        CHECK(moe_parallel_placement_step(&par, &m, &opt, step + 1) == 0, "step: %s",
+              moe_last_error());
+        if (move) { // the same tensors under the same names, once each
+            gather_experts(&m, &opt, after, ca, tn);
+            for (int i = 0; i < m.L * 24; i++)
+                CHECK(ca[i] == (m.is_moe[i / 24] ? 1 : 0) && cb[i] == ca[i],
+                      "step %d: expert tensor %d held %d times (%d before)", step, i, ca[i], cb[i]);
+            size_t diff = 0;
+            for (size_t i = 0; i < 3 * per; i++)
+                diff += after[i] != before[i];
+            CHECK(diff == 0, "step %d: %zu expert floats changed in the move", step, diff);
+            for (int l = 0; l < m.L; l++)
+                if (par.place[l])
+                    for (int e = 0; e < 8; e++)
+                        moved += moe_placement_home(&par.place[l]->t, e) != e / 2;
+        }
         for (int l = 0; l < m.L && replicas; l++) {
             moe_place_layer *pl = par.place[l];
             if (!pl || !pl->active) continue;
@@ -334,7 +408,7 @@ static void hand_steps(moe_comm *world, bool replicas) {
                 if (t->n_hold[e] < 2) continue;
                 const int h = t->hold[(size_t)e * t->P];
                 if (h == par.ep_rank)
-                    memcpy(home, moe_layer_w13(&m.p[l].moe, e - h * t->El),
+                    memcpy(home, moe_layer_w13(&m.p[l].moe, moe_placement_slot_of(t, h, e)),
                            pl->numel * sizeof(float));
                 MPI_Bcast(home, (int)pl->numel, MPI_FLOAT, h, MPI_COMM_WORLD);
                 const int j = moe_placement_slot_of(t, par.ep_rank, e);
@@ -354,6 +428,8 @@ static void hand_steps(moe_comm *world, bool replicas) {
     if (replicas) CHECK(all > 0, "no replica was ever placed: the skewed load should make some");
     if (!replicas)
         CHECK(beyond > 0, "no replicated expert kept more rows than one expert's capacity");
+    if (move) CHECK(moved > 0, "no expert changed its home under placement.mode = move");
+    free(before), free(after), free(cb), free(ca);
     free(in), free(tg), free(task);
     moe_adamw_free(&opt);
     moe_model_free(&m);
@@ -428,13 +504,21 @@ int main(int argc, char **argv) {
         return 1;
     }
     static_placement_is_bit_identical(world, dir);
-    replicate_matches_static(world, dir, "capacity.mode=static", "dropless");
-    replicate_matches_static(world, dir, "capacity.mode=dynamic", "drops");
-    resume_is_bit_identical(world, dir, false);
-    resume_is_bit_identical(world, dir, true);
+    replicate_matches_static(world, dir, "capacity.mode=static", "dropless",
+                             "placement.mode=replicate");
+    replicate_matches_static(world, dir, "capacity.mode=dynamic", "drops",
+                             "placement.mode=replicate");
+    replicate_matches_static(world, dir, "capacity.mode=static", "dropless-move",
+                             "placement.mode=move");
+    replicate_matches_static(world, dir, "capacity.mode=dynamic", "drops-move",
+                             "placement.mode=move");
+    resume_is_bit_identical(world, dir, false, "placement.mode=replicate");
+    resume_is_bit_identical(world, dir, true, "placement.mode=replicate");
+    resume_is_bit_identical(world, dir, false, "placement.mode=move");
     resume_checks_the_state(world, dir);
-    hand_steps(world, true);  // replicas stay identical
-    hand_steps(world, false); // slots within capacity, and capacity grows
+    hand_steps(world, true, false);  // replicas stay identical
+    hand_steps(world, true, true);   // moves carry weights and moments, by name
+    hand_steps(world, false, false); // slots within capacity, and capacity grows
     load_sums_micro_batches(world);
     moe_comm_free(world);
     int total[2] = {tu_failures, tu_checks};

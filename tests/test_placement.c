@@ -25,6 +25,101 @@ START_TEST(test_placement_static_is_contiguous_blocks) {
 }
 END_TEST
 
+// placement.mode = move, no spare slot: experts 2 and 3 (the only load) share
+// rank 1 (home loads 0, 2, 0, 0). The hottest of rank 1 (2, lower index)
+// swaps with rank 0's first expert (lowest rank and slot at equal gain): loads
+// 1, 1, 0, 0, and no further swap lowers the maximum 1.
+START_TEST(test_placement_move_swaps_a_hot_home_away) {
+    moe_placement t;
+    ck_assert_int_eq(moe_placement_init(&t, 8, 4, 2), 0);
+    t.moves = true;
+    const double load[8] = {0, 0, 1, 1, 0, 0, 0, 0};
+    ck_assert_int_eq(moe_placement_update(&t, load), 0);
+    const int want[8] = {2, 1, 0, 3, 4, 5, 6, 7};
+    for (int j = 0; j < 8; j++)
+        ck_assert_int_eq(t.slot[j], want[j]);
+    ck_assert_int_eq(moe_placement_home(&t, 2), 0);
+    ck_assert_int_eq(moe_placement_home(&t, 0), 1);
+    ck_assert_int_eq(moe_placement_dest(&t, 2, 3), 0);
+    ck_assert(!moe_placement_is_static(&t));
+    moe_placement_free(&t);
+}
+END_TEST
+
+// With one spare slot each, the moved homes leave ranks 2 and 3 free to
+// replicate 2 and 3: every rank computes a quarter of the load (the
+// replicate-only table stops at max/mean 2).
+START_TEST(test_placement_move_balances_two_hot_experts_on_one_rank) {
+    for (int moves = 0; moves < 2; moves++) {
+        moe_placement t;
+        ck_assert_int_eq(moe_placement_init(&t, 8, 4, 3), 0);
+        t.moves = moves;
+        const double load[8] = {0, 0, 4, 4, 0, 0, 0, 0};
+        double tok[4], mx = 0;
+        ck_assert_int_eq(moe_placement_update(&t, load), 0);
+        moe_placement_rank_tokens(&t, load, tok);
+        for (int r = 0; r < 4; r++)
+            mx = tok[r] > mx ? tok[r] : mx;
+        ck_assert_double_eq(mx, moves ? 2.0 : 4.0); // mean 2
+        moe_placement_free(&t);
+    }
+}
+END_TEST
+
+// Balanced load: nothing to gain, the homes stay contiguous.
+START_TEST(test_placement_move_balanced_load_keeps_homes) {
+    moe_placement t;
+    ck_assert_int_eq(moe_placement_init(&t, 8, 4, 3), 0);
+    t.moves = true;
+    const double load[8] = {3, 3, 3, 3, 3, 3, 3, 3};
+    ck_assert_int_eq(moe_placement_update(&t, load), 0);
+    ck_assert(moe_placement_is_static(&t));
+    moe_placement_free(&t);
+}
+END_TEST
+
+// Random loads: every expert keeps exactly one home slot, each rank El of
+// them, the holder lists start at that home, and the largest home load never
+// grows; a second update from the moved table keeps it valid.
+START_TEST(test_placement_move_keeps_one_home_per_expert) {
+    unsigned x = 12345;
+    for (int trial = 0; trial < 200; trial++) {
+        const int P = 2 + trial % 4, El = 1 + trial % 3, E = P * El, S = El + trial % 2;
+        moe_placement t;
+        ck_assert_int_eq(moe_placement_init(&t, E, P, S), 0);
+        t.moves = true;
+        for (int round = 0; round < 2; round++) {
+            double load[E], before = 0, after = 0;
+            for (int e = 0; e < E; e++)
+                x = x * 1103515245u + 12345u, load[e] = (x >> 16) % 100;
+            for (int r = 0; r < P; r++) {
+                double h = 0;
+                for (int j = 0; j < El; j++)
+                    h += load[t.slot[r * S + j]];
+                before = h > before ? h : before;
+            }
+            ck_assert_int_eq(moe_placement_update(&t, load), 0);
+            int seen[E];
+            memset(seen, 0, sizeof seen);
+            for (int r = 0; r < P; r++) {
+                double h = 0;
+                for (int j = 0; j < El; j++) {
+                    const int e = t.slot[r * S + j];
+                    ck_assert(e >= 0 && e < E);
+                    seen[e]++, h += load[e];
+                    ck_assert_int_eq(moe_placement_home(&t, e), r);
+                }
+                after = h > after ? h : after;
+            }
+            for (int e = 0; e < E; e++)
+                ck_assert_int_eq(seen[e], 1);
+            ck_assert(after <= before);
+        }
+        moe_placement_free(&t);
+    }
+}
+END_TEST
+
 START_TEST(test_placement_uniform_load_stays_static) {
     moe_placement t;
     ck_assert_int_eq(moe_placement_init(&t, 8, 4, 4), 0);
@@ -281,6 +376,10 @@ static Suite *placement_suite(void) {
     TCase *tc = tcase_create("table");
     tcase_add_test(tc, test_placement_static_is_contiguous_blocks);
     tcase_add_test(tc, test_placement_uniform_load_stays_static);
+    tcase_add_test(tc, test_placement_move_swaps_a_hot_home_away);
+    tcase_add_test(tc, test_placement_move_balances_two_hot_experts_on_one_rank);
+    tcase_add_test(tc, test_placement_move_balanced_load_keeps_homes);
+    tcase_add_test(tc, test_placement_move_keeps_one_home_per_expert);
     tcase_add_test(tc, test_placement_replicates_the_hot_expert);
     tcase_add_test(tc, test_placement_dest_deals_non_holders_by_source_rank);
     tcase_add_test(tc, test_placement_capacity_splits_each_holders_budget);

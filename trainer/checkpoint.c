@@ -257,10 +257,11 @@ static int build_tensor_entries(save_job *j, const moe_model *m, const save_src 
 
 // BASE.safetensors.index.json of a sharded save, in the Hugging Face layout
 // ({"metadata": {"total_size"}, "weight_map": {tensor: shard}}). Rank 0 knows
-// every name without asking: expert x of a layer lives on EP rank x / (E/n),
+// every name without asking: expert x of a layer lives on its home EP rank
+// (x / (E/n) unless placement.mode = move moved it),
 // the rest in shard 0. suffixes: the names' endings, one pass each.
-static int render_index(blob *out, const char *base, const moe_model *m, int n,
-                        const char *const *suffixes, int n_suffixes) {
+static int render_index(blob *out, const char *base, const moe_model *m, const moe_parallel *par,
+                        int n, const char *const *suffixes, int n_suffixes) {
     char name[MOE_PARAM_NAME_MAX + 96], shard[64];
     json_t *doc = json_object(), *meta = json_object(), *map = json_object();
     json_int_t total = 0;
@@ -286,7 +287,7 @@ static int render_index(blob *out, const char *base, const moe_model *m, int n,
                              "model.layers.%d.block_sparse_moe.experts.%d.%s.weight%s", l, x, w[j],
                              suffixes[s]);
                     snprintf(shard, sizeof shard, "%s-%05d-of-%05d.safetensors", base,
-                             x / (c->E / n) + 1, n);
+                             moe_parallel_expert_home(par, m, l, x) + 1, n); // moved homes
                     json_object_set_new(map, name, json_string(shard));
                     total += (json_int_t)c->H * c->D * 4;
                 }
@@ -387,8 +388,8 @@ static int render_small(save_job *j, const moe_model *m, const moe_adamw *opt,
                         const moe_parallel *par) {
     if (j->sharded) {
         static const char *const msuf[] = {""}, *const osuf[] = {".exp_avg", ".exp_avg_sq"};
-        MOE_TRY(render_index(&j->small[j->n_small++], "model", m, j->n, msuf, 1));
-        MOE_TRY(render_index(&j->small[j->n_small++], "optimizer", m, j->n, osuf, 2));
+        MOE_TRY(render_index(&j->small[j->n_small++], "model", m, par, j->n, msuf, 1));
+        MOE_TRY(render_index(&j->small[j->n_small++], "optimizer", m, par, j->n, osuf, 2));
     }
     moe_config cfg = m->cfg;
     size_t tok_len = 0;

@@ -193,14 +193,16 @@ static const key_def keys[] = {
      "share of the data held out for validation"},
     {"parallel.ep", K_INT, F(parallel.ep), NO, "1", NULL, RI(1, 1 << 16),
      "expert-parallel group size"},
-    {"placement.mode", K_STR, F(placement.mode), NO, "static", "static|replicate", R0,
+    {"placement.mode", K_STR, F(placement.mode), NO, "static", "static|replicate|move", R0,
      "static: each rank holds its E/ep experts; replicate: every placement.update_every steps "
-     "the hottest experts (by the global load EMA) get replicas in spare slots of other ranks"},
+     "the hottest experts (by the global load EMA) get replicas in spare slots of other ranks; "
+     "move: replicate, and first hot experts swap homes with cold ones of lightly loaded ranks "
+     "(weights and AdamW moments move with them; spare slots optional)"},
     {"placement.slots_per_rank", K_INT, F(placement.slots_per_rank), NO, "0", NULL, RI(0, 1 << 16),
      "expert slots per rank, >= E/parallel.ep; the spare ones hold replicas "
      "(0: E/parallel.ep, no spare slot)"},
     {"placement.update_every", K_INT, F(placement.update_every), NO, "10", NULL, RI(1, 1 << 30),
-     "steps between placement updates (replicate)"},
+     "steps between placement updates (replicate, move)"},
     {"comm.all_to_all", K_STR, F(comm.all_to_all), NO, "flat", "flat|hierarchical", R0,
      "all-to-all algorithm"},
     {"comm.ranks_per_node", K_INT, F(comm.ranks_per_node), NO, "0", NULL, RI(0, 1 << 16),

@@ -30,7 +30,8 @@ static const char *src_where2(const moe_config_src *src, const char *a, const ch
 // dispatch do not route through the placement table).
 static int check_placement(const moe_config *c, const moe_config_src *src, int n_moe) {
     const int S = c->placement.slots_per_rank, ep = c->parallel.ep;
-    const bool rep = !strcmp(c->placement.mode, "replicate");
+    const bool rep = !strcmp(c->placement.mode, "replicate"),
+               move = !strcmp(c->placement.mode, "move");
     for (int i = 0; n_moe > 0 && S > 0 && i < c->moe.n_num_experts; i++) {
         const int E = c->moe.num_experts[i];
         if (S < E / ep || S > E)
@@ -44,17 +45,17 @@ static int check_placement(const moe_config *c, const moe_config_src *src, int n
                             "placement.slots_per_rank = %d is E/parallel.ep",
                             moe_config_where(src, "placement.slots_per_rank"), S);
     }
-    if (!rep) return 0;
+    if (!rep && !move) return 0;
     const char *why = ep < 2                             ? "parallel.ep > 1"
-                      : S == 0                           ? "placement.slots_per_rank above E/ep"
+                      : S == 0 && rep                    ? "placement.slots_per_rank above E/ep"
                       : !strcmp(c->train.device, "cuda") ? "train.device = cpu"
                       : c->router.type == MOE_ROUTER_EXPERT_CHOICE ? "router.type = token_choice"
                       : c->comm.node_dedup                         ? "comm.node_dedup = false"
                       : n_moe == 0                                 ? "MoE layers"
                                                                    : NULL;
     if (why)
-        return moe_fail(MOE_EINVAL, "%s: placement.mode = replicate needs %s",
-                        moe_config_where(src, "placement.mode"), why);
+        return moe_fail(MOE_EINVAL, "%s: placement.mode = %s needs %s",
+                        moe_config_where(src, "placement.mode"), c->placement.mode, why);
     return 0;
 }
 

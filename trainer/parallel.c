@@ -135,8 +135,8 @@ int moe_parallel_grad_norm(moe_parallel *p, const moe_model *m, double *norm) {
         if (!m->is_moe[l]) continue;
         const moe_layer_config *c = &m->moe_cfg[l];
         const moe_layer_params *g = &m->g[l].moe;
-        for (int e = 0; e < moe_layer_local_experts(c); e++)
-            ex[(size_t)i * E_max + moe_layer_first_expert(c) + e] =
+        for (int e = 0; e < moe_layer_local_experts(c); e++) // moved homes: the table's expert
+            ex[(size_t)i * E_max + moe_parallel_expert_of(p, m, l, e)] =
                 sumsq(moe_layer_w13(g, e), g->expert_numel);
         i++;
     }

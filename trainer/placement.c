@@ -1,7 +1,8 @@
 // Load-driven expert placement in the training loop (placement.mode =
-// replicate): load EMA, table updates, replica gradient sums and weight copies.
-// Primaries never move: replicas live in spare slots, so checkpoints, the
-// optimizer state and the gradient norm see one copy per expert, the home one.
+// replicate | move): load EMA, table updates, replica gradient sums and weight
+// copies, and under move the migration of home experts. Replicas live in spare
+// slots, so checkpoints, the optimizer state and the gradient norm see one
+// copy per expert, the home one, wherever it lives.
 #include "moe/placement.h"
 #include "checkpoint_internal.h"
 #include "moe/alloc.h"
@@ -19,9 +20,10 @@
 #include <string.h>
 
 int moe_parallel_placement_init(moe_parallel *p, moe_model *m, const moe_config *cfg) {
-    if (strcmp(cfg->placement.mode, "replicate")) return 0;
+    if (!strcmp(cfg->placement.mode, "static")) return 0;
     if (p->ep_size < 2)
-        return moe_fail(MOE_EINVAL, "placement.mode = replicate needs parallel.ep > 1");
+        return moe_fail(MOE_EINVAL, "placement.mode = %s needs parallel.ep > 1",
+                        cfg->placement.mode);
     const size_t n = moe_model_load_len(m);
     p->place_ema = moe_calloc(n + 1, sizeof(double));
     p->place_acc = moe_calloc(n + MOE_MAX_LAYERS + 1, sizeof(double));
@@ -34,8 +36,10 @@ int moe_parallel_placement_init(moe_parallel *p, moe_model *m, const moe_config 
         if (!pl) return moe_fail(MOE_ENOMEM, "placement of layer %d", l);
         p->place[l] = pl;
         const size_t rows = (size_t)moe_router_rows_max(&c->router, c->T_max, c->E);
-        MOE_TRY(moe_place_layer_init(pl, c->E, p->ep_size, cfg->placement.slots_per_rank,
-                                     3 * (size_t)c->H * c->D, rows, c->D));
+        const int El = c->E / p->ep_size, S = cfg->placement.slots_per_rank;
+        MOE_TRY(moe_place_layer_init(pl, c->E, p->ep_size, S > El ? S : El, 3 * (size_t)c->H * c->D,
+                                     rows, c->D));
+        pl->t.moves = !strcmp(cfg->placement.mode, "move");
         m->a[l].moe.place = pl;
     }
     return 0;
@@ -53,6 +57,10 @@ void moe_parallel_placement_free(moe_parallel *p) {
     moe_mfree(p->place_buf);
     p->place_ema = NULL, p->place_acc = NULL, p->place_buf = NULL, p->place_buf_n = 0;
     p->place_acc_calls = 0;
+}
+
+static const char *view_name(const void *views, uint32_t i) {
+    return ((const moe_param_view *)views)[i].name;
 }
 
 static int grow(moe_parallel *p, size_t n) {
@@ -168,9 +176,8 @@ int moe_parallel_placement_reduce_grads(moe_parallel *p, moe_model *m) {
             FOR_REPLICATED(pl, e) {
                 float *buf = p->place_buf + o, *g = NULL;
                 o += pl->numel;
-                if (t->hold[(size_t)e * t->P] == me)
-                    g = moe_layer_w13(&m->g[l].moe, e - me * t->El);
                 int j = moe_placement_slot_of(t, me, e);
+                if (t->hold[(size_t)e * t->P] == me) g = moe_layer_w13(&m->g[l].moe, j);
                 if (!g && j >= t->El) g = pl->rep_g + (size_t)(j - t->El) * pl->numel;
                 if (pass == 0) {
                     if (g)
@@ -198,7 +205,8 @@ static int sync_replicas(moe_parallel *p, moe_model *m, int l) {
         const int home = t->hold[(size_t)e * t->P], me = p->ep_rank;
         float *buf = p->place_buf;
         if (home == me)
-            memcpy(buf, moe_layer_w13(&m->p[l].moe, e - me * t->El), pl->numel * sizeof(float));
+            memcpy(buf, moe_layer_w13(&m->p[l].moe, moe_placement_slot_of(t, me, e)),
+                   pl->numel * sizeof(float));
         MOE_TRY(moe_comm_bcast(p->ep, buf, pl->numel * sizeof(float), home));
         const int j = moe_placement_slot_of(t, me, e);
         if (j >= t->El)
@@ -207,7 +215,96 @@ static int sync_replicas(moe_parallel *p, moe_model *m, int l) {
     return 0;
 }
 
-int moe_parallel_placement_step(moe_parallel *p, moe_model *m, long steps_done) {
+// Local expert views of layer l renamed after this rank's home slots (the
+// views of a layer's experts are consecutive, w1 w3 w2 per expert), and the
+// name index rebuilt, so checkpoints write and load each expert by its name.
+static int rename_experts(moe_parallel *p, moe_model *m, int l) {
+    const moe_placement *t = &p->place[l]->t;
+    char pre[MOE_PARAM_NAME_MAX];
+    int i0 = -1, n = snprintf(pre, sizeof pre, "model.layers.%d.", l);
+    for (int i = 0; i0 < 0 && i < m->table.count; i++)
+        if (!strncmp(m->table.views[i].name, pre, (size_t)n) &&
+            strstr(m->table.views[i].name, ".experts."))
+            i0 = i;
+    if (i0 < 0) return moe_fail(MOE_EINVAL, "placement: layer %d has no expert tensors", l);
+    n = (int)(strstr(m->table.views[i0].name, ".experts.") - m->table.views[i0].name);
+    static const char *const w[3] = {"w1", "w3", "w2"};
+    for (int j = 0; j < t->El; j++)
+        for (int k = 0; k < 3; k++) {
+            moe_param_view *v = &m->table.views[i0 + 3 * j + k];
+            snprintf(v->name + n, sizeof v->name - (size_t)n, ".experts.%d.%s.weight",
+                     t->slot[p->ep_rank * t->S + j], w[k]);
+        }
+    moe_name_map_free(&m->table.index);
+    MOE_TRY(moe_name_map_reserve(&m->table.index, (size_t)m->table.count));
+    for (int i = 0; i < m->table.count; i++) {
+        long dup;
+        MOE_TRY(moe_name_map_add(&m->table.index, m->table.views, view_name, (size_t)i, &dup));
+        if (dup >= 0)
+            return moe_fail(MOE_EINVAL, "placement: parameter %s named twice after a move",
+                            m->table.views[i].name);
+    }
+    return 0;
+}
+
+// Moves the home experts whose home slot changed from old [P * S] to the
+// table: each rank packs the experts leaving its slots (weights, then both
+// moments), in expert order per new home, one all-to-all in the EP group
+// delivers them, each lands in its new slot. Local reorders go through the
+// same buffers (sent to itself).
+static int migrate(moe_parallel *p, moe_model *m, moe_adamw *opt, int l, const int *old) {
+    moe_place_layer *pl = p->place[l];
+    const moe_placement *t = &pl->t;
+    const int P = t->P, S = t->S, El = t->El, me = p->ep_rank;
+    int old_slot[t->E], old_home[t->E], moved = 0;
+    for (int r = 0; r < P; r++)
+        for (int j = 0; j < El; j++)
+            old_home[old[r * S + j]] = r, old_slot[old[r * S + j]] = j;
+    for (int e = 0; e < t->E; e++)
+        moved += old_home[e] != moe_placement_home(t, e) ||
+                 old_slot[e] != moe_placement_slot_of(t, old_home[e], e);
+    if (!moved) return 0;
+    const size_t unit = 3 * pl->numel;
+    MOE_TRY(grow(p, 2 * (size_t)El * unit + 1));
+    float *out = p->place_buf, *in = p->place_buf + (size_t)El * unit;
+    const float *base = m->params;
+    int sc[P], rc[P];
+    size_t o = 0;
+    for (int r = 0; r < P; r++) {
+        sc[r] = 0;
+        for (int e = 0; e < t->E; e++) {
+            const int j = moe_placement_slot_of(t, r, e);
+            if (old_home[e] != me || moe_placement_home(t, e) != r || (r == me && j == old_slot[e]))
+                continue;
+            const size_t off = (size_t)(moe_layer_w13(&m->p[l].moe, old_slot[e]) - base);
+            memcpy(out + o, m->params + off, pl->numel * sizeof(float));
+            memcpy(out + o + pl->numel, opt->m + off, pl->numel * sizeof(float));
+            memcpy(out + o + 2 * pl->numel, opt->v + off, pl->numel * sizeof(float));
+            o += unit, sc[r]++;
+        }
+    }
+    MOE_TRY(moe_comm_alltoallv(p->ep, p->algo, out, sc, in, rc, (size_t)El, unit * sizeof(float)));
+    o = 0;
+    for (int s = 0; s < P; s++) {
+        int got = 0;
+        for (int e = 0; e < t->E; e++) {
+            const int j = moe_placement_slot_of(t, me, e);
+            if (old_home[e] != s || moe_placement_home(t, e) != me || (s == me && j == old_slot[e]))
+                continue;
+            const size_t off = (size_t)(moe_layer_w13(&m->p[l].moe, j) - base);
+            memcpy(m->params + off, in + o, pl->numel * sizeof(float));
+            memcpy(opt->m + off, in + o + pl->numel, pl->numel * sizeof(float));
+            memcpy(opt->v + off, in + o + 2 * pl->numel, pl->numel * sizeof(float));
+            o += unit, got++;
+        }
+        if (got != rc[s])
+            return moe_fail(MOE_EINVAL, "placement: rank %d sent %d moved experts, %d expected", s,
+                            rc[s], got);
+    }
+    return rename_experts(p, m, l);
+}
+
+int moe_parallel_placement_step(moe_parallel *p, moe_model *m, moe_adamw *opt, long steps_done) {
     if (!p->place_ema) return 0;
     const int every = m->cfg.placement.update_every;
     for (int l = 0, idx = 0; l < m->L; l++) {
@@ -215,14 +312,30 @@ int moe_parallel_placement_step(moe_parallel *p, moe_model *m, long steps_done) 
         moe_place_layer *pl = p->place[l];
         const double *ema = p->place_ema + (size_t)idx++ * m->usage_E;
         if (p->place_seeded && steps_done % every == 0) {
+            const size_t PS = (size_t)pl->t.P * pl->t.S;
+            int old[PS];
+            memcpy(old, pl->t.slot, sizeof old);
             MOE_TRY(moe_placement_update(&pl->t, ema));
             pl->active = !moe_placement_is_static(&pl->t);
+            if (pl->t.moves) MOE_TRY(migrate(p, m, opt, l, old));
             // Replica gradients of the old table were summed and cleared.
             memset(pl->rep_g, 0, (size_t)(pl->t.S - pl->t.El) * pl->numel * sizeof(float));
         }
         if (pl->active) MOE_TRY(sync_replicas(p, m, l));
     }
     return 0;
+}
+
+int moe_parallel_expert_of(const moe_parallel *p, const moe_model *m, int l, int j) {
+    const moe_place_layer *pl = p ? p->place[l] : NULL;
+    if (pl) return pl->t.slot[p->ep_rank * pl->t.S + j];
+    return moe_layer_first_expert(&m->moe_cfg[l]) + j;
+}
+
+int moe_parallel_expert_home(const moe_parallel *p, const moe_model *m, int l, int x) {
+    const moe_place_layer *pl = p ? p->place[l] : NULL;
+    if (pl) return moe_placement_home(&pl->t, x);
+    return x / moe_layer_local_experts(&m->moe_cfg[l]);
 }
 
 // --- the placement state in trainer_state.json ------------------------------------
@@ -273,14 +386,15 @@ static int bad(const char *path, const char *field, int l, const char *want) {
 }
 
 // Layer l's state (object o) into t and ema, every field checked: the table
-// must be one moe_placement_update could build (home slots in place, each
-// holder list starting at the home rank and naming distinct ranks that hold
-// the expert in one slot each, no other copy).
+// must be one moe_placement_update could build (the home slots hold every
+// expert once (moved by placement.mode = move or not), each holder
+// list starting at the home rank and naming distinct ranks that hold the
+// expert in one slot each, no other copy).
 static int read_layer(const char *path, json_t *o, int l, moe_placement *t, double *ema) {
     const int E = t->E, P = t->P, S = t->S, El = t->El;
     json_t *jl = json_object_get(o, "layer"), *je = json_object_get(o, "ema"),
            *js = json_object_get(o, "slots"), *jh = json_object_get(o, "holders");
-    char want[128];
+    char want[192];
     if (!json_is_object(o)) return bad(path, "(entry)", l, "an object");
     snprintf(want, sizeof want, "%d (the next MoE layer)", l);
     if (!json_is_integer(jl) || json_integer_value(jl) != l) return bad(path, "layer", l, want);
@@ -292,17 +406,21 @@ static int read_layer(const char *path, json_t *o, int l, moe_placement *t, doub
         if (!(ema[e] >= 0 && ema[e] < 1e300)) return bad(path, "ema", l, want);
     }
     snprintf(want, sizeof want,
-             "an array of %d x %d expert indices (-1: empty), rank r's slot j "
-             "< %d holding expert r*%d+j",
-             P, S, El, El);
+             "an array of %d x %d expert indices (-1: empty), the home slots j < %d of the "
+             "ranks holding every expert once",
+             P, S, El);
     if (!json_is_array(js) || json_array_size(js) != (size_t)P * S)
         return bad(path, "slots", l, want);
+    int home[E];
+    for (int e = 0; e < E; e++)
+        home[e] = -1;
     for (int j = 0; j < P * S; j++) {
         json_t *v = json_array_get(js, j);
         const long long x = json_is_integer(v) ? json_integer_value(v) : -2;
         const int r = j / S, k = j % S;
-        if (x < -1 || x >= E || (k < El && x != (long long)r * El + k))
+        if (x < -1 || x >= E || (k < El && (x < 0 || home[x] >= 0)))
             return bad(path, "slots", l, want);
+        if (k < El) home[x] = r;
         t->slot[j] = (int)x;
     }
     snprintf(want, sizeof want,
@@ -322,7 +440,7 @@ static int read_layer(const char *path, json_t *o, int l, moe_placement *t, doub
         for (size_t i = 0; i < n; i++) {
             json_t *v = json_array_get(h, i);
             const long long r = json_is_integer(v) ? json_integer_value(v) : -1;
-            if (r < 0 || r >= P || (i == 0 && r != e / El) ||
+            if (r < 0 || r >= P || (i == 0 && r != home[e]) ||
                 moe_placement_slot_of(t, (int)r, e) < 0)
                 return bad(path, "holders", l, want);
             for (size_t q = 0; q < i; q++)
@@ -392,6 +510,7 @@ static int read_state(moe_parallel *p, moe_model *m, const char *path, json_t *d
             memcpy(pl->t.n_hold, t->n_hold, sizeof(int) * (size_t)t->E);
             memcpy(pl->t.hold, t->hold, sizeof(int) * (size_t)t->E * t->P);
             pl->active = !moe_placement_is_static(&pl->t);
+            if (rc == 0) rc = rename_experts(p, m, l); // homes moved: views follow
         }
     }
     for (int l = 0; l < MOE_MAX_LAYERS; l++)

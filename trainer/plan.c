@@ -18,27 +18,33 @@
 #include <string.h>
 #include <sys/stat.h>
 
-// placement.mode = replicate: per MoE layer the table, the replicas' weights
+// placement.mode = replicate | move: per MoE layer the table, the replicas' weights
 // and gradients, the dispatch scratch (trainer/placement.c's allocations);
 // the load EMA and the step's load; and the staging of the replica gradients at its largest,
-// every spare slot a distinct expert (an upper bound: the rest is exact).
+// every spare slot a distinct expert, or under move the migration's (every
+// home expert out and in, with both moments) when larger (an upper bound).
 static size_t placement_bytes(const moe_config *cfg, int B, int T) {
-    const int P = cfg->parallel.ep, S = cfg->placement.slots_per_rank;
-    if (strcmp(cfg->placement.mode, "replicate") || P < 2) return 0;
-    size_t b = 0, stage = 0, n_moe = 0, E_max = 0;
+    const int P = cfg->parallel.ep, S0 = cfg->placement.slots_per_rank;
+    if (!strcmp(cfg->placement.mode, "static") || P < 2) return 0;
+    const bool move = !strcmp(cfg->placement.mode, "move");
+    size_t b = 0, stage = 0, mig = 0, n_moe = 0, E_max = 0;
     const size_t D = (size_t)cfg->model.d_model;
     const size_t H = cfg->moe.d_expert ? (size_t)cfg->moe.d_expert : (size_t)cfg->model.d_ff;
     for (int l = 0; l < cfg->model.n_layers; l++) {
         const int E = moe_config_experts(cfg, l);
         if (!E) continue;
+        const int S = S0 > E / P ? S0 : E / P;
         const size_t X = (size_t)(S - E / P), numel = 3 * H * D, PS = (size_t)P * S;
         const size_t rows = (size_t)moe_router_rows_max(&cfg->router, B * T, E);
         b += sizeof(moe_place_layer) + (PS + (size_t)E + (size_t)E * P) * sizeof(int);
         b += 2 * (X * numel + 1) * sizeof(float) + (rows * D + 1) * sizeof(float);
         b += (5 * PS + 2 * (size_t)P + (size_t)E) * sizeof(int); // + this source's capacities
-        stage += (X * P < (size_t)E ? X * P : (size_t)E) * numel;
+        const size_t st = (X * P < (size_t)E ? X * P : (size_t)E) * numel,
+                     mv = move ? 2 * (size_t)(E / P) * 3 * numel + 1 : 0;
+        stage += st, mig = mv > mig ? mv : mig;
         n_moe++, E_max = (size_t)E > E_max ? (size_t)E : E_max;
     }
+    stage = mig > stage ? mig : stage; // one buffer serves both
     // the load EMA and the step's accumulated load
     return b + (n_moe * E_max + 1 + n_moe * E_max + MOE_MAX_LAYERS + 1) * sizeof(double) +
            stage * sizeof(float);
@@ -392,6 +398,7 @@ int moe_plan_placement(const moe_config *cfg, double skew, const double *load,
     out->E = E, out->P = P, out->S = S;
     moe_placement t;
     MOE_TRY(moe_placement_init(&t, E, P, S));
+    t.moves = !strcmp(cfg->placement.mode, "move");
     double glob[E], tok[P];
     for (int e = 0; e < E; e++)
         glob[e] = kept[e] * P; // the measured load: rows kept over the group
@@ -429,6 +436,8 @@ int moe_plan_placement(const moe_config *cfg, double skew, const double *load,
     for (int j = 0; j < P * S; j++)
         used += t.slot[j] >= 0;
     out->replicas = used - E;
+    for (int e = 0; e < E; e++)
+        out->moved += moe_placement_home(&t, e) != e / El;
     moe_placement_free(&t);
     return 0;
 }
@@ -450,7 +459,8 @@ int moe_plan_placement_print(const moe_config *cfg, double skew, const double *l
         fprintf(f, "expert 0 takes %.0f%% of the assignments):\n", 100 * skew);
     else
         fprintf(f, "balanced routing):\n");
-    fprintf(f, "  %-6s %14s %14s\n", "rank", "static", "replicate");
+    fprintf(f, "  %-6s %14s %14s\n", "rank", "static",
+            strcmp(cfg->placement.mode, "move") ? "replicate" : "move");
     for (int r = 0; r < P; r++)
         fprintf(f, "  %-6d %14.1f %14.1f\n", r, t0[r], t1[r]);
     fprintf(f, "  %-6s %14.3f %14.3f   (max rank tokens / mean rank tokens)\n", "max/mean",
@@ -461,6 +471,7 @@ int moe_plan_placement_print(const moe_config *cfg, double skew, const double *l
             "  %-6s %13.1f%% %13.1f%%   (a replicated expert's capacity grows with its "
             "holders)\n",
             "drops", 100 * pp.drop_rate[0], 100 * pp.drop_rate[1]);
-    fprintf(f, "  %d slots per rank, %d replicas\n", pp.S, pp.replicas);
+    fprintf(f, "  %d slots per rank, %d replicas, %d experts moved home\n", pp.S, pp.replicas,
+            pp.moved);
     return 0;
 }

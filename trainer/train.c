@@ -315,8 +315,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                       cfg->placement.mode);
     if (rc == 0) rc = moe_parallel_placement_init(&par, &m, cfg);
     moe_train_state st = {0, {0, 0}, 0, 0};
-    if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
+    // The placement first: moved experts rename the views the load finds by name.
     if (rc == 0 && o->resume_dir) rc = moe_parallel_placement_resume(&par, &m, o->resume_dir);
+    if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
     if (rc == 0 && cfg->train.async_checkpoint) rc = moe_ckpt_async_init(&ack, &m, &par);
     if (rc == 0 && on_gpu)
         rc = moe_gpu_trainer_init(&gpu, &m, &opt, cfg, (size_t)d.B * d.T, o->device_ops);
@@ -476,7 +477,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         moe_adamw_update_clipped(&opt, m.params, m.grads, gnorm, cfg->train.grad_clip, lr,
                                  (float)cfg->train.beta1, (float)cfg->train.beta2, 1e-8f,
                                  (float)cfg->train.weight_decay);
-        MOE_TRY_GOTO(moe_parallel_placement_step(&par, &m, step + 1), rc);
+        MOE_TRY_GOTO(moe_parallel_placement_step(&par, &m, &opt, step + 1), rc);
     stepped:
         st.step = step + 1;
         const double loss = parts[0];

@@ -20,7 +20,7 @@ static const char *help =
     "allocations), and the all-to-all bytes, messages and alpha-beta time per step for\n"
     "flat and hierarchical exchange. Links default to 400,100 Gb/s and 2,5 us.\n"
     "With --skew F (expert 0 takes the share F of the assignments, the rest evenly),\n"
-    "--load (one weight per expert), or placement.mode = replicate: the tokens each\n"
+    "--load (one weight per expert), or placement.mode = replicate or move: the tokens each\n"
     "rank of the EP group computes with the static placement and with replicas of\n"
     "the hot experts in placement.slots_per_rank slots, max/mean and bytes.\n";
 

@@ -23,6 +23,9 @@ int moe_placement_init(moe_placement *t, int E, int P, int S) {
         moe_placement_free(t);
         return moe_fail(MOE_ENOMEM, "placement table of %d experts over %d ranks", E, P);
     }
+    for (int r = 0; r < P; r++) // contiguous homes
+        for (int j = 0; j < S; j++)
+            t->slot[r * S + j] = j < t->El ? r * t->El + j : -1;
     return moe_placement_update(t, NULL);
 }
 
@@ -35,17 +38,52 @@ void moe_placement_free(moe_placement *t) {
 
 bool moe_placement_is_static(const moe_placement *t) {
     for (int e = 0; e < t->E; e++)
-        if (t->n_hold[e] != 1) return false;
+        if (t->n_hold[e] != 1 || t->hold[(size_t)e * t->P] != e / t->El) return false;
     return true;
 }
 
-// Home experts only, every spare slot empty.
+// Home experts only (where they are now), every spare slot empty.
 static void reset(moe_placement *t) {
     for (int r = 0; r < t->P; r++)
-        for (int j = 0; j < t->S; j++)
-            t->slot[r * t->S + j] = j < t->El ? r * t->El + j : -1;
-    for (int e = 0; e < t->E; e++)
-        t->n_hold[e] = 1, t->hold[(size_t)e * t->P] = e / t->El;
+        for (int j = 0; j < t->S; j++) {
+            int *x = &t->slot[r * t->S + j];
+            if (j >= t->El)
+                *x = -1;
+            else
+                t->n_hold[*x] = 1, t->hold[(size_t)*x * t->P] = r;
+        }
+}
+
+// Swaps home experts between ranks while that lowers the largest home load
+// (moe/placement.h): a hot expert's home goes to a lightly loaded rank and
+// one of that rank's experts comes back.
+static void swap_homes(moe_placement *t, const double *load) {
+    const int P = t->P, S = t->S, El = t->El;
+    double h[P];
+    for (int r = 0; r < P; r++) {
+        h[r] = 0;
+        for (int j = 0; j < El; j++)
+            h[r] += load[t->slot[r * S + j]];
+    }
+    for (int it = 0; it < t->E * P; it++) {
+        int a = 0;
+        for (int r = 1; r < P; r++)
+            a = h[r] > h[a] ? r : a;
+        int bi = -1, bj = -1, br = -1;
+        double best = h[a];
+        for (int i = 0; i < El; i++)
+            for (int r = 0; r < P; r++)
+                for (int j = 0; r != a && j < El; j++) {
+                    const double d = load[t->slot[a * S + i]] - load[t->slot[r * S + j]];
+                    const double na = h[a] - d, nr = h[r] + d, mx = na > nr ? na : nr;
+                    if (d > 0 && mx < best) best = mx, bi = i, bj = j, br = r;
+                }
+        if (bi < 0) break;
+        int *x = &t->slot[a * S + bi], *y = &t->slot[br * S + bj], ex = *x;
+        const double d = load[*x] - load[*y];
+        *x = *y, *y = ex, h[a] -= d, h[br] += d;
+        t->hold[(size_t)*x * P] = a, t->hold[(size_t)*y * P] = br;
+    }
 }
 
 // Largest modelled rank load of the table for load.
@@ -58,12 +96,13 @@ static double max_rank(const moe_placement *t, const double *load, double *tok) 
 }
 
 int moe_placement_update(moe_placement *t, const double *load) {
-    reset(t);
-    if (!load || t->S == t->El || t->P == 1) return 0;
-    const int E = t->E, P = t->P, S = t->S;
-    for (int e = 0; e < E; e++)
+    for (int e = 0; load && e < t->E; e++)
         if (!(load[e] >= 0 && load[e] < 1e300))
             return moe_fail(MOE_EINVAL, "placement: load[%d] = %g", e, load[e]);
+    reset(t);
+    if (load && t->moves && t->P > 1) swap_homes(t, load);
+    if (!load || t->S == t->El || t->P == 1) return 0;
+    const int E = t->E, P = t->P, S = t->S;
     // Fill every spare slot the rule can, then keep the prefix of additions
     // with the lowest largest rank load (the fewest on ties): one replica
     // alone may not lower the maximum where two do.

@@ -10,6 +10,7 @@
 #include "moe/comm.h"
 #include "moe/config.h"
 #include "moe/model.h"
+#include "moe/optim.h"
 
 typedef struct {
     moe_comm *world; // every rank (a local communicator in a single process)
@@ -57,7 +58,8 @@ int moe_parallel_ep_nodes(const moe_parallel *p);
 // topk_groups groups hold fewer than router.top_k experts.
 int moe_parallel_resolve_groups(const moe_parallel *p, moe_config *cfg);
 
-// Load-driven placement (placement.mode = replicate; nothing for static).
+// Load-driven placement (placement.mode = replicate | move; nothing for
+// static).
 // Init attaches a static table to every MoE layer of m. Observe, once per
 // optimizer step after the backward pass (collective over the world), adds
 // each expert's kept rows of the step (every micro-batch accumulated, else
@@ -67,20 +69,30 @@ int moe_parallel_resolve_groups(const moe_parallel *p, moe_config *cfg);
 // the tables from the EMA (identical on every rank), then
 // copies each replicated expert's weights from its home rank to its replicas,
 // so every replica holds the home's bits. The replicas' gradients are summed
-// into the home expert by moe_parallel_allreduce_grads.
+// into the home expert by moe_parallel_allreduce_grads. Under move, an
+// update that changes an expert's home sends its weights and both AdamW
+// moments (opt) to the new home (one exchange in each EP group, the same in
+// every one) and renames the parameter views, so local expert j of a rank is
+// the expert of its home slot j, named as such in checkpoints.
 int moe_parallel_placement_init(moe_parallel *p, moe_model *m, const moe_config *cfg);
 int moe_parallel_placement_observe(moe_parallel *p, const moe_model *m);
 // After each micro-batch's forward (grad_accum > 1): adds its kept rows, so
 // observe measures the step's load; observe alone takes the last forward's.
 int moe_parallel_placement_accumulate(moe_parallel *p, const moe_model *m);
-int moe_parallel_placement_step(moe_parallel *p, moe_model *m, long steps_done);
+int moe_parallel_placement_step(moe_parallel *p, moe_model *m, moe_adamw *opt, long steps_done);
+// The expert local expert j of this rank holds in MoE layer l, and the EP
+// rank that is expert x's home: the table's (contiguous blocks without
+// placement).
+int moe_parallel_expert_of(const moe_parallel *p, const moe_model *m, int l, int j);
+int moe_parallel_expert_home(const moe_parallel *p, const moe_model *m, int l, int x);
 // Over the observed steps and MoE layers: (sum of each layer's largest rank
 // rows) / (sum of its mean rank rows) on the expert side (1: balanced; 0 before any step or
 // without placement), and *a2a_bytes (NULL: not wanted) the expert rows each
 // rank sent to other ranks per step, mean over ranks, forward and backward.
 double moe_parallel_placement_imbalance(const moe_parallel *p, double *a2a_bytes);
 // Resume: the load EMA and tables saved in DIR's trainer_state.json (every
-// field checked; nothing changes on a failure). A checkpoint without them,
+// field checked; nothing changes on a failure); moved homes rename the
+// parameter views, so call it before moe_ckpt_load, which loads by name. A checkpoint without them,
 // or from another parallel.ep or placement.slots_per_rank, is logged and the
 // run starts from the static table. Then, collective once every rank loaded
 // (the caller agrees the status first), sync copies the home weights to the

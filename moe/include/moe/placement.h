@@ -8,13 +8,15 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-// Rank r's slots 0 .. El-1 hold its home experts r*El .. r*El+El-1 (today's
-// contiguous blocks, El = E / P): the primaries, which keep the optimizer
-// state and are the only copies checkpoints see. Slots El .. S-1 are spare
-// and hold replicas of hot experts (-1: empty). Static placement is the table
-// with every spare slot empty.
+// Rank r's slots 0 .. El-1 hold its El home experts (El = E / P): the
+// primaries, which keep the optimizer state and are the only copies
+// checkpoints see. They start as today's contiguous blocks r*El .. r*El+El-1
+// and move only under `moves` (placement.mode = move), by swaps, so every
+// rank keeps El homes. Slots El .. S-1 are spare and hold replicas of hot
+// experts (-1: empty). Static placement: contiguous homes, no replica.
 typedef struct {
     int E, P, S, El; // experts, ranks, slots per rank, home experts per rank
+    bool moves;      // moe_placement_update may swap home experts between ranks
     int *slot;       // [P * S] expert held by slot j of rank r, -1 empty
     int *n_hold;     // [E] ranks holding expert e (1 + replicas)
     int *hold;       // [E * P] those ranks, the home rank first, then by slot order
@@ -23,13 +25,23 @@ typedef struct {
 // Static table for E experts over P ranks with S >= E / P slots each.
 int moe_placement_init(moe_placement *t, int E, int P, int S);
 void moe_placement_free(moe_placement *t);
-// True when no spare slot holds a replica (today's placement).
+// True when no spare slot holds a replica and the homes are the contiguous
+// blocks (today's placement).
 bool moe_placement_is_static(const moe_placement *t);
+// Home rank of expert e.
+static inline int moe_placement_home(const moe_placement *t, int e) {
+    return t->hold[(size_t)e * t->P];
+}
 
-// Recomputes the replicas from load [E] (rows each expert computes, any
-// scale, e.g. the globally reduced EMA; identical inputs give identical
-// tables). Greedy: the expert with the highest load per holder (ties: lower
-// index) gets a replica in a free spare slot of the least loaded rank that
+// Recomputes the table from load [E] (rows each expert computes, any
+// scale, e.g. the globally reduced EMA; identical inputs and the same
+// current homes give identical tables). Replicas are dropped and homes kept;
+// with moves, homes are first swapped greedily: while some swap of an expert
+// of the rank with the largest home load (ties: lower rank) with one of
+// another rank lowers both ranks' home loads below that maximum, the one
+// giving the lowest new maximum is made (ties: lower slots and ranks; each
+// swap lowers the sum of squared rank loads, so this ends). Then the expert with the highest load
+// per holder (ties: lower index) gets a replica in a free spare slot of the least loaded rank that
 // lacks it (ties: lower rank), as long as that lowers the largest rank load
 // of moe_placement_rank_tokens; the first replica that does not is undone
 // and the update stops (balanced load: no replica at all).

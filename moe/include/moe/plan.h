@@ -74,13 +74,15 @@ int moe_plan_a2a(const moe_config *cfg, const moe_machine *mc, moe_a2a_algo algo
 // replicated expert's capacity grows with its holders (moe_placement_capacity),
 // so drops fall; the experts compute the kept rows. Index 0: the
 // static table, 1: replicated (placement.slots_per_rank, or E/ep + 1 when the
-// config has no spare slot).
+// config has no spare slot), with home experts moved too under
+// placement.mode = move (the swap greedy of moe_placement_update).
 typedef struct {
     int E, P, S, replicas;
     double max_mean[2];  // max rank tokens / mean rank tokens
     double drop_rate[2]; // dropped / routed assignments
     double a2a_bytes[2]; // rows to other ranks per step per rank, all MoE layers, fwd + bwd
     double *tokens[2];   // [P] rank tokens of the layer (caller's arrays, or NULL)
+    int moved;           // experts whose home rank changed (index 1)
 } moe_place_plan;
 int moe_plan_placement(const moe_config *cfg, double skew, const double *load, moe_place_plan *out);
 

@@ -3,8 +3,8 @@
 // of each small GEMM being split over the threads (with 64 experts of 128 rows
 // the split GEMMs, their wake-ups and the serial SwiGLU between them cost a
 // quarter of the time). Work items never split a sum: rows of a block's
-// activations, or rows of a weight gradient, so every element is computed as
-// the one-block-at-a-time loop computes it, whatever the thread count.
+// activations, or rows of a weight gradient, in parts that depend on the
+// sizes alone, so the results do not depend on the thread count or timing.
 #include "kernels/cpu/cpu.h"
 #include "moe/error.h"
 
@@ -179,13 +179,29 @@ static void act_rows(const ffn_job *j, int b, int r0, int r1) {
     sgemm1(false, false, m, D, 2 * H, 0.0f, dab, 2 * H, w13, D, j->dx + r * D, D);
 }
 
-// One item per block (one block per expert): everything in the order above.
+// One item per block (one block per expert): everything in the order above,
+// in the same row parts as the three-pass split. OpenBLAS's bits depend on
+// the shapes it is given (edge kernels), so the parts are a function of the
+// sizes only: the split over threads never changes a result.
+static void wgrad_parts(const ffn_job *j, int e, int which) {
+    const int rows = which ? 2 * j->H : j->D, parts = n_parts(rows);
+    for (int p = 0; p < parts; p++) {
+        int r0, r1;
+        part_range(rows, parts, p, &r0, &r1);
+        if (r1 > r0) wgrad_rows(j, e, which, r0, r1);
+    }
+}
+
 static void bwd_block(void *ctx, int i) {
     const ffn_job *j = ctx;
-    const int b = j->task[i] >> 8, n = j->n[b];
-    wgrad_rows(j, b, 0, 0, j->D);
-    act_rows(j, b, 0, n);
-    wgrad_rows(j, b, 1, 0, 2 * j->H);
+    const int b = j->task[i] >> 8;
+    wgrad_parts(j, b, 0);
+    for (int p = 0; p < j->parts[b]; p++) {
+        int r0, r1;
+        part_range(j->n[b], j->parts[b], p, &r0, &r1);
+        act_rows(j, b, r0, r1);
+    }
+    wgrad_parts(j, b, 1);
 }
 
 static void bwd_rows(void *ctx, int i) {

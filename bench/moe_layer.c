@@ -60,7 +60,9 @@ static void fill(float *x, size_t n, float scale) {
 }
 
 // The sgemm reference: C[M,N] = A[M,K] @ B[N,K]^T (the layer's
-// forward expert GEMM form) in batches of at least ~50 ms. Batches run before
+// forward expert GEMM form) in batches about as long as one forward+backward
+// of the layer, so that on a shared machine a batch and a repetition of the
+// layer have the same chances of a quiet window. Batches run before
 // the layer and again between its repetitions, and the best rate counts: on a
 // shared machine the reference gets the same chances of a quiet moment.
 typedef struct {
@@ -78,7 +80,7 @@ static void sgemm_ref_batch(sgemm_ref *r) {
     if (g > r->best) r->best = g;
 }
 
-static int sgemm_ref_init(sgemm_ref *r, int M, int N, int K, int reps) {
+static int sgemm_ref_init(sgemm_ref *r, int M, int N, int K, int reps, double batch_s) {
     *r = (sgemm_ref){.M = M, .N = N, .K = K, .inner = 1};
     r->a = malloc(sizeof(float) * M * K), r->b = malloc(sizeof(float) * N * K);
     r->c = malloc(sizeof(float) * M * N);
@@ -87,7 +89,7 @@ static int sgemm_ref_init(sgemm_ref *r, int M, int N, int K, int reps) {
     for (;;) { // calibrate (also warms up)
         double t0 = now_s();
         sgemm_ref_batch(r);
-        if (now_s() - t0 > 0.05 || r->inner > 4096) break;
+        if (now_s() - t0 > batch_s || r->inner > (1 << 16)) break;
         r->inner *= 2;
     }
     r->best = 0;
@@ -187,12 +189,16 @@ static int run_shape(int T, int D, int H, int E, int k, int reps) {
     }
     MOE_TRY(forward(&b)); // warm-up: page in every buffer, OpenBLAS threads up
     MOE_TRY(backward(&b));
+    double layer_s = now_s();
+    MOE_TRY(forward(&b));
+    MOE_TRY(backward(&b));
+    layer_s = now_s() - layer_s;
     const int rows = b.a.plan.offsets[E];
     const double fwd_flop = 2.0 * T * D * E + 6.0 * rows * D * H;
     const int M = (rows + E - 1) / E;
     sgemm_ref ref, dense;
-    MOE_TRY(sgemm_ref_init(&ref, M, 2 * H, D, reps));
-    MOE_TRY(sgemm_ref_init(&dense, rows, 2 * H, D, reps));
+    MOE_TRY(sgemm_ref_init(&ref, M, 2 * H, D, reps, 0.5 * layer_s));
+    MOE_TRY(sgemm_ref_init(&dense, rows, 2 * H, D, reps, 0.5 * layer_s));
     const int threads = moe_cpu_threads();
     const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 

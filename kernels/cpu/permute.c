@@ -42,7 +42,8 @@ typedef struct {
 } rows_job;
 
 static int token_parts(int T, int k, int D) {
-    const long min_tokens = 1 + (16384 - 1) / ((long)k * D);
+    const long width = (long)k * D > 0 ? (long)k * D : 1; // k or D may be 0
+    const long min_tokens = 1 + (16384 - 1) / width;
     long p = T / min_tokens, most = 4L * moe_cpu_threads();
     return (int)(p < 1 ? 1 : p > most ? most : p);
 }

@@ -5,20 +5,21 @@
 //
 // Effective FLOPs count useful work only: forward = 2*T*D*E (gate) +
 // 6*rows*D*H (three expert projections over the kept assignments, rows);
-// backward = 2 x forward. The sgemm reference is cblas_sgemm on the layer's
-// own expert GEMM shape, x_e [rows/E, D] @ [w1;w3]^T [D, 2H] (M = rows/E,
-// N = 2H, K = D); the rate of a dense [rows, D] @ [D, 2H] GEMM is printed
-// beside it. Times are the best repetition after one warm-up (the machine is
-// shared; interference only ever adds time), the median is printed beside it;
-// routing_share and phases_ms come from that best repetition; the sgemm rates
+// backward = 2 x forward. The sgemm references run the backend's GEMM
+// (moe_cpu_sgemm: single-threaded OpenBLAS split over the pool, all threads,
+// as the layer gets them): the dense [rows, D] @ [D, 2H] GEMM (the goal's
+// reference, ratio_to_dense_sgemm) and the layer's own expert GEMM shape,
+// x_e [rows/E, D] @ [w1;w3]^T [D, 2H] (M = rows/E, N = 2H, K = D). Times are the best repetition
+// after one warm-up (the machine is shared; interference only ever adds time), the median is
+// printed beside it; routing_share and phases_ms come from that best repetition; the sgemm rates
 // are the best batch, batches interleaved with the layer's repetitions.
 // others_load: the fraction of all cores that other processes used meanwhile.
 //
-// usage: moe_layer [--quick] [--reps N]
+// usage: moe_layer [--quick] [--reps N] [--shape E] [--machine NAME]
 #include "moe/moe_layer.h"
+#include "kernels/cpu/cpu.h"
 #include "moe/error.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -58,8 +59,10 @@ static void fill(float *x, size_t n, float scale) {
         x[i] = scale * randn();
 }
 
-// The sgemm reference: cblas_sgemm C[M,N] = A[M,K] @ B[N,K]^T (the layer's
-// forward expert GEMM form) in batches of at least ~50 ms. Batches run before
+// The sgemm reference: C[M,N] = A[M,K] @ B[N,K]^T (the layer's
+// forward expert GEMM form) in batches about as long as one forward+backward
+// of the layer, so that on a shared machine a batch and a repetition of the
+// layer have the same chances of a quiet window. Batches run before
 // the layer and again between its repetitions, and the best rate counts: on a
 // shared machine the reference gets the same chances of a quiet moment.
 typedef struct {
@@ -71,13 +74,13 @@ typedef struct {
 static void sgemm_ref_batch(sgemm_ref *r) {
     double t0 = now_s();
     for (int i = 0; i < r->inner; i++)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r->M, r->N, r->K, 1.0f, r->a, r->K,
-                    r->b, r->K, 0.0f, r->c, r->N);
+        moe_cpu_sgemm(false, true, r->M, r->N, r->K, 1.0f, r->a, r->K, r->b, r->K, 0.0f, r->c,
+                      r->N);
     double g = 2.0 * r->M * r->N * r->K * r->inner / (now_s() - t0) * 1e-9;
     if (g > r->best) r->best = g;
 }
 
-static int sgemm_ref_init(sgemm_ref *r, int M, int N, int K, int reps) {
+static int sgemm_ref_init(sgemm_ref *r, int M, int N, int K, int reps, double batch_s) {
     *r = (sgemm_ref){.M = M, .N = N, .K = K, .inner = 1};
     r->a = malloc(sizeof(float) * M * K), r->b = malloc(sizeof(float) * N * K);
     r->c = malloc(sizeof(float) * M * N);
@@ -86,7 +89,7 @@ static int sgemm_ref_init(sgemm_ref *r, int M, int N, int K, int reps) {
     for (;;) { // calibrate (also warms up)
         double t0 = now_s();
         sgemm_ref_batch(r);
-        if (now_s() - t0 > 0.05 || r->inner > 4096) break;
+        if (now_s() - t0 > batch_s || r->inner > (1 << 16)) break;
         r->inner *= 2;
     }
     r->best = 0;
@@ -175,6 +178,8 @@ static double routing_s(const moe_layer_timing *t) {
     return t->gate + t->router + t->permute + t->unpermute;
 }
 
+static const char *machine = "";
+
 static int run_shape(int T, int D, int H, int E, int k, int reps) {
     bench_layer b;
     int rc = setup(&b, T, D, H, E, k);
@@ -184,13 +189,17 @@ static int run_shape(int T, int D, int H, int E, int k, int reps) {
     }
     MOE_TRY(forward(&b)); // warm-up: page in every buffer, OpenBLAS threads up
     MOE_TRY(backward(&b));
+    double layer_s = now_s();
+    MOE_TRY(forward(&b));
+    MOE_TRY(backward(&b));
+    layer_s = now_s() - layer_s;
     const int rows = b.a.plan.offsets[E];
     const double fwd_flop = 2.0 * T * D * E + 6.0 * rows * D * H;
     const int M = (rows + E - 1) / E;
     sgemm_ref ref, dense;
-    MOE_TRY(sgemm_ref_init(&ref, M, 2 * H, D, reps));
-    MOE_TRY(sgemm_ref_init(&dense, rows, 2 * H, D, reps));
-    const int threads = openblas_get_num_threads();
+    MOE_TRY(sgemm_ref_init(&ref, M, 2 * H, D, reps, 0.5 * layer_s));
+    MOE_TRY(sgemm_ref_init(&dense, rows, 2 * H, D, reps, 0.5 * layer_s));
+    const int threads = moe_cpu_threads();
     const long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 
     static const char *cases[3] = {"forward", "backward", "fwd+bwd"};
@@ -237,11 +246,11 @@ static int run_shape(int T, int D, int H, int E, int k, int reps) {
                "\"sgemm_dense_gflops\":%.1f,\"ratio_to_dense_sgemm\":%.3f,"
                "\"routing_share\":%.4f,\"phases_ms\":{\"gate\":%.2f,\"router\":%.2f,"
                "\"permute\":%.2f,\"experts\":%.2f,\"unpermute\":%.2f},\"stat\":\"best\","
-               "\"reps\":%d,\"threads\":%d,\"others_load\":%.2f}\n",
+               "\"reps\":%d,\"threads\":%d,\"others_load\":%.2f,\"machine\":\"%s\"}\n",
                cases[c], T, D, H, E, k, rows, res[c].ms, res[c].med, gf, ref.best, M, 2 * H, D,
                gf / ref.best, dense.best, gf / dense.best, res[c].share, 1e3 * tm->gate,
                1e3 * tm->router, 1e3 * tm->permute, 1e3 * tm->experts, 1e3 * tm->unpermute, reps,
-               threads, res[c].others);
+               threads, res[c].others, machine);
         fflush(stdout);
     }
     sgemm_ref_free(&ref);
@@ -253,21 +262,29 @@ static int run_shape(int T, int D, int H, int E, int k, int reps) {
 }
 
 int main(int argc, char **argv) {
-    int reps = 7;
+    int reps = 7, only_E = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))
             reps = 2;
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--shape") && i + 1 < argc)
+            only_E = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--machine") && i + 1 < argc)
+            machine = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--quick] [--reps N]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--quick] [--reps N] [--shape E] [--machine NAME]\n",
+                    argv[0]);
             return 2;
         }
     }
     if (reps < 1) reps = 1;
-    static const int shapes[][5] = {{4096, 512, 1024, 8, 2}, {4096, 512, 1024, 64, 2}};
+    // T, D, H, E, k: Mixtral-like, many experts, DeepSeek-style fine-grained experts.
+    static const int shapes[][5] = {
+        {4096, 512, 1024, 8, 2}, {4096, 512, 1024, 64, 2}, {4096, 512, 256, 128, 8}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int *d = shapes[s];
+        if (only_E && d[3] != only_E) continue;
         int rc = run_shape(d[0], d[1], d[2], d[3], d[4], reps);
         if (rc < 0) {
             fprintf(stderr, "moe_layer bench: %s\n", moe_last_error());

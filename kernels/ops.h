@@ -58,6 +58,26 @@ typedef struct moe_ops {
     // dab [n, 2H] += (dh * b * silu'(a) | dh * silu(a)).
     int (*swiglu_backward)(float *dab, const float *dh, const float *ab, int n, int H);
 
+    // The MoE layer's experts as one op, so a backend can schedule the blocks
+    // together (NULL: the layer runs them one by one through matmul and
+    // swiglu). Block b is rows [off[b], off[b] + n[b]) of the expert-side
+    // buffers (off, n: host memory; n_blocks a multiple of E), computed with
+    // expert b % E's weights: w + (b % E) * w_stride holds [w1; w3] [2H, D],
+    // then w2 [D, H] at w2_offset. Rows outside every block are not touched.
+    // Forward: ab = x [w1; w3]^T [rows, 2H], h = swiglu(ab), y = h w2^T [rows, D].
+    int (*expert_ffn_forward)(float *y, float *ab, float *h, const float *x, const float *w,
+                              size_t w_stride, size_t w2_offset, const int *off, const int *n,
+                              int n_blocks, int E, int D, int H);
+    // Backward: dx (overwritten) = dab [w1; w3] with dab = swiglu'(dy w2) on
+    // ab; weight gradients dw (layout of w) += dy^T h and dab^T x, over an
+    // expert's blocks in block order; with several blocks per expert each
+    // block's product is formed in dw_tmp [3 H D] (layout of one expert) and
+    // then added. ab and h are consumed: they end up holding dab and dh.
+    int (*expert_ffn_backward)(float *dx, float *dw, float *dw_tmp, const float *dy, const float *x,
+                               float *ab, float *h, const float *w, size_t w_stride,
+                               size_t w2_offset, const int *off, const int *n, int n_blocks, int E,
+                               int D, int H);
+
     // row [T*k] = expert >= 0 ? offsets[expert] + slot : -1 (from a moe_plan).
     int (*dispatch_rows)(int *row, const int *expert, const int *slot, const int *offsets, int T,
                          int k);

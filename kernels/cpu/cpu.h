@@ -46,6 +46,25 @@ int moe_cpu_matmul_grouped_wgrad(float *c, size_t c_stride, const float *a, cons
 int moe_cpu_swiglu_forward(float *h, const float *ab, int n, int H);
 int moe_cpu_swiglu_backward(float *dab, const float *dh, const float *ab, int n, int H);
 
+// dab = swiglu'(dh) written over ab (the values the non-inplace op adds).
+int moe_cpu_swiglu_backward_inplace(float *ab, const float *dh, int n, int H);
+
+// The MoE experts op (kernels/ops.h expert_ffn_*, kernels/cpu/moe_ffn.c).
+int moe_cpu_expert_ffn_forward(float *y, float *ab, float *h, const float *x, const float *w,
+                               size_t w_stride, size_t w2_offset, const int *off, const int *n,
+                               int n_blocks, int E, int D, int H);
+int moe_cpu_expert_ffn_backward(float *dx, float *dw, float *dw_tmp, const float *dy,
+                                const float *x, float *ab, float *h, const float *w,
+                                size_t w_stride, size_t w2_offset, const int *off, const int *n,
+                                int n_blocks, int E, int D, int H);
+// The same with its work split forced (tests: every split gives the same bits):
+// 1 one item per block (one block per expert only), 2 row and weight-row parts
+// in three passes, 0 chosen by the block count.
+int moe_cpu_expert_ffn_backward_mode(float *dx, float *dw, float *dw_tmp, const float *dy,
+                                     const float *x, float *ab, float *h, const float *w,
+                                     size_t w_stride, size_t w2_offset, const int *off,
+                                     const int *n, int n_blocks, int E, int D, int H, int mode);
+
 int moe_cpu_dispatch_rows(int *row, const int *expert, const int *slot, const int *offsets, int T,
                           int k);
 int moe_cpu_permute_forward(float *xe, const float *x, const int *row, int T, int k, int D);

@@ -2,7 +2,8 @@
 // of one MoE layer"): dispatch indices from a plan, gather (permute), weighted
 // combine (unpermute) and their backward passes, plus generic row gather/scatter.
 // Token-major loops: each token writes only its own rows, so no two iterations
-// touch the same output row (the CUDA twin needs no atomics).
+// touch the same output row (the CUDA twin needs no atomics), and token ranges
+// run side by side on the pool with results that do not depend on the split.
 #include "kernels/cpu/cpu.h"
 #include "moe/error.h"
 
@@ -32,6 +33,30 @@ static inline float dot(const float *restrict a, const float *restrict b, int n)
     return s;
 }
 
+// Token ranges for the pool: a few per thread, each at least ~64 KiB of rows.
+typedef struct {
+    float *out, *out2;
+    const float *in, *in2, *weight;
+    const int *row;
+    int T, k, D, parts;
+} rows_job;
+
+static int token_parts(int T, int k, int D) {
+    const long width = (long)k * D > 0 ? (long)k * D : 1; // k or D may be 0
+    const long min_tokens = 1 + (16384 - 1) / width;
+    long p = T / min_tokens, most = 4L * moe_cpu_threads();
+    return (int)(p < 1 ? 1 : p > most ? most : p);
+}
+
+static void token_range(const rows_job *j, int i, long *t0, long *t1) {
+    *t0 = (long)j->T * i / j->parts, *t1 = (long)j->T * (i + 1) / j->parts;
+}
+
+static void run_parts(rows_job *j, moe_cpu_task fn) {
+    j->parts = token_parts(j->T, j->k, j->D);
+    moe_cpu_parallel_for(j->parts, fn, j);
+}
+
 int moe_cpu_dispatch_rows(int *row, const int *expert, const int *slot, const int *offsets, int T,
                           int k) {
     for (long i = 0; i < (long)T * k; i++)
@@ -39,55 +64,99 @@ int moe_cpu_dispatch_rows(int *row, const int *expert, const int *slot, const in
     return 0;
 }
 
-int moe_cpu_permute_forward(float *restrict xe, const float *restrict x, const int *row, int T,
-                            int k, int D) {
-    for (long t = 0; t < T; t++)
+static void permute_forward_part(void *ctx, int i) {
+    const rows_job *q = ctx;
+    const int k = q->k, D = q->D, *row = q->row;
+    long t0, t1;
+    token_range(q, i, &t0, &t1);
+    for (long t = t0; t < t1; t++)
         for (int j = 0; j < k; j++) {
             int r = row[t * k + j];
-            if (r >= 0) memcpy(xe + (size_t)r * D, x + t * D, (size_t)D * sizeof *x);
+            if (r >= 0) memcpy(q->out + (size_t)r * D, q->in + t * D, (size_t)D * sizeof(float));
         }
+}
+
+int moe_cpu_permute_forward(float *restrict xe, const float *restrict x, const int *row, int T,
+                            int k, int D) {
+    rows_job j = {.out = xe, .in = x, .row = row, .T = T, .k = k, .D = D};
+    run_parts(&j, permute_forward_part);
     return 0;
+}
+
+static void permute_backward_part(void *ctx, int i) {
+    const rows_job *q = ctx;
+    const int k = q->k, D = q->D, *row = q->row;
+    long t0, t1;
+    token_range(q, i, &t0, &t1);
+    for (long t = t0; t < t1; t++) {
+        float *d = q->out + t * D;
+        for (int j = 0; j < k; j++) {
+            int r = row[t * k + j];
+            if (r < 0) continue;
+            axpy(d, q->in + (size_t)r * D, 1.0f, D);
+        }
+    }
 }
 
 int moe_cpu_permute_backward(float *restrict dx, const float *restrict dxe, const int *row, int T,
                              int k, int D) {
-    for (long t = 0; t < T; t++) {
-        float *d = dx + t * D;
-        for (int j = 0; j < k; j++) {
-            int r = row[t * k + j];
-            if (r < 0) continue;
-            axpy(d, dxe + (size_t)r * D, 1.0f, D);
-        }
-    }
+    rows_job j = {.out = dx, .in = dxe, .row = row, .T = T, .k = k, .D = D};
+    run_parts(&j, permute_backward_part);
     return 0;
 }
 
-int moe_cpu_unpermute_forward(float *restrict y, const float *restrict ye, const int *row,
-                              const float *weight, int T, int k, int D) {
-    for (long t = 0; t < T; t++) {
-        float *o = y + t * D;
+static void unpermute_forward_part(void *ctx, int i) {
+    const rows_job *q = ctx;
+    const int k = q->k, D = q->D, *row = q->row;
+    long t0, t1;
+    token_range(q, i, &t0, &t1);
+    for (long t = t0; t < t1; t++) {
+        float *o = q->out + t * D;
         memset(o, 0, (size_t)D * sizeof *o);
         for (int j = 0; j < k; j++) {
             int r = row[t * k + j];
             if (r < 0) continue;
-            axpy(o, ye + (size_t)r * D, weight[t * k + j], D);
+            axpy(o, q->in + (size_t)r * D, q->weight[t * k + j], D);
         }
     }
+}
+
+int moe_cpu_unpermute_forward(float *restrict y, const float *restrict ye, const int *row,
+                              const float *weight, int T, int k, int D) {
+    rows_job j = {.out = y, .in = ye, .weight = weight, .row = row, .T = T, .k = k, .D = D};
+    run_parts(&j, unpermute_forward_part);
     return 0;
+}
+
+static void unpermute_backward_part(void *ctx, int i) {
+    const rows_job *q = ctx;
+    const int k = q->k, D = q->D, *row = q->row;
+    long t0, t1;
+    token_range(q, i, &t0, &t1);
+    for (long t = t0; t < t1; t++) {
+        const float *g = q->in + t * D;
+        for (int j = 0; j < k; j++) {
+            int r = row[t * k + j];
+            if (r < 0) continue;
+            axpy(q->out + (size_t)r * D, g, q->weight[t * k + j], D);
+            q->out2[t * k + j] += dot(g, q->in2 + (size_t)r * D, D);
+        }
+    }
 }
 
 int moe_cpu_unpermute_backward(float *restrict dye, float *restrict dweight,
                                const float *restrict dy, const float *restrict ye, const int *row,
                                const float *weight, int T, int k, int D) {
-    for (long t = 0; t < T; t++) {
-        const float *g = dy + t * D;
-        for (int j = 0; j < k; j++) {
-            int r = row[t * k + j];
-            if (r < 0) continue;
-            axpy(dye + (size_t)r * D, g, weight[t * k + j], D);
-            dweight[t * k + j] += dot(g, ye + (size_t)r * D, D);
-        }
-    }
+    rows_job j = {.out = dye,
+                  .out2 = dweight,
+                  .in = dy,
+                  .in2 = ye,
+                  .weight = weight,
+                  .row = row,
+                  .T = T,
+                  .k = k,
+                  .D = D};
+    run_parts(&j, unpermute_backward_part);
     return 0;
 }
 

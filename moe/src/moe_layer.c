@@ -367,6 +367,13 @@ static int chunk_experts(moe_layer_acts *a, const float *x, const moe_layer_para
     const int D = a->cfg.D, H = a->cfg.H, k = plan_k(&a->cfg);
     chunk_rows(a, t0, tc);
     MOE_TRY(ops->permute_forward(a->xe, x + (size_t)t0 * D, a->crow, tc, k, D));
+    if (ops->expert_ffn_forward) { // no expert parallelism here: one block per expert
+        for (int e = 0; e < a->cfg.E; e++)
+            a->blk_off[e] = a->coff[e], a->blk_n[e] = a->coff[e + 1] - a->coff[e];
+        return ops->expert_ffn_forward(a->ye, a->ab, a->h, a->xe, p->experts, p->expert_numel,
+                                       p->w2_offset, a->blk_off, a->blk_n, a->cfg.E, a->cfg.E, D,
+                                       H);
+    }
     for (int e = 0; e < a->cfg.E; e++) {
         const int n = a->coff[e + 1] - a->coff[e];
         if (n == 0) continue;
@@ -421,7 +428,11 @@ static int chunked_backward(float *dx, const moe_layer_params *dp, const float *
         MOE_TRY(ops->zero(a->dye, (size_t)rows * D));
         MOE_TRY(ops->unpermute_backward(a->dye, a->dweight + (size_t)t0 * k, dy + (size_t)t0 * D,
                                         a->ye, a->crow, a->plan.weight + (size_t)t0 * k, tc, k, D));
-        for (int e = 0; e < a->cfg.E; e++) {
+        if (ops->expert_ffn_backward) // blocks as chunk_experts set them
+            MOE_TRY(ops->expert_ffn_backward(a->dxe, dp->experts, NULL, a->dye, a->xe, a->ab, a->h,
+                                             p->experts, p->expert_numel, p->w2_offset, a->blk_off,
+                                             a->blk_n, a->cfg.E, a->cfg.E, D, H));
+        for (int e = 0; !ops->expert_ffn_backward && e < a->cfg.E; e++) {
             const int n = a->coff[e + 1] - a->coff[e];
             if (n == 0) continue;
             const size_t r0 = (size_t)a->coff[e];
@@ -506,11 +517,16 @@ int moe_layer_forward(float *y, const float *x, const int *task_id, const int *c
     // Experts, one block per (source rank, local expert): xr [n, D] @ [2H, D]^T
     // -> abr, SwiGLU -> hr, [n, H] @ [D, H]^T -> yr. A block has the shape the
     // source's rows would have in a single-process step, so results match it.
-    // Under a replicated placement the blocks are (source rank, slot).
+    // Under a replicated placement the blocks are (source rank, slot), and
+    // replicas' weights live outside p: the loop below handles them.
     const int El = moe_place_slots(a), n_src = cfg->ep_size > 1 ? cfg->ep_size : 1;
     const int *blk_n = moe_place_on(a) ? a->place->blk_n : a->blk_n;
     const int *blk_off = moe_place_on(a) ? a->place->blk_off : a->blk_off;
-    for (int b = 0; b < n_src * El; b++) {
+    const bool fused = ops->expert_ffn_forward && !moe_place_on(a);
+    if (fused)
+        MOE_TRY(ops->expert_ffn_forward(a->yr, a->abr, a->hr, a->xr, p->experts, p->expert_numel,
+                                        p->w2_offset, a->blk_off, a->blk_n, n_src * El, El, D, H));
+    for (int b = 0; !fused && b < n_src * El; b++) {
         const int n = blk_n[b], e = b % El;
         if (n == 0) continue;
         const size_t r0 = (size_t)blk_off[b];
@@ -576,6 +592,7 @@ int moe_layer_backward(float *dx, const moe_layer_params *dp, const float *dy, c
     moe_layer_timing *tm = a->timing;
     double t0 = tm ? now_s() : 0;
 
+    bool consumed = false; // by the backend's expert op
     // Combine: dye[row] = weight * dy[t], dweight[t, j] = <dy[t], ye[row]>.
     MOE_TRY(ops->zero(a->dweight, (size_t)T * k));
     if (cfg->n_chunks > 1) {
@@ -588,7 +605,7 @@ int moe_layer_backward(float *dx, const moe_layer_params *dp, const float *dy, c
     LAP(unpermute);
 
     MOE_TRY(moe_node_dedup_on(a) ? moe_node_redispatch(a, dy, a->dyr)
-                                  : redispatch(a, a->dye, a->dyr));
+                                 : redispatch(a, a->dye, a->dyr));
     LAP(unpermute);
 
     // Expert blocks. With expert parallelism each block's weight gradient is
@@ -598,7 +615,14 @@ int moe_layer_backward(float *dx, const moe_layer_params *dp, const float *dy, c
     const int *blk_n = moe_place_on(a) ? a->place->blk_n : a->blk_n;
     const int *blk_off = moe_place_on(a) ? a->place->blk_off : a->blk_off;
     const size_t n13 = 2 * (size_t)H * D, n2 = (size_t)D * H;
-    for (int e = 0; e < El; e++) {
+    const bool fused = ops->expert_ffn_backward && !moe_place_on(a);
+    if (fused) {
+        MOE_TRY(ops->expert_ffn_backward(a->dxr, dp->experts, a->dw, a->dyr, a->xr, a->abr, a->hr,
+                                         p->experts, p->expert_numel, p->w2_offset, a->blk_off,
+                                         a->blk_n, n_src * El, El, D, H));
+        consumed = true;
+    }
+    for (int e = 0; !fused && e < El; e++) {
         for (int s = 0; s < n_src; s++) {
             const int n = blk_n[s * El + e];
             if (n == 0) continue;
@@ -658,5 +682,6 @@ router:
         MOE_TRY(ops->matmul(dgin, dl, p->gate, G, D, E, false, false, 1.0f, 1.0f));
     }
     LAP(gate);
+    if (consumed) a->T = 0; // the saved activations now hold their gradients
     return 0;
 }

@@ -173,7 +173,9 @@ int moe_layer_forward(float *y, const float *x, const int *task_id, const int *c
 // dx [T, D] and the gradient view dp (same layout as p). dy [T, D]. aux_scale
 // and z_scale are dL/d aux_loss and dL/d z_loss (e.g. the configured coefs).
 // With task routing the gate gradient flows into task_embedding, not dx.
-// dx must not alias dy.
+// dx must not alias dy. One backward per forward: where the backend has the
+// expert op (kernels/ops.h expert_ffn_backward) the saved expert activations
+// become their gradients, and a second backward is refused.
 int moe_layer_backward(float *dx, const moe_layer_params *dp, const float *dy, const float *x,
                        const int *task_id, int T, const moe_layer_params *p, moe_layer_acts *a,
                        float aux_scale, float z_scale);

@@ -753,7 +753,7 @@ int moe_ckpt_async_poll(moe_ckpt_async *a, moe_parallel *par, bool wait) {
         rc = moe_ckpt_run_finish(a->run, a->keep, a->job->step, &a->trash);
     job_free(a->job);
     if (a->trash.n) {
-        // No thread: the removal runs here after all.
+        // Removed by the cleaner thread; if none can start, here.
         if (pthread_create(&a->cleaner, NULL, clean_thread, a) == 0)
             a->cleaner_live = true;
         else if (moe_ckpt_trash_empty(&a->trash) < 0)

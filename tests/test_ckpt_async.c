@@ -2,7 +2,10 @@
 // folder equals a synchronous save's byte for byte, is taken from a snapshot
 // at the step that triggers it, resumes bit-identically, reports a failed
 // write with the file's name, is completed when training stops on a
-// non-finite value, and its snapshot is part of the memory plan.
+// non-finite value, and its snapshot is part of the memory plan. The previous
+// checkpoints a commit drops are renamed to trash names (never resolved) and
+// removed by a background thread.
+#include "../trainer/checkpoint_internal.h"
 #include "moe/alloc.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
@@ -11,6 +14,7 @@
 #include "moe/train.h"
 #include "testutil.h"
 
+#include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
@@ -229,6 +233,78 @@ START_TEST(test_plan_matches_measured_peak_with_async_saves) {
 }
 END_TEST
 
+// The names of dir's checkpoint family (checkpoint*), sorted, joined by ' '.
+static const char *ckpt_names(const char *dir) {
+    static char out[1024];
+    char names[16][256];
+    int n = 0;
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        if (!strncmp(e->d_name, "checkpoint", 10) && n < 16)
+            snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
+    out[0] = 0;
+    for (int i = 0; i < n; i++)
+        snprintf(out + strlen(out), sizeof out - strlen(out), "%s%s", i ? " " : "", names[i]);
+    return out;
+}
+
+// With rotation, the commits' pruned folders are gone once training returns
+// (the cleaner thread was joined): the two kept, nothing renamed left over.
+START_TEST(test_async_rotation_leaves_only_the_kept_checkpoints) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    moe_config c = cfg(true);
+    c.train.steps = 8;
+    c.train.keep_checkpoints = 2;
+    train(&c, path(dir, "run", ""), NULL, NULL);
+    ck_assert_str_eq(ckpt_names(path(dir, "run", "")), "checkpoint-6 checkpoint-8");
+    char got[1200];
+    ck_assert_int_eq(moe_ckpt_resolve(path(dir, "run", ""), got, sizeof got, NULL), 0);
+    ck_assert_str_eq(got, path(dir, "run", "checkpoint-8"));
+}
+END_TEST
+
+// One checkpoint/ folder (keep_checkpoints = 0): each commit swaps the
+// previous one out to checkpoint.trash, removed in the background; none is
+// left and the folder holds the last save.
+START_TEST(test_async_saves_into_one_folder_leave_no_trash) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    moe_config c = cfg(true);
+    c.train.keep_checkpoints = 0;
+    train(&c, path(dir, "run", ""), NULL, NULL);
+    ck_assert_str_eq(ckpt_names(path(dir, "run", "")), "checkpoint");
+    ck_assert(moe_ckpt_complete(path(dir, "run", "checkpoint")));
+}
+END_TEST
+
+// The deferred pruning of a commit: the dropped folders are renamed to their
+// trash names at once (a reader resolves the new checkpoint, never those),
+// and only removing the trash list deletes them.
+START_TEST(test_deferred_prune_renames_to_trash_and_resolves_the_new) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    moe_config c = cfg(false); // checkpoint-2, -4, -6
+    train(&c, path(dir, "run", ""), NULL, NULL);
+    const char *run = path(dir, "run", "");
+    moe_ckpt_trash later = {0};
+    ck_assert_int_eq(moe_ckpt_run_finish(run, 1, 6, &later), 0);
+    ck_assert_int_eq(later.n, 2);
+    ck_assert_str_eq(ckpt_names(run), "checkpoint-2.trash checkpoint-4.trash checkpoint-6");
+    char got[1200];
+    ck_assert_int_eq(moe_ckpt_resolve(run, got, sizeof got, NULL), 0);
+    ck_assert_str_eq(got, path(dir, "run", "checkpoint-6"));
+    ck_assert_int_eq(moe_ckpt_trash_empty(&later), 0);
+    ck_assert_int_eq(later.n, 0);
+    ck_assert_str_eq(ckpt_names(run), "checkpoint-6");
+    moe_ckpt_trash_free(&later);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("ckpt_async");
     TCase *tc = tcase_create("async");
@@ -240,6 +316,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_nonfinite_stop_completes_the_pending_save);
     tcase_add_test(tc, test_plan_counts_the_snapshot_on_writing_ranks);
     tcase_add_test(tc, test_plan_matches_measured_peak_with_async_saves);
+    tcase_add_test(tc, test_async_rotation_leaves_only_the_kept_checkpoints);
+    tcase_add_test(tc, test_async_saves_into_one_folder_leave_no_trash);
+    tcase_add_test(tc, test_deferred_prune_renames_to_trash_and_resolves_the_new);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 // Written into DIR.tmp in this order; manifest.json (their sizes) comes last.
 static const char *const files[] = {"model.safetensors", "optimizer.safetensors", "config.json",
@@ -410,11 +411,15 @@ static int render_small(save_job *j, const moe_model *m, const moe_adamw *opt,
     return render_state(&j->small[j->n_small++], m, opt, st, par);
 }
 
-// Steps 1 and the preparation of 2, collective: rank 0 recovers and makes
-// DIR.tmp (sharded: every rank agrees it exists), then each rank prepares
-// what it writes from src. The status is this rank's (job_commit agrees).
+// Steps 1 and the preparation of 2: rank 0 recovers and makes DIR.tmp, then
+// each rank prepares what it writes from src. Sharded, every rank must know
+// DIR.tmp exists before it writes: agree makes this collective (a synchronous
+// save); without it the caller agrees before any write (the asynchronous
+// one: a collective fewer on the step that triggers it). The status is this
+// rank's (job_commit agrees).
 static int job_start(save_job *j, const char *dir, const moe_model *m, const moe_adamw *opt,
-                     const moe_train_state *st, moe_parallel *par, const save_src *src) {
+                     const moe_train_state *st, moe_parallel *par, const save_src *src,
+                     bool agree) {
     char p[PATH_MAX];
     MOE_TRY(join(j->dir, dir, ""));
     MOE_TRY(join(j->tmp, dir, ".tmp"));
@@ -439,7 +444,7 @@ static int job_start(save_job *j, const char *dir, const moe_model *m, const moe
             rc = moe_fail(MOE_EIO, "%s: cannot create: %s", j->tmp, strerror(errno));
     }
     // Sharded: every writer needs dir.tmp made before it writes into it.
-    if (j->sharded) rc = moe_comm_agree(par->world, rc);
+    if (j->sharded && agree) rc = moe_comm_agree(par->world, rc);
     if (rc == 0 && j->writer) rc = build_tensor_entries(j, m, src, j->sharded ? par->ep_rank : 0);
     if (rc == 0 && j->rank0) rc = render_small(j, m, opt, st, tok, par);
     moe_tok_free(tok);
@@ -506,8 +511,10 @@ static int job_manifest(const save_job *j) {
 
 // The rest of step 2 and steps 3-4, collective: every rank's status is
 // agreed (every shard durable, or the first failure everywhere), rank 0
-// writes the manifest, the result is agreed again, and rank 0 swaps.
-static int job_commit(const save_job *j, moe_parallel *par, int rc) {
+// writes the manifest, the result is agreed again, and rank 0 swaps. later
+// NULL: the previous checkpoint is removed now; else it is only renamed to
+// DIR.trash (which no reader resolves) and left in later for the caller.
+static int job_commit(const save_job *j, moe_parallel *par, int rc, moe_ckpt_trash *later) {
     if (par) rc = moe_comm_agree(par->world, rc);
     if (rc == 0 && j->rank0) rc = job_manifest(j);
     if (par) rc = moe_comm_agree(par->world, rc);
@@ -523,7 +530,14 @@ static int job_commit(const save_job *j, moe_parallel *par, int rc) {
     if ((rc = move(tmp, dir)) < 0) return rc; // likewise: the next save promotes it
     if ((rc = sync_parent(dir)) < 0) return rc;
     // Cleaning: the new checkpoint is in place whatever happens here.
-    if (exists(old) && (discard(old, trash) < 0 || sync_parent(dir) < 0))
+    if (exists(old) && later) {
+        // The rename is atomic and fsynced; the slow part (unlinking the
+        // files) is the caller's, off the training thread.
+        if (moe_fs_remove_tree(trash) < 0 || move(old, trash) < 0 || sync_parent(dir) < 0 ||
+            (moe_ckpt_trash_add(later, trash) < 0 && moe_fs_remove_tree(trash) < 0))
+            moe_log(MOE_LOG_WARN, "checkpoint saved, but removing the previous one failed: %s",
+                    moe_last_error());
+    } else if (exists(old) && (discard(old, trash) < 0 || sync_parent(dir) < 0))
         moe_log(MOE_LOG_WARN, "checkpoint saved, but removing the previous one failed: %s",
                 moe_last_error());
     return 0;
@@ -554,11 +568,11 @@ int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
                   const moe_train_state *st, moe_parallel *par) {
     save_job *j = calloc(1, sizeof *j); // every rank: a failure here is agreed below
     save_src src = model_src(m, opt);
-    int rc = j ? job_start(j, dir, m, opt, st, par, &src)
+    int rc = j ? job_start(j, dir, m, opt, st, par, &src, true)
                : moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
     if (rc == 0) rc = job_write(j);
     if (j) {
-        rc = job_commit(j, par, rc);
+        rc = job_commit(j, par, rc, NULL);
         job_free(j);
         free(j);
     } else if (par) {
@@ -580,6 +594,13 @@ struct moe_ckpt_async {
     atomic_int done; // the thread finished job_write
     char run[PATH_MAX];
     int keep;
+    // The previous checkpoint(s) a commit renamed to trash, removed by the
+    // cleaner thread while training goes on; joined before the next save.
+    moe_ckpt_trash trash;
+    pthread_t cleaner;
+    bool cleaner_live;
+    int clean_rc;
+    char clean_msg[512];
 };
 
 int moe_ckpt_async_init(moe_ckpt_async **out, const moe_model *m, const moe_parallel *par) {
@@ -610,6 +631,12 @@ int moe_ckpt_async_init(moe_ckpt_async **out, const moe_model *m, const moe_para
     return 0;
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 static void *save_thread(void *arg) {
     moe_ckpt_async *a = arg;
     job_write(a->job);
@@ -624,6 +651,38 @@ static void join_thread(moe_ckpt_async *a) {
     a->thread_live = false;
 }
 
+static void *clean_thread(void *arg) {
+    moe_ckpt_async *a = arg;
+    a->clean_rc = moe_ckpt_trash_empty(&a->trash);
+    snprintf(a->clean_msg, sizeof a->clean_msg, "%s", a->clean_rc < 0 ? moe_last_error() : "");
+    return NULL;
+}
+
+// Joins the cleaner, if one runs. A failure only leaves a trash folder, which
+// no reader resolves and the next save's recovery or pruning removes: a warning.
+static void join_cleaner(moe_ckpt_async *a) {
+    if (!a->cleaner_live) return;
+    pthread_join(a->cleaner, NULL);
+    a->cleaner_live = false;
+    if (a->clean_rc < 0)
+        moe_log(MOE_LOG_WARN, "checkpoint saved, but removing the previous one failed: %s",
+                a->clean_msg);
+}
+
+// Copies into the snapshot the tensors this rank writes, and only them (the
+// entries already point into the snapshot, laid out as the model's buffers).
+static void copy_written(moe_ckpt_async *a, const entry_list *l, const float *const live[3]) {
+    const float *base = a->snap, *end = a->snap + 3 * a->n;
+    for (int i = 0; i < l->n; i++) {
+        const float *d = l->e[i].data;
+        if (!d || d < base || d >= end) continue; // a selection bias: copied already
+        size_t off = (size_t)(d - base), which = off / a->n, numel = 1;
+        for (int k = 0; k < l->e[i].ndim; k++)
+            numel *= (size_t)l->e[i].shape[k];
+        memcpy((float *)d, live[which] + (off - which * a->n), sizeof(float) * numel);
+    }
+}
+
 int moe_ckpt_async_begin(moe_ckpt_async *a, const char *run, int keep, const moe_model *m,
                          const moe_adamw *opt, const moe_train_state *st, moe_parallel *par,
                          char *saved, size_t cap) {
@@ -634,9 +693,6 @@ int moe_ckpt_async_begin(moe_ckpt_async *a, const char *run, int keep, const moe
     save_src src = model_src(m, opt);
     if (a->snap) { // the snapshot: training changes the model's buffers from the next step
         src.params = a->snap, src.m = a->snap + a->n, src.v = a->snap + 2 * a->n;
-        memcpy(src.params, m->params, sizeof(float) * a->n);
-        memcpy(src.m, opt->m, sizeof(float) * a->n);
-        memcpy(src.v, opt->v, sizeof(float) * a->n);
         for (int l = 0; l < m->L; l++) {
             const float *b = m->is_moe[l] ? moe_model_bias(m, l) : NULL;
             src.bias[l] = b ? a->bias[l] : NULL;
@@ -644,11 +700,26 @@ int moe_ckpt_async_begin(moe_ckpt_async *a, const char *run, int keep, const moe
         }
     }
     memset(a->job, 0, sizeof *a->job);
-    int rc = job_start(a->job, saved, m, opt, st, par, &src);
-    // A failure to start is agreed now, so every rank leaves the same way.
+    const double t0 = moe_log_enabled(MOE_LOG_DEBUG) ? now_s() : 0;
+    int rc = job_start(a->job, saved, m, opt, st, par, &src, false);
+    const double t1 = t0 ? now_s() : 0;
+    if (rc == 0 && a->snap && a->job->writer) {
+        // Only what this rank writes: ranks other than 0 skip the dense tensors.
+        const float *const live[3] = {m->params, opt->m, opt->v};
+        copy_written(a, &a->job->model, live);
+        copy_written(a, &a->job->mom[0], live);
+        copy_written(a, &a->job->mom[1], live);
+    }
+    const double t2 = t0 ? now_s() : 0;
+    // A failure to start is agreed now, so every rank leaves the same way (and,
+    // sharded, no rank writes before rank 0 has made DIR.tmp).
     if (par) rc = moe_comm_agree(par->world, rc);
+    if (t0)
+        moe_log(MOE_LOG_DEBUG,
+                "checkpoint %s: start %.3f s, snapshot copy %.3f s, agreeing %.3f s (rank %d)",
+                saved, t1 - t0, t2 - t1, now_s() - t2, par ? par->rank : 0);
     if (rc < 0) {
-        rc = job_commit(a->job, par, rc); // rank 0 removes dir.tmp
+        rc = job_commit(a->job, par, rc, NULL); // rank 0 removes dir.tmp
         job_free(a->job);
         return rc;
     }
@@ -665,6 +736,7 @@ int moe_ckpt_async_begin(moe_ckpt_async *a, const char *run, int keep, const moe
 }
 
 int moe_ckpt_async_poll(moe_ckpt_async *a, moe_parallel *par, bool wait) {
+    if (a && wait) join_cleaner(a);
     if (!a || !a->pending) return 0;
     if (wait) join_thread(a);
     int64_t done = atomic_load(&a->done);
@@ -675,9 +747,19 @@ int moe_ckpt_async_poll(moe_ckpt_async *a, moe_parallel *par, bool wait) {
     int rc = a->job->rc;
     if (rc < 0) moe_fail(rc, "%s", a->job->msg); // the thread's message, naming the file
     a->pending = false;
-    rc = job_commit(a->job, par, rc);
-    if (rc == 0 && a->job->rank0) rc = moe_ckpt_run_finish(a->run, a->keep, a->job->step);
+    join_cleaner(a); // (begin joined it: the trash names are free)
+    rc = job_commit(a->job, par, rc, &a->trash);
+    if (rc == 0 && a->job->rank0)
+        rc = moe_ckpt_run_finish(a->run, a->keep, a->job->step, &a->trash);
     job_free(a->job);
+    if (a->trash.n) {
+        // Removed by the cleaner thread; if none can start, here.
+        if (pthread_create(&a->cleaner, NULL, clean_thread, a) == 0)
+            a->cleaner_live = true;
+        else if (moe_ckpt_trash_empty(&a->trash) < 0)
+            moe_log(MOE_LOG_WARN, "checkpoint saved, but removing the previous one failed: %s",
+                    moe_last_error());
+    }
     return rc < 0 ? rc : 1;
 }
 
@@ -693,6 +775,8 @@ long moe_ckpt_async_pending(const moe_ckpt_async *a) {
 void moe_ckpt_async_free(moe_ckpt_async *a) {
     if (!a) return;
     join_thread(a);
+    join_cleaner(a);
+    moe_ckpt_trash_free(&a->trash);
     if (a->job) job_free(a->job);
     free(a->job);
     moe_mfree(a->snap);

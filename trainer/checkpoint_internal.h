@@ -7,14 +7,31 @@
 #include "moe/parallel.h"
 
 #include <jansson.h>
+#include <limits.h>
 #include <stddef.h>
+
+// Folders already renamed to their trash names (so no reader resolves them),
+// whose removal an asynchronous save leaves to a background thread.
+typedef struct {
+    char (*path)[PATH_MAX];
+    int n, cap;
+} moe_ckpt_trash;
+
+// Adds p; on MOE_ENOMEM the caller removes p itself.
+int moe_ckpt_trash_add(moe_ckpt_trash *t, const char *p);
+// Removes every folder of t (pure file I/O: any thread) and empties it; the
+// first failure is returned, the others are still tried.
+int moe_ckpt_trash_empty(moe_ckpt_trash *t);
+void moe_ckpt_trash_free(moe_ckpt_trash *t);
 
 // The folder a save of step into run writes (RUN/checkpoint-STEP with keep >
 // 0, else RUN/checkpoint), into saved (cap bytes).
 int moe_ckpt_run_folder(const char *run, int keep, long step, char *saved, size_t cap);
 // Rank 0, once the folder of step is in place: `latest` and the rotation
-// (steps 2-3 of the save with rotation in moe/checkpoint.h).
-int moe_ckpt_run_finish(const char *run, int keep, long step);
+// (steps 2-3 of the save with rotation in moe/checkpoint.h). later NULL: the
+// pruned folders are removed now; else they are only renamed to their trash
+// names (and fsynced) and added to later, for the caller to remove.
+int moe_ckpt_run_finish(const char *run, int keep, long step, moe_ckpt_trash *later);
 
 // The placement state (trainer/placement.c) for trainer_state.json's
 // "placement": *out NULL without placement.mode = replicate.

@@ -28,8 +28,10 @@ static int is_dir(const char *p) {
     return lstat(p, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-// Removes p by renaming it to p's trash name first (folder NAME -> NAME.trash).
-static int discard(const char *run, const char *name, int sfx) {
+// Removes p by renaming it to p's trash name first (folder NAME -> NAME.trash);
+// with later, the trash folder is left for later's owner to remove. A
+// leftover trash folder (a crash's) is removed now.
+static int discard(const char *run, const char *name, int sfx, moe_ckpt_trash *later) {
     char p[PATH_MAX], trash[PATH_MAX];
     if (snprintf(p, sizeof p, "%s/%s", run, name) >= (int)sizeof p) return 0;
     if (sfx == SFX_TRASH) return moe_fs_remove_tree(p);
@@ -39,7 +41,35 @@ static int discard(const char *run, const char *name, int sfx) {
     MOE_TRY(moe_fs_remove_tree(trash));
     if (moe_fs_rename(p, trash) != 0)
         return moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", p, trash, strerror(errno));
+    if (later && moe_ckpt_trash_add(later, trash) == 0) return 0;
     return moe_fs_remove_tree(trash);
+}
+
+int moe_ckpt_trash_add(moe_ckpt_trash *t, const char *p) {
+    if (t->n == t->cap) {
+        int cap = t->cap ? 2 * t->cap : 4;
+        void *g = realloc(t->path, sizeof *t->path * (size_t)cap);
+        if (!g) return moe_fail(MOE_ENOMEM, "%s: out of memory", p);
+        t->path = g;
+        t->cap = cap;
+    }
+    snprintf(t->path[t->n++], sizeof t->path[0], "%s", p);
+    return 0;
+}
+
+int moe_ckpt_trash_empty(moe_ckpt_trash *t) {
+    int rc = 0;
+    for (int i = 0; i < t->n; i++) {
+        int r = moe_fs_remove_tree(t->path[i]);
+        if (rc == 0) rc = r;
+    }
+    t->n = 0;
+    return rc;
+}
+
+void moe_ckpt_trash_free(moe_ckpt_trash *t) {
+    free(t->path);
+    *t = (moe_ckpt_trash){0};
 }
 
 static int cmp_desc(const void *a, const void *b) {
@@ -49,7 +79,7 @@ static int cmp_desc(const void *a, const void *b) {
 
 // Step 3 of the rotation: keeps `current` and the keep-1 newest complete
 // checkpoint-S folders below it; everything else of the checkpoint-* family goes.
-static int prune(const char *run, int keep, long current) {
+static int prune(const char *run, int keep, long current, moe_ckpt_trash *later) {
     DIR *d = opendir(run);
     if (!d && errno == ENOENT) return 0; // no run folder yet: nothing to prune
     if (!d) return moe_fail(MOE_EIO, "%s: cannot list: %s", run, strerror(errno));
@@ -109,7 +139,7 @@ static int prune(const char *run, int keep, long current) {
             long s;
             int sfx;
             parse_name(names[i], &s, &sfx);
-            if ((sfx == SFX_TRASH) == (pass == 0)) rc = discard(run, names[i], sfx);
+            if ((sfx == SFX_TRASH) == (pass == 0)) rc = discard(run, names[i], sfx, later);
         }
     free(names);
     if (rc == 0 && nn && moe_fs_fsync_dir(run) != 0)
@@ -129,10 +159,10 @@ int moe_ckpt_save_run(const char *run, int keep, const moe_model *m, const moe_a
     MOE_TRY(moe_ckpt_run_folder(run, keep, st->step, saved, cap));
     MOE_TRY(moe_ckpt_save(saved, m, opt, st, par));
     if (par && par->rank != 0) return 0;
-    return moe_ckpt_run_finish(run, keep, st->step);
+    return moe_ckpt_run_finish(run, keep, st->step, NULL);
 }
 
-int moe_ckpt_run_finish(const char *run, int keep, long step) {
+int moe_ckpt_run_finish(const char *run, int keep, long step, moe_ckpt_trash *later) {
     char tmp[PATH_MAX], latest[PATH_MAX], line[64];
     if (snprintf(tmp, sizeof tmp, "%s/latest.tmp", run) >= (int)sizeof tmp ||
         snprintf(latest, sizeof latest, "%s/latest", run) >= (int)sizeof latest)
@@ -144,7 +174,7 @@ int moe_ckpt_run_finish(const char *run, int keep, long step) {
         struct stat sb;
         if (lstat(latest, &sb) == 0 && (moe_fs_unlink(latest) != 0 || moe_fs_fsync_dir(run) != 0))
             return moe_fail(MOE_EIO, "%s: cannot remove: %s", latest, strerror(errno));
-        if (prune(run, 0, LONG_MAX) < 0)
+        if (prune(run, 0, LONG_MAX, later) < 0)
             moe_log(MOE_LOG_WARN, "checkpoint saved, but removing older ones failed: %s",
                     moe_last_error());
         return 0;
@@ -157,7 +187,7 @@ int moe_ckpt_run_finish(const char *run, int keep, long step) {
         return moe_fail(MOE_EIO, "%s: fsync failed: %s", run, strerror(errno));
     // `latest` names the new checkpoint: a failure from here on loses nothing,
     // and the next save's pruning finishes the job.
-    if (prune(run, keep, step) < 0)
+    if (prune(run, keep, step, later) < 0)
         moe_log(MOE_LOG_WARN, "checkpoint saved, but removing older ones failed: %s",
                 moe_last_error());
     return 0;
@@ -194,5 +224,5 @@ int moe_run_clear(const char *run) {
             return moe_fail(MOE_EINVAL, "%s: path too long", run);
         MOE_TRY(moe_fs_remove_tree(p));
     }
-    return prune(run, 0, LONG_MAX); // every checkpoint-STEP and its leftovers
+    return prune(run, 0, LONG_MAX, NULL); // every checkpoint-STEP and its leftovers
 }

@@ -5,9 +5,9 @@
 // 2101.03961 eq. 4) and ST-MoE z-loss (arXiv 2202.08906 eq. 5), and the
 // backward pass of all three to the logits.
 #include "moe/router.h"
+#include "kernels/cpu/cpu.h"
 #include "moe/error.h"
 #include "router/internal.h"
-#include "kernels/cpu/cpu.h"
 
 #include <math.h>
 #include <string.h>
@@ -172,8 +172,16 @@ int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, 
         return moe_expert_choice_forward(plan, logits, T, E, cfg);
     }
     const bool sigmoid = cfg->score == MOE_SCORE_SIGMOID;
-    fwd_job job = {plan, logits, cfg, step, T, E, k, token_parts(T),
-                   training && cfg->noise == MOE_NOISE_GUMBEL, sigmoid, NULL};
+    fwd_job job = {.plan = plan,
+                   .logits = logits,
+                   .cfg = cfg,
+                   .step = step,
+                   .T = T,
+                   .E = E,
+                   .k = k,
+                   .parts = token_parts(T),
+                   .sigmoid = sigmoid,
+                   .gumbel = training && cfg->noise == MOE_NOISE_GUMBEL};
 
     // 1. scores, lse, choices (in parallel), then pre-drop counts and z.
     moe_cpu_parallel_for(job.parts, scores_part, &job);
@@ -358,7 +366,6 @@ void moe_router_backward(float *dlogits, const float *dweight, const moe_plan *p
         moe_expert_choice_backward(dlogits, dweight, plan, cfg, z_scale);
         return;
     }
-    bwd_job job = {dlogits, dweight, plan, cfg, (double)aux_scale * E / T, z_scale,
-                   token_parts(T)};
+    bwd_job job = {dlogits, dweight, plan, cfg, (double)aux_scale * E / T, z_scale, token_parts(T)};
     moe_cpu_parallel_for(job.parts, backward_part, &job);
 }

@@ -290,6 +290,16 @@ typedef struct {
     int parts;
 } bwd_job;
 
+// dlogit_e terms of one expert with score p and dp; the same function for the
+// chosen and the other experts, so both evaluate one expression.
+static inline float softmax_term(float p, double dp, double dot, double zc) {
+    return (float)(p * (dp - dot) + zc * p);
+}
+
+static inline float sigmoid_term(float p, double dp, double zc, float q) {
+    return (float)((double)p * (1.0 - p) * dp + zc * q);
+}
+
 // The tokens of one range; each token writes only its own dlogits row. A
 // token's experts are distinct, so at most one choice adds to an expert's dp.
 static void backward_part(void *ctx, int i) {
@@ -326,11 +336,12 @@ static void backward_part(void *ctx, int i) {
             else
                 dpk[j] = g;
         }
-        // chosen[e]: 1 + the choice that took expert e, 0 for none
-        int chosen[E];
-        memset(chosen, 0, sizeof chosen);
+        // Every expert first takes the dp of an unchosen one, then the kept
+        // choices redo their own entry from the saved input: O(E + k), not
+        // O(E k), and no [E] scratch.
+        float dl0[k];
         for (int j = 0; j < k; j++)
-            if (ex[j] >= 0) chosen[ex[j]] = j + 1;
+            if (ex[j] >= 0) dl0[j] = dl[ex[j]];
         double zc = 2.0 * J->z_scale * plan->lse[t] / T;
         if (sigmoid) {
             const float *q = plan->softmax + (size_t)t * E;
@@ -338,10 +349,14 @@ static void backward_part(void *ctx, int i) {
             for (int e = 0; e < E; e++)
                 A += p[e], fs += (double)plan->aux_f[e] * p[e];
             double fa = A > 0 ? fs / A : 0.0, ia = A > 0 ? aux_c / A : 0.0;
-            for (int e = 0; e < E; e++) {
+            for (int e = 0; e < E; e++)
+                dl[e] += sigmoid_term(p[e], ia * (plan->aux_f[e] - fa), zc, q[e]);
+            for (int j = 0; j < k; j++) {
+                const int e = ex[j];
+                if (e < 0) continue;
                 double dp = ia * (plan->aux_f[e] - fa);
-                if (chosen[e]) dp += dpk[chosen[e] - 1];
-                dl[e] += (float)((double)p[e] * (1.0 - p[e]) * dp + zc * q[e]);
+                dp += dpk[j];
+                dl[e] = dl0[j] + sigmoid_term(p[e], dp, zc, q[e]);
             }
             continue;
         }
@@ -350,10 +365,14 @@ static void backward_part(void *ctx, int i) {
             dot += p[e] * aux_c * plan->aux_f[e];
         for (int j = 0; j < k; j++)
             if (ex[j] >= 0) dot += p[ex[j]] * dpk[j];
-        for (int e = 0; e < E; e++) {
+        for (int e = 0; e < E; e++)
+            dl[e] += softmax_term(p[e], aux_c * plan->aux_f[e], dot, zc);
+        for (int j = 0; j < k; j++) {
+            const int e = ex[j];
+            if (e < 0) continue;
             double dp = aux_c * plan->aux_f[e];
-            if (chosen[e]) dp += dpk[chosen[e] - 1];
-            dl[e] += (float)(p[e] * (dp - dot) + zc * p[e]);
+            dp += dpk[j];
+            dl[e] = dl0[j] + softmax_term(p[e], dp, dot, zc);
         }
     }
 }

@@ -5,6 +5,7 @@
 // 2101.03961 eq. 4) and ST-MoE z-loss (arXiv 2202.08906 eq. 5), and the
 // backward pass of all three to the logits.
 #include "moe/router.h"
+#include "kernels/cpu/cpu.h"
 #include "moe/error.h"
 #include "router/internal.h"
 
@@ -20,12 +21,33 @@
 // Group-limited routing (router/groups.c) first masks the experts outside the
 // token's groups, from the same biased scores; Gumbel-sampled choices stay
 // inside the groups too.
+//
+// Without Gumbel noise the k passes of argmax are one pass of insertion into a
+// list kept in (score desc, index asc) order: the j-th pass's argmax is the
+// list's j-th entry, because an expert enters ahead of an entry only with a
+// strictly larger score and experts arrive in index order. Most experts lose
+// to the list's last entry at the first compare, so a token costs about E
+// compares rather than k*E*k.
 static void topk_row(int *ch, const float *p, const float *bias, const float *x, int E, int k,
                      int gumbel, const moe_router_config *cfg, uint64_t step, size_t row) {
     const bool grouped = moe_router_groups_active(cfg);
     unsigned char allow[grouped ? E : 1];
     double gscore[grouped ? cfg->n_groups : 1];
     if (grouped) moe_router_groups_allow(allow, gscore, p, bias, E, cfg);
+    if (!gumbel || k == 1) {
+        double top[k];
+        int n = 0;
+        for (int e = 0; e < E; e++) {
+            if (grouped && !allow[e]) continue;
+            double s = bias ? (double)p[e] + bias[e] : p[e];
+            if (n == k && !(s > top[k - 1])) continue;
+            int i = n < k ? n++ : k - 1;
+            for (; i > 0 && s > top[i - 1]; i--)
+                top[i] = top[i - 1], ch[i] = ch[i - 1];
+            top[i] = s, ch[i] = e;
+        }
+        return;
+    }
     for (int j = 0; j < k; j++) {
         int best = -1;
         double best_s = 0.0;
@@ -52,6 +74,84 @@ long moe_router_rows_max(const moe_router_config *cfg, int T, int E) {
     return (long)T * cfg->top_k;
 }
 
+// The per-token work runs over the CPU thread pool in token ranges. A token's
+// results depend on that token alone, so the split cannot change a bit; the
+// sums across tokens (z-loss, counts, aux loss) stay serial in token order
+// after the parallel part, as cheap O(T k) or O(T E) passes.
+typedef struct {
+    moe_plan *plan;
+    const float *logits;
+    const moe_router_config *cfg;
+    uint64_t step;
+    int T, E, k, parts, gumbel;
+    bool sigmoid;
+    double *fs; // [T] sigmoid aux term of each token (plan->scratch)
+} fwd_job;
+
+enum { TOKENS_PER_PART = 64 };
+
+static int token_parts(int T) {
+    int parts = (T + TOKENS_PER_PART - 1) / TOKENS_PER_PART, cap = 4 * moe_cpu_threads();
+    return parts < cap ? parts : cap;
+}
+
+static void part_range(int T, int parts, int i, int *t0, int *t1) {
+    *t0 = (int)((long)T * i / parts), *t1 = (int)((long)T * (i + 1) / parts);
+}
+
+// 1. scores, lse and choices. Sigmoid scores keep the softmax beside them:
+// the z-loss stays on the logits.
+static void scores_part(void *ctx, int i) {
+    const fwd_job *j = ctx;
+    moe_plan *plan = j->plan;
+    const int E = j->E, k = j->k;
+    int t0, t1;
+    part_range(j->T, j->parts, i, &t0, &t1);
+    for (int t = t0; t < t1; t++) {
+        const float *x = j->logits + (size_t)t * E;
+        float *p = plan->probs + (size_t)t * E;
+        if (j->sigmoid) {
+            plan->lse[t] = moe_score_softmax_row(plan->softmax + (size_t)t * E, x, E);
+            moe_score_sigmoid_row(p, x, E);
+        } else {
+            plan->lse[t] = moe_score_softmax_row(p, x, E);
+        }
+        topk_row(plan->choice + (size_t)t * k, p, plan->bias, x, E, k, j->gumbel, j->cfg, j->step,
+                 t);
+    }
+}
+
+// 4. combine weights, renormalised over the kept choices (after dropping),
+// times route_scale. Sigmoid follows DeepSeek-V3: divide by the sum + 1e-20.
+// Sigmoid scores also leave each token's aux term sum_e f_e s_te / S_t in fs.
+static void weights_part(void *ctx, int i) {
+    const fwd_job *j = ctx;
+    const moe_plan *plan = j->plan;
+    const moe_router_config *cfg = j->cfg;
+    const int E = j->E, k = j->k;
+    int t0, t1;
+    part_range(j->T, j->parts, i, &t0, &t1);
+    for (int t = t0; t < t1; t++) {
+        const float *p = plan->probs + (size_t)t * E;
+        const int *ex = plan->expert + (size_t)t * k;
+        float *w = plan->weight + (size_t)t * k;
+        double s = 0.0;
+        for (int q = 0; q < k; q++)
+            s += ex[q] >= 0 ? p[ex[q]] : 0.0;
+        for (int q = 0; q < k; q++) {
+            double v = ex[q] < 0 ? 0.0 : p[ex[q]];
+            if (cfg->normalize_topk) v = j->sigmoid ? v / (s + 1e-20) : s > 0 ? v / s : 0.0;
+            w[q] = (float)(v * cfg->route_scale); // route_scale 1: the bits of v
+        }
+        if (j->sigmoid) {
+            double S = 0.0, fs = 0.0;
+            for (int e = 0; e < E; e++)
+                S += p[e], fs += (double)plan->aux_f[e] * p[e];
+            j->fs[t] = S > 0 ? fs / S : 0.0;
+        }
+    }
+}
+
 int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, const int *capacity,
                        int T, int E, const moe_router_config *cfg, bool training, uint64_t step) {
     int k = moe_router_plan_k(cfg, E);
@@ -71,25 +171,25 @@ int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, 
                                         "capacity (capacity.mode must be static)");
         return moe_expert_choice_forward(plan, logits, T, E, cfg);
     }
-    int gumbel = training && cfg->noise == MOE_NOISE_GUMBEL;
     const bool sigmoid = cfg->score == MOE_SCORE_SIGMOID;
+    fwd_job job = {.plan = plan,
+                   .logits = logits,
+                   .cfg = cfg,
+                   .step = step,
+                   .T = T,
+                   .E = E,
+                   .k = k,
+                   .parts = token_parts(T),
+                   .sigmoid = sigmoid,
+                   .gumbel = training && cfg->noise == MOE_NOISE_GUMBEL};
 
-    // 1. scores, lse, choices and pre-drop counts. Sigmoid scores keep the
-    // softmax beside them: the z-loss stays on the logits.
+    // 1. scores, lse, choices (in parallel), then pre-drop counts and z.
+    moe_cpu_parallel_for(job.parts, scores_part, &job);
     memset(plan->counts, 0, E * sizeof *plan->counts);
     double z = 0.0;
     for (int t = 0; t < T; t++) {
-        const float *x = logits + (size_t)t * E;
-        float *p = plan->probs + (size_t)t * E;
-        if (sigmoid) {
-            plan->lse[t] = moe_score_softmax_row(plan->softmax + (size_t)t * E, x, E);
-            moe_score_sigmoid_row(p, x, E);
-        } else {
-            plan->lse[t] = moe_score_softmax_row(p, x, E);
-        }
         z += (double)plan->lse[t] * plan->lse[t];
-        int *ch = plan->choice + (size_t)t * k;
-        topk_row(ch, p, plan->bias, x, E, k, gumbel, cfg, step, t);
+        const int *ch = plan->choice + (size_t)t * k;
         for (int j = 0; j < k; j++)
             plan->counts[ch[j]]++;
     }
@@ -103,7 +203,8 @@ int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, 
         plan->capacity[e] = c_static < 0 ? c_max : capacity ? capacity[e] : c_static;
 
     // 3. slots: choice rank by choice rank, tokens in slot order. An expert's
-    // kept slots are 0..kept_e-1, so permuted rows are dense.
+    // kept slots are 0..kept_e-1, so permuted rows are dense. Serial: a slot
+    // goes to the first token in slot order.
     MOE_TRY(moe_slot_order_fill(plan->order, plan->scratch, plan->probs, task_id, T, E, cfg));
     memset(plan->kept, 0, E * sizeof *plan->kept);
     for (int j = 0; j < k; j++) {
@@ -123,49 +224,44 @@ int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, 
     for (int e = 0; e < E; e++)
         plan->offsets[e + 1] = plan->offsets[e] + plan->kept[e];
 
-    // 4. combine weights, renormalised over the kept choices (after dropping),
-    // times route_scale. Sigmoid follows DeepSeek-V3: divide by the sum + 1e-20.
-    for (int t = 0; t < T; t++) {
-        const float *p = plan->probs + (size_t)t * E;
-        const int *ex = plan->expert + (size_t)t * k;
-        float *w = plan->weight + (size_t)t * k;
-        double s = 0.0;
-        for (int j = 0; j < k; j++)
-            s += ex[j] >= 0 ? p[ex[j]] : 0.0;
-        for (int j = 0; j < k; j++) {
-            double v = ex[j] < 0 ? 0.0 : p[ex[j]];
-            if (cfg->normalize_topk) v = sigmoid ? v / (s + 1e-20) : s > 0 ? v / s : 0.0;
-            w[j] = (float)(v * cfg->route_scale); // route_scale 1: the bits of v
-        }
-    }
-
-    // 5. aux loss E * sum_e f_e P_e with f_e from pre-drop choices, z-loss.
-    // Sigmoid scores do not sum to 1: P_e = mean_t s_te / sum_e' s_te' (the
-    // normalised scores of DeepSeek-V3's sequence-wise balance loss, eq. 20).
+    // 5 (first half). aux loss E * sum_e f_e P_e with f_e = the fraction of
+    // pre-drop choices. Sigmoid scores do not sum to 1: P_e = mean_t s_te /
+    // sum_e' s_te' (the normalised scores of DeepSeek-V3's sequence-wise
+    // balance loss, eq. 20), so the per-token term is taken in weights_part,
+    // which needs f_e first.
     memset(plan->aux_f, 0, E * sizeof *plan->aux_f);
     int kf = cfg->aux_counts_all_k ? k : 1;
     for (int t = 0; t < T; t++)
         for (int j = 0; j < kf; j++)
             plan->aux_f[plan->choice[(size_t)t * k + j]] += 1.0f;
-    double aux = 0.0;
-    for (int e = 0; e < E && !sigmoid; e++) {
-        double P = 0.0;
-        for (int t = 0; t < T; t++)
-            P += plan->probs[(size_t)t * E + e];
+    for (int e = 0; e < E && sigmoid; e++)
         plan->aux_f[e] = T ? plan->aux_f[e] / T : 0.0f;
-        aux += plan->aux_f[e] * (T ? P / T : 0.0);
-    }
-    if (sigmoid) { // sum_e f_e P_e = mean_t (sum_e f_e s_te) / S_t: no [E] scratch needed
+
+    // 4. combine weights (in parallel); the priority-order scratch (16 bytes
+    // a token) is free again and holds the sigmoid per-token aux terms.
+    job.fs = plan->scratch;
+    moe_cpu_parallel_for(job.parts, weights_part, &job);
+
+    // 5. aux loss and z-loss: sums in token order. P_e sums its column over
+    // the tokens in order, all columns in one row-major pass.
+    double aux = 0.0;
+    if (sigmoid) {
+        for (int t = 0; t < T; t++)
+            aux += job.fs[t];
+        aux = T ? aux / T : 0.0;
+    } else {
+        double P[E];
         for (int e = 0; e < E; e++)
-            plan->aux_f[e] = T ? plan->aux_f[e] / T : 0.0f;
+            P[e] = 0.0;
         for (int t = 0; t < T; t++) {
             const float *p = plan->probs + (size_t)t * E;
-            double S = 0.0, fs = 0.0;
             for (int e = 0; e < E; e++)
-                S += p[e], fs += (double)plan->aux_f[e] * p[e];
-            if (S > 0) aux += fs / S;
+                P[e] += p[e];
         }
-        aux = T ? aux / T : 0.0;
+        for (int e = 0; e < E; e++) {
+            plan->aux_f[e] = T ? plan->aux_f[e] / T : 0.0f;
+            aux += plan->aux_f[e] * (T ? P[e] / T : 0.0);
+        }
     }
     plan->aux_loss = (float)(E * aux);
     plan->z_loss = T ? (float)(z / T) : 0.0f;
@@ -184,22 +280,43 @@ int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, 
 //   sigmoid:      dlogit_e = p_e (1 - p_e) dp_e
 // both:
 //   z-loss:       dlogit_e += z_scale * 2 lse q_e / T      (q the softmax of the logits)
-void moe_router_backward(float *dlogits, const float *dweight, const moe_plan *plan,
-                         const moe_router_config *cfg, float aux_scale, float z_scale) {
-    int T = plan->T, E = plan->E, k = plan->k;
-    if (T == 0) return;
-    if (plan->expert_choice) {
-        moe_expert_choice_backward(dlogits, dweight, plan, cfg, z_scale);
-        return;
-    }
+typedef struct {
+    float *dlogits;
+    const float *dweight;
+    const moe_plan *plan;
+    const moe_router_config *cfg;
+    double aux_c;
+    float z_scale;
+    int parts;
+} bwd_job;
+
+// dlogit_e terms of one expert with score p and dp; the same function for the
+// chosen and the other experts, so both evaluate one expression.
+static inline float softmax_term(float p, double dp, double dot, double zc) {
+    return (float)(p * (dp - dot) + zc * p);
+}
+
+static inline float sigmoid_term(float p, double dp, double zc, float q) {
+    return (float)((double)p * (1.0 - p) * dp + zc * q);
+}
+
+// The tokens of one range; each token writes only its own dlogits row. A
+// token's experts are distinct, so at most one choice adds to an expert's dp.
+static void backward_part(void *ctx, int i) {
+    const bwd_job *J = ctx;
+    const moe_plan *plan = J->plan;
+    const moe_router_config *cfg = J->cfg;
+    const int T = plan->T, E = plan->E, k = plan->k;
     const bool sigmoid = cfg->score == MOE_SCORE_SIGMOID;
-    double aux_c = (double)aux_scale * E / T;
-    for (int t = 0; t < T; t++) {
+    const double aux_c = J->aux_c;
+    int t0, t1;
+    part_range(T, J->parts, i, &t0, &t1);
+    for (int t = t0; t < t1; t++) {
         const float *p = plan->probs + (size_t)t * E;
         const int *ex = plan->expert + (size_t)t * k;
         const float *w = plan->weight + (size_t)t * k;
-        const float *dw = dweight ? dweight + (size_t)t * k : NULL;
-        float *dl = dlogits + (size_t)t * E;
+        const float *dw = J->dweight ? J->dweight + (size_t)t * k : NULL;
+        float *dl = J->dlogits + (size_t)t * E;
 
         // dp of each kept choice, in dpk[j] (k is small: at most E)
         double dpk[k];
@@ -219,18 +336,27 @@ void moe_router_backward(float *dlogits, const float *dweight, const moe_plan *p
             else
                 dpk[j] = g;
         }
-        double zc = 2.0 * z_scale * plan->lse[t] / T;
+        // Every expert first takes the dp of an unchosen one, then the kept
+        // choices redo their own entry from the saved input: O(E + k), not
+        // O(E k), and no [E] scratch.
+        float dl0[k];
+        for (int j = 0; j < k; j++)
+            if (ex[j] >= 0) dl0[j] = dl[ex[j]];
+        double zc = 2.0 * J->z_scale * plan->lse[t] / T;
         if (sigmoid) {
             const float *q = plan->softmax + (size_t)t * E;
             double A = 0.0, fs = 0.0;
             for (int e = 0; e < E; e++)
                 A += p[e], fs += (double)plan->aux_f[e] * p[e];
             double fa = A > 0 ? fs / A : 0.0, ia = A > 0 ? aux_c / A : 0.0;
-            for (int e = 0; e < E; e++) {
+            for (int e = 0; e < E; e++)
+                dl[e] += sigmoid_term(p[e], ia * (plan->aux_f[e] - fa), zc, q[e]);
+            for (int j = 0; j < k; j++) {
+                const int e = ex[j];
+                if (e < 0) continue;
                 double dp = ia * (plan->aux_f[e] - fa);
-                for (int j = 0; j < k; j++)
-                    if (ex[j] == e) dp += dpk[j];
-                dl[e] += (float)((double)p[e] * (1.0 - p[e]) * dp + zc * q[e]);
+                dp += dpk[j];
+                dl[e] = dl0[j] + sigmoid_term(p[e], dp, zc, q[e]);
             }
             continue;
         }
@@ -239,11 +365,26 @@ void moe_router_backward(float *dlogits, const float *dweight, const moe_plan *p
             dot += p[e] * aux_c * plan->aux_f[e];
         for (int j = 0; j < k; j++)
             if (ex[j] >= 0) dot += p[ex[j]] * dpk[j];
-        for (int e = 0; e < E; e++) {
+        for (int e = 0; e < E; e++)
+            dl[e] += softmax_term(p[e], aux_c * plan->aux_f[e], dot, zc);
+        for (int j = 0; j < k; j++) {
+            const int e = ex[j];
+            if (e < 0) continue;
             double dp = aux_c * plan->aux_f[e];
-            for (int j = 0; j < k; j++)
-                if (ex[j] == e) dp += dpk[j];
-            dl[e] += (float)(p[e] * (dp - dot) + zc * p[e]);
+            dp += dpk[j];
+            dl[e] = dl0[j] + softmax_term(p[e], dp, dot, zc);
         }
     }
+}
+
+void moe_router_backward(float *dlogits, const float *dweight, const moe_plan *plan,
+                         const moe_router_config *cfg, float aux_scale, float z_scale) {
+    int T = plan->T, E = plan->E;
+    if (T == 0) return;
+    if (plan->expert_choice) {
+        moe_expert_choice_backward(dlogits, dweight, plan, cfg, z_scale);
+        return;
+    }
+    bwd_job job = {dlogits, dweight, plan, cfg, (double)aux_scale * E / T, z_scale, token_parts(T)};
+    moe_cpu_parallel_for(job.parts, backward_part, &job);
 }

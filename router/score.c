@@ -1,6 +1,7 @@
 // Routing scores of one token and their backward: the softmax over the experts
 // (Switch, GShard, Mixtral) or an independent sigmoid per expert (DeepSeek-V3,
 // arXiv 2412.19437 eq. 13). Rows are float; sums and exponentials are double.
+#include "kernels/cpu/cpu.h"
 #include "moe/error.h"
 #include "router/internal.h"
 
@@ -36,11 +37,37 @@ void moe_score_sigmoid_row(float *s, const float *x, int E) {
     }
 }
 
+typedef struct {
+    const float *logits;
+    int T, E, parts;
+    long *first; // [parts] first non-finite index of each range, -1: none
+} check_job;
+
+static void check_part(void *ctx, int i) {
+    const check_job *j = ctx;
+    const long n = (long)j->T * j->E, i0 = n * i / j->parts, i1 = n * (i + 1) / j->parts;
+    j->first[i] = -1;
+    for (long q = i0; q < i1; q++)
+        if (!isfinite(j->logits[q])) {
+            j->first[i] = q;
+            return;
+        }
+}
+
+// Over the pool in index ranges; the lowest range with a bad logit names the
+// first one, as a serial scan would.
 int moe_router_check_logits(const float *logits, int T, int E) {
-    for (int t = 0; t < T; t++)
-        for (int e = 0; e < E; e++)
-            if (!isfinite(logits[(size_t)t * E + e]))
-                return moe_fail(MOE_ENUMERIC, "logit of token %d, expert %d is %g", t, e,
-                                logits[(size_t)t * E + e]);
+    enum { PER_PART = 1 << 15 };
+    const long n = (long)T * E;
+    int parts = (int)((n + PER_PART - 1) / PER_PART), cap = 4 * moe_cpu_threads();
+    if (parts > cap) parts = cap;
+    if (parts < 1) return 0;
+    long first[parts];
+    check_job job = {logits, T, E, parts, first};
+    moe_cpu_parallel_for(parts, check_part, &job);
+    for (int i = 0; i < parts; i++)
+        if (first[i] >= 0)
+            return moe_fail(MOE_ENUMERIC, "logit of token %ld, expert %ld is %g", first[i] / E,
+                            first[i] % E, logits[first[i]]);
     return 0;
 }

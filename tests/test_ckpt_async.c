@@ -138,8 +138,8 @@ START_TEST(test_model_changed_right_after_the_snapshot_wait_is_not_saved) {
         moe_train_state st = {.step = step, .cursor = {(uint64_t)step, 0}, .seconds = 1};
         snprintf(ref, sizeof ref, "%s/ref-%ld", dir, step);
         ck_assert_int_eq(moe_ckpt_save(ref, &m, &opt, &st, NULL), 0);
-        ck_assert_int_eq(
-            moe_ckpt_async_begin(a, run, 3, &m, &opt, &st, NULL, saved, sizeof saved), 0);
+        ck_assert_int_eq(moe_ckpt_async_begin(a, run, 3, &m, &opt, &st, NULL, saved, sizeof saved),
+                         0);
         ck_assert_int_eq(moe_ckpt_async_wait_snapshot(a), 1);
         for (size_t i = 0; i < n; i++)
             m.params[i] = 2 * m.params[i] + 1, opt.m[i] -= 0.5f, opt.v[i] += 0.25f;

@@ -796,7 +796,7 @@ int moe_ckpt_async_poll(moe_ckpt_async *a, moe_parallel *par, bool wait) {
     int64_t done = atomic_load(&a->done);
     int size = par ? moe_comm_size(par->world) : 1;
     if (size > 1) MOE_TRY(moe_comm_allreduce_i64(par->world, &done, 1));
-    if (done < size) return 0; // a rank still writes: ask again at the next step
+    if (done < size) return 0;       // a rank still writes: ask again at the next step
     moe_ckpt_async_wait_snapshot(a); // done: copied long ago (this marks it seen)
     join_thread(a);
     int rc = a->job->rc;

@@ -747,8 +747,9 @@ int moe_ckpt_async_begin(moe_ckpt_async *a, const char *run, int keep, const moe
     if (par) rc = moe_comm_agree(par->world, rc);
     if (t0)
         moe_log(MOE_LOG_DEBUG,
-                "checkpoint %s: begin %.3f s (start %.3f s, agreeing %.3f s) (rank %d)", saved,
-                now_s() - t_begin, t2 - t0, now_s() - t2, a->rank);
+                "checkpoint of step %ld (%s): begin %.3f s (start %.3f s, agreeing %.3f s) "
+                "(rank %d)",
+                st->step, saved, now_s() - t_begin, t2 - t0, now_s() - t2, a->rank);
     if (rc < 0) {
         rc = job_commit(a->job, par, rc, NULL); // rank 0 removes dir.tmp
         job_free(a->job);
@@ -780,8 +781,8 @@ int moe_ckpt_async_wait_snapshot(moe_ckpt_async *a) {
     a->awaited = true;
     if (a->pending)
         moe_log(MOE_LOG_DEBUG,
-                "checkpoint-%ld: snapshot copied in %.3f s on the save thread; waited %.3f s "
-                "for it (rank %d)",
+                "checkpoint of step %ld: snapshot copied in %.3f s on the save thread; "
+                "waited %.3f s for it (rank %d)",
                 a->job->step, copy_s, now_s() - t0, a->rank);
     return 1;
 }

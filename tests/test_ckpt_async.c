@@ -70,7 +70,9 @@ START_TEST(test_async_checkpoints_equal_sync_byte_for_byte) {
 END_TEST
 
 // The folder holds the state of the step that began the save, although the
-// model and the optimizer change before the thread is done: a snapshot.
+// model and the optimizer change before the thread is done: a snapshot. The
+// biases change right after begin (small state, copied there), the
+// parameters and moments right after the wait for the thread's copy.
 START_TEST(test_async_save_writes_the_state_at_begin) {
     moe_config c = tu_ckpt_config();
     c.router.bias_update_rate = 1e-3; // the selection biases are saved too
@@ -96,15 +98,65 @@ START_TEST(test_async_save_writes_the_state_at_begin) {
     ck_assert_int_eq(moe_ckpt_async_init(&a, &m, NULL), 0);
     ck_assert_int_eq(moe_ckpt_async_begin(a, run, 0, &m, &opt, &st, NULL, saved, sizeof saved), 0);
     ck_assert_int_eq(moe_ckpt_async_pending(a), 3);
-    for (size_t i = 0; i < n; i++) // what the next steps do to the live buffers
-        m.params[i] += 1, opt.m[i] += 1, opt.v[i] += 1;
-    for (int l = 0; l < m.L; l++)
+    for (int l = 0; l < m.L; l++) // the next step's bias update comes before its optimizer's
         if (moe_model_bias(&m, l)) moe_model_bias(&m, l)[0] += 1;
+    ck_assert_int_eq(moe_ckpt_async_wait_snapshot(a), 1);
+    for (size_t i = 0; i < n; i++) // what the next steps' updates do to the live buffers
+        m.params[i] += 1, opt.m[i] += 1, opt.v[i] += 1;
     ck_assert_msg(moe_ckpt_async_wait(a, NULL) == 0, "%s", moe_last_error());
     ck_assert_int_eq(moe_ckpt_async_pending(a), -1);
     moe_ckpt_async_free(a);
     ck_assert_str_eq(saved, path(run, "checkpoint", ""));
     tu_assert_same_checkpoint(ref, saved);
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+}
+END_TEST
+
+// The copy of the parameters and moments runs on the save thread, after
+// begin returns: wait_snapshot waits for it once per save (1), later calls
+// and calls with no save begun return 0 at once. Modifying the model right
+// after each wait, over three saves, leaves each checkpoint holding its own
+// begin's state (a wait that returned early would let the thread, which
+// starts copying only after begin returned, read the modified values).
+START_TEST(test_model_changed_right_after_the_snapshot_wait_is_not_saved) {
+    moe_config c = tu_ckpt_config();
+    moe_model m;
+    moe_adamw opt;
+    ck_assert_int_eq(moe_model_init(&m, &c, 2, 16, 5), 0);
+    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
+    size_t n = moe_model_numel(&m);
+    char dir[600], run[700], ref[800], saved[800];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(run, sizeof run, "%s/run", dir);
+    mkdir(run, 0755);
+    ck_assert_int_eq(moe_ckpt_async_wait_snapshot(NULL), 0);
+    moe_ckpt_async *a;
+    ck_assert_int_eq(moe_ckpt_async_init(&a, &m, NULL), 0);
+    ck_assert_int_eq(moe_ckpt_async_wait_snapshot(a), 0); // nothing begun
+    for (long step = 1; step <= 3; step++) {
+        moe_train_state st = {.step = step, .cursor = {(uint64_t)step, 0}, .seconds = 1};
+        snprintf(ref, sizeof ref, "%s/ref-%ld", dir, step);
+        ck_assert_int_eq(moe_ckpt_save(ref, &m, &opt, &st, NULL), 0);
+        ck_assert_int_eq(moe_ckpt_async_begin(a, run, 3, &m, &opt, &st, NULL, saved, sizeof saved),
+                         0);
+        ck_assert_int_eq(moe_ckpt_async_wait_snapshot(a), 1);
+        for (size_t i = 0; i < n; i++)
+            m.params[i] = 2 * m.params[i] + 1, opt.m[i] -= 0.5f, opt.v[i] += 0.25f;
+        ck_assert_int_eq(moe_ckpt_async_wait_snapshot(a), 0); // once per save
+        if (step == 2) { // the commit of a save never waited for by the caller
+            ck_assert_msg(moe_ckpt_async_wait(a, NULL) == 0, "%s", moe_last_error());
+            ck_assert_int_eq(moe_ckpt_async_wait_snapshot(a), 0);
+        }
+    }
+    ck_assert_msg(moe_ckpt_async_wait(a, NULL) == 0, "%s", moe_last_error());
+    moe_ckpt_async_free(a);
+    for (long step = 1; step <= 3; step++) {
+        char got[800];
+        snprintf(ref, sizeof ref, "%s/ref-%ld", dir, step);
+        snprintf(got, sizeof got, "%s/checkpoint-%ld", run, step);
+        tu_assert_same_checkpoint(ref, got);
+    }
     moe_adamw_free(&opt);
     moe_model_free(&m);
 }
@@ -311,6 +363,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_async_checkpoints_equal_sync_byte_for_byte);
     tcase_add_test(tc, test_async_save_writes_the_state_at_begin);
+    tcase_add_test(tc, test_model_changed_right_after_the_snapshot_wait_is_not_saved);
     tcase_add_test(tc, test_resume_from_async_checkpoint_is_bit_identical);
     tcase_add_test(tc, test_async_write_failure_names_the_file);
     tcase_add_test(tc, test_nonfinite_stop_completes_the_pending_save);

@@ -592,6 +592,15 @@ struct moe_ckpt_async {
     bool pending, thread_live;
     pthread_t thread;
     atomic_int done; // the thread finished job_write
+    // The thread's first task is copying the live buffers into the snapshot;
+    // `copied` (under mu, signalled on cv) says it is done, so the training
+    // thread may change them again (moe_ckpt_async_wait_snapshot).
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool copied, sync_ok, awaited; // awaited: this save's copy was waited for once
+    const float *live[3];          // the model's params, m, v the copy reads
+    double copy_s;                 // the copy's seconds (debug log)
+    int rank;
     char run[PATH_MAX];
     int keep;
     // The previous checkpoint(s) a commit renamed to trash, removed by the
@@ -611,6 +620,17 @@ int moe_ckpt_async_init(moe_ckpt_async **out, const moe_model *m, const moe_para
         return moe_fail(MOE_ENOMEM, "checkpoint: out of memory for the asynchronous save");
     }
     a->n = moe_model_numel(m);
+    a->copied = a->awaited = true;
+    if (pthread_mutex_init(&a->mu, NULL) != 0) {
+        free(a->job), free(a);
+        return moe_fail(MOE_ENOMEM, "checkpoint: cannot make the asynchronous save's mutex");
+    }
+    if (pthread_cond_init(&a->cv, NULL) != 0) {
+        pthread_mutex_destroy(&a->mu);
+        free(a->job), free(a);
+        return moe_fail(MOE_ENOMEM, "checkpoint: cannot make the asynchronous save's condition");
+    }
+    a->sync_ok = true;
     if (moe_ckpt_writes_tensors(par ? par->rank : 0, par ? par->ep_size : 1)) {
         int rc = (a->snap = moe_malloc(sizeof(float) * 3 * a->n)) ? 0 : MOE_ENOMEM;
         // Touched now, so the first save's copy does not also pay the page faults.
@@ -637,8 +657,36 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+// Copies into the snapshot the tensors this rank writes, and only them (the
+// entries already point into the snapshot, laid out as the model's buffers).
+static void copy_written(moe_ckpt_async *a, const entry_list *l) {
+    const float *base = a->snap, *end = a->snap + 3 * a->n;
+    for (int i = 0; i < l->n; i++) {
+        const float *d = l->e[i].data;
+        if (!d || d < base || d >= end) continue; // a selection bias: copied at begin
+        size_t off = (size_t)(d - base), which = off / a->n, numel = 1;
+        for (int k = 0; k < l->e[i].ndim; k++)
+            numel *= (size_t)l->e[i].shape[k];
+        memcpy((float *)d, a->live[which] + (off - which * a->n), sizeof(float) * numel);
+    }
+}
+
+// The copy first (the training thread's forward and backward of the next step
+// only read the parameters meanwhile; it waits for `copied` before the update
+// changes them), then the writes.
 static void *save_thread(void *arg) {
     moe_ckpt_async *a = arg;
+    const double t0 = now_s();
+    if (a->snap && a->job->writer) {
+        copy_written(a, &a->job->model);
+        copy_written(a, &a->job->mom[0]);
+        copy_written(a, &a->job->mom[1]);
+    }
+    pthread_mutex_lock(&a->mu);
+    a->copy_s = now_s() - t0;
+    a->copied = true;
+    pthread_cond_broadcast(&a->cv);
+    pthread_mutex_unlock(&a->mu);
     job_write(a->job);
     atomic_store(&a->done, 1);
     return NULL;
@@ -669,23 +717,10 @@ static void join_cleaner(moe_ckpt_async *a) {
                 a->clean_msg);
 }
 
-// Copies into the snapshot the tensors this rank writes, and only them (the
-// entries already point into the snapshot, laid out as the model's buffers).
-static void copy_written(moe_ckpt_async *a, const entry_list *l, const float *const live[3]) {
-    const float *base = a->snap, *end = a->snap + 3 * a->n;
-    for (int i = 0; i < l->n; i++) {
-        const float *d = l->e[i].data;
-        if (!d || d < base || d >= end) continue; // a selection bias: copied already
-        size_t off = (size_t)(d - base), which = off / a->n, numel = 1;
-        for (int k = 0; k < l->e[i].ndim; k++)
-            numel *= (size_t)l->e[i].shape[k];
-        memcpy((float *)d, live[which] + (off - which * a->n), sizeof(float) * numel);
-    }
-}
-
 int moe_ckpt_async_begin(moe_ckpt_async *a, const char *run, int keep, const moe_model *m,
                          const moe_adamw *opt, const moe_train_state *st, moe_parallel *par,
                          char *saved, size_t cap) {
+    const double t_begin = now_s();
     MOE_TRY(moe_ckpt_async_wait(a, par)); // at most one save in flight
     MOE_TRY(moe_ckpt_run_folder(run, keep, st->step, saved, cap));
     snprintf(a->run, sizeof a->run, "%s", run);
@@ -702,22 +737,19 @@ int moe_ckpt_async_begin(moe_ckpt_async *a, const char *run, int keep, const moe
     memset(a->job, 0, sizeof *a->job);
     const double t0 = moe_log_enabled(MOE_LOG_DEBUG) ? now_s() : 0;
     int rc = job_start(a->job, saved, m, opt, st, par, &src, false);
-    const double t1 = t0 ? now_s() : 0;
-    if (rc == 0 && a->snap && a->job->writer) {
-        // Only what this rank writes: ranks other than 0 skip the dense tensors.
-        const float *const live[3] = {m->params, opt->m, opt->v};
-        copy_written(a, &a->job->model, live);
-        copy_written(a, &a->job->mom[0], live);
-        copy_written(a, &a->job->mom[1], live);
-    }
+    // The big copy (params and both moments of the tensors this rank writes,
+    // not the dense ones on ranks other than 0) is the thread's first task.
+    a->live[0] = m->params, a->live[1] = opt->m, a->live[2] = opt->v;
+    a->rank = par ? par->rank : 0;
     const double t2 = t0 ? now_s() : 0;
     // A failure to start is agreed now, so every rank leaves the same way (and,
     // sharded, no rank writes before rank 0 has made DIR.tmp).
     if (par) rc = moe_comm_agree(par->world, rc);
     if (t0)
         moe_log(MOE_LOG_DEBUG,
-                "checkpoint %s: start %.3f s, snapshot copy %.3f s, agreeing %.3f s (rank %d)",
-                saved, t1 - t0, t2 - t1, now_s() - t2, par ? par->rank : 0);
+                "checkpoint of step %ld (%s): begin %.3f s (start %.3f s, agreeing %.3f s) "
+                "(rank %d)",
+                st->step, saved, now_s() - t_begin, t2 - t0, now_s() - t2, a->rank);
     if (rc < 0) {
         rc = job_commit(a->job, par, rc, NULL); // rank 0 removes dir.tmp
         job_free(a->job);
@@ -725,24 +757,48 @@ int moe_ckpt_async_begin(moe_ckpt_async *a, const char *run, int keep, const moe
     }
     a->pending = true;
     atomic_store(&a->done, 0);
+    a->copied = a->awaited = false; // (no thread runs: begin waited for it)
+    a->copy_s = 0;
     if (pthread_create(&a->thread, NULL, save_thread, a) == 0) {
         a->thread_live = true;
-    } else { // reported at the commit, like a failed write
+    } else { // reported at the commit, like a failed write; nothing to copy for it
         a->job->rc = moe_fail(MOE_EIO, "%s: cannot start the save thread", a->job->tmp);
         snprintf(a->job->msg, sizeof a->job->msg, "%s", moe_last_error());
+        a->copied = true;
         atomic_store(&a->done, 1);
     }
     return 0;
 }
 
+int moe_ckpt_async_wait_snapshot(moe_ckpt_async *a) {
+    if (!a || a->awaited) return 0;
+    const double t0 = now_s();
+    pthread_mutex_lock(&a->mu);
+    while (!a->copied)
+        pthread_cond_wait(&a->cv, &a->mu);
+    const double copy_s = a->copy_s;
+    pthread_mutex_unlock(&a->mu);
+    a->awaited = true;
+    if (a->pending)
+        moe_log(MOE_LOG_DEBUG,
+                "checkpoint of step %ld: snapshot copied in %.3f s on the save thread; "
+                "waited %.3f s for it (rank %d)",
+                a->job->step, copy_s, now_s() - t0, a->rank);
+    return 1;
+}
+
 int moe_ckpt_async_poll(moe_ckpt_async *a, moe_parallel *par, bool wait) {
     if (a && wait) join_cleaner(a);
     if (!a || !a->pending) return 0;
-    if (wait) join_thread(a);
+    if (wait) {
+        moe_ckpt_async_wait_snapshot(a);
+        join_thread(a);
+    }
     int64_t done = atomic_load(&a->done);
     int size = par ? moe_comm_size(par->world) : 1;
     if (size > 1) MOE_TRY(moe_comm_allreduce_i64(par->world, &done, 1));
-    if (done < size) return 0; // a rank still writes: ask again at the next step
+    if (done < size) return 0;       // a rank still writes: ask again at the next step
+    moe_ckpt_async_wait_snapshot(a); // done: copied long ago (this marks it seen)
     join_thread(a);
     int rc = a->job->rc;
     if (rc < 0) moe_fail(rc, "%s", a->job->msg); // the thread's message, naming the file
@@ -779,6 +835,10 @@ void moe_ckpt_async_free(moe_ckpt_async *a) {
     moe_ckpt_trash_free(&a->trash);
     if (a->job) job_free(a->job);
     free(a->job);
+    if (a->sync_ok) {
+        pthread_cond_destroy(&a->cv);
+        pthread_mutex_destroy(&a->mu);
+    }
     moe_mfree(a->snap);
     for (int l = 0; l < MOE_MAX_LAYERS; l++)
         free(a->bias[l]);

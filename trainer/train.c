@@ -412,6 +412,8 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
             gpu.m.load_calls = (long)gcalls;
             moe_model_bias_step(&gpu.m);
             moe_model_capacity_step(&gpu.m);
+            // (the device copy: the host buffers the snapshot reads change only
+            // at moe_gpu_trainer_sync, which waits for it)
             rc = moe_gpu_optimizer_step(&gpu, &opt, accum * W, lr, cfg, &gnorm);
             if (rc < 0) {
                 rc = moe_fail(rc, "step %ld: %s", step, moe_last_error());
@@ -474,6 +476,10 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                           nonfinite_grad(&m));
             goto fail;
         }
+        // A save begun at the last boundary copies the parameters and moments on
+        // its thread while this step's forward and backward read them: the
+        // update (and the placement step's migration after it) waits for the copy.
+        moe_ckpt_async_wait_snapshot(ack);
         moe_adamw_update_clipped(&opt, m.params, m.grads, gnorm, cfg->train.grad_clip, lr,
                                  (float)cfg->train.beta1, (float)cfg->train.beta2, 1e-8f,
                                  (float)cfg->train.weight_decay);
@@ -512,6 +518,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         if (cfg->train.eval_every > 0 && (step + 1) % cfg->train.eval_every == 0 &&
             step + 1 < total) {
             moe_eval_result ev; // every rank evaluates the same batches in step
+            if (on_gpu) moe_ckpt_async_wait_snapshot(ack); // the sync overwrites the host buffers
             if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc); // eval on the host
             MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &ev), rc);
             if (metrics && write_eval(metrics, step + 1, &ev) < 0) {
@@ -543,6 +550,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         if (stop || (cfg->train.ckpt_every > 0 && (step + 1) % cfg->train.ckpt_every == 0)) {
             st.cursor[0] = d.cursor[0];
             st.cursor[1] = d.cursor[1];
+            moe_ckpt_async_wait_snapshot(ack); // the sync overwrites the host buffers
             if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc);
             MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
             const double t_save = now();
@@ -580,6 +588,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     if (!r->interrupted) {
         st.cursor[0] = d.cursor[0];
         st.cursor[1] = d.cursor[1];
+        moe_ckpt_async_wait_snapshot(ack); // the final save (save_after waits for all of it)
         if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc);
         MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
         MOE_TRY_GOTO(save_after(ack, o->out_dir, cfg->train.keep_checkpoints, &m, &opt, &st, &par,
@@ -624,6 +633,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         }
     }
 fail:
+    // A failure (the non-finite abort included) changes nothing the copy reads
+    // before this wait; the pending save is then completed or abandoned below.
+    moe_ckpt_async_wait_snapshot(ack);
     if (rc < 0 && moe_ckpt_async_pending(ack) >= 0) {
         // A failure all ranks share (or one process) still completes the save
         // in flight, a snapshot of a good step; otherwise the ranks cannot

@@ -96,13 +96,20 @@ int moe_ckpt_writes_tensors(int rank, int ep);
 // Asynchronous save (train.async_checkpoint): the writes of a save run on a
 // background thread from a snapshot, and training goes on.
 //   begin (collective, at a step boundary): waits for the save in flight, if
-//     any (at most one); copies what this rank writes (its parameters, both
-//     AdamW moments, the selection biases) into the snapshot, allocated once
-//     by init on the ranks that write tensors (moe plan counts it); rank 0
-//     also renders its small files (config, trainer state, task experts,
-//     indices) and does step 1 of the protocol (recover, mkdir DIR.tmp).
-//     Then a thread writes this rank's files into DIR.tmp and fsyncs them:
-//     pure file I/O, no MPI call (MPI may lack thread support).
+//     any (at most one); copies the small state (the selection biases; rank 0
+//     renders its small files: config, trainer state, task experts, indices)
+//     and rank 0 does step 1 of the protocol (recover, mkdir DIR.tmp). Then a
+//     thread copies what this rank writes (its parameters and both AdamW
+//     moments) into the snapshot, allocated once by init on the ranks that
+//     write tensors (moe plan counts it), and writes this rank's files into
+//     DIR.tmp and fsyncs them: pure file I/O, no MPI call (MPI may lack thread
+//     support).
+//   wait_snapshot: blocks until the thread's copy is done. The caller must
+//     call it after begin and before anything changes the parameters or the
+//     moments (the optimizer update, expert migration, a reload, copying a
+//     device model back to the host); reading them (forward, backward) may
+//     overlap the copy. Returns 1 on its first call after a begin, else 0
+//     (cheap: a flag). NULL ok.
 //   poll (collective, every step boundary while a save is pending): the
 //     ranks' "my thread is done" flags are summed (one small all-reduce);
 //     once all are done, the commit runs on the calling thread: the statuses
@@ -123,6 +130,7 @@ int moe_ckpt_async_begin(moe_ckpt_async *a, const char *run, int keep, const moe
                          char *saved, size_t cap);
 int moe_ckpt_async_poll(moe_ckpt_async *a, moe_parallel *par, bool wait);
 int moe_ckpt_async_wait(moe_ckpt_async *a, moe_parallel *par);
+int moe_ckpt_async_wait_snapshot(moe_ckpt_async *a);
 // The step of the save in flight, else -1.
 long moe_ckpt_async_pending(const moe_ckpt_async *a);
 // Joins the thread of a save in flight without committing it (its DIR.tmp

@@ -44,6 +44,16 @@ START_TEST(test_flops_per_token_counted_by_hand) {
 }
 END_TEST
 
+START_TEST(test_routed_flops_per_token_by_hand) {
+    moe_config c = hand_config();
+    // layer 1's routed experts only: 3 x 2*3*8*6*2 = 1728 (the shared expert
+    // and the gate are computed for every token, dropped or not)
+    ck_assert_double_eq(moe_model_routed_flops_per_token(&c), 1728.0);
+    c.moe.every = 0;
+    ck_assert_double_eq(moe_model_routed_flops_per_token(&c), 0.0);
+}
+END_TEST
+
 START_TEST(test_flops_per_token_dense_model_by_hand) {
     moe_config c = hand_config();
     c.moe.every = 0; // no MoE layer: both layers use d_ff
@@ -129,6 +139,7 @@ int main(void) {
     TCase *tc = tcase_create("mfu");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_flops_per_token_counted_by_hand);
+    tcase_add_test(tc, test_routed_flops_per_token_by_hand);
     tcase_add_test(tc, test_flops_per_token_dense_model_by_hand);
     tcase_add_test(tc, test_sgemm_rate_is_finite_and_positive);
     tcase_add_test(tc, test_metrics_records_carry_positive_mfu);

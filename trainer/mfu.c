@@ -38,6 +38,18 @@ double moe_model_flops_per_token(const moe_config *cfg) {
     return 3 * fwd;
 }
 
+// The routed experts' part of moe_model_flops_per_token: 3 x 2 * 3 * D * H *
+// top_k over the MoE layers. A dropped assignment is not computed (the token
+// passes through), so a step with drop rate r does r times this less work.
+double moe_model_routed_flops_per_token(const moe_config *cfg) {
+    const double D = cfg->model.d_model;
+    const double H = cfg->moe.d_expert ? cfg->moe.d_expert : cfg->model.d_ff;
+    double fwd = 0;
+    for (int l = 0; l < cfg->model.n_layers; l++)
+        if (moe_config_is_moe(cfg, l)) fwd += 2 * 3 * D * H * cfg->router.top_k;
+    return 3 * fwd;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

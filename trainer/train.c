@@ -378,6 +378,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     // MFU against this machine's sgemm rate (moe/mfu.h); the GPU path has no
     // measured rate and reports none.
     double sgemm = 0, flops_tok = on_gpu ? 0 : moe_model_flops_per_token(cfg), mfu_sum = 0;
+    const double routed_tok = moe_model_routed_flops_per_token(cfg);
     if (!on_gpu) MOE_TRY_GOTO(moe_sgemm_rate(0, &sgemm), rc);
     double t_start = now(), tokens = 0, drop_sum = 0, vio_sum = 0, ema = 0;
     long steps_run = 0;
@@ -491,7 +492,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         tokens += (double)nt * accum * W;
         drop_sum += drop;
         vio_sum += mean_max_vio(fm);
-        const double mfu = sgemm > 0 ? flops_tok * tps / (W * sgemm * 1e9) : -1;
+        // Dropped assignments are not computed: count the kept ones only.
+        const double done_tok = flops_tok - routed_tok * drop;
+        const double mfu = sgemm > 0 ? done_tok * tps / (W * sgemm * 1e9) : -1;
         mfu_sum += mfu;
         steps_run++;
         ema = LOSS_EMA * ema + (1 - LOSS_EMA) * loss;
@@ -616,7 +619,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
             if (r->sgemm_gflops > 0)
                 fprintf(o->report,
                         "model FLOPs utilisation: mean %.3f of the sgemm rate %.1f GFLOP/s "
-                        "(%.3g FLOP per token)\n",
+                        "(%.3g FLOP per token without drops)\n",
                         r->mfu, r->sgemm_gflops, flops_tok);
             if (r->rank_imbalance > 0)
                 fprintf(o->report,

@@ -9,6 +9,7 @@
 #include "moe/error.h"
 #include "moe/safetensors.h"
 #include "moe/train.h"
+#include "mpi_testutil.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -132,23 +133,10 @@ static void scenario(const char *dir, int ep) {
 }
 
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
-    int size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    char dir[512] = "";
-    if (rank == 0) snprintf(dir, sizeof dir, "%s", tu_tmpdir());
-    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
-    if (size != W) {
-        if (rank == 0) fprintf(stderr, "mpi_router_bias: run with mpirun -np %d\n", W);
-        MPI_Finalize();
-        return 2;
-    }
+    char dir[512];
+    int rc = mpi_test_begin(&argc, &argv, "mpi_router_bias", W, &rank, dir);
+    if (rc) return rc;
     scenario(dir, 4); // expert parallel
     scenario(dir, 1); // data parallel
-    int total[2] = {tu_failures, tu_checks};
-    MPI_Allreduce(MPI_IN_PLACE, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (rank == 0) printf("mpi_router_bias: %d passed, %d failed\n", total[1] - total[0], total[0]);
-    MPI_Finalize();
-    return total[0] ? 1 : 0;
+    return mpi_test_end("mpi_router_bias", rank);
 }

@@ -6,6 +6,7 @@
 #include "moe/error.h"
 #include "moe/safetensors.h"
 #include "moe/train.h"
+#include "mpi_testutil.h"
 #include "testutil.h"
 
 #include <mpi.h>
@@ -76,23 +77,10 @@ static void scenario(const char *dir, int ranks_per_node, const char *a2a) {
 }
 
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
-    int size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    char dir[512] = "";
-    if (rank == 0) snprintf(dir, sizeof dir, "%s", tu_tmpdir());
-    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
-    if (size != W) {
-        if (rank == 0) fprintf(stderr, "mpi_router_ec: run with mpirun -np %d\n", W);
-        MPI_Finalize();
-        return 2;
-    }
+    char dir[512];
+    int rc = mpi_test_begin(&argc, &argv, "mpi_router_ec", W, &rank, dir);
+    if (rc) return rc;
     scenario(dir, 0, "flat");
     scenario(dir, 2, "hierarchical");
-    int total[2] = {tu_failures, tu_checks};
-    MPI_Allreduce(MPI_IN_PLACE, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (rank == 0) printf("mpi_router_ec: %d passed, %d failed\n", total[1] - total[0], total[0]);
-    MPI_Finalize();
-    return total[0] ? 1 : 0;
+    return mpi_test_end("mpi_router_ec", rank);
 }

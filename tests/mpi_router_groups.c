@@ -13,6 +13,7 @@
 #include "moe/plan.h"
 #include "moe/safetensors.h"
 #include "moe/train.h"
+#include "mpi_testutil.h"
 #include "testutil.h"
 
 #include <mpi.h>
@@ -143,18 +144,9 @@ static void inter_node_bytes(moe_comm *world, const char *dir, moe_a2a_algo algo
 }
 
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
-    int size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    char dir[512] = "";
-    if (rank == 0) snprintf(dir, sizeof dir, "%s", tu_tmpdir());
-    MPI_Bcast(dir, sizeof dir, MPI_CHAR, 0, MPI_COMM_WORLD);
-    if (size != W) {
-        if (rank == 0) fprintf(stderr, "mpi_router_groups: run with mpirun -np %d\n", W);
-        MPI_Finalize();
-        return 2;
-    }
+    char dir[512];
+    int rc = mpi_test_begin(&argc, &argv, "mpi_router_groups", W, &rank, dir);
+    if (rc) return rc;
     moe_comm *world;
     if (moe_comm_mpi_world(&world, 2)) { // two simulated nodes of 2 ranks
         fprintf(stderr, "world: %s\n", moe_last_error());
@@ -166,10 +158,5 @@ int main(int argc, char **argv) {
     inter_node_bytes(world, dir, MOE_A2A_FLAT);
     inter_node_bytes(world, dir, MOE_A2A_HIERARCHICAL);
     moe_comm_free(world);
-    int total[2] = {tu_failures, tu_checks};
-    MPI_Allreduce(MPI_IN_PLACE, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-    if (rank == 0)
-        printf("mpi_router_groups: %d passed, %d failed\n", total[1] - total[0], total[0]);
-    MPI_Finalize();
-    return total[0] ? 1 : 0;
+    return mpi_test_end("mpi_router_groups", rank);
 }

@@ -10,7 +10,9 @@
 // [H, D] (the forward's expert GEMMs without segments) on the same buffers.
 // Times are the best of --reps repetitions after one warm-up.
 //
-// usage: gpu_moe_layer [--quick] [--fp32] [--reps N]
+// usage: gpu_moe_layer [--quick] [--fp32] [--reps N] [--shape T,D,H,E,k] [--capacity F]
+// --shape: e.g. 16384,4096,1408,64,6 (fine-grained experts); --capacity:
+// router.capacity_factor (default 1.25; 0: dropless, as bench/torch_moe_layer.py).
 // Without a CUDA build or a GPU it prints why (as JSON) and exits 0.
 #include "moe/error.h"
 #include "moe/moe_layer.h"
@@ -48,13 +50,13 @@ static int fill_device(float *d, size_t n, float scale, uint64_t seed) {
     return 0;
 }
 
-static int run(int T, int D, int H, int E, int k, const moe_ops *ops, int reps) {
+static int run(int T, int D, int H, int E, int k, double capacity, const moe_ops *ops, int reps) {
     moe_layer_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.T_max = T, cfg.D = D, cfg.H = H, cfg.E = E;
     moe_router_config_default(&cfg.router);
     cfg.router.top_k = k;
-    cfg.router.capacity_factor = 1.25;
+    cfg.router.capacity_factor = capacity;
     size_t np = moe_layer_num_params(&cfg);
     float *par = ops->alloc(np * 4), *grad = ops->alloc(np * 4);
     float *x = ops->alloc((size_t)T * D * 4), *y = ops->alloc((size_t)T * D * 4);
@@ -97,9 +99,9 @@ static int run(int T, int D, int H, int E, int k, const moe_ops *ops, int reps) 
     char name[256] = "";
     moe_cuda_device_info(name, sizeof name, NULL, NULL);
     printf("{\"bench\":\"gpu_moe_layer\",\"device\":\"%s\",\"dtype\":\"%s\",\"T\":%d,\"D\":%d,"
-           "\"H\":%d,\"E\":%d,\"k\":%d,\"rows\":%d,\"ms\":%.3f,\"tflops\":%.2f,"
+           "\"H\":%d,\"E\":%d,\"k\":%d,\"capacity_factor\":%g,\"rows\":%d,\"ms\":%.3f,\"tflops\":%.2f,"
            "\"dense_tflops\":%.2f,\"ratio_to_dense\":%.3f,\"aux_loss\":%.4f}\n",
-           name, ops == &moe_ops_cuda ? "fp32" : "bf16", T, D, H, E, k, rows, best * 1e3, tflops,
+           name, ops == &moe_ops_cuda ? "fp32" : "bf16", T, D, H, E, k, capacity, rows, best * 1e3, tflops,
            dense_tflops, tflops / dense_tflops, a.plan.aux_loss);
     moe_layer_cuda_acts_free(&a);
     ops->free(par), ops->free(grad), ops->free(x), ops->free(y), ops->free(dy), ops->free(dx);
@@ -108,21 +110,40 @@ static int run(int T, int D, int H, int E, int k, const moe_ops *ops, int reps) 
 #endif
 
 int main(int argc, char **argv) {
-    int quick = 0, fp32 = 0, reps = 5;
+    int quick = 0, fp32 = 0, reps = 5, shape[5] = {16384, 4096, 14336, 8, 2};
+    double capacity = 1.25;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick"))
             quick = 1;
+        else if (!strcmp(argv[i], "--shape") && i + 1 < argc) {
+            if (sscanf(argv[++i], "%d,%d,%d,%d,%d", &shape[0], &shape[1], &shape[2], &shape[3],
+                       &shape[4]) != 5 ||
+                shape[0] < 1 || shape[1] < 1 || shape[2] < 1 || shape[3] < 1 || shape[4] < 1 ||
+                shape[4] > shape[3]) {
+                fprintf(stderr, "gpu_moe_layer: --shape %s: expected T,D,H,E,k (k <= E)\n",
+                        argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--capacity") && i + 1 < argc) {
+            char *end;
+            capacity = strtod(argv[++i], &end);
+            if (*end || capacity < 0) {
+                fprintf(stderr, "gpu_moe_layer: --capacity %s: expected a factor >= 0\n", argv[i]);
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--fp32"))
             fp32 = 1;
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: gpu_moe_layer [--quick] [--fp32] [--reps N]\n");
+            fprintf(stderr, "usage: gpu_moe_layer [--quick] [--fp32] [--reps N] [--shape "
+                            "T,D,H,E,k] [--capacity F]\n");
             return 2;
         }
     }
 #ifndef MOE_HAVE_CUDA
-    (void)quick, (void)fp32, (void)reps;
+    (void)quick, (void)fp32, (void)reps, (void)capacity, (void)shape;
     printf("{\"bench\":\"gpu_moe_layer\",\"skipped\":\"built without CUDA\"}\n");
     return 0;
 #else
@@ -132,8 +153,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     const moe_ops *ops = fp32 ? &moe_ops_cuda : &moe_ops_cuda_bf16;
-    int rc =
-        quick ? run(2048, 1024, 2048, 8, 2, ops, reps) : run(16384, 4096, 14336, 8, 2, ops, reps);
+    int rc = quick ? run(2048, 1024, 2048, 8, 2, capacity, ops, reps)
+                   : run(shape[0], shape[1], shape[2], shape[3], shape[4], capacity, ops, reps);
     if (rc < 0) {
         fprintf(stderr, "gpu_moe_layer: %s\n", moe_last_error());
         return 1;

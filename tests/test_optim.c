@@ -229,8 +229,10 @@ END_TEST
 // One bf16 step against a double reference: the stored moments are the
 // reference moments rounded to nearest even, and the parameters move by the
 // step of the unrounded moments (a step from the rounded ones would be off by
-// up to 2^-9 of it, far above the tolerance). The stored moments start
-// off-grid for fp32 so the widening is exercised too.
+// up to 2^-9 of it, far above the tolerance). An fp32 optimizer started from
+// the same moments gives the same parameter bits (the same float arithmetic)
+// and moments whose rounding is the bf16 ones. N = 37 covers the 8-wide
+// conversions and their scalar tail.
 START_TEST(test_bf16_step_matches_double_reference) {
     enum { N = 37 };
     const int64_t s1[1] = {30}, s2[1] = {7};
@@ -267,9 +269,22 @@ START_TEST(test_bf16_step_matches_double_reference) {
         const double mhat = wm[i] / (1 - pow(b1, 5)), vhat = wv[i] / (1 - pow(b2, 5));
         want[i] = p[i] - lr * (mhat / (sqrt(vhat) + eps) + (i < 30 ? wd : 0.0) * p[i]);
     }
+    // The fp32 optimizer from the same (widened) moments: the same arithmetic.
+    moe_adamw o32;
+    ck_assert_int_eq(moe_adamw_init(&o32, &t, false), 0);
+    memcpy(o32.m, mw, sizeof mw), memcpy(o32.v, vw, sizeof vw);
+    o32.step = 4;
+    float p32[N];
+    memcpy(p32, p, sizeof p);
     // max_norm = norm * scale clips by that scale (clip_scale's 1e-6 aside)
     moe_adamw_update_clipped(&opt, p, g, 1.0, scale * (1.0 + 1e-6), (float)lr, (float)b1,
                              (float)b2, (float)eps, (float)wd);
+    moe_adamw_update_clipped(&o32, p32, g, 1.0, scale * (1.0 + 1e-6), (float)lr, (float)b1,
+                             (float)b2, (float)eps, (float)wd);
+    ck_assert(!memcmp(p, p32, sizeof p));
+    for (int i = 0; i < N; i++)
+        ck_assert(opt.m16[i] == moe_bf16_round(o32.m[i]) && opt.v16[i] == moe_bf16_round(o32.v[i]));
+    moe_adamw_free(&o32);
     float mg[N], vg[N];
     moe_adamw_moment_get(&opt, 0, 0, N, mg);
     moe_adamw_moment_get(&opt, 1, 0, N, vg);

@@ -11,6 +11,9 @@
 #include "moe/error.h"
 
 #include <math.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 enum { CHUNK = 1 << 15 }; // elements per task: 128 KiB of each stream
 
@@ -78,15 +81,12 @@ int moe_cpu_adamw(float *params, float *m, float *v, const float *grads, const u
 
 // The ranged pass: one decay factor per run of elements, so the loop reads
 // params, grads and the moments only (no mask byte), and its body is the
-// masked one's with wd fixed: the same bits. bf16 moments are widened
-// exactly, updated in float as the fp32 ones are, and stored rounded to
-// nearest even; the parameter step uses the unrounded moments.
-static void seg_f32(const adamw_job *J, size_t i0, size_t i1, float wd) {
-    float *restrict params = J->params, *restrict m = J->m, *restrict v = J->v;
-    const float *restrict grads = J->grads;
+// masked one's with wd fixed: the same bits.
+static inline void run_f32(float *restrict params, float *restrict m, float *restrict v,
+                           const float *restrict grads, size_t n, const adamw_job *J, float wd) {
     const float beta1 = J->beta1, beta2 = J->beta2, eps = J->eps, s = J->grad_scale;
     const float step_size = J->step_size, rsqrt_bc2 = J->rsqrt_bc2;
-    for (size_t i = i0; i < i1; i++) {
+    for (size_t i = 0; i < n; i++) {
         const float g = grads[i] * s;
         const float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
         const float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
@@ -95,20 +95,61 @@ static void seg_f32(const adamw_job *J, size_t i0, size_t i1, float wd) {
     }
 }
 
+static void seg_f32(const adamw_job *J, size_t i0, size_t i1, float wd) {
+    run_f32(J->params + i0, J->m + i0, J->v + i0, J->grads + i0, i1 - i0, J, wd);
+}
+
+// bf16 moments: blocks of BLK elements widened (exactly) into float buffers
+// that stay in L1, updated by the fp32 loop itself (the same arithmetic, so
+// the same parameter bits from the same moments; the step uses the unrounded
+// moments), and stored back rounded to nearest even. Three simple loops
+// vectorise better than one with the conversions inlined.
+enum { BLK = 512 };
+
+// The conversions are integer bit operations, so the AVX2 forms give the
+// scalar ones' bits (moe/bf16.h); the scalar loops finish ragged ends.
+static void widen(float *restrict out, const uint16_t *restrict h, size_t n) {
+    size_t j = 0;
+#ifdef __AVX2__
+    for (; j + 8 <= n; j += 8) {
+        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + j)));
+        _mm256_storeu_si256((__m256i *)(out + j), _mm256_slli_epi32(w, 16));
+    }
+#endif
+    for (; j < n; j++)
+        out[j] = moe_bf16_to_float(h[j]);
+}
+
+static void narrow(uint16_t *restrict h, const float *restrict x, size_t n) {
+    size_t j = 0;
+#ifdef __AVX2__
+    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1),
+                  quiet = _mm256_set1_epi32(0x40);
+    for (; j + 8 <= n; j += 8) {
+        const __m256 f = _mm256_loadu_ps(x + j);
+        const __m256i u = _mm256_castps_si256(f), hi = _mm256_srli_epi32(u, 16);
+        const __m256i r = _mm256_srli_epi32(
+            _mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_and_si256(hi, one)), 16);
+        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+        const __m256i out = _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), nan);
+        // values < 2^16: the unsigned saturating pack keeps them
+        _mm_storeu_si128((__m128i *)(h + j), _mm_packus_epi32(_mm256_castsi256_si128(out),
+                                                              _mm256_extracti128_si256(out, 1)));
+    }
+#endif
+    for (; j < n; j++)
+        h[j] = moe_bf16_round(x[j]);
+}
+
 static void seg_bf16(const adamw_job *J, size_t i0, size_t i1, float wd) {
-    float *restrict params = J->params;
-    uint16_t *restrict m = J->m16, *restrict v = J->v16;
-    const float *restrict grads = J->grads;
-    const float beta1 = J->beta1, beta2 = J->beta2, eps = J->eps, s = J->grad_scale;
-    const float step_size = J->step_size, rsqrt_bc2 = J->rsqrt_bc2;
-    for (size_t i = i0; i < i1; i++) {
-        const float g = grads[i] * s;
-        const float mi = beta1 * moe_bf16_to_float(m[i]) + (1.0f - beta1) * g;
-        const float vi = beta2 * moe_bf16_to_float(v[i]) + (1.0f - beta2) * g * g;
-        m[i] = moe_bf16_round(mi);
-        v[i] = moe_bf16_round(vi);
-        const float p = params[i];
-        params[i] = p - (step_size * mi / (sqrtf(vi) * rsqrt_bc2 + eps) + wd * p);
+    float mt[BLK], vt[BLK];
+    for (size_t b = i0; b < i1; b += BLK) {
+        const size_t k = i1 - b < BLK ? i1 - b : BLK;
+        widen(mt, J->m16 + b, k);
+        widen(vt, J->v16 + b, k);
+        run_f32(J->params + b, mt, vt, J->grads + b, k, J, wd);
+        narrow(J->m16 + b, mt, k);
+        narrow(J->v16 + b, vt, k);
     }
 }
 

@@ -357,8 +357,7 @@ static void hand_steps(moe_comm *world, bool replicas, bool move, bool bf16) {
     CHECK(moe_data_open(&d, &c) == 0, "data: %s", moe_last_error());
     CHECK(moe_model_init_ep(&m, &c, d.B, d.T, d.n_tasks, &par.group) == 0, "model: %s",
           moe_last_error());
-    CHECK(moe_adamw_init_state(&opt, &m.table, false, bf16 ? MOE_ADAMW_BF16 : MOE_ADAMW_FP32) ==
-              0,
+    CHECK(moe_adamw_init_state(&opt, &m.table, false, bf16 ? MOE_ADAMW_BF16 : MOE_ADAMW_FP32) == 0,
           "adamw: %s", moe_last_error());
     CHECK(moe_parallel_placement_init(&par, &m, &c) == 0, "placement: %s", moe_last_error());
     const size_t nt = (size_t)d.B * d.T, n = m.table.numel;

@@ -277,8 +277,8 @@ START_TEST(test_bf16_step_matches_double_reference) {
     float p32[N];
     memcpy(p32, p, sizeof p);
     // max_norm = norm * scale clips by that scale (clip_scale's 1e-6 aside)
-    moe_adamw_update_clipped(&opt, p, g, 1.0, scale * (1.0 + 1e-6), (float)lr, (float)b1,
-                             (float)b2, (float)eps, (float)wd);
+    moe_adamw_update_clipped(&opt, p, g, 1.0, scale * (1.0 + 1e-6), (float)lr, (float)b1, (float)b2,
+                             (float)eps, (float)wd);
     moe_adamw_update_clipped(&o32, p32, g, 1.0, scale * (1.0 + 1e-6), (float)lr, (float)b1,
                              (float)b2, (float)eps, (float)wd);
     ck_assert(!memcmp(p, p32, sizeof p));
@@ -304,9 +304,10 @@ END_TEST
 // moments) over tensors that straddle the kernel's chunks, decayed and not,
 // with adjacent decayed tensors merged into one range.
 START_TEST(test_decay_ranges_equal_byte_mask_bitwise) {
-    static const char *const names[] = {"self_attn.q_proj.weight", "input_layernorm.weight",
-                                        "mlp.gate.weight", "mlp.up.weight", "embed_tokens.weight",
-                                        "post_attention_layernorm.weight", "mlp.down.weight"};
+    static const char *const names[] = {
+        "self_attn.q_proj.weight", "input_layernorm.weight", "mlp.gate.weight",
+        "mlp.up.weight",           "embed_tokens.weight",    "post_attention_layernorm.weight",
+        "mlp.down.weight"};
     static const int64_t sizes[] = {40000, 7, 30001, 50000, 1000, 33, 40123};
     moe_param_table t;
     moe_param_table_init(&t);
@@ -331,11 +332,11 @@ START_TEST(test_decay_ranges_equal_byte_mask_bitwise) {
     for (long step = 1; step <= 3; step++) {
         tu_fill_normal(&r, g, n, 0.1f);
         const double norm = moe_grad_norm(g, n);
-        const float s = moe_adamw_update_clipped(&opt, pa, g, norm, norm / 2, 1e-2f, 0.9f, 0.95f,
-                                                 1e-8f, 0.1f);
-        ck_assert_int_eq(moe_cpu_adamw_scaled(pb, m, v, g, want, n, step, 1e-2f, 0.9f, 0.95f,
-                                              1e-8f, 0.1f, s),
-                         0);
+        const float s =
+            moe_adamw_update_clipped(&opt, pa, g, norm, norm / 2, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f);
+        ck_assert_int_eq(
+            moe_cpu_adamw_scaled(pb, m, v, g, want, n, step, 1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, s),
+            0);
     }
     ck_assert(!memcmp(pa, pb, sizeof(float) * n));
     ck_assert(!memcmp(opt.m, m, sizeof(float) * n));

@@ -3,6 +3,7 @@
 // (synchronous and asynchronous saves), an fp32 checkpoint resumes into bf16
 // with its moments rounded to nearest even; moe plan counts 2 bytes per
 // moment element exactly; the GPU trainer refuses them naming the key.
+#include "kernels/ops.h"
 #include "moe/alloc.h"
 #include "moe/bf16.h"
 #include "moe/checkpoint.h"
@@ -12,7 +13,6 @@
 #include "moe/plan.h"
 #include "moe/safetensors.h"
 #include "moe/train.h"
-#include "kernels/ops.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -195,16 +195,14 @@ START_TEST(test_gpu_refuses_bf16_states) {
     moe_config c = small("bf16");
     ck_assert_int_eq(moe_config_set(&c, NULL, "train.device=cuda"), 0);
     ck_assert_int_eq(moe_config_check(&c, NULL), MOE_EINVAL);
-    ck_assert_msg(strstr(moe_last_error(), "train.optimizer_state = bf16"), "%s",
-                  moe_last_error());
+    ck_assert_msg(strstr(moe_last_error(), "train.optimizer_state = bf16"), "%s", moe_last_error());
     c = small("bf16");
     c.train.steps = 2;
     moe_train_opts o = {.out_dir = path(tu_tmpdir(), "dev", ""), .quiet = true};
     o.device_ops = &moe_ops_cpu;
     moe_train_result r;
     ck_assert_int_eq(moe_train(&c, &o, &r), MOE_EINVAL);
-    ck_assert_msg(strstr(moe_last_error(), "train.optimizer_state = bf16"), "%s",
-                  moe_last_error());
+    ck_assert_msg(strstr(moe_last_error(), "train.optimizer_state = bf16"), "%s", moe_last_error());
 }
 END_TEST
 

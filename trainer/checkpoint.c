@@ -567,8 +567,11 @@ int moe_ckpt_writes_tensors(int rank, int ep) {
 }
 
 static save_src model_src(const moe_model *m, const moe_adamw *opt) {
-    save_src s = {m->params, moe_adamw_moment(opt, 0), moe_adamw_moment(opt, 1),
-                  opt->state == MOE_ADAMW_BF16, {0}};
+    save_src s = {m->params,
+                  moe_adamw_moment(opt, 0),
+                  moe_adamw_moment(opt, 1),
+                  opt->state == MOE_ADAMW_BF16,
+                  {0}};
     for (int l = 0; l < m->L; l++)
         s.bias[l] = m->is_moe[l] ? moe_model_bias(m, l) : NULL;
     return s;
@@ -598,7 +601,7 @@ struct moe_ckpt_async {
     // params, m, v of this rank (n floats, then the moments as stored: 2 n
     // floats, or 2 n bf16 with train.optimizer_state = bf16), tracked: moe plan
     unsigned char *snap;
-    size_t mom_size; // bytes per moment element in the snapshot
+    size_t mom_size;             // bytes per moment element in the snapshot
     float *bias[MOE_MAX_LAYERS]; // the selection biases' copies (E floats each, untracked)
     size_t n;
     save_job *job; // the save in flight (prepared by begin, written by the thread)
@@ -680,7 +683,8 @@ static void copy_written(moe_ckpt_async *a, const entry_list *l) {
     for (int i = 0; i < l->n; i++) {
         const unsigned char *d = l->e[i].data;
         int w = 2;
-        while (w >= 0 && (!d || d < start[w])) w--;
+        while (w >= 0 && (!d || d < start[w]))
+            w--;
         if (w < 0 || d >= start[w] + es[w] * a->n) continue; // a bias: copied at begin
         size_t numel = 1;
         for (int k = 0; k < l->e[i].ndim; k++)
@@ -741,8 +745,9 @@ int moe_ckpt_async_begin(moe_ckpt_async *a, const char *run, int keep, const moe
                          char *saved, size_t cap) {
     const double t_begin = now_s();
     if (a->snap && (opt->state == MOE_ADAMW_BF16) != (a->mom_size == sizeof(uint16_t)))
-        return moe_fail(MOE_EINVAL, "checkpoint: the asynchronous save's snapshot was sized for "
-                                    "train.optimizer_state = %s, the optimizer stores %s",
+        return moe_fail(MOE_EINVAL,
+                        "checkpoint: the asynchronous save's snapshot was sized for "
+                        "train.optimizer_state = %s, the optimizer stores %s",
                         a->mom_size == sizeof(float) ? "fp32" : "bf16",
                         opt->state == MOE_ADAMW_BF16 ? "bf16" : "fp32");
     MOE_TRY(moe_ckpt_async_wait(a, par)); // at most one save in flight

@@ -473,8 +473,9 @@ static int build_header(const char *path, const moe_st_entry *e, int n, const ch
                                   nm, (int)e[i].dtype),
                          rc);
         if (from_bf16 && e[i].dtype != MOE_ST_F32)
-            MOE_TRY_GOTO(moe_fail(MOE_EINVAL, "%s: tensor '%s' from bf16 values must be F32, not %s",
-                                  path, nm, moe_st_dtype_name(e[i].dtype)),
+            MOE_TRY_GOTO(moe_fail(MOE_EINVAL,
+                                  "%s: tensor '%s' from bf16 values must be F32, not %s", path, nm,
+                                  moe_st_dtype_name(e[i].dtype)),
                          rc);
         if (e[i].ndim < 0 || e[i].ndim > MOE_ST_MAX_DIMS)
             MOE_TRY_GOTO(moe_fail(MOE_EINVAL, "%s: tensor '%s' has rank %d, expected 0..%d", path,

@@ -44,7 +44,9 @@ int main(int argc, char **argv) {
     moe_adamw opt;
     if (moe_config_load(&cfg, NULL, config) || moe_config_check(&cfg, NULL) ||
         moe_data_open(&d, &cfg) || moe_model_init(&m, &cfg, d.B, d.T, d.n_tasks) ||
-        moe_adamw_init(&opt, &m.table, cfg.train.decay_all)) {
+        moe_adamw_init_state(&opt, &m.table, cfg.train.decay_all,
+                             strcmp(cfg.train.optimizer_state, "bf16") ? MOE_ADAMW_FP32
+                                                                       : MOE_ADAMW_BF16)) {
         fprintf(stderr, "train_step: %s\n", moe_last_error());
         return 1;
     }

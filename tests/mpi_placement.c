@@ -14,8 +14,9 @@
 //   grad_accum = 2             the load observed sums both micro-batches
 //   every forward              no slot computes more rows than one expert's
 //                              capacity budget, replicated experts more
-//   move (homes swap)          each expert's weights and moments, found by
-//                              name, unchanged by a move and held once;
+//   move (homes swap)          each expert's weights and moments (fp32 or
+//                              bf16), found by name, unchanged by a move
+//                              and held once;
 //                              dropless losses and checkpoints (by name)
 //                              as static; resume bit for bit
 #include "moe/comm.h"
@@ -147,8 +148,8 @@ static void gather_experts(const moe_model *m, const moe_adamw *opt, float *all,
         const size_t at = (((size_t)l * E + e) * 3 + k) * tn;
         CHECK(v->numel == tn, "%s: %zu floats", v->name, v->numel);
         memcpy(all + at, m->params + v->offset, tn * sizeof(float));
-        memcpy(all + per + at, opt->m + v->offset, tn * sizeof(float));
-        memcpy(all + 2 * per + at, opt->v + v->offset, tn * sizeof(float));
+        moe_adamw_moment_get(opt, 0, v->offset, tn, all + per + at); // bf16: widened, exact
+        moe_adamw_moment_get(opt, 1, v->offset, tn, all + 2 * per + at);
         cnt[(at / tn)]++;
     }
     MPI_Allreduce(MPI_IN_PLACE, all, (int)(3 * per), MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
@@ -335,7 +336,7 @@ static long slot_rows_within_capacity(const moe_model *m, const moe_parallel *pa
 // its home expert's weights, bit for bit; else (with drops) after each
 // forward every slot stays within its capacity, and some replicated expert
 // keeps more rows than a lone one could.
-static void hand_steps(moe_comm *world, bool replicas, bool move) {
+static void hand_steps(moe_comm *world, bool replicas, bool move, bool bf16) {
     const char *rep[] = {"placement.mode=replicate", "placement.slots_per_rank=3",
                          "placement.update_every=1", "router.capacity_factor=0",
                          "capacity.mode=static"};
@@ -356,7 +357,8 @@ static void hand_steps(moe_comm *world, bool replicas, bool move) {
     CHECK(moe_data_open(&d, &c) == 0, "data: %s", moe_last_error());
     CHECK(moe_model_init_ep(&m, &c, d.B, d.T, d.n_tasks, &par.group) == 0, "model: %s",
           moe_last_error());
-    CHECK(moe_adamw_init(&opt, &m.table, false) == 0, "adamw: %s", moe_last_error());
+    CHECK(moe_adamw_init_state(&opt, &m.table, false, bf16 ? MOE_ADAMW_BF16 : MOE_ADAMW_FP32) == 0,
+          "adamw: %s", moe_last_error());
     CHECK(moe_parallel_placement_init(&par, &m, &c) == 0, "placement: %s", moe_last_error());
     const size_t nt = (size_t)d.B * d.T, n = m.table.numel;
     int32_t *in = malloc(nt * 4), *tg = malloc(nt * 4), *task = malloc((size_t)d.B * 4);
@@ -508,9 +510,10 @@ int main(int argc, char **argv) {
     resume_is_bit_identical(world, dir, true, "placement.mode=replicate");
     resume_is_bit_identical(world, dir, false, "placement.mode=move");
     resume_checks_the_state(world, dir);
-    hand_steps(world, true, false);  // replicas stay identical
-    hand_steps(world, true, true);   // moves carry weights and moments, by name
-    hand_steps(world, false, false); // slots within capacity, and capacity grows
+    hand_steps(world, true, false, false);  // replicas stay identical
+    hand_steps(world, true, true, false);   // moves carry weights and moments, by name
+    hand_steps(world, true, true, true);    // bf16 moments too, bit for bit
+    hand_steps(world, false, false, false); // slots within capacity, and capacity grows
     load_sums_micro_batches(world);
     moe_comm_free(world);
     return mpi_test_end("mpi_placement", rank);

@@ -16,6 +16,7 @@
 
 static const char *variants[][4] = {
     {"model.seq_len=16", "", "", ""},
+    {"train.optimizer_state=bf16", "", "", ""},
     {"model.seq_len=64", "", "", ""},
     {"train.batch_size=8", "", "", ""},
     {"moe.num_experts=16", "", "", ""},

@@ -124,12 +124,17 @@ START_TEST(test_adamw_op_equals_trainer_update_bitwise) {
     memcpy(p2, p1, n * sizeof(float));
     for (size_t i = 0; i < n; i++)
         decay[i] = i % 4 != 1;
+    // The trainer's optimizer takes the mask as decayed ranges (runs of 1s).
     moe_adamw opt = {.n = n,
                      .m = calloc(n, sizeof(float)),
                      .v = calloc(n, sizeof(float)),
-                     .decay = malloc(n),
+                     .decay = malloc(sizeof(size_t) * (n + 1)),
                      .step = 0};
-    memcpy(opt.decay, decay, n);
+    for (size_t i = 0; i < n; i++)
+        if (decay[i] && (i == 0 || !decay[i - 1]))
+            opt.decay[2 * opt.n_decay] = i, opt.decay[2 * opt.n_decay + 1] = i + 1, opt.n_decay++;
+        else if (decay[i])
+            opt.decay[2 * opt.n_decay - 1] = i + 1;
     for (long step = 1; step <= 7; step++) {
         tu_fill_normal(&r, g, n, 0.3f);
         moe_adamw_update(&opt, p1, g, 3e-4f, 0.9f, 0.95f, 1e-8f, 0.1f);

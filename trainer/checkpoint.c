@@ -162,8 +162,9 @@ static int is_expert(const char *name) {
     return strstr(name, ".experts.") != NULL;
 }
 
-static int build_entries(entry_list *out, const moe_model *m, const float *buf, const char *suffix,
-                         bool dense, bool experts) {
+// buf: float [n], or with bf16 the moments' uint16_t [n], written as F32.
+static int build_entries(entry_list *out, const moe_model *m, const void *buf, bool bf16,
+                         const char *suffix, bool dense, bool experts) {
     int n_max = m->table.count + m->L; // + the selection biases (add_bias_entries)
     out->e = calloc((size_t)n_max, sizeof *out->e);
     out->names = calloc((size_t)n_max, sizeof *out->names);
@@ -174,7 +175,9 @@ static int build_entries(entry_list *out, const moe_model *m, const float *buf, 
         if (is_expert(v->name) ? !experts : !dense) continue;
         moe_st_entry *e = &out->e[out->n];
         snprintf(out->names[out->n], sizeof out->names[0], "%s%s", v->name, suffix);
-        *e = (moe_st_entry){out->names[out->n++], MOE_ST_F32, v->ndim, {0}, buf + v->offset};
+        const void *data = bf16 ? (const void *)((const uint16_t *)buf + v->offset)
+                                : (const void *)((const float *)buf + v->offset);
+        *e = (moe_st_entry){out->names[out->n++], MOE_ST_F32, v->ndim, {0}, data};
         memcpy(e->shape, v->shape, sizeof(int64_t) * v->ndim);
     }
     return 0;
@@ -202,7 +205,9 @@ static void free_entries(entry_list *l) {
 // synchronous save: nothing is copied, so a rank holds no one else's experts
 // while saving), or their snapshot (an asynchronous one), laid out alike.
 typedef struct {
-    float *params, *m, *v;
+    float *params;
+    void *m, *v; // float [n], or uint16_t [n] with bf16 (train.optimizer_state)
+    bool bf16;
     float *bias[MOE_MAX_LAYERS];
 } save_src;
 
@@ -219,6 +224,7 @@ typedef struct {
     entry_list model, mom[2];
     moe_st_entry *optim; // both moments in one file, tensor by tensor
     int n_optim;
+    bool optim_bf16; // the moments' data is bf16 (train.optimizer_state), written as F32
     moe_task_experts te;
     blob small[8]; // rank 0: indices, tokenizer, config, task experts, trainer state
     int n_small;
@@ -242,13 +248,14 @@ static void job_free(save_job *j) {
 // The tensor files of this rank: shard k of n (n = 1: the single files).
 static int build_tensor_entries(save_job *j, const moe_model *m, const save_src *src, int k) {
     bool dense = k == 0;
-    MOE_TRY(build_entries(&j->model, m, src->params, "", dense, true));
+    MOE_TRY(build_entries(&j->model, m, src->params, false, "", dense, true));
     if (dense && m->bias_on) add_bias_entries(&j->model, m, src->bias);
     MOE_TRY(join_shard(j->model_path, j->tmp, "model", k, j->n));
     // Both moments in one file, tensor by tensor: ranks load them by name.
-    MOE_TRY(build_entries(&j->mom[0], m, src->m, ".exp_avg", dense, true));
-    MOE_TRY(build_entries(&j->mom[1], m, src->v, ".exp_avg_sq", dense, true));
+    MOE_TRY(build_entries(&j->mom[0], m, src->m, src->bf16, ".exp_avg", dense, true));
+    MOE_TRY(build_entries(&j->mom[1], m, src->v, src->bf16, ".exp_avg_sq", dense, true));
     j->n_optim = j->mom[0].n + j->mom[1].n;
+    j->optim_bf16 = src->bf16;
     if (!(j->optim = malloc(sizeof *j->optim * (size_t)(j->n_optim + 1))))
         return moe_fail(MOE_ENOMEM, "checkpoint: out of memory");
     memcpy(j->optim, j->mom[0].e, sizeof *j->optim * j->mom[0].n);
@@ -461,7 +468,9 @@ static int job_write(save_job *j) {
     int rc = 0;
     if (j->writer) {
         rc = moe_st_write(j->model_path, j->model.e, j->model.n, meta);
-        if (rc == 0) rc = moe_st_write(j->optim_path, j->optim, j->n_optim, NULL);
+        if (rc == 0)
+            rc = j->optim_bf16 ? moe_st_write_from_bf16(j->optim_path, j->optim, j->n_optim, NULL)
+                               : moe_st_write(j->optim_path, j->optim, j->n_optim, NULL);
     }
     for (int i = 0; rc == 0 && i < j->n_small; i++) {
         const blob *b = &j->small[i];
@@ -558,7 +567,11 @@ int moe_ckpt_writes_tensors(int rank, int ep) {
 }
 
 static save_src model_src(const moe_model *m, const moe_adamw *opt) {
-    save_src s = {m->params, opt->m, opt->v, {0}};
+    save_src s = {m->params,
+                  moe_adamw_moment(opt, 0),
+                  moe_adamw_moment(opt, 1),
+                  opt->state == MOE_ADAMW_BF16,
+                  {0}};
     for (int l = 0; l < m->L; l++)
         s.bias[l] = m->is_moe[l] ? moe_model_bias(m, l) : NULL;
     return s;
@@ -585,7 +598,10 @@ int moe_ckpt_save(const char *dir, const moe_model *m, const moe_adamw *opt,
 // --- the asynchronous save (train.async_checkpoint) ------------------------------
 
 struct moe_ckpt_async {
-    float *snap;                 // params, m, v of this rank (3 n floats), tracked: moe plan
+    // params, m, v of this rank (n floats, then the moments as stored: 2 n
+    // floats, or 2 n bf16 with train.optimizer_state = bf16), tracked: moe plan
+    unsigned char *snap;
+    size_t mom_size;             // bytes per moment element in the snapshot
     float *bias[MOE_MAX_LAYERS]; // the selection biases' copies (E floats each, untracked)
     size_t n;
     save_job *job; // the save in flight (prepared by begin, written by the thread)
@@ -598,7 +614,7 @@ struct moe_ckpt_async {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     bool copied, sync_ok, awaited; // awaited: this save's copy was waited for once
-    const float *live[3];          // the model's params, m, v the copy reads
+    const void *live[3];           // the model's params, m, v the copy reads
     double copy_s;                 // the copy's seconds (debug log)
     int rank;
     char run[PATH_MAX];
@@ -620,6 +636,8 @@ int moe_ckpt_async_init(moe_ckpt_async **out, const moe_model *m, const moe_para
         return moe_fail(MOE_ENOMEM, "checkpoint: out of memory for the asynchronous save");
     }
     a->n = moe_model_numel(m);
+    a->mom_size = strcmp(m->cfg.train.optimizer_state, "bf16") ? sizeof(float) : sizeof(uint16_t);
+    const size_t bytes = a->n * (sizeof(float) + 2 * a->mom_size);
     a->copied = a->awaited = true;
     if (pthread_mutex_init(&a->mu, NULL) != 0) {
         free(a->job), free(a);
@@ -632,14 +650,13 @@ int moe_ckpt_async_init(moe_ckpt_async **out, const moe_model *m, const moe_para
     }
     a->sync_ok = true;
     if (moe_ckpt_writes_tensors(par ? par->rank : 0, par ? par->ep_size : 1)) {
-        int rc = (a->snap = moe_malloc(sizeof(float) * 3 * a->n)) ? 0 : MOE_ENOMEM;
+        int rc = (a->snap = moe_malloc(bytes)) ? 0 : MOE_ENOMEM;
         // Touched now, so the first save's copy does not also pay the page faults.
-        if (rc == 0) memset(a->snap, 0, sizeof(float) * 3 * a->n);
+        if (rc == 0) memset(a->snap, 0, bytes);
         for (int l = 0; rc == 0 && l < m->L; l++)
             if (m->is_moe[l] && !(a->bias[l] = malloc(sizeof(float) * m->moe_cfg[l].E)))
                 rc = MOE_ENOMEM;
         if (rc < 0) {
-            size_t bytes = sizeof(float) * 3 * a->n;
             moe_ckpt_async_free(a);
             return moe_fail(MOE_ENOMEM,
                             "checkpoint: out of memory for the asynchronous save's snapshot "
@@ -660,14 +677,20 @@ static double now_s(void) {
 // Copies into the snapshot the tensors this rank writes, and only them (the
 // entries already point into the snapshot, laid out as the model's buffers).
 static void copy_written(moe_ckpt_async *a, const entry_list *l) {
-    const float *base = a->snap, *end = a->snap + 3 * a->n;
+    const size_t es[3] = {sizeof(float), a->mom_size, a->mom_size};
+    const unsigned char *start[3] = {a->snap, a->snap + sizeof(float) * a->n,
+                                     a->snap + (sizeof(float) + a->mom_size) * a->n};
     for (int i = 0; i < l->n; i++) {
-        const float *d = l->e[i].data;
-        if (!d || d < base || d >= end) continue; // a selection bias: copied at begin
-        size_t off = (size_t)(d - base), which = off / a->n, numel = 1;
+        const unsigned char *d = l->e[i].data;
+        int w = 2;
+        while (w >= 0 && (!d || d < start[w]))
+            w--;
+        if (w < 0 || d >= start[w] + es[w] * a->n) continue; // a bias: copied at begin
+        size_t numel = 1;
         for (int k = 0; k < l->e[i].ndim; k++)
             numel *= (size_t)l->e[i].shape[k];
-        memcpy((float *)d, a->live[which] + (off - which * a->n), sizeof(float) * numel);
+        memcpy((void *)d, (const unsigned char *)a->live[w] + (size_t)(d - start[w]),
+               es[w] * numel);
     }
 }
 
@@ -721,13 +744,21 @@ int moe_ckpt_async_begin(moe_ckpt_async *a, const char *run, int keep, const moe
                          const moe_adamw *opt, const moe_train_state *st, moe_parallel *par,
                          char *saved, size_t cap) {
     const double t_begin = now_s();
+    if (a->snap && (opt->state == MOE_ADAMW_BF16) != (a->mom_size == sizeof(uint16_t)))
+        return moe_fail(MOE_EINVAL,
+                        "checkpoint: the asynchronous save's snapshot was sized for "
+                        "train.optimizer_state = %s, the optimizer stores %s",
+                        a->mom_size == sizeof(float) ? "fp32" : "bf16",
+                        opt->state == MOE_ADAMW_BF16 ? "bf16" : "fp32");
     MOE_TRY(moe_ckpt_async_wait(a, par)); // at most one save in flight
     MOE_TRY(moe_ckpt_run_folder(run, keep, st->step, saved, cap));
     snprintf(a->run, sizeof a->run, "%s", run);
     a->keep = keep;
     save_src src = model_src(m, opt);
     if (a->snap) { // the snapshot: training changes the model's buffers from the next step
-        src.params = a->snap, src.m = a->snap + a->n, src.v = a->snap + 2 * a->n;
+        src.params = (float *)a->snap;
+        src.m = a->snap + sizeof(float) * a->n;
+        src.v = a->snap + (sizeof(float) + a->mom_size) * a->n;
         for (int l = 0; l < m->L; l++) {
             const float *b = m->is_moe[l] ? moe_model_bias(m, l) : NULL;
             src.bias[l] = b ? a->bias[l] : NULL;
@@ -739,7 +770,8 @@ int moe_ckpt_async_begin(moe_ckpt_async *a, const char *run, int keep, const moe
     int rc = job_start(a->job, saved, m, opt, st, par, &src, false);
     // The big copy (params and both moments of the tensors this rank writes,
     // not the dense ones on ranks other than 0) is the thread's first task.
-    a->live[0] = m->params, a->live[1] = opt->m, a->live[2] = opt->v;
+    a->live[0] = m->params, a->live[1] = moe_adamw_moment(opt, 0);
+    a->live[2] = moe_adamw_moment(opt, 1);
     a->rank = par ? par->rank : 0;
     const double t2 = t0 ? now_s() : 0;
     // A failure to start is agreed now, so every rank leaves the same way (and,
@@ -874,28 +906,48 @@ static int is_bias_of(const moe_model *m, const char *name) {
 // buf; what names the set in messages. With extras_allowed == 0 a tensor the
 // model lacks is an error, except another shard's experts on an
 // expert-parallel rank.
+// Into buf, or with opt into its moment `which` (rounded to bf16 when it
+// stores bf16: through a scratch buffer as large as the largest tensor).
 static int load_tensors(const moe_st_set *s, const char *what, moe_model *m, float *buf,
-                        const char *suffix, int extras_allowed) {
+                        moe_adamw *opt, int which, const char *suffix, int extras_allowed) {
     char name[MOE_PARAM_NAME_MAX + 16];
+    float *scratch = NULL;
+    if (opt && opt->state == MOE_ADAMW_BF16) {
+        size_t most = 1;
+        for (int i = 0; i < m->table.count; i++)
+            most = m->table.views[i].numel > most ? m->table.views[i].numel : most;
+        if (!(scratch = malloc(most * sizeof(float))))
+            return moe_fail(MOE_ENOMEM, "%s: out of memory", what);
+    } else if (opt) {
+        buf = moe_adamw_moment(opt, which);
+    }
     for (int i = 0; i < m->table.count; i++) {
         const moe_param_view *v = &m->table.views[i];
         snprintf(name, sizeof name, "%s%s", v->name, suffix);
         moe_st_file *f = NULL;
         const moe_st_tensor *t = moe_st_set_find(s, name, &f);
-        if (!t) return moe_fail(MOE_EFORMAT, "%s: missing tensor '%s'", what, name);
-        int same = t->dtype == MOE_ST_F32 && t->ndim == v->ndim;
+        int rc = 0;
+        if (!t) rc = moe_fail(MOE_EFORMAT, "%s: missing tensor '%s'", what, name);
+        int same = t && t->dtype == MOE_ST_F32 && t->ndim == v->ndim;
         for (int d = 0; same && d < v->ndim; d++)
             same = t->shape[d] == v->shape[d];
-        if (!same)
-            return moe_fail(MOE_EFORMAT,
-                            "%s: tensor '%s' is %s with %d dims [%lld, %lld], the config expects "
-                            "F32 [%lld, %lld]",
-                            f->path, name, moe_st_dtype_name(t->dtype), t->ndim,
-                            (long long)(t->ndim > 0 ? t->shape[0] : 0),
-                            (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)v->shape[0],
-                            (long long)(v->ndim > 1 ? v->shape[1] : 0));
-        MOE_TRY(moe_st_read(f, t, buf + v->offset, v->numel * sizeof(float)));
+        if (rc == 0 && !same)
+            rc = moe_fail(MOE_EFORMAT,
+                          "%s: tensor '%s' is %s with %d dims [%lld, %lld], the config expects "
+                          "F32 [%lld, %lld]",
+                          f->path, name, moe_st_dtype_name(t->dtype), t->ndim,
+                          (long long)(t->ndim > 0 ? t->shape[0] : 0),
+                          (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)v->shape[0],
+                          (long long)(v->ndim > 1 ? v->shape[1] : 0));
+        if (rc == 0)
+            rc = moe_st_read(f, t, scratch ? scratch : buf + v->offset, v->numel * sizeof(float));
+        if (rc == 0 && scratch) moe_adamw_moment_set(opt, which, v->offset, v->numel, scratch);
+        if (rc < 0) {
+            free(scratch);
+            return rc;
+        }
     }
+    free(scratch);
     if (extras_allowed) return 0;
     for (int k = 0; k < s->n_files; k++) {
         const moe_st_file *f = s->files[k];
@@ -1081,7 +1133,7 @@ int moe_ckpt_load(const char *dir, moe_model *m, moe_adamw *opt, moe_train_state
     MOE_TRY(
         join(p, rdir,
              layout == MOE_CKPT_SHARDED ? "/model.safetensors.index.json" : "/model.safetensors"));
-    int rc = load_tensors(s, p, m, m->params, "", 0);
+    int rc = load_tensors(s, p, m, m->params, NULL, 0, "", 0);
     bool any = false; // a bias that routes: attached even where it would not move
     for (int l = 0; rc == 0 && l < m->L; l++) {
         float *b = moe_model_bias(m, l);
@@ -1105,8 +1157,8 @@ int moe_ckpt_load(const char *dir, moe_model *m, moe_adamw *opt, moe_train_state
         }
         moe_st_set one = {.n_files = 1, .files = &f, .total_bytes = f ? f->file_size : 0};
         const moe_st_set *set = os ? os : &one;
-        rc = load_tensors(set, p, m, opt->m, ".exp_avg", 1);
-        if (rc == 0) rc = load_tensors(set, p, m, opt->v, ".exp_avg_sq", 1);
+        rc = load_tensors(set, p, m, NULL, opt, 0, ".exp_avg", 1);
+        if (rc == 0) rc = load_tensors(set, p, m, NULL, opt, 1, ".exp_avg_sq", 1);
         moe_st_close(f);
         moe_st_set_close(os);
         if (rc < 0) return rc;

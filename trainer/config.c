@@ -144,6 +144,10 @@ static const key_def keys[] = {
      "AdamW decay (not on norms and embeddings unless train.decay_all)"},
     {"train.decay_all", K_BOOL, F(train.decay_all), NO, "false", NULL, R0,
      "apply train.weight_decay to norm weights and embeddings too"},
+    {"train.optimizer_state", K_STR, F(train.optimizer_state), NO, "fp32", "fp32|bf16", R0,
+     "how AdamW stores its moments: bf16 halves their memory (4 instead of 8 bytes per "
+     "parameter) and the update's traffic; arithmetic stays float, stores round to nearest even; "
+     "checkpoints hold F32 either way (CPU training only)"},
     {"train.beta1", K_DBL, F(train.beta1), NO, "0.9", NULL, RD(0, 1, HI_OPEN), "AdamW beta1"},
     {"train.beta2", K_DBL, F(train.beta2), NO, "0.95", NULL, RD(0, 1, HI_OPEN), "AdamW beta2"},
     {"train.grad_clip", K_DBL, F(train.grad_clip), NO, "1.0", NULL, RD(0, DBL_MAX, 0),
@@ -164,7 +168,8 @@ static const key_def keys[] = {
      "newest; 0: one checkpoint/ folder, replaced at each save"},
     {"train.async_checkpoint", K_BOOL, F(train.async_checkpoint), NO, "false", NULL, R0,
      "periodic saves (train.ckpt_every) copy this rank's tensors to a snapshot and write it on a "
-     "background thread while training goes on (3 x the rank's parameters of memory more); the "
+     "background thread while training goes on (3 x the rank's parameters of memory more, 2 x "
+     "with train.optimizer_state = bf16); the "
      "save at the end or on a stop stays synchronous"},
     {"train.log_every", K_INT, F(train.log_every), NO, "10", NULL, RI(1, 1000000000),
      "steps between progress lines when not on a terminal"},

@@ -282,6 +282,13 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
                         "parallel.ep = 1",
                         src_where2(src, "memory.mini_seq", "model.seq_len"), c->memory.mini_seq,
                         c->model.seq_len);
+    // The GPU trainer keeps fp32 moments on the device (trainer/train_gpu.c).
+    if (!strcmp(c->train.device, "cuda") && !strcmp(c->train.optimizer_state, "bf16"))
+        return moe_fail(
+            MOE_EINVAL,
+            "%s: train.optimizer_state = bf16 with train.device = cuda: bf16 "
+            "optimizer states are CPU-only; use train.optimizer_state = fp32 on the GPU",
+            src_where2(src, "train.optimizer_state", "train.device"));
     MOE_TRY(check_placement(c, src, n_moe));
     return moe_config_check_sizes(c, src, c->train.batch_size, c->model.seq_len);
 }

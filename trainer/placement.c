@@ -264,7 +264,11 @@ static int migrate(moe_parallel *p, moe_model *m, moe_adamw *opt, int l, const i
         moved += old_home[e] != moe_placement_home(t, e) ||
                  old_slot[e] != moe_placement_slot_of(t, old_home[e], e);
     if (!moved) return 0;
-    const size_t unit = 3 * pl->numel;
+    // An expert's unit: its weights, then both moments as stored (bf16
+    // moments: the pair fills numel floats), moved as bytes, so bit-exact.
+    const size_t es = moe_adamw_state_size(opt->state), mb = pl->numel * es;
+    const size_t unit = pl->numel + 2 * mb / sizeof(float);
+    unsigned char *const mom[2] = {moe_adamw_moment(opt, 0), moe_adamw_moment(opt, 1)};
     MOE_TRY(grow(p, 2 * (size_t)El * unit + 1));
     float *out = p->place_buf, *in = p->place_buf + (size_t)El * unit;
     const float *base = m->params;
@@ -278,8 +282,8 @@ static int migrate(moe_parallel *p, moe_model *m, moe_adamw *opt, int l, const i
                 continue;
             const size_t off = (size_t)(moe_layer_w13(&m->p[l].moe, old_slot[e]) - base);
             memcpy(out + o, m->params + off, pl->numel * sizeof(float));
-            memcpy(out + o + pl->numel, opt->m + off, pl->numel * sizeof(float));
-            memcpy(out + o + 2 * pl->numel, opt->v + off, pl->numel * sizeof(float));
+            memcpy((unsigned char *)(out + o + pl->numel), mom[0] + off * es, mb);
+            memcpy((unsigned char *)(out + o + pl->numel) + mb, mom[1] + off * es, mb);
             o += unit, sc[r]++;
         }
     }
@@ -293,8 +297,8 @@ static int migrate(moe_parallel *p, moe_model *m, moe_adamw *opt, int l, const i
                 continue;
             const size_t off = (size_t)(moe_layer_w13(&m->p[l].moe, j) - base);
             memcpy(m->params + off, in + o, pl->numel * sizeof(float));
-            memcpy(opt->m + off, in + o + pl->numel, pl->numel * sizeof(float));
-            memcpy(opt->v + off, in + o + 2 * pl->numel, pl->numel * sizeof(float));
+            memcpy(mom[0] + off * es, (const unsigned char *)(in + o + pl->numel), mb);
+            memcpy(mom[1] + off * es, (const unsigned char *)(in + o + pl->numel) + mb, mb);
             o += unit, got++;
         }
         if (got != rc[s])

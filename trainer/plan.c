@@ -27,6 +27,7 @@ static size_t placement_bytes(const moe_config *cfg, int B, int T) {
     const int P = cfg->parallel.ep, S0 = cfg->placement.slots_per_rank;
     if (!strcmp(cfg->placement.mode, "static") || P < 2) return 0;
     const bool move = !strcmp(cfg->placement.mode, "move");
+    const bool bf16 = !strcmp(cfg->train.optimizer_state, "bf16");
     size_t b = 0, stage = 0, mig = 0, n_moe = 0, E_max = 0;
     const size_t D = (size_t)cfg->model.d_model;
     const size_t H = cfg->moe.d_expert ? (size_t)cfg->moe.d_expert : (size_t)cfg->model.d_ff;
@@ -39,8 +40,10 @@ static size_t placement_bytes(const moe_config *cfg, int B, int T) {
         b += sizeof(moe_place_layer) + (PS + (size_t)E + (size_t)E * P) * sizeof(int);
         b += 2 * (X * numel + 1) * sizeof(float) + (rows * D + 1) * sizeof(float);
         b += (5 * PS + 2 * (size_t)P + (size_t)E) * sizeof(int); // + this source's capacities
+        // migrate's unit: the weights and both moments (bf16: in numel floats)
+        const size_t unit = bf16 ? 2 * numel : 3 * numel;
         const size_t st = (X * P < (size_t)E ? X * P : (size_t)E) * numel,
-                     mv = move ? 2 * (size_t)(E / P) * 3 * numel + 1 : 0;
+                     mv = move ? 2 * (size_t)(E / P) * unit + 1 : 0;
         stage += st, mig = mv > mig ? mv : mig;
         n_moe++, E_max = (size_t)E > E_max ? (size_t)E : E_max;
     }
@@ -65,7 +68,9 @@ int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *ou
     out->n_params = n;
     out->params = mm.params;
     out->grads = mm.grads;
-    out->optimizer = 2 * (n ? n : 1) * sizeof(float) + (n ? n : 1); // m, v, decay mask
+    // m, v as train.optimizer_state stores them (the decay ranges are a few words)
+    const size_t mom = strcmp(cfg->train.optimizer_state, "bf16") ? sizeof(float) : 2;
+    out->optimizer = 2 * (n ? n : 1) * mom;
     out->activations = mm.activations;
     out->moe = mm.moe;
     out->step = 2 * (size_t)B * T * sizeof(int32_t) + (size_t)B * sizeof(int32_t) +
@@ -84,9 +89,9 @@ int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *ou
     if (world / ep > 1 && expert > pack) pack = expert;
     out->grad_pack = pack * sizeof(float);
     // The asynchronous save's snapshot (moe/checkpoint.h): on the ranks that
-    // write tensors, a copy of the parameters and both moments.
+    // write tensors, a copy of the parameters and both moments (as stored).
     if (cfg->train.async_checkpoint && moe_ckpt_writes_tensors(rank, ep))
-        out->ckpt_snapshot = 3 * n * sizeof(float);
+        out->ckpt_snapshot = n * (sizeof(float) + 2 * mom);
     out->moe += placement_bytes(cfg, B, T);
     out->total = out->params + out->grads + out->optimizer + out->activations + out->moe +
                  out->step + out->data + out->grad_pack + out->ckpt_snapshot;
@@ -287,7 +292,7 @@ int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
     fprintf(f, "\nmemory per rank (every rank the same), MiB:\n");
     fprintf(f, "  %-34s %10.2f  (%zu parameters)\n", "parameters", mib(m.params), m.n_params);
     fprintf(f, "  %-34s %10.2f\n", "gradients", mib(m.grads));
-    fprintf(f, "  %-34s %10.2f\n", "optimizer (AdamW m, v, decay mask)", mib(m.optimizer));
+    fprintf(f, "  %-34s %10.2f\n", "optimizer (AdamW m, v)", mib(m.optimizer));
     fprintf(f, "  %-34s %10.2f\n", "activations (dense)", mib(m.activations));
     fprintf(f, "  %-34s %10.2f\n", "MoE routing and expert buffers", mib(m.moe));
     fprintf(f, "  %-34s %10.2f\n", "step buffers", mib(m.step));

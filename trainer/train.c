@@ -309,7 +309,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     if (rc == 0) rc = moe_data_open(&d, cfg);
     if (rc == 0)
         rc = moe_model_init_ep(&m, cfg, d.B, d.T, d.n_tasks, par.ep_size > 1 ? &par.group : NULL);
-    if (rc == 0) rc = moe_adamw_init(&opt, &m.table, cfg->train.decay_all);
+    moe_adamw_state ost = MOE_ADAMW_FP32;
+    if (rc == 0) rc = moe_adamw_state_parse(cfg->train.optimizer_state, &ost);
+    if (rc == 0) rc = moe_adamw_init_state(&opt, &m.table, cfg->train.decay_all, ost);
     if (rc == 0 && on_gpu && strcmp(cfg->placement.mode, "static"))
         rc = moe_fail(MOE_EINVAL, "placement.mode = %s needs the CPU training path",
                       cfg->placement.mode);

@@ -57,6 +57,9 @@ int moe_gpu_trainer_init(moe_gpu_trainer *g, const moe_model *host, const moe_ad
     }
     g->ops = ops;
     int rc = 0;
+    if (opt->state != MOE_ADAMW_FP32)
+        return moe_fail(MOE_EINVAL, "train.optimizer_state = bf16: the GPU trainer keeps fp32 "
+                                    "moments (use train.optimizer_state = fp32)");
 #ifdef MOE_HAVE_CUDA
     if (on_cuda(ops)) MOE_TRY(moe_cuda_init(moe_gpu_local_device())); // before any allocation
 #endif
@@ -72,7 +75,12 @@ int moe_gpu_trainer_init(moe_gpu_trainer *g, const moe_model *host, const moe_ad
     }
     MOE_TRY_GOTO(up(ops, g->adam_m, opt->m, g->n * sizeof(float)), rc);
     MOE_TRY_GOTO(up(ops, g->adam_v, opt->v, g->n * sizeof(float)), rc);
-    MOE_TRY_GOTO(up(ops, g->decay, opt->decay, g->n), rc);
+    unsigned char *mask = malloc(g->n ? g->n : 1); // the device kernel takes a byte mask
+    if (!mask) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "GPU trainer: decay mask: out of memory"), rc);
+    moe_adamw_decay_mask(opt, mask);
+    rc = up(ops, g->decay, mask, g->n);
+    free(mask);
+    if (rc < 0) goto fail;
     return 0;
 fail:
     moe_gpu_trainer_free(g);

@@ -83,6 +83,14 @@ int moe_cpu_adamw(float *params, float *m, float *v, const float *grads, const u
 int moe_cpu_adamw_scaled(float *params, float *m, float *v, const float *grads,
                          const uint8_t *decay, size_t n, long step, float lr, float beta1,
                          float beta2, float eps, float weight_decay, float grad_scale);
+// The trainer's step (trainer/optim.c): weight decay on the n_ranges
+// half-open ranges [ranges[2k], ranges[2k + 1]) (ascending, disjoint) and
+// none elsewhere; m, v are float [n], or with bf16 uint16_t [n] bfloat16
+// (arithmetic in float, stored rounded to nearest even). fp32 moments give
+// the bits of moe_cpu_adamw_scaled with the equivalent mask.
+int moe_cpu_adamw_ranged(float *params, void *m, void *v, bool bf16, const float *grads,
+                         const size_t *ranges, int n_ranges, size_t n, long step, float lr,
+                         float beta1, float beta2, float eps, float weight_decay, float grad_scale);
 // Sum of squares in double, a fixed function of (x, n) whatever the thread
 // count (chunk sums added in chunk order), so sharded norms match.
 int moe_cpu_sumsq(double *sumsq, const float *x, size_t n);

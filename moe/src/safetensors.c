@@ -3,6 +3,7 @@
 // any tensor is read, so a truncated or lying file fails at open with a message
 // naming the tensor, not later with a short read or an out-of-bounds copy.
 #include "moe/safetensors.h"
+#include "moe/bf16.h"
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/fsio.h"
@@ -438,7 +439,7 @@ int moe_st_load(moe_st_file *f, const char *name, moe_st_dtype dtype, int ndim, 
 // Builds the compact JSON header: __metadata__ first (as HF writes it), then
 // the tensors in the order given, packed back to back.
 static int build_header(const char *path, const moe_st_entry *e, int n, const char *const *metadata,
-                        uint64_t *nbytes, char **out) {
+                        bool from_bf16, uint64_t *nbytes, char **out) {
     int rc = 0;
     json_t *root = json_object();
     if (!root) return moe_fail(MOE_ENOMEM, "%s: out of memory", path);
@@ -470,6 +471,11 @@ static int build_header(const char *path, const moe_st_entry *e, int n, const ch
         if ((unsigned)e[i].dtype >= MOE_ST_NDTYPES)
             MOE_TRY_GOTO(moe_fail(MOE_EINVAL, "%s: tensor '%s' has dtype %d outside the enum", path,
                                   nm, (int)e[i].dtype),
+                         rc);
+        if (from_bf16 && e[i].dtype != MOE_ST_F32)
+            MOE_TRY_GOTO(moe_fail(MOE_EINVAL,
+                                  "%s: tensor '%s' from bf16 values must be F32, not %s", path, nm,
+                                  moe_st_dtype_name(e[i].dtype)),
                          rc);
         if (e[i].ndim < 0 || e[i].ndim > MOE_ST_MAX_DIMS)
             MOE_TRY_GOTO(moe_fail(MOE_EINVAL, "%s: tensor '%s' has rank %d, expected 0..%d", path,
@@ -518,14 +524,27 @@ static void sync_parent_dir(const char *path) {
     free(dir);
 }
 
-int moe_st_write(const char *path, const moe_st_entry *entries, int n,
-                 const char *const *metadata) {
+// An F32 tensor from bf16 values: widened through a small stack buffer.
+static int write_widened(int fd, const uint16_t *h, uint64_t numel) {
+    float buf[4096];
+    for (uint64_t i = 0; i < numel;) {
+        const size_t k = numel - i < 4096 ? (size_t)(numel - i) : 4096;
+        for (size_t j = 0; j < k; j++)
+            buf[j] = moe_bf16_to_float(h[i + j]);
+        if (moe_fs_write(fd, buf, k * sizeof(float)) != 0) return -1;
+        i += k;
+    }
+    return 0;
+}
+
+static int write_file(const char *path, const moe_st_entry *entries, int n,
+                      const char *const *metadata, bool from_bf16) {
     int rc = 0, fd = -1;
     char *header = NULL, *tmp = NULL;
     uint64_t data_bytes = 0;
     if (n < 0 || (n > 0 && !entries))
         return moe_fail(MOE_EINVAL, "%s: %d tensors to write", path, n);
-    MOE_TRY(build_header(path, entries, n, metadata, &data_bytes, &header));
+    MOE_TRY(build_header(path, entries, n, metadata, from_bf16, &data_bytes, &header));
 
     // Pad with spaces so the data section starts 8-byte aligned (8 + N, N % 8 == 0).
     size_t hlen = strlen(header), padded = (hlen + 7) & ~(size_t)7;
@@ -556,7 +575,10 @@ int moe_st_write(const char *path, const moe_st_entry *entries, int n,
     for (int i = 0; i < n; i++) {
         uint64_t numel, sz;
         tensor_bytes(entries[i].dtype, entries[i].ndim, entries[i].shape, &numel, &sz);
-        if (sz > 0 && moe_fs_write(fd, entries[i].data, (size_t)sz) != 0) goto io_fail;
+        if (from_bf16) {
+            if (write_widened(fd, entries[i].data, numel) != 0) goto io_fail;
+        } else if (sz > 0 && moe_fs_write(fd, entries[i].data, (size_t)sz) != 0)
+            goto io_fail;
     }
     step = "chmod";
     if (fchmod(fd, 0644) != 0) goto io_fail;
@@ -583,4 +605,14 @@ fail:
     free(tmp);
     free(header);
     return rc;
+}
+
+int moe_st_write(const char *path, const moe_st_entry *entries, int n,
+                 const char *const *metadata) {
+    return write_file(path, entries, n, metadata, false);
+}
+
+int moe_st_write_from_bf16(const char *path, const moe_st_entry *entries, int n,
+                           const char *const *metadata) {
+    return write_file(path, entries, n, metadata, true);
 }

@@ -1,8 +1,9 @@
 // Checkpoints: a folder with model.safetensors (Hugging Face Mixtral tensor
 // names), optimizer.safetensors (AdamW moments per tensor, NAME.exp_avg and
-// NAME.exp_avg_sq), config.json (the resolved run config), trainer_state.json
-// (step, data cursors, dynamic-capacity state), task_experts.json (each task's
-// experts, moe/task_experts.h), tokenizer.model (a copy of model.tokenizer's
+// NAME.exp_avg_sq, F32 also with train.optimizer_state = bf16), config.json
+// (the resolved run config), trainer_state.json (step, data cursors,
+// dynamic-capacity state), task_experts.json (each task's experts,
+// moe/task_experts.h), tokenizer.model (a copy of model.tokenizer's
 // SentencePiece model, when not bytes; config.json then says "tokenizer.model",
 // a path relative to the folder) and manifest.json (every other file and its
 // size, written last: the folder's completeness marker).

@@ -49,6 +49,7 @@ typedef struct {
         bool tensorboard;           // also write TensorBoard event files into the run folder
         int keep_checkpoints;       // > 0: checkpoint-STEP/ folders kept, `latest` names one
         bool async_checkpoint;      // periodic saves written by a background thread
+        char optimizer_state[MOE_NAME_MAX]; // fp32 | bf16: how AdamW stores its moments
     } train;
     struct {
         char kind[MOE_NAME_MAX]; // synthetic | bin (= llmc) | llmc | nanogpt | text

@@ -1,6 +1,6 @@
 // AdamW (Loshchilov & Hutter, arXiv 1711.05101) over the flat parameter
-// buffer, with per-view weight-decay masks, warmup + cosine learning rate,
-// and global-norm gradient clipping.
+// buffer, with per-view weight decay, fp32 or bf16 moments (train.optimizer_state),
+// warmup + cosine learning rate, and global-norm gradient clipping.
 #ifndef MOE_OPTIM_H
 #define MOE_OPTIM_H
 
@@ -8,19 +8,46 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+// How the moments are stored. bf16 halves their memory (4 instead of 8 bytes
+// per parameter) and the update's traffic; the arithmetic stays float and
+// each stored value is rounded to nearest even (moe/bf16.h).
+typedef enum { MOE_ADAMW_FP32 = 0, MOE_ADAMW_BF16 = 1 } moe_adamw_state;
 
 typedef struct {
     size_t n;
-    float *m, *v;         // first and second moments [n]
-    unsigned char *decay; // [n] 1 where weight decay applies
-    long step;            // updates applied
+    moe_adamw_state state;
+    float *m, *v;        // first and second moments [n] (fp32; NULL with bf16)
+    uint16_t *m16, *v16; // the same as bfloat16 [n] (bf16; NULL with fp32)
+    // Weight decay applies on [decay[2k], decay[2k + 1]) for k < n_decay
+    // (ascending, disjoint; adjacent decayed views merged) and nowhere else:
+    // decay is per view, so the update reads no per-parameter mask.
+    size_t *decay;
+    int n_decay;
+    long step; // updates applied
 } moe_adamw;
 
 // decay: a view gets weight decay unless its name ends in "norm.weight" or it
 // is an embedding (embed_tokens, task_embedding), the GPT-2/llm.c rule;
-// decay_all (train.decay_all) gives every view weight decay.
+// decay_all (train.decay_all) gives every view weight decay. fp32 moments.
 int moe_adamw_init(moe_adamw *opt, const moe_param_table *table, bool decay_all);
+// The same with the moments stored as state says.
+int moe_adamw_init_state(moe_adamw *opt, const moe_param_table *table, bool decay_all,
+                         moe_adamw_state state);
+// train.optimizer_state's value ("fp32" | "bf16"); MOE_EINVAL naming the key otherwise.
+int moe_adamw_state_parse(const char *name, moe_adamw_state *out);
+// Bytes per stored moment element: 4 (fp32) or 2 (bf16).
+size_t moe_adamw_state_size(moe_adamw_state state);
 void moe_adamw_free(moe_adamw *opt);
+// Moment which (0: m, 1: v) as stored: float * or uint16_t *.
+void *moe_adamw_moment(const moe_adamw *opt, int which);
+// Elements [off, off + count) of moment which as floats (exact), and their
+// assignment from floats (rounded to nearest even with bf16).
+void moe_adamw_moment_get(const moe_adamw *opt, int which, size_t off, size_t count, float *out);
+void moe_adamw_moment_set(moe_adamw *opt, int which, size_t off, size_t count, const float *in);
+// The decay ranges as a byte mask [n] (1: decayed), for a kernel that takes one.
+void moe_adamw_decay_mask(const moe_adamw *opt, unsigned char *mask);
 void moe_adamw_update(moe_adamw *opt, float *params, const float *grads, float lr, float beta1,
                       float beta2, float eps, float weight_decay);
 // Clipping and the update in one pass: the step on grads scaled as

@@ -11,7 +11,7 @@
 #include <stdio.h>
 
 typedef struct {
-    size_t params, grads, optimizer; // flat buffers; optimizer: AdamW m, v and decay mask
+    size_t params, grads, optimizer; // flat buffers; optimizer: AdamW m, v (as stored)
     size_t activations;              // dense activations and scratch
     size_t moe;                      // routing plans, expert row buffers, capacity state
     size_t step;                     // token/target/task buffers, accumulation buffer

@@ -108,6 +108,11 @@ typedef struct {
 // path is untouched. The header is padded with spaces to a multiple of 8 bytes.
 // The file gets mode 0644. Errors: MOE_EINVAL (bad entry), MOE_EIO, MOE_ENOMEM.
 int moe_st_write(const char *path, const moe_st_entry *entries, int n, const char *const *metadata);
+// The same for F32 tensors whose data holds bfloat16 values (uint16_t, numel
+// each): written widened to F32 (exact), so a caller with bf16 buffers needs
+// no full-size float copy. A dtype other than F32 is MOE_EINVAL.
+int moe_st_write_from_bf16(const char *path, const moe_st_entry *entries, int n,
+                           const char *const *metadata);
 
 // A checkpoint's tensors: one model.safetensors, or shards listed by
 // model.safetensors.index.json ({"weight_map": {tensor: shard file}}, the

@@ -33,38 +33,23 @@ static moe_config cfg(bool async) {
     return c;
 }
 
-static void train(const moe_config *c, const char *out, const char *resume, double *losses) {
-    moe_train_opts o = {.out_dir = out, .resume_dir = resume, .quiet = true, .losses = losses};
-    moe_train_result r;
-    ck_assert_msg(moe_train(c, &o, &r) == 0, "%s", moe_last_error());
-    moe_eval_result_free(&r.eval);
-}
-
-static const char *path(const char *dir, const char *a, const char *b) {
-    static char p[4][1200];
-    static int k;
-    k = (k + 1) % 4;
-    int n = snprintf(p[k], sizeof p[k], "%s/%s%s%s", dir, a, b[0] ? "/" : "", b);
-    ck_assert(n > 0 && (size_t)n < sizeof p[k]);
-    return p[k];
-}
-
 // Every periodic save of an async run (steps 2, 4 and 6, written while
 // training went on) holds the bytes of the synchronous run's.
 START_TEST(test_async_checkpoints_equal_sync_byte_for_byte) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s", tu_tmpdir());
     moe_config cs = cfg(false), ca = cfg(true);
-    train(&cs, path(dir, "sync", ""), NULL, NULL);
-    train(&ca, path(dir, "async", ""), NULL, NULL);
+    tu_train(&cs, tu_path(dir, "sync", ""), NULL, NULL, 0);
+    tu_train(&ca, tu_path(dir, "async", ""), NULL, NULL, 0);
     static const char *const names[] = {"checkpoint-2", "checkpoint-4", "checkpoint-6"};
     for (int i = 0; i < 3; i++) {
         char a[1200], b[1200];
-        snprintf(a, sizeof a, "%s", path(dir, "sync", names[i]));
-        snprintf(b, sizeof b, "%s", path(dir, "async", names[i]));
+        snprintf(a, sizeof a, "%s", tu_path(dir, "sync", names[i]));
+        snprintf(b, sizeof b, "%s", tu_path(dir, "async", names[i]));
         ck_assert_msg(moe_ckpt_complete(b), "%s is not complete", b);
         tu_assert_same_checkpoint(a, b);
-        tu_assert_same_file(path(a, "task_experts.json", ""), path(b, "task_experts.json", ""));
+        tu_assert_same_file(tu_path(a, "task_experts.json", ""),
+                            tu_path(b, "task_experts.json", ""));
     }
 }
 END_TEST
@@ -106,7 +91,7 @@ START_TEST(test_async_save_writes_the_state_at_begin) {
     ck_assert_msg(moe_ckpt_async_wait(a, NULL) == 0, "%s", moe_last_error());
     ck_assert_int_eq(moe_ckpt_async_pending(a), -1);
     moe_ckpt_async_free(a);
-    ck_assert_str_eq(saved, path(run, "checkpoint", ""));
+    ck_assert_str_eq(saved, tu_path(run, "checkpoint", ""));
     tu_assert_same_checkpoint(ref, saved);
     moe_adamw_free(&opt);
     moe_model_free(&m);
@@ -169,13 +154,13 @@ START_TEST(test_resume_from_async_checkpoint_is_bit_identical) {
     snprintf(dir, sizeof dir, "%s", tu_tmpdir());
     moe_config c = cfg(true);
     double straight[6] = {0}, resumed[6] = {0};
-    train(&c, path(dir, "straight", ""), NULL, straight);
-    train(&c, path(dir, "resumed", ""), path(dir, "straight", "checkpoint-2"), resumed);
+    tu_train(&c, tu_path(dir, "straight", ""), NULL, straight, 0);
+    tu_train(&c, tu_path(dir, "resumed", ""), tu_path(dir, "straight", "checkpoint-2"), resumed, 0);
     for (int i = 2; i < 6; i++)
         ck_assert_msg(straight[i] == resumed[i], "step %d: %.9g vs %.9g", i + 1, straight[i],
                       resumed[i]);
-    tu_assert_same_checkpoint(path(dir, "straight", "checkpoint-6"),
-                              path(dir, "resumed", "checkpoint-6"));
+    tu_assert_same_checkpoint(tu_path(dir, "straight", "checkpoint-6"),
+                              tu_path(dir, "resumed", "checkpoint-6"));
 }
 END_TEST
 
@@ -210,7 +195,7 @@ START_TEST(test_async_write_failure_names_the_file) {
                   moe_last_error());
     ck_assert_int_eq(moe_ckpt_async_pending(a), -1);
     moe_ckpt_async_free(a);
-    tu_assert_same_checkpoint(ref, path(run, "checkpoint", ""));
+    tu_assert_same_checkpoint(ref, tu_path(run, "checkpoint", ""));
     moe_adamw_free(&opt);
     moe_model_free(&m);
 }
@@ -231,7 +216,7 @@ START_TEST(test_nonfinite_stop_completes_the_pending_save) {
     moe_train_result r;
     ck_assert_int_eq(moe_train(&c, &o, &r), MOE_ENUMERIC);
     ck_assert_msg(strstr(moe_last_error(), "step "), "message: %s", moe_last_error());
-    const char *ck = path(out, "checkpoint", "");
+    const char *ck = tu_path(out, "checkpoint", "");
     ck_assert_msg(moe_ckpt_complete(ck), "%s: no complete checkpoint", ck);
     moe_model m;
     moe_adamw opt;
@@ -312,11 +297,11 @@ START_TEST(test_async_rotation_leaves_only_the_kept_checkpoints) {
     moe_config c = cfg(true);
     c.train.steps = 8;
     c.train.keep_checkpoints = 2;
-    train(&c, path(dir, "run", ""), NULL, NULL);
-    ck_assert_str_eq(ckpt_names(path(dir, "run", "")), "checkpoint-6 checkpoint-8");
+    tu_train(&c, tu_path(dir, "run", ""), NULL, NULL, 0);
+    ck_assert_str_eq(ckpt_names(tu_path(dir, "run", "")), "checkpoint-6 checkpoint-8");
     char got[1200];
-    ck_assert_int_eq(moe_ckpt_resolve(path(dir, "run", ""), got, sizeof got, NULL), 0);
-    ck_assert_str_eq(got, path(dir, "run", "checkpoint-8"));
+    ck_assert_int_eq(moe_ckpt_resolve(tu_path(dir, "run", ""), got, sizeof got, NULL), 0);
+    ck_assert_str_eq(got, tu_path(dir, "run", "checkpoint-8"));
 }
 END_TEST
 
@@ -328,9 +313,9 @@ START_TEST(test_async_saves_into_one_folder_leave_no_trash) {
     snprintf(dir, sizeof dir, "%s", tu_tmpdir());
     moe_config c = cfg(true);
     c.train.keep_checkpoints = 0;
-    train(&c, path(dir, "run", ""), NULL, NULL);
-    ck_assert_str_eq(ckpt_names(path(dir, "run", "")), "checkpoint");
-    ck_assert(moe_ckpt_complete(path(dir, "run", "checkpoint")));
+    tu_train(&c, tu_path(dir, "run", ""), NULL, NULL, 0);
+    ck_assert_str_eq(ckpt_names(tu_path(dir, "run", "")), "checkpoint");
+    ck_assert(moe_ckpt_complete(tu_path(dir, "run", "checkpoint")));
 }
 END_TEST
 
@@ -341,15 +326,15 @@ START_TEST(test_deferred_prune_renames_to_trash_and_resolves_the_new) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s", tu_tmpdir());
     moe_config c = cfg(false); // checkpoint-2, -4, -6
-    train(&c, path(dir, "run", ""), NULL, NULL);
-    const char *run = path(dir, "run", "");
+    tu_train(&c, tu_path(dir, "run", ""), NULL, NULL, 0);
+    const char *run = tu_path(dir, "run", "");
     moe_ckpt_trash later = {0};
     ck_assert_int_eq(moe_ckpt_run_finish(run, 1, 6, &later), 0);
     ck_assert_int_eq(later.n, 2);
     ck_assert_str_eq(ckpt_names(run), "checkpoint-2.trash checkpoint-4.trash checkpoint-6");
     char got[1200];
     ck_assert_int_eq(moe_ckpt_resolve(run, got, sizeof got, NULL), 0);
-    ck_assert_str_eq(got, path(dir, "run", "checkpoint-6"));
+    ck_assert_str_eq(got, tu_path(dir, "run", "checkpoint-6"));
     ck_assert_int_eq(moe_ckpt_trash_empty(&later), 0);
     ck_assert_int_eq(later.n, 0);
     ck_assert_str_eq(ckpt_names(run), "checkpoint-6");

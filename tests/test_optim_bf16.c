@@ -28,27 +28,6 @@ static moe_config small(const char *state) {
     return c;
 }
 
-static void train(const moe_config *c, const char *out, const char *resume, double *losses,
-                  int stop_after) {
-    moe_train_opts o = {.out_dir = out,
-                        .resume_dir = resume,
-                        .quiet = true,
-                        .losses = losses,
-                        .stop_after = stop_after};
-    moe_train_result r;
-    ck_assert_msg(moe_train(c, &o, &r) == 0, "%s", moe_last_error());
-    moe_eval_result_free(&r.eval);
-}
-
-static const char *path(const char *dir, const char *a, const char *b) {
-    static char p[4][1200];
-    static int k;
-    k = (k + 1) % 4;
-    int n = snprintf(p[k], sizeof p[k], "%s/%s%s%s", dir, a, b[0] ? "/" : "", b);
-    ck_assert(n > 0 && (size_t)n < sizeof p[k]);
-    return p[k];
-}
-
 // 20 steps: the loss falls by a wide margin with bf16 moments, and each of
 // the last five steps' losses stays within 2% of the fp32 run's (they part
 // only by the moments' rounding).
@@ -56,8 +35,8 @@ START_TEST(test_bf16_training_loss_falls_and_tracks_fp32) {
     double l32[20] = {0}, l16[20] = {0};
     moe_config c32 = small("fp32"), c16 = small("bf16");
     c32.train.steps = c16.train.steps = 20;
-    train(&c32, path(tu_tmpdir(), "fp32", ""), NULL, l32, 0);
-    train(&c16, path(tu_tmpdir(), "bf16", ""), NULL, l16, 0);
+    tu_train(&c32, tu_path(tu_tmpdir(), "fp32", ""), NULL, l32, 0);
+    tu_train(&c16, tu_path(tu_tmpdir(), "bf16", ""), NULL, l16, 0);
     ck_assert_msg(l16[19] < l16[0] - 1.0, "bf16 loss %g -> %g", l16[0], l16[19]);
     ck_assert(l16[0] == l32[0]); // the first forward sees the same weights
     bool differ = false;
@@ -78,13 +57,13 @@ START_TEST(test_bf16_resume_is_bit_identical) {
     c.router.capacity_mode = MOE_CAPACITY_DYNAMIC;
     const char *dir = tu_tmpdir();
     double la[8] = {0}, lb[8] = {0};
-    train(&c, path(dir, "straight", ""), NULL, la, 0);
-    train(&c, path(dir, "halves", ""), NULL, lb, 4);
-    train(&c, path(dir, "halves", ""), path(dir, "halves", "checkpoint"), lb, 0);
+    tu_train(&c, tu_path(dir, "straight", ""), NULL, la, 0);
+    tu_train(&c, tu_path(dir, "halves", ""), NULL, lb, 4);
+    tu_train(&c, tu_path(dir, "halves", ""), tu_path(dir, "halves", "checkpoint"), lb, 0);
     for (int i = 0; i < 8; i++)
         ck_assert_msg(la[i] == lb[i], "step %d: %.9g vs %.9g", i + 1, la[i], lb[i]);
-    tu_assert_same_checkpoint(path(dir, "straight", "checkpoint"),
-                              path(dir, "halves", "checkpoint"));
+    tu_assert_same_checkpoint(tu_path(dir, "straight", "checkpoint"),
+                              tu_path(dir, "halves", "checkpoint"));
 }
 END_TEST
 
@@ -98,19 +77,20 @@ START_TEST(test_bf16_resume_from_async_checkpoint_is_bit_identical) {
     ck_assert_int_eq(moe_config_set(&c, NULL, "train.async_checkpoint=true"), 0);
     const char *dir = tu_tmpdir();
     double straight[6] = {0}, resumed[6] = {0};
-    train(&c, path(dir, "astraight", ""), NULL, straight, 0);
-    train(&c, path(dir, "aresumed", ""), path(dir, "astraight", "checkpoint-2"), resumed, 0);
+    tu_train(&c, tu_path(dir, "astraight", ""), NULL, straight, 0);
+    tu_train(&c, tu_path(dir, "aresumed", ""), tu_path(dir, "astraight", "checkpoint-2"), resumed,
+             0);
     for (int i = 2; i < 6; i++)
         ck_assert_msg(straight[i] == resumed[i], "step %d: %.9g vs %.9g", i + 1, straight[i],
                       resumed[i]);
-    tu_assert_same_checkpoint(path(dir, "astraight", "checkpoint-6"),
-                              path(dir, "aresumed", "checkpoint-6"));
+    tu_assert_same_checkpoint(tu_path(dir, "astraight", "checkpoint-6"),
+                              tu_path(dir, "aresumed", "checkpoint-6"));
     // and the async save's files equal a synchronous save's of the same state
     moe_config s = c;
     s.train.async_checkpoint = false;
-    train(&s, path(dir, "sync", ""), NULL, NULL, 0);
-    tu_assert_same_checkpoint(path(dir, "astraight", "checkpoint-4"),
-                              path(dir, "sync", "checkpoint-4"));
+    tu_train(&s, tu_path(dir, "sync", ""), NULL, NULL, 0);
+    tu_assert_same_checkpoint(tu_path(dir, "astraight", "checkpoint-4"),
+                              tu_path(dir, "sync", "checkpoint-4"));
 }
 END_TEST
 
@@ -121,8 +101,8 @@ START_TEST(test_fp32_checkpoint_resumes_into_bf16_rounded) {
     const char *dir = tu_tmpdir();
     moe_config c32 = small("fp32"), c16 = small("bf16");
     c32.train.steps = c16.train.steps = 6;
-    train(&c32, path(dir, "f32", ""), NULL, NULL, 3);
-    const char *ck = path(dir, "f32", "checkpoint");
+    tu_train(&c32, tu_path(dir, "f32", ""), NULL, NULL, 3);
+    const char *ck = tu_path(dir, "f32", "checkpoint");
     moe_model m;
     moe_adamw a, b;
     moe_train_state st;
@@ -139,10 +119,10 @@ START_TEST(test_fp32_checkpoint_resumes_into_bf16_rounded) {
         inexact += moe_bf16_to_float(b.m16[i]) != a.m[i];
     }
     ck_assert_uint_gt(inexact, a.n / 2); // the fp32 moments did need rounding
-    const char *again = path(dir, "again", "");
+    const char *again = tu_path(dir, "again", "");
     ck_assert_msg(moe_ckpt_save(again, &m, &b, &st, NULL) == 0, "%s", moe_last_error());
     moe_st_file *f;
-    ck_assert_int_eq(moe_st_open(path(dir, "again", "optimizer.safetensors"), &f), 0);
+    ck_assert_int_eq(moe_st_open(tu_path(dir, "again", "optimizer.safetensors"), &f), 0);
     const moe_param_view *v = &m.table.views[1];
     char name[MOE_PARAM_NAME_MAX + 16];
     snprintf(name, sizeof name, "%s.exp_avg_sq", v->name);
@@ -157,7 +137,7 @@ START_TEST(test_fp32_checkpoint_resumes_into_bf16_rounded) {
     moe_st_close(f);
     moe_adamw_free(&a), moe_adamw_free(&b);
     moe_model_free(&m);
-    train(&c16, path(dir, "f32", ""), ck, NULL, 0); // a bf16 run continues it
+    tu_train(&c16, tu_path(dir, "f32", ""), ck, NULL, 0); // a bf16 run continues it
 }
 END_TEST
 
@@ -198,7 +178,7 @@ START_TEST(test_gpu_refuses_bf16_states) {
     ck_assert_msg(strstr(moe_last_error(), "train.optimizer_state = bf16"), "%s", moe_last_error());
     c = small("bf16");
     c.train.steps = 2;
-    moe_train_opts o = {.out_dir = path(tu_tmpdir(), "dev", ""), .quiet = true};
+    moe_train_opts o = {.out_dir = tu_path(tu_tmpdir(), "dev", ""), .quiet = true};
     o.device_ops = &moe_ops_cpu;
     moe_train_result r;
     ck_assert_int_eq(moe_train(&c, &o, &r), MOE_EINVAL);

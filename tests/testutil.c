@@ -5,6 +5,7 @@
 #include "moe/model.h"
 #include "moe/optim.h"
 #include "moe/safetensors.h"
+#include "moe/train.h"
 
 #include <dirent.h>
 #include <jansson.h>
@@ -258,4 +259,25 @@ int tu_st_dirs_differ(const char *a, const char *b, char *why, size_t cap) {
     moe_st_set_close(sa);
     moe_st_set_close(sb);
     return differ;
+}
+
+const char *tu_path(const char *dir, const char *a, const char *b) {
+    static char p[4][1200];
+    static int k;
+    k = (k + 1) % 4;
+    int n = snprintf(p[k], sizeof p[k], "%s/%s%s%s", dir, a, b[0] ? "/" : "", b);
+    ck_assert(n > 0 && (size_t)n < sizeof p[k]);
+    return p[k];
+}
+
+void tu_train(const moe_config *c, const char *out, const char *resume, double *losses,
+              int stop_after) {
+    moe_train_opts o = {.out_dir = out,
+                        .resume_dir = resume,
+                        .quiet = true,
+                        .losses = losses,
+                        .stop_after = stop_after};
+    moe_train_result r;
+    ck_assert_msg(moe_train(c, &o, &r) == 0, "%s", moe_last_error());
+    moe_eval_result_free(&r.eval);
 }

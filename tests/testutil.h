@@ -37,6 +37,12 @@ void tu_dir_teardown(void);
 const char *tu_in_dir(const char *name);
 // How many entries dir holds besides . and ..; -1 when it cannot be opened.
 int tu_count_entries(const char *dir);
+// dir/a/b (dir/a when b is ""), in one of 4 rotating static buffers.
+const char *tu_path(const char *dir, const char *a, const char *b);
+// moe_train of c into out (resume: NULL or a run to resume), quietly; losses
+// (NULL: none) gets each step's loss; stop_after 0: every step. Asserts success.
+void tu_train(const moe_config *c, const char *out, const char *resume, double *losses,
+              int stop_after);
 
 // A 2-layer d=32 model with 4 experts, batch 4 x 32 tokens, 60 steps at lr
 // 1e-2 (5 warmup), no evaluation: trains in a fraction of a second.

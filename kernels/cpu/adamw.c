@@ -50,24 +50,29 @@ static void adamw_chunk(void *ctx, int c) {
     }
 }
 
+// A step's constants; the caller adds the moments and the decay.
+static adamw_job step_job(float *params, const float *grads, size_t n, long step, float lr,
+                          float beta1, float beta2, float eps, float weight_decay,
+                          float grad_scale) {
+    const double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
+    return (adamw_job){.params = params,
+                       .grads = grads,
+                       .n = n,
+                       .step_size = (float)(lr / bc1),
+                       .rsqrt_bc2 = (float)(1.0 / sqrt(bc2)),
+                       .beta1 = beta1,
+                       .beta2 = beta2,
+                       .eps = eps,
+                       .lr_wd = lr * weight_decay,
+                       .grad_scale = grad_scale};
+}
+
 int moe_cpu_adamw_scaled(float *params, float *m, float *v, const float *grads,
                          const uint8_t *decay, size_t n, long step, float lr, float beta1,
                          float beta2, float eps, float weight_decay, float grad_scale) {
     if (step < 1) return moe_fail(MOE_EINVAL, "adamw: step %ld (1-based)", step);
-    const double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
-    adamw_job J = {.params = params,
-                   .m = m,
-                   .v = v,
-                   .grads = grads,
-                   .decay = decay,
-                   .n = n,
-                   .step_size = (float)(lr / bc1),
-                   .rsqrt_bc2 = (float)(1.0 / sqrt(bc2)),
-                   .beta1 = beta1,
-                   .beta2 = beta2,
-                   .eps = eps,
-                   .lr_wd = lr * weight_decay,
-                   .grad_scale = grad_scale};
+    adamw_job J = step_job(params, grads, n, step, lr, beta1, beta2, eps, weight_decay, grad_scale);
+    J.m = m, J.v = v, J.decay = decay;
     moe_cpu_parallel_for((int)((n + CHUNK - 1) / CHUNK), adamw_chunk, &J);
     return 0;
 }
@@ -183,23 +188,12 @@ int moe_cpu_adamw_ranged(float *params, void *m, void *v, bool bf16, const float
                          float beta1, float beta2, float eps, float weight_decay,
                          float grad_scale) {
     if (step < 1) return moe_fail(MOE_EINVAL, "adamw: step %ld (1-based)", step);
-    const double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
-    adamw_job J = {.params = params,
-                   .m = bf16 ? NULL : m,
-                   .v = bf16 ? NULL : v,
-                   .m16 = bf16 ? m : NULL,
-                   .v16 = bf16 ? v : NULL,
-                   .grads = grads,
-                   .ranges = ranges,
-                   .n_ranges = n_ranges,
-                   .n = n,
-                   .step_size = (float)(lr / bc1),
-                   .rsqrt_bc2 = (float)(1.0 / sqrt(bc2)),
-                   .beta1 = beta1,
-                   .beta2 = beta2,
-                   .eps = eps,
-                   .lr_wd = lr * weight_decay,
-                   .grad_scale = grad_scale};
+    adamw_job J = step_job(params, grads, n, step, lr, beta1, beta2, eps, weight_decay, grad_scale);
+    if (bf16)
+        J.m16 = m, J.v16 = v;
+    else
+        J.m = m, J.v = v;
+    J.ranges = ranges, J.n_ranges = n_ranges;
     moe_cpu_parallel_for((int)((n + CHUNK - 1) / CHUNK), adamw_ranged_chunk, &J);
     return 0;
 }

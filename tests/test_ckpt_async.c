@@ -39,8 +39,9 @@ START_TEST(test_async_checkpoints_equal_sync_byte_for_byte) {
     char dir[600];
     snprintf(dir, sizeof dir, "%s", tu_tmpdir());
     moe_config cs = cfg(false), ca = cfg(true);
-    tu_train(&cs, tu_path(dir, "sync", ""), NULL, NULL, 0);
-    tu_train(&ca, tu_path(dir, "async", ""), NULL, NULL, 0);
+    // step 6, the last, is saved once: by its periodic save, not again at the end
+    ck_assert_int_eq(tu_train(&cs, tu_path(dir, "sync", ""), NULL, NULL, 0), 3);
+    ck_assert_int_eq(tu_train(&ca, tu_path(dir, "async", ""), NULL, NULL, 0), 3);
     static const char *const names[] = {"checkpoint-2", "checkpoint-4", "checkpoint-6"};
     for (int i = 0; i < 3; i++) {
         char a[1200], b[1200];
@@ -305,6 +306,18 @@ START_TEST(test_async_rotation_leaves_only_the_kept_checkpoints) {
 }
 END_TEST
 
+// A last step that is not a periodic one gets its own save after the loop.
+START_TEST(test_last_step_off_the_period_is_saved_at_the_end) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    moe_config c = cfg(true);
+    c.train.steps = 5;
+    ck_assert_int_eq(tu_train(&c, tu_path(dir, "run", ""), NULL, NULL, 0), 3);
+    ck_assert_str_eq(ckpt_names(tu_path(dir, "run", "")), "checkpoint-2 checkpoint-4 checkpoint-5");
+    ck_assert(moe_ckpt_complete(tu_path(dir, "run", "checkpoint-5")));
+}
+END_TEST
+
 // One checkpoint/ folder (keep_checkpoints = 0): each commit swaps the
 // previous one out to checkpoint.trash, removed in the background; none is
 // left and the folder holds the last save.
@@ -355,6 +368,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_plan_counts_the_snapshot_on_writing_ranks);
     tcase_add_test(tc, test_plan_matches_measured_peak_with_async_saves);
     tcase_add_test(tc, test_async_rotation_leaves_only_the_kept_checkpoints);
+    tcase_add_test(tc, test_last_step_off_the_period_is_saved_at_the_end);
     tcase_add_test(tc, test_async_saves_into_one_folder_leave_no_trash);
     tcase_add_test(tc, test_deferred_prune_renames_to_trash_and_resolves_the_new);
     suite_add_tcase(s, tc);

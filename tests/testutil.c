@@ -270,7 +270,7 @@ const char *tu_path(const char *dir, const char *a, const char *b) {
     return p[k];
 }
 
-void tu_train(const moe_config *c, const char *out, const char *resume, double *losses,
+long tu_train(const moe_config *c, const char *out, const char *resume, double *losses,
               int stop_after) {
     moe_train_opts o = {.out_dir = out,
                         .resume_dir = resume,
@@ -280,4 +280,5 @@ void tu_train(const moe_config *c, const char *out, const char *resume, double *
     moe_train_result r;
     ck_assert_msg(moe_train(c, &o, &r) == 0, "%s", moe_last_error());
     moe_eval_result_free(&r.eval);
+    return r.checkpoints;
 }

@@ -40,8 +40,9 @@ int tu_count_entries(const char *dir);
 // dir/a/b (dir/a when b is ""), in one of 4 rotating static buffers.
 const char *tu_path(const char *dir, const char *a, const char *b);
 // moe_train of c into out (resume: NULL or a run to resume), quietly; losses
-// (NULL: none) gets each step's loss; stop_after 0: every step. Asserts success.
-void tu_train(const moe_config *c, const char *out, const char *resume, double *losses,
+// (NULL: none) gets each step's loss; stop_after 0: every step. Asserts success
+// and returns the number of checkpoints written.
+long tu_train(const moe_config *c, const char *out, const char *resume, double *losses,
               int stop_after);
 
 // A 2-layer d=32 model with 4 experts, batch 4 x 32 tokens, 60 steps at lr

@@ -296,6 +296,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     memset(&gpu, 0, sizeof gpu);
     const bool on_gpu = o->device_ops || !strcmp(cfg->train.device, "cuda");
     char path[PATH_MAX], ckpt[PATH_MAX];
+    long saved_step = -1; // the step of this call's last periodic save
     moe_ckpt_async *ack = NULL; // train.async_checkpoint: the periodic saves' snapshot and thread
     bool shared_fail = false;   // a failure every rank meets at the same step boundary
     // Setup: every rank checks; all agree on the first failure (lowest rank),
@@ -567,6 +568,8 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 MOE_TRY_GOTO(save_after(ack, o->out_dir, cfg->train.keep_checkpoints, &m, &opt, &st,
                                         &par, ckpt, sizeof ckpt),
                              rc);
+            saved_step = st.step;
+            r->checkpoints++;
             moe_log(MOE_LOG_DEBUG,
                     "step %ld: checkpoint %s took %.3f s on the training thread (and %.3f s "
                     "measuring the task shares)",
@@ -595,10 +598,15 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         st.cursor[1] = d.cursor[1];
         moe_ckpt_async_wait_snapshot(ack); // the final save (save_after waits for all of it)
         if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc);
-        MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
-        MOE_TRY_GOTO(save_after(ack, o->out_dir, cfg->train.keep_checkpoints, &m, &opt, &st, &par,
-                                ckpt, sizeof ckpt),
-                     rc);
+        if (saved_step == st.step) { // the last step's periodic save: commit it, not again
+            MOE_TRY_GOTO(moe_ckpt_async_wait(ack, &par), rc);
+        } else {
+            MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
+            MOE_TRY_GOTO(save_after(ack, o->out_dir, cfg->train.keep_checkpoints, &m, &opt, &st,
+                                    &par, ckpt, sizeof ckpt),
+                         rc);
+            r->checkpoints++;
+        }
         MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &r->eval), rc);
         if (metrics && write_eval(metrics, st.step, &r->eval) < 0) {
             moe_eval_result_free(&r->eval);

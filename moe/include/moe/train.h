@@ -72,6 +72,7 @@ typedef struct {
     // EP group over the run (1: balanced), and the expert rows' all-to-all
     // bytes per step per rank (mean over ranks); 0 without it.
     double rank_imbalance, place_a2a_bytes;
+    long checkpoints; // checkpoints this call wrote (a run's last step is saved once)
 } moe_train_result;
 
 int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *r);

@@ -296,7 +296,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     memset(&gpu, 0, sizeof gpu);
     const bool on_gpu = o->device_ops || !strcmp(cfg->train.device, "cuda");
     char path[PATH_MAX], ckpt[PATH_MAX];
-    long saved_step = -1; // the step of this call's last periodic save
+    long saved_step = -1;       // the step of this call's last periodic save
     moe_ckpt_async *ack = NULL; // train.async_checkpoint: the periodic saves' snapshot and thread
     bool shared_fail = false;   // a failure every rank meets at the same step boundary
     // Setup: every rank checks; all agree on the first failure (lowest rank),

@@ -2,6 +2,7 @@
 // the layouts the trainer allocates (moe_model_memory and the buffers of the
 // loop), communication from the all-to-all algorithm's traffic formulas.
 #include "moe/plan.h"
+#include "kernels/cpu/cpu.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
 #include "moe/file.h"
@@ -293,7 +294,12 @@ int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
     fprintf(f, "  %-34s %10.2f  (%zu parameters)\n", "parameters", mib(m.params), m.n_params);
     fprintf(f, "  %-34s %10.2f\n", "gradients", mib(m.grads));
     fprintf(f, "  %-34s %10.2f\n", "optimizer (AdamW m, v)", mib(m.optimizer));
-    fprintf(f, "  %-34s %10.2f\n", "activations (dense)", mib(m.activations));
+    if (!strcmp(cfg->train.device, "cpu")) // its attention scratch has one slot per thread
+        fprintf(f, "  %-34s %10.2f  (attention scratch for %d CPU thread%s: this machine's)\n",
+                "activations (dense)", mib(m.activations), moe_cpu_threads(),
+                moe_cpu_threads() == 1 ? "" : "s");
+    else
+        fprintf(f, "  %-34s %10.2f\n", "activations (dense)", mib(m.activations));
     fprintf(f, "  %-34s %10.2f\n", "MoE routing and expert buffers", mib(m.moe));
     fprintf(f, "  %-34s %10.2f\n", "step buffers", mib(m.step));
     fprintf(f, "  %-34s %10.2f\n", "data", mib(m.data));

@@ -1,7 +1,8 @@
 // Token embedding lookup and its scatter-add backward on the GPU, the twin of
 // kernels/cpu/embedding.c. Tokens are checked on the host first (one copy of
 // N ints) so a bad id fails with the CPU's message instead of reading out of
-// bounds. The backward adds with atomics: repeated tokens collide.
+// bounds. The backward is the deterministic scatter-add (scatter_add.cu):
+// repeated tokens add in position order, as on the CPU.
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -14,15 +15,6 @@ __global__ static void embedding_fwd_kernel(float *out, const int32_t *tok, cons
         const float *src = table + (size_t)tok[n] * C;
         for (int c = threadIdx.x; c < C; c += blockDim.x)
             out[n * C + c] = src[c];
-    }
-}
-
-__global__ static void embedding_bwd_kernel(float *dtable, const float *dout, const int32_t *tok,
-                                            int N, int C) {
-    for (size_t n = blockIdx.x; n < (size_t)N; n += gridDim.x) {
-        float *d = dtable + (size_t)tok[n] * C;
-        for (int c = threadIdx.x; c < C; c += blockDim.x)
-            atomicAdd(d + c, dout[n * C + c]);
     }
 }
 
@@ -56,11 +48,7 @@ extern "C" int moe_cuda_embedding_backward(float *dtable, const float *dout, con
                                            int N, int C) {
     if (N < 0 || C < 1) return moe_fail(MOE_EINVAL, "embedding: N=%d C=%d", N, C);
     if (!N) return 0;
-    moe_cuda_ctx c = {};
-    MOE_TRY(moe_cuda_ctx_get(&c));
-    embedding_bwd_kernel<<<moe_cuda_row_blocks(N), 128, 0, c.stream>>>(dtable, dout, tok, N, C);
-    CUDA_LAUNCH_CHECK();
-    return 0;
+    return moe_cuda_scatter_add_rows(dtable, dout, tok, N, C); // token order, no atomics
 }
 
 // Shared with crossentropy.cu: target ids may also be -1 (ignored).

@@ -1,9 +1,9 @@
 // Token permutation of the MoE layer on the GPU, the CUDA twin of
 // kernels/cpu/permute.c: gather tokens into the expert-contiguous buffer and
-// back with the weighted combine, plus generic row gather/scatter. Kept rows
-// are distinct, so every kernel but scatter_add_rows writes each output row
-// from one block and needs no atomics; a token's k choices are summed in j
-// order, as on the CPU.
+// back with the weighted combine, plus the generic row gather (the scatter-add
+// is kernels/cuda/scatter_add.cu). Kept rows are distinct, so every kernel
+// writes each output row from one block and needs no atomics; a token's k
+// choices are summed in j order, as on the CPU.
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/ops_cuda.h"
 
@@ -91,19 +91,6 @@ __global__ static void gather_rows_kernel(float *out, const float *in, const int
     }
 }
 
-// idx may repeat (tokens of one task share a row): atomics. The sum order of
-// colliding rows is not fixed, so results match the CPU within rounding.
-__global__ static void scatter_add_rows_kernel(float *out, const float *in, const int *idx, int n,
-                                               int D) {
-    ROWS(i, n) {
-        int s = idx[i];
-        if (s < 0) continue;
-        const float *src = in + i * D;
-        float *o = out + (size_t)s * D;
-        COLS(d, D) atomicAdd(o + d, src[d]);
-    }
-}
-
 static int threads_for(int D) {
     return D >= 256 ? 256 : (D + 31) / 32 * 32; // a multiple of 32 (block reductions)
 }
@@ -182,18 +169,6 @@ extern "C" int moe_cuda_gather_rows(float *out, const float *in, const int *idx,
     moe_cuda_ctx c = {};
     MOE_TRY(moe_cuda_ctx_get(&c));
     gather_rows_kernel<<<moe_cuda_row_blocks(n), threads_for(D), 0, c.stream>>>(out, in, idx, n, D);
-    CUDA_LAUNCH_CHECK();
-    return 0;
-}
-
-extern "C" int moe_cuda_scatter_add_rows(float *out, const float *in, const int *idx, int n,
-                                         int D) {
-    if (n < 0 || D < 0) return moe_fail(MOE_EINVAL, "scatter_add_rows: n=%d D=%d", n, D);
-    if (!n || !D) return 0;
-    moe_cuda_ctx c = {};
-    MOE_TRY(moe_cuda_ctx_get(&c));
-    scatter_add_rows_kernel<<<moe_cuda_row_blocks(n), threads_for(D), 0, c.stream>>>(out, in, idx,
-                                                                                     n, D);
     CUDA_LAUNCH_CHECK();
     return 0;
 }

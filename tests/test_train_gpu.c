@@ -55,6 +55,21 @@ START_TEST(test_gpu_training_losses_match_cpu) {
 }
 END_TEST
 
+// No floating-point atomics in the sums (issue 14 item 7): two identical GPU
+// runs give the same losses and the same checkpoint bytes.
+START_TEST(test_gpu_training_is_deterministic) {
+    double a[20], b[20];
+    run("cuda", "fp32", a, "det_a");
+    run("cuda", "fp32", b, "det_b");
+    for (int s = 0; s < 20; s++)
+        ck_assert_msg(a[s] == b[s], "step %d: %.9g then %.9g", s, a[s], b[s]);
+    char ca[700], cb[700];
+    snprintf(ca, sizeof ca, "%s/det_a/checkpoint", tu_tmpdir());
+    snprintf(cb, sizeof cb, "%s/det_b/checkpoint", tu_tmpdir());
+    tu_assert_same_checkpoint(ca, cb);
+}
+END_TEST
+
 START_TEST(test_gpu_training_refuses_unsupported_configs) {
     moe_config c = small("cuda", "fp32");
     snprintf(c.loss.impl, sizeof c.loss.impl, "cce");
@@ -79,6 +94,7 @@ int main(void) {
     TCase *tc = tcase_create("cuda_vs_cpu");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_gpu_training_losses_match_cpu);
+    tcase_add_test(tc, test_gpu_training_is_deterministic);
     tcase_add_test(tc, test_gpu_training_refuses_unsupported_configs);
     suite_add_tcase(s, tc);
     int rc = tu_run(s);

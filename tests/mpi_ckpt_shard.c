@@ -22,6 +22,7 @@
 #include "moe/parallel.h"
 #include "moe/safetensors.h"
 #include "moe/train.h"
+#include "mpi_testutil.h"
 #include "testutil.h"
 
 #include <jansson.h>
@@ -53,13 +54,8 @@ static moe_config base(void) {
 }
 
 static int train(moe_comm *world, const char *out, long stop_after) {
-    moe_config c = base();
-    moe_train_opts o = {.out_dir = out, .quiet = true, .stop_after = stop_after, .world = world};
-    moe_train_result r;
-    int rc = moe_train(&c, &o, &r);
-    CHECK(rc == 0, "training into %s: %s", out, moe_last_error());
-    if (rc == 0 && !r.interrupted) moe_eval_result_free(&r.eval);
-    return rc;
+    moe_train_opts o = {.out_dir = out, .stop_after = stop_after, .world = world};
+    return mpi_train_with(rank, base(), o, NULL, out);
 }
 
 // Steps 1-4 with saves at 2 and 4 kept as checkpoint-2 and checkpoint-4, from
@@ -68,11 +64,8 @@ static void train_kept(moe_comm *world, const char *out, const char *resume, boo
     moe_config c = base();
     c.train.keep_checkpoints = 2;
     c.train.async_checkpoint = async;
-    moe_train_opts o = {.out_dir = out, .resume_dir = resume, .quiet = true, .world = world};
-    moe_train_result r;
-    int rc = moe_train(&c, &o, &r);
-    CHECK(rc == 0, "training into %s: %s", out, moe_last_error());
-    if (rc == 0) moe_eval_result_free(&r.eval);
+    mpi_train_with(rank, c, (moe_train_opts){.out_dir = out, .resume_dir = resume, .world = world},
+                   NULL, out);
 }
 
 // 1 when files a and b hold the same bytes.
@@ -156,12 +149,7 @@ static void test_task_load_reads_less_of_a_sharded_checkpoint(moe_comm *world, c
     char out[800], ck[900];
     snprintf(out, sizeof out, "%s/task", dir);
     snprintf(ck, sizeof ck, "%s/checkpoint", out);
-    moe_train_opts o = {.out_dir = out, .quiet = true, .world = world};
-    moe_train_result r;
-    int rc = moe_train(&c, &o, &r);
-    CHECK(rc == 0, "training into %s: %s", out, moe_last_error());
-    if (rc == 0) moe_eval_result_free(&r.eval);
-    if (rank != 0 || rc) return;
+    if (mpi_train(rank, world, c, out, NULL, NULL) || rank != 0) return;
     CHECK(exists(ck, "model.safetensors.index.json"), "%s is not sharded", ck);
     moe_infer part, full;
     moe_infer_opts po = {.task = c.data.tasks[0]},

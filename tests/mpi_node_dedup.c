@@ -145,23 +145,6 @@ static moe_config base(const char *a2a, bool dedup) {
     return c;
 }
 
-static int run(moe_comm *world, moe_config c, const char *out, double *losses,
-               moe_train_result *r) {
-    moe_train_opts o = {.out_dir = out, .quiet = true, .losses = losses, .world = world};
-    int rc = moe_train(&c, &o, r);
-    CHECK(rc == 0, "training %s: %s", out, moe_last_error());
-    if (rc == 0) moe_eval_result_free(&r->eval);
-    return rc;
-}
-
-// The checkpoints of two runs hold the same tensors, byte for byte.
-static void same_weights(const char *a, const char *b) {
-    char pa[1024], pb[1024], why[1200];
-    snprintf(pa, sizeof pa, "%s/checkpoint", a); // either layout: one file or shards
-    snprintf(pb, sizeof pb, "%s/checkpoint", b);
-    CHECK(!tu_st_dirs_differ(pa, pb, why, sizeof why), "%s", why);
-}
-
 static void equals_one_process(moe_comm *world, const char *dir, const char *a2a) {
     char on[800], off[800], ref[800];
     snprintf(on, sizeof on, "%s/%s-dedup", dir, a2a);
@@ -169,22 +152,19 @@ static void equals_one_process(moe_comm *world, const char *dir, const char *a2a
     snprintf(ref, sizeof ref, "%s/%s-ref", dir, a2a);
     double lon[STEPS] = {0}, loff[STEPS] = {0}, lref[STEPS] = {0};
     moe_train_result r;
-    run(world, base(a2a, true), on, lon, &r);
-    run(world, base(a2a, false), off, loff, &r);
+    mpi_train(rank, world, base(a2a, true), on, lon, &r);
+    mpi_train(rank, world, base(a2a, false), off, loff, &r);
     if (rank == 0) {
         moe_config one = base(a2a, false);
         one.parallel.ep = 1;
         one.train.grad_accum = W; // micro-batch r is rank r's batch
-        moe_train_opts o = {.out_dir = ref, .quiet = true, .losses = lref};
-        int rc = moe_train(&one, &o, &r);
-        CHECK(rc == 0, "reference: %s", moe_last_error());
-        if (rc == 0) moe_eval_result_free(&r.eval);
+        mpi_train(rank, NULL, one, ref, lref, NULL);
         for (int s = 0; s < STEPS; s++)
             CHECK(lon[s] == loff[s] && lon[s] == lref[s],
                   "%s step %d: loss %.17g node_dedup, %.17g per choice, %.17g one process", a2a, s,
                   lon[s], loff[s], lref[s]);
-        same_weights(on, off);
-        same_weights(on, ref);
+        mpi_same_weights(rank, on, off);
+        mpi_same_weights(rank, on, ref);
     }
     MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -203,7 +183,7 @@ static void bytes_fall(moe_comm *world, const char *dir, const char *a2a) {
             char out[800];
             snprintf(out, sizeof out, "%s/bytes-%s-%d-%d", dir, a2a, tg[i], d);
             moe_train_result r;
-            if (run(world, c, out, NULL, &r)) return;
+            if (mpi_train(rank, world, c, out, NULL, &r)) return;
             b[i][d] = r.a2a_inter_bytes;
         }
     // Summed over the ranks: which rank carries a row across differs between

@@ -59,17 +59,6 @@ static moe_config base(const char *const *extra, int n_extra) {
     return c;
 }
 
-static int train(moe_comm *world, moe_config c, const char *out, double *losses,
-                 moe_train_result *res) {
-    moe_train_opts o = {.out_dir = out, .quiet = true, .losses = losses, .world = world};
-    moe_train_result r;
-    int rc = moe_train(&c, &o, &r);
-    CHECK(rc == 0, "training %s: %s", out, moe_last_error());
-    if (rc == 0) moe_eval_result_free(&r.eval);
-    if (res) *res = r;
-    return rc;
-}
-
 // Resume continues bit for bit: STEPS steps with replicas (table updates
 // every 2 steps, drops) against STEPS/2, then a resume to STEPS; the same
 // with the asynchronous save. Without the saved EMA and tables the resumed
@@ -86,18 +75,14 @@ static void resume_is_bit_identical(moe_comm *world, const char *dir, bool async
     snprintf(half, sizeof half, "%s/resume-%s-half", dir, tag);
     snprintf(res, sizeof res, "%s/resume-%s-res", dir, tag);
     double lf[STEPS] = {0}, lr[STEPS] = {0};
-    train(world, c, full, lf, NULL);
-    moe_train_opts o = {.out_dir = half, .quiet = true, .stop_after = STEPS / 2, .world = world};
-    moe_train_result r;
-    int rc = moe_train(&c, &o, &r);
-    CHECK(rc == 0, "%s half run: %s", tag, moe_last_error());
-    if (rc == 0 && !r.interrupted) moe_eval_result_free(&r.eval);
+    mpi_train(rank, world, c, full, lf, NULL);
+    mpi_train_with(rank, c,
+                   (moe_train_opts){.out_dir = half, .stop_after = STEPS / 2, .world = world}, NULL,
+                   half);
     snprintf(ck, sizeof ck, "%s/checkpoint", half);
-    o = (moe_train_opts){
-        .out_dir = res, .resume_dir = ck, .quiet = true, .losses = lr, .world = world};
-    rc = moe_train(&c, &o, &r);
-    CHECK(rc == 0, "%s resumed run: %s", tag, moe_last_error());
-    if (rc == 0) moe_eval_result_free(&r.eval);
+    mpi_train_with(rank, c,
+                   (moe_train_opts){.out_dir = res, .resume_dir = ck, .losses = lr, .world = world},
+                   NULL, res);
     for (int s = STEPS / 2; s < STEPS; s++)
         CHECK(lr[s] == lf[s], "%s resume step %d: loss %.17g vs %.17g", tag, s, lr[s], lf[s]);
     MPI_Barrier(MPI_COMM_WORLD);
@@ -167,9 +152,7 @@ static void resume_checks_the_state(moe_comm *world, const char *dir) {
     snprintf(out, sizeof out, "%s/resume-ep2", dir);
     moe_train_opts o = {.out_dir = out, .resume_dir = ck, .quiet = true, .world = world};
     moe_train_result r;
-    int rc = moe_train(&c, &o, &r);
-    CHECK(rc == 0, "resume under ep = 2: %s", moe_last_error());
-    if (rc == 0) moe_eval_result_free(&r.eval);
+    mpi_train_with(rank, c, o, NULL, "resume under ep = 2");
     // Expert 2's holders listed as rank 0 (its home is rank 1).
     snprintf(path, sizeof path, "%s/trainer_state.json", ck);
     if (rank == 0) {
@@ -189,7 +172,7 @@ static void resume_checks_the_state(moe_comm *world, const char *dir) {
     c = base(rep, 4);
     snprintf(out, sizeof out, "%s/resume-bad", dir);
     o = (moe_train_opts){.out_dir = out, .resume_dir = ck, .quiet = true, .world = world};
-    rc = moe_train(&c, &o, &r);
+    int rc = moe_train(&c, &o, &r);
     CHECK(rc == MOE_EFORMAT && strstr(moe_last_error(), "placement.layers[layer 0].holders"),
           "a bad holder list: rc %d, '%s'", rc, moe_last_error());
 }
@@ -237,7 +220,7 @@ static void static_placement_is_bit_identical(moe_comm *world, const char *dir) 
     const int n_extra[3] = {0, 2, 3};
     for (int i = 0; i < 3; i++) {
         snprintf(out[i], sizeof out[i], "%s/static%d", dir, i);
-        train(world, base(extra[i], n_extra[i]), out[i], l[i], NULL);
+        mpi_train(rank, world, base(extra[i], n_extra[i]), out[i], l[i], NULL);
     }
     for (int i = 1; i < 3; i++) {
         for (int s = 0; s < STEPS; s++)
@@ -267,8 +250,8 @@ static void replicate_matches_static(moe_comm *world, const char *dir, const cha
     // The static run with the replicate keys and no update measures the rows too.
     const char *st_measured[] = {factor, cf, "placement.mode=replicate",
                                  "placement.slots_per_rank=3", "placement.update_every=1000"};
-    train(world, base(st_measured, 5), o0, l0, &r0);
-    train(world, base(rep, 5), o1, l1, &r1);
+    mpi_train(rank, world, base(st_measured, 5), o0, l0, &r0);
+    mpi_train(rank, world, base(rep, 5), o1, l1, &r1);
     // Dropless: the same rows computed elsewhere. With drops a replicated
     // expert's capacity grows with its holders: fewer drops, other losses.
     const bool dropless = r0.drop_rate == 0;

@@ -81,15 +81,10 @@ static int train(moe_comm *world, moe_config c, const char *out, const char *res
                  long stop_after, double *losses) {
     moe_train_opts o = {.out_dir = out,
                         .resume_dir = resume,
-                        .quiet = true,
                         .losses = losses,
                         .stop_after = stop_after,
                         .world = world};
-    moe_train_result r;
-    int rc = moe_train(&c, &o, &r);
-    CHECK(rc == 0, "training into %s: %s", out, moe_last_error());
-    if (rc == 0 && !r.interrupted) moe_eval_result_free(&r.eval);
-    return rc;
+    return mpi_train_with(rank, c, o, NULL, out);
 }
 
 static void scenario(const char *dir, int ep) {

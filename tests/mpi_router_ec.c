@@ -54,18 +54,11 @@ static void scenario(const char *dir, int ranks_per_node, const char *a2a) {
     snprintf(ref, sizeof ref, "%s/ec-%s-ref", dir, a2a);
     moe_config c = base(W, a2a);
     double ld[STEPS] = {0}, lr[STEPS] = {0};
-    moe_train_result r;
-    moe_train_opts o = {.out_dir = dist, .quiet = true, .losses = ld, .world = world};
-    int rc = moe_train(&c, &o, &r);
-    CHECK(rc == 0, "distributed training: %s", moe_last_error());
-    if (rc == 0) moe_eval_result_free(&r.eval);
+    mpi_train(rank, world, c, dist, ld, NULL);
     if (rank == 0) {
         c.parallel.ep = 1;
         c.train.grad_accum = W;
-        moe_train_opts o1 = {.out_dir = ref, .quiet = true, .losses = lr};
-        rc = moe_train(&c, &o1, &r);
-        CHECK(rc == 0, "reference training: %s", moe_last_error());
-        if (rc == 0) moe_eval_result_free(&r.eval);
+        mpi_train(rank, NULL, c, ref, lr, NULL);
         for (int s = 0; s < STEPS; s++)
             CHECK(ld[s] == lr[s], "%s step %d: loss %.17g vs %.17g", a2a, s, ld[s], lr[s]);
         same_models(dist, ref, a2a);

@@ -41,23 +41,6 @@ static moe_config base(const char *a2a) {
     return c;
 }
 
-static int run(moe_comm *world, moe_config c, const char *out, double *losses,
-               moe_train_result *r) {
-    moe_train_opts o = {.out_dir = out, .quiet = true, .losses = losses, .world = world};
-    int rc = moe_train(&c, &o, r);
-    CHECK(rc == 0, "training %s: %s", out, moe_last_error());
-    if (rc == 0) moe_eval_result_free(&r->eval);
-    return rc;
-}
-
-// The checkpoints of two runs hold the same tensors, byte for byte.
-static void same_weights(const char *a, const char *b) {
-    char pa[1024], pb[1024], why[1200];
-    snprintf(pa, sizeof pa, "%s/checkpoint", a); // either layout: one file or shards
-    snprintf(pb, sizeof pb, "%s/checkpoint", b);
-    CHECK(!tu_st_dirs_differ(pa, pb, why, sizeof why), "%s", why);
-}
-
 static void equals_one_process(moe_comm *world, const char *dir, const char *a2a) {
     char dist[800], ref[800];
     snprintf(dist, sizeof dist, "%s/%s-dist", dir, a2a);
@@ -65,18 +48,15 @@ static void equals_one_process(moe_comm *world, const char *dir, const char *a2a
     moe_config c = base(a2a);
     double ld[STEPS] = {0}, lr[STEPS] = {0};
     moe_train_result r;
-    run(world, c, dist, ld, &r);
+    mpi_train(rank, world, c, dist, ld, &r);
     if (rank == 0) {
         moe_config one = c;
         one.parallel.ep = 1;
         one.train.grad_accum = W;
-        moe_train_opts o = {.out_dir = ref, .quiet = true, .losses = lr};
-        int rc = moe_train(&one, &o, &r);
-        CHECK(rc == 0, "reference: %s", moe_last_error());
-        if (rc == 0) moe_eval_result_free(&r.eval);
+        mpi_train(rank, NULL, one, ref, lr, NULL);
         for (int s = 0; s < STEPS; s++)
             CHECK(ld[s] == lr[s], "%s step %d: loss %.17g vs %.17g", a2a, s, ld[s], lr[s]);
-        same_weights(dist, ref);
+        mpi_same_weights(rank, dist, ref);
     }
     MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -88,7 +68,7 @@ static void node_default(moe_comm *world, const char *dir) {
     moe_config c = base("hierarchical");
     c.router.n_groups = 0, c.router.topk_groups = 1;
     moe_train_result r;
-    run(world, c, out, NULL, &r);
+    mpi_train(rank, world, c, out, NULL, &r);
     if (rank == 0) {
         char p[900];
         snprintf(p, sizeof p, "%s/config.json", out);
@@ -116,7 +96,7 @@ static void inter_node_bytes(moe_comm *world, const char *dir, moe_a2a_algo algo
     char out[800];
     snprintf(out, sizeof out, "%s/inter-%s", dir, name);
     moe_train_result r;
-    if (run(world, c, out, NULL, &r)) return;
+    if (mpi_train(rank, world, c, out, NULL, &r)) return;
     moe_machine mc = {4, 2, 2, {400, 100}, {2, 5}};
     moe_a2a_plan p;
     CHECK(moe_plan_a2a(&c, &mc, algo, &p) == 0, "plan: %s", moe_last_error());
@@ -134,7 +114,7 @@ static void inter_node_bytes(moe_comm *world, const char *dir, moe_a2a_algo algo
         moe_config_set(&d, NULL, g ? "router.topk_groups=1" : "router.topk_groups=0");
         d.train.steps = 3;
         snprintf(out, sizeof out, "%s/dropless-%s-%d", dir, name, g);
-        if (run(world, d, out, NULL, &r)) return;
+        if (mpi_train(rank, world, d, out, NULL, &r)) return;
         got[g] = r.a2a_inter_bytes;
     }
     if (rank == 0)

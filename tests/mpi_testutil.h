@@ -1,10 +1,13 @@
 // The opening and closing every tests/mpi_*.c program shares: MPI start-up,
 // the rank count the program was written for, one scratch folder named by
 // rank 0 for all ranks, and the checks summed over the ranks for the exit
-// status. Header-only: testutil.c also serves the tests that have no MPI.
+// status; and the training call and checkpoint comparison most of them make.
+// Header-only: testutil.c also serves the tests that have no MPI.
 #ifndef MOE_MPI_TESTUTIL_H
 #define MOE_MPI_TESTUTIL_H
 
+#include "moe/error.h"
+#include "moe/train.h"
 #include "testutil.h"
 
 #include <mpi.h>
@@ -36,6 +39,37 @@ static inline int mpi_test_end(const char *name, int rank) {
     if (rank == 0) printf("%s: %d passed, %d failed\n", name, total[1] - total[0], total[0]);
     MPI_Finalize();
     return total[0] ? 1 : 0;
+}
+
+// moe_train of c under o, quietly: a failure is counted on this rank with
+// `what` and the library's message. The result's evaluation is freed; *r (r
+// may be NULL) gets the rest of the result.
+static inline int mpi_train_with(int rank, moe_config c, moe_train_opts o, moe_train_result *r,
+                                 const char *what) {
+    moe_train_result res;
+    o.quiet = true;
+    int rc = moe_train(&c, &o, &res);
+    TU_MPI_CHECK(rank, rc == 0, "%s: %s", what, moe_last_error());
+    if (rc == 0 && !res.interrupted) moe_eval_result_free(&res.eval);
+    if (r) *r = res;
+    return rc;
+}
+
+// The common case: every rank of world (NULL: this process alone) trains c
+// into out; losses (NULL: none) gets each step's loss.
+static inline int mpi_train(int rank, struct moe_comm *world, moe_config c, const char *out,
+                            double *losses, moe_train_result *r) {
+    return mpi_train_with(
+        rank, c, (moe_train_opts){.out_dir = out, .losses = losses, .world = world}, r, out);
+}
+
+// Counts a failure unless the checkpoints of runs a and b (their checkpoint/
+// folders, one file or shards) hold the same tensors byte for byte.
+static inline void mpi_same_weights(int rank, const char *a, const char *b) {
+    char pa[1024], pb[1024], why[1200];
+    snprintf(pa, sizeof pa, "%s/checkpoint", a);
+    snprintf(pb, sizeof pb, "%s/checkpoint", b);
+    TU_MPI_CHECK(rank, !tu_st_dirs_differ(pa, pb, why, sizeof why), "%s", why);
 }
 
 #endif

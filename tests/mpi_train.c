@@ -92,15 +92,10 @@ static int train_dist(moe_comm *world, moe_config c, const char *out, const char
                       long stop_after, double *losses) {
     moe_train_opts o = {.out_dir = out,
                         .resume_dir = resume,
-                        .quiet = true,
                         .losses = losses,
                         .stop_after = stop_after,
                         .world = world};
-    moe_train_result r;
-    int rc = moe_train(&c, &o, &r);
-    CHECK(rc == 0, "distributed training: %s", moe_last_error());
-    if (rc == 0 && !r.interrupted) moe_eval_result_free(&r.eval);
-    return rc;
+    return mpi_train_with(rank, c, o, NULL, "distributed training");
 }
 
 // The single-process reference: the same global batch as grad_accum = W.
@@ -108,16 +103,9 @@ static int train_ref(moe_config c, const char *out, const char *resume, long sto
                      double *losses) {
     c.parallel.ep = 1;
     c.train.grad_accum = W;
-    moe_train_opts o = {.out_dir = out,
-                        .resume_dir = resume,
-                        .quiet = true,
-                        .losses = losses,
-                        .stop_after = stop_after};
-    moe_train_result r;
-    int rc = moe_train(&c, &o, &r);
-    CHECK(rc == 0, "reference training: %s", moe_last_error());
-    if (rc == 0 && !r.interrupted) moe_eval_result_free(&r.eval);
-    return rc;
+    moe_train_opts o = {
+        .out_dir = out, .resume_dir = resume, .losses = losses, .stop_after = stop_after};
+    return mpi_train_with(rank, c, o, NULL, "reference training");
 }
 
 static void cross_layouts(moe_comm *world, const char *dir, const char *name, moe_config c,
@@ -242,12 +230,8 @@ static void device_path_data_parallel(const char *dir) {
     snprintf(out, sizeof out, "%s/dp-host", dir);
     train_dist(world, c, out, NULL, 0, host);
     snprintf(out, sizeof out, "%s/dp-device", dir);
-    moe_train_opts o = {
-        .out_dir = out, .quiet = true, .losses = dev, .world = world, .device_ops = &moe_ops_cpu};
-    moe_train_result r;
-    int rc = moe_train(&c, &o, &r);
-    CHECK(rc == 0, "device path, data parallel: %s", moe_last_error());
-    if (rc == 0) moe_eval_result_free(&r.eval);
+    moe_train_opts o = {.out_dir = out, .losses = dev, .world = world, .device_ops = &moe_ops_cpu};
+    mpi_train_with(rank, c, o, NULL, "device path, data parallel");
     for (int s = 0; s < STEPS; s++)
         CHECK(fabs(dev[s] - host[s]) <= 1e-6 * fabs(host[s]), "dp step %d: %.9g vs %.9g", s, dev[s],
               host[s]);
@@ -271,11 +255,8 @@ static void plan_matches_counters(const char *dir, moe_a2a_algo algo) {
     c.train.steps = 3;
     char out[800];
     snprintf(out, sizeof out, "%s/plan-%d", dir, (int)algo);
-    moe_train_opts o = {.out_dir = out, .quiet = true, .world = world};
     moe_train_result r;
-    int rc = moe_train(&c, &o, &r);
-    CHECK(rc == 0, "plan run: %s", moe_last_error());
-    if (rc == 0) moe_eval_result_free(&r.eval);
+    mpi_train(rank, world, c, out, NULL, &r);
     moe_machine mc = {4, 2, 2, {400, 100}, {2, 5}};
     moe_a2a_plan p;
     CHECK(moe_plan_a2a(&c, &mc, algo, &p) == 0, "plan: %s", moe_last_error());

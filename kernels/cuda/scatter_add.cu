@@ -44,17 +44,19 @@ extern "C" int moe_cuda_scatter_add_rows(float *out, const float *in, const int 
     CUDA_TRY(cub::DeviceRadixSort::SortPairs(nullptr, tmp_bytes, (const int *)nullptr,
                                              (int *)nullptr, (const int *)nullptr, (int *)nullptr,
                                              n, 0, 32, c.stream));
-    // keys out, rows in, rows out, then cub's scratch: one allocation
-    const size_t ints = 3 * (size_t)n, bytes = ints * sizeof(int) + tmp_bytes;
-    int *buf = NULL;
+    // cub's scratch first (the allocation's alignment), then keys out, rows
+    // in and rows out: one allocation
+    const size_t tmp_room = (tmp_bytes + 255) / 256 * 256;
+    const size_t bytes = tmp_room + 3 * (size_t)n * sizeof(int);
+    char *buf = NULL;
     cudaError_t e = cudaMallocAsync((void **)&buf, bytes, c.stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
         return moe_fail(MOE_ENOMEM, "scatter_add_rows: %zu bytes of device scratch for %d rows: %s",
                         bytes, n, cudaGetErrorString(e));
     }
-    int *key = buf, *row_in = buf + n, *row = buf + 2 * (size_t)n;
-    void *tmp = buf + ints;
+    void *tmp = buf;
+    int *key = (int *)(buf + tmp_room), *row_in = key + n, *row = key + 2 * (size_t)n;
     iota_rows_kernel<<<moe_cuda_blocks(n, 256), 256, 0, c.stream>>>(row_in, n);
     e = cudaGetLastError();
     if (e == cudaSuccess)

@@ -646,7 +646,7 @@ static void router_case_run(const router_case *rc, uint64_t seed) {
     if (rc->ties)
         for (int t = 1; t < T; t += 3)
             memcpy(logits + (size_t)t * E, logits + (size_t)(t - 1) * E, sizeof(float) * E);
-    int *task = malloc(sizeof(int) * (T + 1)), cap[64];
+    int *task = malloc(sizeof(int) * (T + 1)), *cap = malloc(sizeof(int) * E);
     for (int t = 0; t < T; t++)
         task[t] = rc->tasks ? (int)(tu_uniform(&r) * rc->tasks) : 0;
     for (int e = 0; e < E; e++)
@@ -698,7 +698,7 @@ static void router_case_run(const router_case *rc, uint64_t seed) {
     GPU->free(dlogits), GPU->free(dtask);
     moe_cuda_plan_free(&gpu);
     moe_plan_free(&cpu);
-    free(logits), free(task);
+    free(logits), free(task), free(cap);
 }
 
 START_TEST(test_router_matches_cpu) {
@@ -713,6 +713,7 @@ START_TEST(test_router_matches_cpu) {
         {3, 8, 2, 1.0, MOE_SLOT_POSITION, 0, 0, 0, 1},    // T below min_capacity
         {0, 8, 2, 1.0, MOE_SLOT_PRIORITY, 0, 0, 0, 1},    // no tokens
         {4096, 64, 8, 1.0, MOE_SLOT_PRIORITY, 0, 0, 0, 1},
+        {700, 320, 4, 1.0, MOE_SLOT_PRIORITY, 0, 0, 1, 1}, // E >= 256: one token per loss row
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         router_case_run(&cases[i], 1400 + i);

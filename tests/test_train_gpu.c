@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef MOE_HAVE_CUDA
@@ -90,6 +91,9 @@ int main(void) {
         printf("SKIP: no CUDA device (%s); GPU training is compiled but not run\n", why);
         return 77;
     }
+    // cudaGetDeviceCount initialised the driver in this process, which a forked
+    // test could not use: run in-process even outside ctest.
+    setenv("CK_FORK", "no", 1);
     Suite *s = suite_create("train_gpu");
     TCase *tc = tcase_create("cuda_vs_cpu");
     tcase_set_timeout(tc, 600);

@@ -159,7 +159,8 @@ void *moe_cuda_alloc(size_t bytes) {
     if (e == cudaErrorMemoryAllocation)
         moe_fail(MOE_ENOMEM,
                  "CUDA out of memory allocating %zu bytes (%.2f GiB) on device %d (%.2f GiB free "
-                 "of %.2f GiB): reduce train.batch_size or model.seq_len, or set memory.mini_seq",
+                 "of %.2f GiB): reduce train.batch_size (train.grad_accum keeps the tokens per "
+                 "step) or model.seq_len",
                  bytes, bytes / 1073741824.0, c.device, free_b / 1073741824.0,
                  total_b / 1073741824.0);
     else

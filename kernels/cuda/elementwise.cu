@@ -26,17 +26,20 @@ __global__ static void scale_kernel(float *x, size_t n, float s) {
     GRID_STRIDE(i, n) x[i] *= s;
 }
 
-// bc1, bc2: bias corrections computed once on the host in double, as the CPU.
+// The CPU's per-step constants (kernels/cpu/adamw.c step_job, computed on the
+// host in double): step_size = lr / bc1, rsqrt_bc2 = 1 / sqrt(bc2), lr_wd =
+// lr * weight_decay, and its expression for the step, so both tables round the
+// same operations (only multiply-add fusion can differ).
 __global__ static void adamw_kernel(float *params, float *m, float *v, const float *grads,
-                                    const uint8_t *decay, size_t n, double bc1, double bc2,
-                                    float lr, float beta1, float beta2, float eps, float wd) {
+                                    const uint8_t *decay, size_t n, float step_size,
+                                    float rsqrt_bc2, float lr_wd, float beta1, float beta2,
+                                    float eps) {
     GRID_STRIDE(i, n) {
-        float g = grads[i];
-        float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-        float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-        float mhat = (float)(mi / bc1), vhat = (float)(vi / bc2);
-        float w = decay[i] ? wd : 0.0f;
-        params[i] -= lr * (mhat / (sqrtf(vhat) + eps) + w * params[i]);
+        const float g = grads[i];
+        const float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
+        const float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+        const float wd = decay[i] ? lr_wd : 0.0f, p = params[i];
+        params[i] = p - (step_size * mi / (sqrtf(vi) * rsqrt_bc2 + eps) + wd * p);
     }
 }
 
@@ -93,9 +96,10 @@ extern "C" int moe_cuda_adamw(float *params, float *m, float *v, const float *gr
     if (!n) return 0;
     moe_cuda_ctx c = {};
     MOE_TRY(moe_cuda_ctx_get(&c));
-    double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
+    const double bc1 = 1.0 - pow(beta1, (double)step), bc2 = 1.0 - pow(beta2, (double)step);
     adamw_kernel<<<moe_cuda_blocks(n, 256), 256, 0, c.stream>>>(
-        params, m, v, grads, decay, n, bc1, bc2, lr, beta1, beta2, eps, weight_decay);
+        params, m, v, grads, decay, n, (float)(lr / bc1), (float)(1.0 / sqrt(bc2)),
+        lr * weight_decay, beta1, beta2, eps);
     CUDA_LAUNCH_CHECK();
     return 0;
 }

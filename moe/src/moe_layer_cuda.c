@@ -112,7 +112,11 @@ int moe_layer_cuda_forward(float *y, const float *x, const int *capacity, int T,
         return moe_fail(MOE_EINVAL, "moe layer on the GPU: router.noise must be none");
     const int D = cfg->D, H = cfg->H, E = cfg->E, k = cfg->router.top_k, Hs = cfg->H_shared;
     a->T = 0;
-    MOE_TRY(ops->matmul(a->logits, x, p->gate, T, E, D, false, true, 1.0f, 0.0f));
+    // The gate GEMM stays fp32 on the bf16 table (Switch Transformer's selective
+    // precision): bf16 logits (~3 digits) move near-ties across the top-k and
+    // capacity cut-offs, so the routing, a discrete choice, would differ from
+    // the fp32 CPU layer's for tokens whose scores nearly tie.
+    MOE_TRY(moe_ops_cuda.matmul(a->logits, x, p->gate, T, E, D, false, true, 1.0f, 0.0f));
     MOE_TRY(
         moe_cuda_router_forward(&a->plan, a->logits, NULL, capacity, T, E, &cfg->router, training));
     MOE_TRY(moe_cuda_download(a->offsets_h, a->plan.offsets, sizeof(int) * (E + 1)));

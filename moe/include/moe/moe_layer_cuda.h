@@ -4,7 +4,8 @@
 // experts as grouped GEMMs over the expert segments (one cuBLAS grouped call
 // per projection instead of one GEMM per expert). The host reads back the
 // E + 1 segment offsets once per forward (the grouped GEMMs take host sizes)
-// plus the router's error flag and loss sums.
+// plus the router's error flag and loss sums. The gate GEMM is fp32 on
+// either table (routing is a discrete choice; see moe_layer_cuda_forward).
 //
 // Supported: the configurations of a single process without task routing or
 // chunking (n_tasks = 0, ep_size <= 1, n_chunks <= 1); router noise only when

@@ -84,8 +84,8 @@ typedef struct {
 
 // The model's plain path (trainer/model.c): logits = h W^T, CE forward, then
 // dlogits, dW += dlogits^T h, dh = dlogits W.
-static timing plain(float *dh, float *dW, const float *h, const float *W, const int32_t *tg,
-                    int N, int D, int V, int reps) {
+static timing plain(float *dh, float *dW, const float *h, const float *W, const int32_t *tg, int N,
+                    int D, int V, int reps) {
     timing t = {0, 1e30, 1e30, 0, 0, 0};
     const size_t before = free_bytes();
     float *logits = dalloc((size_t)N * V * sizeof(float));
@@ -134,8 +134,8 @@ static timing cce(float *dh, float *dW, const float *h, const float *W, const in
         CHECK(moe_cuda_synchronize());
         double t1 = now_s();
         t.skipped = 0;
-        CHECK(moe_cuda_cce_backward(dh, dW, h, W, tg, lse, N, D, V, 1.0f, eps, scratch,
-                                    &t.skipped));
+        CHECK(
+            moe_cuda_cce_backward(dh, dW, h, W, tg, lse, N, D, V, 1.0f, eps, scratch, &t.skipped));
         CHECK(moe_cuda_synchronize());
         double t2 = now_s();
         if (r && 1e3 * (t1 - t0) + 1e3 * (t2 - t1) < t.fwd_ms + t.bwd_ms)

@@ -71,7 +71,11 @@ typedef struct {
 // As tests/test_cce.c: h ~ 0.3 N(0, 1), W ~ N(0, 1), every 7th target
 // ignored; rare: tokens >= 700 improbable everywhere (filtering drops them).
 static problem make_problem(int N, int D, int V, int rare) {
-    problem p = {N, D, V, malloc(sizeof(float) * N * D), malloc(sizeof(float) * V * D),
+    problem p = {N,
+                 D,
+                 V,
+                 malloc(sizeof(float) * N * D),
+                 malloc(sizeof(float) * V * D),
                  malloc(sizeof(int32_t) * N)};
     tu_rng r;
     tu_seed(&r, 17);
@@ -90,16 +94,23 @@ static problem make_problem(int N, int D, int V, int rare) {
     return p;
 }
 
-static void free_problem(problem *p) { free(p->h), free(p->W), free(p->target); }
+static void free_problem(problem *p) {
+    free(p->h), free(p->W), free(p->target);
+}
 
 static result new_result(const problem *p) {
-    result r = {0, 0, calloc(p->N, sizeof(float)), calloc(p->N, sizeof(float)),
+    result r = {0,
+                0,
+                calloc(p->N, sizeof(float)),
+                calloc(p->N, sizeof(float)),
                 calloc((size_t)p->N * p->D, sizeof(float)),
                 calloc((size_t)p->V * p->D, sizeof(float))};
     return r;
 }
 
-static void free_result(result *r) { free(r->losses), free(r->lse), free(r->dh), free(r->dW); }
+static void free_result(result *r) {
+    free(r->losses), free(r->lse), free(r->dh), free(r->dW);
+}
 
 // Plain: logits [N, V] materialised (lse is not formed).
 static result run_plain(const problem *p) {
@@ -141,8 +152,8 @@ static result run_gpu(const problem *p, float filter, const float *dh0, const fl
     float *losses = dev_make(NULL, N, NAN), *lse = dev_make(NULL, N, NAN);
     float *dh = dev_make(dh0, N * D, 0), *dW = dev_make(dW0, V * D, 0);
     float *scratch = dev_make(NULL, ns, NAN); // NaN: nothing may read scratch it did not write
-    ck_assert_msg(moe_cuda_cce_forward(losses, lse, &r.mean, h, W, tg, p->N, p->D, p->V,
-                                       scratch) == 0,
+    ck_assert_msg(moe_cuda_cce_forward(losses, lse, &r.mean, h, W, tg, p->N, p->D, p->V, scratch) ==
+                      0,
                   "forward: %s", moe_last_error());
     ck_assert_msg(moe_cuda_cce_backward(dh, dW, h, W, tg, lse, p->N, p->D, p->V, 1.0f, filter,
                                         scratch, &r.skipped) == 0,
@@ -171,8 +182,8 @@ static double max_rel(const float *a, const float *b, size_t n) {
 
 static void assert_close(const result *gpu, const result *ref, const problem *p, bool has_lse,
                          const char *what) {
-    ck_assert_msg(fabs(gpu->mean - ref->mean) <= 1e-5 * fabs(ref->mean),
-                  "%s: loss %.9g vs %.9g", what, gpu->mean, ref->mean);
+    ck_assert_msg(fabs(gpu->mean - ref->mean) <= 1e-5 * fabs(ref->mean), "%s: loss %.9g vs %.9g",
+                  what, gpu->mean, ref->mean);
     double el = max_rel(gpu->losses, ref->losses, p->N);
     double es = has_lse ? max_rel(gpu->lse, ref->lse, p->N) : 0;
     double eh = max_rel(gpu->dh, ref->dh, (size_t)p->N * p->D);
@@ -282,9 +293,9 @@ START_TEST(test_cce_gpu_refuses_a_target_outside_the_vocabulary) {
     ck_assert_int_eq(moe_cuda_cce_forward(losses, lse, &mean, h, W, tg, N, D, V, scratch),
                      MOE_EINVAL);
     ck_assert_msg(strstr(moe_last_error(), "outside the vocabulary"), "%s", moe_last_error());
-    ck_assert_int_eq(moe_cuda_cce_backward(dh, dW, h, W, tg, lse, N, D, V, 1.0f, 0.0f, scratch,
-                                           NULL),
-                     MOE_EINVAL);
+    ck_assert_int_eq(
+        moe_cuda_cce_backward(dh, dW, h, W, tg, lse, N, D, V, 1.0f, 0.0f, scratch, NULL),
+        MOE_EINVAL);
     moe_ops_cuda.free(tg);
     float *bufs[] = {h, W, losses, lse, dh, dW, scratch};
     size_t sizes[] = {N * D, V * D, N, N, N * D, V * D, moe_cuda_cce_scratch_floats(N, V)};

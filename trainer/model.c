@@ -467,8 +467,8 @@ static size_t cce_scratch_floats(const moe_model *m, size_t N) {
 static int cce_forward(moe_model *m, const int32_t *targets, int N) {
 #ifdef MOE_HAVE_CUDA
     if (m->gpu && m->gpu->cuda)
-        return moe_cuda_cce_forward(m->losses, m->lse, &m->ce, m->lnf, m->lm_head, targets, N,
-                                    m->D, m->V, m->cce_scratch);
+        return moe_cuda_cce_forward(m->losses, m->lse, &m->ce, m->lnf, m->lm_head, targets, N, m->D,
+                                    m->V, m->cce_scratch);
 #endif
     return moe_cpu_cce_forward(m->losses, m->lse, &m->ce, m->lnf, m->lm_head, targets, N, m->D,
                                m->V, m->cce_scratch);
@@ -481,8 +481,8 @@ static int cce_backward(moe_model *m, const int32_t *targets, int N) {
         return moe_cuda_cce_backward(m->dln, m->d_lm_head, m->lnf, m->lm_head, targets, m->lse, N,
                                      m->D, m->V, 1.0f, eps, m->cce_scratch, NULL);
 #endif
-    return moe_cpu_cce_backward(m->dln, m->d_lm_head, m->lnf, m->lm_head, targets, m->lse, N,
-                                m->D, m->V, 1.0f, eps, m->cce_scratch, NULL);
+    return moe_cpu_cce_backward(m->dln, m->d_lm_head, m->lnf, m->lm_head, targets, m->lse, N, m->D,
+                                m->V, 1.0f, eps, m->cce_scratch, NULL);
 }
 
 // Host <-> copy transfers: device copies on a CUDA table, memcpy on the CPU one.

@@ -124,8 +124,8 @@ __global__ static void __launch_bounds__(THREADS)
 // One warp per row: lse from the S partials (in split order, in double, as
 // the CPU sums), the target's logit by a warp dot product, the row's loss.
 __global__ static void cce_lse_kernel(float *losses, float *lse, const float *pm, const float *ps,
-                                      int S, const float *h, const float *W,
-                                      const int32_t *target, int N, int D) {
+                                      int S, const float *h, const float *W, const int32_t *target,
+                                      int N, int D) {
     const int lane = threadIdx.x % 32;
     const int n = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (n >= N) return; // the whole warp
@@ -211,7 +211,9 @@ static int launched(const char *what, int line) {
     return moe_fail(MOE_EDEVICE, "%s:%d: %s: %s", __FILE__, line, what, cudaGetErrorString(e));
 }
 
-static int cdiv(int a, int b) { return (a + b - 1) / b; }
+static int cdiv(int a, int b) {
+    return (a + b - 1) / b;
+}
 
 static int n_splits(int N, int V) {
     const int s = cdiv(SPLIT_BLOCKS, cdiv(N, BM)), vt = cdiv(V, BN);
@@ -219,9 +221,11 @@ static int n_splits(int N, int V) {
 }
 
 // Columns per backward chunk: a multiple of MOE_CCE_VB, so chunks start on
-// the CPU's tile boundaries.
+// the CPU's tile boundaries, and at most 65535 column tiles (grid y).
 static int chunk_cols(int N, int V) {
-    const size_t vmax = (size_t)cdiv(V, MOE_CCE_VB) * MOE_CCE_VB;
+    const size_t grid_max = (size_t)65535 * BN / MOE_CCE_VB * MOE_CCE_VB;
+    size_t vmax = (size_t)cdiv(V, MOE_CCE_VB) * MOE_CCE_VB;
+    if (vmax > grid_max) vmax = grid_max;
     size_t vc = slab_floats / (size_t)(N > 0 ? N : 1) / MOE_CCE_VB * MOE_CCE_VB;
     if (vc < MOE_CCE_VB) vc = MOE_CCE_VB;
     return (int)(vc > vmax ? vmax : vc);
@@ -277,8 +281,7 @@ fail:
 
 extern "C" int moe_cuda_cce_backward(float *dh, float *dW, const float *h, const float *W,
                                      const int32_t *target, const float *lse, int N, int D, int V,
-                                     float dloss, float filter_eps, float *scratch,
-                                     long *skipped) {
+                                     float dloss, float filter_eps, float *scratch, long *skipped) {
     if (N < 0 || D < 1 || V < 1) return moe_fail(MOE_EINVAL, "cce: N=%d D=%d V=%d", N, D, V);
     if (!N) return 0;
     moe_cuda_ctx c = {};
@@ -326,8 +329,8 @@ extern "C" int moe_cuda_cce_backward(float *dh, float *dW, const float *h, const
             }
         }
         // dh [N, D] += G [N, vc] W[v0:v0+vc] and dW[v0:v0+vc] [vc, D] += G^T h.
-        MOE_TRY_GOTO(
-            moe_cuda_matmul(dh, G, W + (size_t)v0 * D, N, D, vc, false, false, 1.0f, 1.0f), rc);
+        MOE_TRY_GOTO(moe_cuda_matmul(dh, G, W + (size_t)v0 * D, N, D, vc, false, false, 1.0f, 1.0f),
+                     rc);
         MOE_TRY_GOTO(moe_cuda_matmul(dW + (size_t)v0 * D, G, h, vc, D, N, true, false, 1.0f, 1.0f),
                      rc);
     }

@@ -32,8 +32,8 @@ int moe_cuda_cce_forward(float *losses, float *lse, double *mean, const float *h
 // filter_eps and that holds no target is dropped, exactly as on the CPU;
 // *skipped (when not NULL) counts the dropped tiles.
 int moe_cuda_cce_backward(float *dh, float *dW, const float *h, const float *W,
-                          const int32_t *target, const float *lse, int N, int D, int V,
-                          float dloss, float filter_eps, float *scratch, long *skipped);
+                          const int32_t *target, const float *lse, int N, int D, int V, float dloss,
+                          float filter_eps, float *scratch, long *skipped);
 
 #ifdef __cplusplus
 }

@@ -198,12 +198,38 @@ START_TEST(test_device_training_path_on_cpu_matches_host) {
 }
 END_TEST
 
+// loss.impl = cce on the device path (the GPU's since cut cross-entropy runs
+// there, kernels/cuda/cce.cu) with the CPU table: the host trainer's losses.
+START_TEST(test_device_training_path_with_cce_matches_host) {
+    moe_config c = small();
+    c.train.steps = 10;
+    snprintf(c.loss.impl, sizeof c.loss.impl, "cce");
+    double host[10], dev[10];
+    char out[600];
+    moe_train_result r;
+    moe_train_opts o = {0};
+    o.quiet = true;
+    for (int d = 0; d < 2; d++) {
+        snprintf(out, sizeof out, "%s/%s", tu_tmpdir(), d ? "cce_dev" : "cce_host");
+        o.out_dir = out;
+        o.losses = d ? dev : host;
+        o.device_ops = d ? &moe_ops_cpu : NULL;
+        ck_assert_msg(moe_train(&c, &o, &r) == 0, "%s", moe_last_error());
+        moe_eval_result_free(&r.eval);
+    }
+    for (int s = 0; s < 10; s++)
+        ck_assert_msg(fabs(dev[s] - host[s]) <= 1e-6 * fabs(host[s]), "step %d: %.9g vs %.9g", s,
+                      dev[s], host[s]);
+}
+END_TEST
+
 static Suite *train_suite(void) {
     Suite *s = suite_create("train");
     TCase *tc = tcase_create("train");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_loss_falls_below_baseline);
     tcase_add_test(tc, test_device_training_path_on_cpu_matches_host);
+    tcase_add_test(tc, test_device_training_path_with_cce_matches_host);
     tcase_add_test(tc, test_resume_is_bit_exact);
     tcase_add_test(tc, test_nonfinite_loss_stops_and_keeps_checkpoint);
     tcase_add_test(tc, test_checkpoint_mismatch_and_corruption);

@@ -73,15 +73,15 @@ END_TEST
 
 START_TEST(test_gpu_training_refuses_unsupported_configs) {
     moe_config c = small("cuda", "fp32");
-    snprintf(c.loss.impl, sizeof c.loss.impl, "cce");
+    c.router.score = MOE_SCORE_SIGMOID;
     moe_train_opts o = {0};
     char out[600];
-    snprintf(out, sizeof out, "%s/cce", tu_tmpdir());
+    snprintf(out, sizeof out, "%s/sigmoid", tu_tmpdir());
     o.out_dir = out;
     o.quiet = true;
     moe_train_result r;
     ck_assert_int_eq(moe_train(&c, &o, &r), MOE_EINVAL);
-    ck_assert_msg(strstr(moe_last_error(), "loss.impl = cce"), "%s", moe_last_error());
+    ck_assert_msg(strstr(moe_last_error(), "router.score = sigmoid"), "%s", moe_last_error());
 }
 END_TEST
 

@@ -8,6 +8,7 @@
 #include "moe/error.h"
 #include "moe/rng.h"
 #ifdef MOE_HAVE_CUDA
+#include "kernels/cuda/cce_cuda.h"
 #include "kernels/cuda/cuda.h"
 #include "moe/moe_layer_cuda.h"
 #endif
@@ -87,6 +88,9 @@ static void init_params(moe_model *m) {
     }
 }
 
+// Cut cross-entropy's scratch on the model's backend (with the device copy below).
+static size_t cce_scratch_floats(const moe_model *m, size_t N);
+
 // Carves every activation buffer out of base (NULL: only counts floats).
 static size_t layout_acts(moe_model *m, float *base) {
     size_t used = 0;
@@ -137,7 +141,7 @@ static size_t layout_acts(moe_model *m, float *base) {
     TAKE(m->ffn_ab, m->chunks > 1 ? Nc * 2 * m->F : 0);
     TAKE(m->ffn_h, m->chunks > 1 ? Nc * m->F : 0);
     TAKE(m->lse, cce ? N : 0);
-    TAKE(m->cce_scratch, cce ? moe_cpu_cce_scratch_floats() : 0);
+    TAKE(m->cce_scratch, cce ? cce_scratch_floats(m, N) : 0);
     TAKE(m->losses, N);
     TAKE(m->dres, N * D);
     TAKE(m->dln, N * D);
@@ -452,6 +456,35 @@ struct moe_model_gpu {
 #endif
 };
 
+// Cut cross-entropy: kernels/cuda/cce.cu on a CUDA device copy, else kernels/cpu/cce.c.
+static size_t cce_scratch_floats(const moe_model *m, size_t N) {
+#ifdef MOE_HAVE_CUDA
+    if (m->gpu && m->gpu->cuda) return moe_cuda_cce_scratch_floats((int)N, m->V);
+#endif
+    return moe_cpu_cce_scratch_floats();
+}
+
+static int cce_forward(moe_model *m, const int32_t *targets, int N) {
+#ifdef MOE_HAVE_CUDA
+    if (m->gpu && m->gpu->cuda)
+        return moe_cuda_cce_forward(m->losses, m->lse, &m->ce, m->lnf, m->lm_head, targets, N, m->D,
+                                    m->V, m->cce_scratch);
+#endif
+    return moe_cpu_cce_forward(m->losses, m->lse, &m->ce, m->lnf, m->lm_head, targets, N, m->D,
+                               m->V, m->cce_scratch);
+}
+
+static int cce_backward(moe_model *m, const int32_t *targets, int N) {
+    const float eps = m->cfg.loss.cce_filter ? FLT_EPSILON : 0.0f;
+#ifdef MOE_HAVE_CUDA
+    if (m->gpu && m->gpu->cuda)
+        return moe_cuda_cce_backward(m->dln, m->d_lm_head, m->lnf, m->lm_head, targets, m->lse, N,
+                                     m->D, m->V, 1.0f, eps, m->cce_scratch, NULL);
+#endif
+    return moe_cpu_cce_backward(m->dln, m->d_lm_head, m->lnf, m->lm_head, targets, m->lse, N, m->D,
+                                m->V, 1.0f, eps, m->cce_scratch, NULL);
+}
+
 // Host <-> copy transfers: device copies on a CUDA table, memcpy on the CPU one.
 static int copy_bytes(const moe_model *g, void *dst, const void *src, size_t bytes, bool up) {
     if (!g->gpu->cuda) {
@@ -508,7 +541,6 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
     const char *no = cfg->comm.node_dedup                     ? "comm.node_dedup"
                      : h->ep                                  ? "parallel.ep > 1"
                      : h->chunks > 1                          ? "memory.mini_seq > 1"
-                     : !strcmp(cfg->loss.impl, "cce")         ? "loss.impl = cce"
                      : cfg->moe.n_task_layers > 0             ? "moe.task_layers"
                      : cfg->router.noise != MOE_NOISE_NONE    ? "router.noise other than none"
                      : cfg->router.n_task_priority > 0        ? "router.task_priority"
@@ -681,8 +713,7 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
     const bool cce = !strcmp(m->cfg.loss.impl, "cce");
     m->ce = 0.0;
     if (cce && targets) {
-        MOE_TRY(moe_cpu_cce_forward(m->losses, m->lse, &m->ce, m->lnf, m->lm_head, targets, N, D,
-                                    m->V, m->cce_scratch));
+        MOE_TRY(cce_forward(m, targets, N));
     } else if (cce && N > m->T) {
         return moe_fail(MOE_EINVAL,
                         "loss.impl = cce computes logits for one sequence at a time, "
@@ -720,9 +751,7 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
     double t0 = m->timing ? now() : 0;
     if (!strcmp(m->cfg.loss.impl, "cce")) {
         MOE_TRY(ops->zero(m->dln, (size_t)N * D));
-        MOE_TRY(moe_cpu_cce_backward(m->dln, m->d_lm_head, m->lnf, m->lm_head, targets, m->lse, N,
-                                     D, m->V, 1.0f, m->cfg.loss.cce_filter ? FLT_EPSILON : 0.0f,
-                                     m->cce_scratch, NULL));
+        MOE_TRY(cce_backward(m, targets, N));
     } else if (m->chunks > 1) {
         MOE_TRY(chunked_head_backward(m, targets, N));
     } else {

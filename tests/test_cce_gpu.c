@@ -349,6 +349,7 @@ int main(void) {
         printf("FAIL: %s\n", moe_last_error());
         return 1;
     }
+    setenv("CK_FORK", "no", 1); // the CUDA context is this process's: no forked tests
     Suite *s = suite_create("cce_gpu");
     TCase *tc = tcase_create("cuda_vs_cpu");
     tcase_set_timeout(tc, 600);

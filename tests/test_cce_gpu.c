@@ -338,18 +338,7 @@ START_TEST(test_gpu_training_with_cce_follows_cpu) {
 }
 END_TEST
 
-int main(void) {
-    char why[256] = "";
-    if (moe_cuda_device_count(why, sizeof why) == 0) {
-        printf("SKIP: no CUDA device (%s); the CUDA cut cross-entropy is compiled but not run\n",
-               why);
-        return 77;
-    }
-    if (moe_cuda_init(0) < 0) {
-        printf("FAIL: %s\n", moe_last_error());
-        return 1;
-    }
-    setenv("CK_FORK", "no", 1); // the CUDA context is this process's: no forked tests
+static Suite *gpu_suite(void) {
     Suite *s = suite_create("cce_gpu");
     TCase *tc = tcase_create("cuda_vs_cpu");
     tcase_set_timeout(tc, 600);
@@ -363,16 +352,17 @@ int main(void) {
     tcase_add_test(tc, test_cce_gpu_refuses_a_target_outside_the_vocabulary);
     tcase_add_test(tc, test_gpu_training_with_cce_follows_cpu);
     suite_add_tcase(s, tc);
-    int rc = tu_run(s);
-    moe_cuda_shutdown();
-    return rc;
+    return s;
 }
 
 #else
 
-int main(void) {
-    printf("SKIP: built without CUDA (configure with -DMOE_CUDA=ON and a CUDA toolkit)\n");
-    return 77;
+static Suite *gpu_suite(void) {
+    return suite_create("cce_gpu");
 }
 
 #endif
+
+int main(void) {
+    return tu_run_gpu(gpu_suite(), "the CUDA cut cross-entropy");
+}

@@ -85,15 +85,7 @@ START_TEST(test_gpu_training_refuses_unsupported_configs) {
 }
 END_TEST
 
-int main(void) {
-    char why[256] = "";
-    if (moe_cuda_device_count(why, sizeof why) == 0) {
-        printf("SKIP: no CUDA device (%s); GPU training is compiled but not run\n", why);
-        return 77;
-    }
-    // cudaGetDeviceCount initialised the driver in this process, which a forked
-    // test could not use: run in-process even outside ctest.
-    setenv("CK_FORK", "no", 1);
+static Suite *gpu_suite(void) {
     Suite *s = suite_create("train_gpu");
     TCase *tc = tcase_create("cuda_vs_cpu");
     tcase_set_timeout(tc, 600);
@@ -101,16 +93,17 @@ int main(void) {
     tcase_add_test(tc, test_gpu_training_is_deterministic);
     tcase_add_test(tc, test_gpu_training_refuses_unsupported_configs);
     suite_add_tcase(s, tc);
-    int rc = tu_run(s);
-    moe_cuda_shutdown();
-    return rc;
+    return s;
 }
 
 #else
 
-int main(void) {
-    printf("SKIP: built without CUDA (configure with -DMOE_CUDA=ON and a CUDA toolkit)\n");
-    return 77;
+static Suite *gpu_suite(void) {
+    return suite_create("train_gpu");
 }
 
 #endif
+
+int main(void) {
+    return tu_run_gpu(gpu_suite(), "GPU training");
+}

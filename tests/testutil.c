@@ -7,6 +7,10 @@
 #include "moe/safetensors.h"
 #include "moe/train.h"
 
+#ifdef MOE_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
+
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
@@ -123,6 +127,29 @@ int tu_run(Suite *s) {
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);
     return failed == 0 ? 0 : 1;
+}
+
+int tu_run_gpu(Suite *s, const char *what) {
+#ifdef MOE_HAVE_CUDA
+    char why[256] = "";
+    if (moe_cuda_device_count(why, sizeof why) == 0) {
+        printf("SKIP: no CUDA device (%s); %s is compiled but not run\n", why, what);
+        srunner_free(srunner_create(s));
+        return 77;
+    }
+    // cudaGetDeviceCount initialised the driver in this process, which a forked
+    // test could not use: run in-process even outside ctest.
+    setenv("CK_FORK", "no", 1);
+    int rc = tu_run(s);
+    moe_cuda_shutdown();
+    return rc;
+#else
+    printf("SKIP: built without CUDA (configure with -DMOE_CUDA=ON and a CUDA toolkit); %s is not "
+           "compiled\n",
+           what);
+    srunner_free(srunner_create(s));
+    return 77;
+#endif
 }
 
 int tu_run_moe(const char *dir, const char *args) {

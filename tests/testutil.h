@@ -73,6 +73,10 @@ void tu_assert_same_file(const char *a, const char *b);
 void tu_assert_same_checkpoint(const char *a, const char *b);
 
 int tu_run(Suite *s);
+// The main of a GPU suite: 77 (ctest: skipped) with the reason printed when
+// this build has no CUDA or the machine no device; else tu_run(s) in this
+// process (the CUDA context is not fork-safe), then the CUDA context freed.
+int tu_run_gpu(Suite *s, const char *what);
 
 // CHECK for the mpi_* programs, which do without Check so that every rank
 // reaches MPI_Finalize: counts the check in tu_checks and, when cond is false,

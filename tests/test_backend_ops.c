@@ -446,7 +446,7 @@ END_TEST
 // ---- decoder ops ------------------------------------------------------------------
 
 START_TEST(test_rmsnorm_matches_cpu) {
-    const int shapes[][2] = {{1, 1}, {7, 64}, {128, 512}, {3, 1000}, {0, 16}};
+    const int shapes[][2] = {{1, 1}, {7, 64}, {128, 512}, {3, 1000}, {1000, 33}, {0, 16}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int N = shapes[s][0], C = shapes[s][1];
         tu_rng r;

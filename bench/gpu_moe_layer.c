@@ -77,9 +77,9 @@ static int run(int T, int D, int H, int E, int k, double capacity, const moe_ops
     for (int rep = -1; rep < reps; rep++) { // rep -1: warm-up
         MOE_TRY(moe_cuda_synchronize());
         double t0 = now_s();
-        MOE_TRY(moe_layer_cuda_forward(y, x, NULL, T, &p, &a, false));
+        MOE_TRY(moe_layer_cuda_forward(y, x, NULL, NULL, T, &p, &a, false, 0));
         MOE_TRY(ops->zero(dx, (size_t)T * D));
-        MOE_TRY(moe_layer_cuda_backward(dx, &g, dy, x, T, &p, &a, 0.01f, 0.0f));
+        MOE_TRY(moe_layer_cuda_backward(dx, &g, dy, x, NULL, T, &p, &a, 0.01f, 0.0f));
         MOE_TRY(moe_cuda_synchronize());
         double t = now_s() - t0;
         if (rep >= 0 && t < best) best = t;

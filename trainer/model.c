@@ -809,8 +809,8 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
         MOE_TRY(ops->zero(m->dq, (size_t)N * QD));
         MOE_TRY(ops->zero(m->dk, (size_t)N * KD));
         MOE_TRY(ops->zero(m->dv, (size_t)N * KD));
-        MOE_TRY(m->ops->attention_backward(m->dq, m->dk, m->dv, m->datt, m->datty, a->atty, a->att, a->q,
-                                           a->k, a->v, B, T, m->Hq, m->Hkv, m->hd));
+        MOE_TRY(m->ops->attention_backward(m->dq, m->dk, m->dv, m->datt, m->datty, a->atty, a->att,
+                                           a->q, a->k, a->v, B, T, m->Hq, m->Hkv, m->hd));
         MOE_TRY(ops->zero(m->dqr, (size_t)N * QD));
         MOE_TRY(ops->zero(m->dkr, (size_t)N * KD));
         MOE_TRY(m->ops->rope_backward(m->dqr, m->dq, B, T, m->Hq, m->hd, theta));

@@ -43,7 +43,7 @@ extern "C" int moe_cuda_noise_samples(uint64_t *hash, double *uniform, double *g
     moe_cuda_ctx c = {};
     MOE_TRY(moe_cuda_ctx_get(&c));
     samples_kernel<<<moe_cuda_blocks(n, 256), 256, 0, c.stream>>>(hash, uniform, gumbel, n, seed,
-                                                                   step);
+                                                                  step);
     CUDA_LAUNCH_CHECK();
     return 0;
 }

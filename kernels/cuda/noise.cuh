@@ -11,8 +11,8 @@
 
 #include <stdint.h>
 
-__device__ static inline double moe_dev_noise_uniform(uint64_t seed, uint64_t step,
-                                                      uint64_t stream, uint64_t i) {
+__device__ static inline double moe_dev_noise_uniform(uint64_t seed, uint64_t step, uint64_t stream,
+                                                      uint64_t i) {
     return moe_u01(moe_hash4(seed, step, stream, i));
 }
 

@@ -71,10 +71,10 @@ __global__ static void softmax_topk_kernel(float *probs, float *lse, int *choice
                     for (int i = 0; i < j; i++)
                         taken |= ch[i] == e;
                     if (taken) continue;
-                    double v = j > 0 ? __dadd_rn((double)x[e],
-                                                 moe_dev_noise_gumbel(seed, step,
-                                                                      (uint64_t)t * E + e))
-                                     : (double)p[e];
+                    double v =
+                        j > 0 ? __dadd_rn((double)x[e],
+                                          moe_dev_noise_gumbel(seed, step, (uint64_t)t * E + e))
+                              : (double)p[e];
                     if (best < 0 || v > best_s) best = e, best_s = v;
                 }
                 ch[j] = best;
@@ -399,8 +399,7 @@ static void task_ranks(int *rank, const moe_router_config *cfg) {
 
 extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, const int *task_id,
                                        const int *capacity, int T, int E,
-                                       const moe_router_config *cfg, bool training,
-                                       uint64_t step) {
+                                       const moe_router_config *cfg, bool training, uint64_t step) {
     const int k = cfg->top_k;
     if (T < 0 || T > p->T_max || E != p->E || k != p->k)
         return moe_fail(

@@ -69,8 +69,8 @@ int moe_cuda_router_jitter(float *out, const float *in, size_t n, double eps, ui
 // For the host-device equality test: hash[i] = moe_hash4(seed, step, 1, i),
 // uniform[i] = moe_noise_uniform(seed, step, 1, i), gumbel[i] =
 // moe_noise_gumbel(seed, step, i), computed on the device into device memory.
-int moe_cuda_noise_samples(uint64_t *hash, double *uniform, double *gumbel, size_t n,
-                           uint64_t seed, uint64_t step);
+int moe_cuda_noise_samples(uint64_t *hash, double *uniform, double *gumbel, size_t n, uint64_t seed,
+                           uint64_t step);
 
 #ifdef __cplusplus
 }

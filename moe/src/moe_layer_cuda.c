@@ -1,6 +1,6 @@
 // The MoE layer on the GPU (moe/moe_layer_cuda.h): jitter, gate GEMM (per
-// task under task routing), CUDA router, permute, grouped expert GEMMs + SwiGLU, weighted combine, shared expert, and
-// the backward of each in reverse, with the same op sequence as the
+// task under task routing), CUDA router, permute, grouped expert GEMMs + SwiGLU, weighted combine,
+// shared expert, and the backward of each in reverse, with the same op sequence as the
 // single-process path of moe/src/moe_layer.c (so the CPU layer is its
 // reference, tests/test_backend_ops.c).
 #include "moe/moe_layer_cuda.h"
@@ -95,11 +95,10 @@ fail:
 
 void moe_layer_cuda_acts_free(moe_layer_cuda_acts *a) {
     if (a->ops) {
-        void *bufs[] = {a->logits,   a->row,      a->xe,        a->ab,      a->h,
-                        a->ye,       a->shared_ab, a->shared_h, a->dlogits, a->dweight,
-                        a->dye,      a->dxe,       a->dh,       a->dab,     a->sdh,
-                        a->sdab,     a->noise,     a->gate_in,  a->dgate_in, a->logits_g,
-                        a->dlogits_g};
+        void *bufs[] = {a->logits,    a->row,      a->xe,       a->ab,      a->h,     a->ye,
+                        a->shared_ab, a->shared_h, a->dlogits,  a->dweight, a->dye,   a->dxe,
+                        a->dh,        a->dab,      a->sdh,      a->sdab,    a->noise, a->gate_in,
+                        a->dgate_in,  a->logits_g, a->dlogits_g};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             if (bufs[i]) a->ops->free(bufs[i]);
     }
@@ -108,8 +107,8 @@ void moe_layer_cuda_acts_free(moe_layer_cuda_acts *a) {
     memset(a, 0, sizeof *a);
 }
 
-int moe_layer_cuda_forward(float *y, const float *x, const int *task_id, const int *capacity,
-                           int T, const moe_layer_params *p, moe_layer_cuda_acts *a, bool training,
+int moe_layer_cuda_forward(float *y, const float *x, const int *task_id, const int *capacity, int T,
+                           const moe_layer_params *p, moe_layer_cuda_acts *a, bool training,
                            uint64_t step) {
     const moe_layer_config *cfg = &a->cfg;
     const moe_ops *ops = a->ops;

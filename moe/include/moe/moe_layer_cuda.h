@@ -49,8 +49,8 @@ void moe_layer_cuda_acts_free(moe_layer_cuda_acts *a);
 // 0..n_tasks-1, which the caller has checked: the gather reads row task_id[t])
 // and with router.task_priority, else may be NULL. training enables router
 // noise, step seeds it (with router.seed), as on the CPU.
-int moe_layer_cuda_forward(float *y, const float *x, const int *task_id, const int *capacity,
-                           int T, const moe_layer_params *p, moe_layer_cuda_acts *a, bool training,
+int moe_layer_cuda_forward(float *y, const float *x, const int *task_id, const int *capacity, int T,
+                           const moe_layer_params *p, moe_layer_cuda_acts *a, bool training,
                            uint64_t step);
 // As moe_layer_backward (ADDS into dx and dp), device memory throughout; the
 // same task_id as the forward.

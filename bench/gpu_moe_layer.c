@@ -77,9 +77,9 @@ static int run(int T, int D, int H, int E, int k, double capacity, const moe_ops
     for (int rep = -1; rep < reps; rep++) { // rep -1: warm-up
         MOE_TRY(moe_cuda_synchronize());
         double t0 = now_s();
-        MOE_TRY(moe_layer_cuda_forward(y, x, NULL, T, &p, &a, false));
+        MOE_TRY(moe_layer_cuda_forward(y, x, NULL, NULL, T, &p, &a, false, 0));
         MOE_TRY(ops->zero(dx, (size_t)T * D));
-        MOE_TRY(moe_layer_cuda_backward(dx, &g, dy, x, T, &p, &a, 0.01f, 0.0f));
+        MOE_TRY(moe_layer_cuda_backward(dx, &g, dy, x, NULL, T, &p, &a, 0.01f, 0.0f));
         MOE_TRY(moe_cuda_synchronize());
         double t = now_s() - t0;
         if (rep >= 0 && t < best) best = t;
@@ -98,11 +98,12 @@ static int run(int T, int D, int H, int E, int k, double capacity, const moe_ops
     double dense_tflops = 6.0 * rows * (double)D * H / best_dense / 1e12;
     char name[256] = "";
     moe_cuda_device_info(name, sizeof name, NULL, NULL);
-    printf("{\"bench\":\"gpu_moe_layer\",\"device\":\"%s\",\"dtype\":\"%s\",\"T\":%d,\"D\":%d,"
-           "\"H\":%d,\"E\":%d,\"k\":%d,\"capacity_factor\":%g,\"rows\":%d,\"ms\":%.3f,\"tflops\":%.2f,"
-           "\"dense_tflops\":%.2f,\"ratio_to_dense\":%.3f,\"aux_loss\":%.4f}\n",
-           name, ops == &moe_ops_cuda ? "fp32" : "bf16", T, D, H, E, k, capacity, rows, best * 1e3, tflops,
-           dense_tflops, tflops / dense_tflops, a.plan.aux_loss);
+    printf(
+        "{\"bench\":\"gpu_moe_layer\",\"device\":\"%s\",\"dtype\":\"%s\",\"T\":%d,\"D\":%d,"
+        "\"H\":%d,\"E\":%d,\"k\":%d,\"capacity_factor\":%g,\"rows\":%d,\"ms\":%.3f,\"tflops\":%.2f,"
+        "\"dense_tflops\":%.2f,\"ratio_to_dense\":%.3f,\"aux_loss\":%.4f}\n",
+        name, ops == &moe_ops_cuda ? "fp32" : "bf16", T, D, H, E, k, capacity, rows, best * 1e3,
+        tflops, dense_tflops, tflops / dense_tflops, a.plan.aux_loss);
     moe_layer_cuda_acts_free(&a);
     ops->free(par), ops->free(grad), ops->free(x), ops->free(y), ops->free(dy), ops->free(dx);
     return 0;
@@ -131,8 +132,7 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "gpu_moe_layer: --capacity %s: expected a factor >= 0\n", argv[i]);
                 return 2;
             }
-        }
-        else if (!strcmp(argv[i], "--fp32"))
+        } else if (!strcmp(argv[i], "--fp32"))
             fp32 = 1;
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc)
             reps = atoi(argv[++i]);

@@ -50,7 +50,7 @@ static int run(int T, int E, int k, moe_slot_order order, int reps, double peak)
     for (int rep = -1; rep < reps; rep++) {
         MOE_TRY(moe_cuda_synchronize());
         double t0 = now_s();
-        MOE_TRY(moe_cuda_router_forward(&plan, d, NULL, NULL, T, E, &cfg, false));
+        MOE_TRY(moe_cuda_router_forward(&plan, d, NULL, NULL, T, E, &cfg, false, 0));
         double t = now_s() - t0; // the call ends with a synchronising read-back
         if (rep >= 0 && t < best) best = t;
     }

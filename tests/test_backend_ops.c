@@ -22,7 +22,9 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/router_cuda.h"
 #include "moe/moe_layer_cuda.h"
+#include "moe/rng.h"
 #include "moe/router.h"
+#include "router/internal.h"
 #endif
 
 static const moe_ops *CPU = &moe_ops_cpu, *GPU;
@@ -319,8 +321,8 @@ static void make_plan(test_plan *p, tu_rng *r, int T, int k, int E) {
 }
 
 START_TEST(test_permute_ops_match_cpu) {
-    const int shapes[][4] = {{1, 1, 2, 1}, {37, 2, 8, 64}, {256, 4, 9, 200},
-                             {0, 2, 4, 8}, {50, 1, 3, 33}, {64, 2, 8, 1}, {20, 2, 4, 0}};
+    const int shapes[][4] = {{1, 1, 2, 1},   {37, 2, 8, 64}, {256, 4, 9, 200}, {0, 2, 4, 8},
+                             {50, 1, 3, 33}, {64, 2, 8, 1},  {20, 2, 4, 0}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int T = shapes[s][0], k = shapes[s][1], E = shapes[s][2], D = shapes[s][3];
         tu_rng r;
@@ -470,8 +472,8 @@ START_TEST(test_rmsnorm_matches_cpu) {
 END_TEST
 
 START_TEST(test_rope_matches_cpu) {
-    const int shapes[][4] = {{1, 1, 1, 2}, {2, 17, 4, 16}, {1, 256, 8, 64}, {3, 5, 2, 128},
-                             {0, 4, 2, 8}};
+    const int shapes[][4] = {
+        {1, 1, 1, 2}, {2, 17, 4, 16}, {1, 256, 8, 64}, {3, 5, 2, 128}, {0, 4, 2, 8}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int B = shapes[s][0], T = shapes[s][1], H = shapes[s][2], hd = shapes[s][3];
         size_t n = (size_t)B * T * H * hd;
@@ -497,12 +499,8 @@ END_TEST
 
 START_TEST(test_attention_matches_cpu) {
     // B, T, Hq, Hkv, hd: MHA, GQA, MQA, T = 1
-    const int shapes[][5] = {{1, 1, 1, 1, 2},
-                             {2, 17, 4, 2, 8},
-                             {1, 64, 8, 8, 16},
-                             {2, 33, 6, 1, 32},
-                             {1, 128, 4, 2, 64},
-                             {0, 4, 2, 1, 8}};
+    const int shapes[][5] = {{1, 1, 1, 1, 2},   {2, 17, 4, 2, 8},   {1, 64, 8, 8, 16},
+                             {2, 33, 6, 1, 32}, {1, 128, 4, 2, 64}, {0, 4, 2, 1, 8}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int B = shapes[s][0], T = shapes[s][1], Hq = shapes[s][2], Hkv = shapes[s][3];
         int hd = shapes[s][4];
@@ -521,10 +519,10 @@ START_TEST(test_attention_matches_cpu) {
         // att is each backend's own saved state (CPU: log-sum-exp, CUDA: probabilities)
         fbuf dout = fb_randn(&r, nq, 1.0f), dq = fb_randn(&r, nq, 1.0f);
         fbuf dk = fb_randn(&r, nk, 1.0f), dv = fb_randn(&r, nk, 1.0f);
-        BOTH(CPU->attention_backward(dq.h, dk.h, dv.h, datt.h, dout.h, out.h, att.h, q.h, k.h, v.h, B, T,
-                                     Hq, Hkv, hd),
-             GPU->attention_backward(dq.d, dk.d, dv.d, datt.d, dout.d, out.d, att.d, q.d, k.d, v.d, B, T,
-                                     Hq, Hkv, hd));
+        BOTH(CPU->attention_backward(dq.h, dk.h, dv.h, datt.h, dout.h, out.h, att.h, q.h, k.h, v.h,
+                                     B, T, Hq, Hkv, hd),
+             GPU->attention_backward(dq.d, dk.d, dv.d, datt.d, dout.d, out.d, att.d, q.d, k.d, v.d,
+                                     B, T, Hq, Hkv, hd));
         fb_check("attention_backward dq", &dq, TOL);
         fb_check("attention_backward dk", &dk, TOL);
         fb_check("attention_backward dv", &dv, TOL);
@@ -623,6 +621,7 @@ typedef struct {
     int ties;      // duplicate token rows (equal max probabilities)
     int given_cap; // pass a per-expert capacity vector
     int normalize;
+    int gumbel; // router.noise = gumbel, training (choices 2..k sampled)
 } router_case;
 
 static void router_case_run(const router_case *rc, uint64_t seed) {
@@ -634,6 +633,9 @@ static void router_case_run(const router_case *rc, uint64_t seed) {
     cfg.slot_order = rc->order;
     cfg.normalize_topk = rc->normalize;
     cfg.aux_counts_all_k = seed % 2;
+    cfg.noise = rc->gumbel ? MOE_NOISE_GUMBEL : MOE_NOISE_NONE;
+    cfg.seed = seed * 7 + 1;
+    const uint64_t step = seed % 13 + 1;
     if (rc->tasks) {
         cfg.n_task_priority = rc->tasks;
         for (int i = 0; i < rc->tasks; i++)
@@ -658,7 +660,7 @@ static void router_case_run(const router_case *rc, uint64_t seed) {
     moe_plan cpu;
     ck_assert_int_eq(moe_plan_alloc(&cpu, T_max, E, k), 0);
     ck_assert_msg(moe_router_forward(&cpu, logits, rc->tasks ? task : NULL,
-                                     rc->given_cap ? cap : NULL, T, E, &cfg, false, 0) == 0,
+                                     rc->given_cap ? cap : NULL, T, E, &cfg, rc->gumbel, step) == 0,
                   "cpu router: %s", moe_last_error());
     moe_cuda_plan gpu;
     ck_assert_msg(moe_cuda_plan_alloc(&gpu, T_max, E, k) == 0, "%s", moe_last_error());
@@ -667,7 +669,8 @@ static void router_case_run(const router_case *rc, uint64_t seed) {
     upload(dlogits, logits, sizeof(float) * T * E);
     upload(dtask, task, sizeof(int) * T);
     ck_assert_msg(moe_cuda_router_forward(&gpu, dlogits, rc->tasks ? dtask : NULL,
-                                          rc->given_cap ? cap : NULL, T, E, &cfg, false) == 0,
+                                          rc->given_cap ? cap : NULL, T, E, &cfg, rc->gumbel,
+                                          step) == 0,
                   "cuda router: %s", moe_last_error());
     size_t tk = (size_t)T * k;
     expect_ints("choice", gpu.choice, cpu.choice, tk);
@@ -703,17 +706,27 @@ static void router_case_run(const router_case *rc, uint64_t seed) {
 
 START_TEST(test_router_matches_cpu) {
     const router_case cases[] = {
-        {1, 2, 1, 1.0, MOE_SLOT_POSITION, 0, 0, 0, 1},
-        {37, 8, 2, 1.25, MOE_SLOT_POSITION, 0, 0, 0, 1},
-        {300, 8, 2, 0.5, MOE_SLOT_PRIORITY, 0, 1, 0, 1},  // BPR with equal max probs
-        {300, 9, 3, 0.0, MOE_SLOT_POSITION, 0, 0, 0, 0},  // dropless, raw weights
-        {257, 4, 4, 1.0, MOE_SLOT_PRIORITY, 0, 0, 0, 1},  // top_k = E
-        {500, 8, 2, 0.75, MOE_SLOT_PRIORITY, 5, 1, 0, 1}, // task priorities
-        {400, 16, 2, 1.0, MOE_SLOT_POSITION, 0, 0, 1, 1}, // per-expert capacity given
-        {3, 8, 2, 1.0, MOE_SLOT_POSITION, 0, 0, 0, 1},    // T below min_capacity
-        {0, 8, 2, 1.0, MOE_SLOT_PRIORITY, 0, 0, 0, 1},    // no tokens
-        {4096, 64, 8, 1.0, MOE_SLOT_PRIORITY, 0, 0, 0, 1},
-        {700, 320, 4, 1.0, MOE_SLOT_PRIORITY, 0, 0, 1, 1}, // E >= 256: one token per loss row
+        {1, 2, 1, 1.0, MOE_SLOT_POSITION, 0, 0, 0, 1, 0},
+        {37, 8, 2, 1.25, MOE_SLOT_POSITION, 0, 0, 0, 1, 0},
+        {300, 8, 2, 0.5, MOE_SLOT_PRIORITY, 0, 1, 0, 1, 0},  // BPR with equal max probs
+        {300, 9, 3, 0.0, MOE_SLOT_POSITION, 0, 0, 0, 0, 0},  // dropless, raw weights
+        {257, 4, 4, 1.0, MOE_SLOT_PRIORITY, 0, 0, 0, 1, 0},  // top_k = E
+        {500, 8, 2, 0.75, MOE_SLOT_PRIORITY, 5, 1, 0, 1, 0}, // task priorities
+        {400, 16, 2, 1.0, MOE_SLOT_POSITION, 0, 0, 1, 1, 0}, // per-expert capacity given
+        {3, 8, 2, 1.0, MOE_SLOT_POSITION, 0, 0, 0, 1, 0},    // T below min_capacity
+        {0, 8, 2, 1.0, MOE_SLOT_PRIORITY, 0, 0, 0, 1, 0},    // no tokens
+        {4096, 64, 8, 1.0, MOE_SLOT_PRIORITY, 0, 0, 0, 1, 0},
+        {700, 320, 4, 1.0, MOE_SLOT_PRIORITY, 0, 0, 1, 1, 0}, // E >= 256: one token per loss row
+        // task priorities in BPR order, with drops
+        {1000, 16, 2, 0.5, MOE_SLOT_PRIORITY, 7, 0, 0, 1, 0},
+        {64, 4, 1, 1.0, MOE_SLOT_PRIORITY, 3, 1, 0, 0, 0},
+        {333, 8, 3, 1.0, MOE_SLOT_PRIORITY, 2, 0, 1, 1, 0},
+        // Gumbel noise (training): choices 2..k sampled, weights from the clean scores
+        {300, 8, 2, 1.0, MOE_SLOT_POSITION, 0, 0, 0, 1, 1},
+        {512, 16, 4, 0.75, MOE_SLOT_PRIORITY, 5, 1, 0, 1, 1}, // with task priorities, drops
+        {200, 8, 1, 1.0, MOE_SLOT_POSITION, 0, 0, 0, 1, 1},   // k = 1: nothing to sample
+        {129, 6, 6, 0.0, MOE_SLOT_POSITION, 0, 1, 0, 0, 1},   // k = E, dropless, raw weights
+        {2048, 64, 8, 1.0, MOE_SLOT_PRIORITY, 0, 0, 1, 1, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++)
         router_case_run(&cases[i], 1400 + i);
@@ -730,29 +743,91 @@ START_TEST(test_router_rejects_nonfinite_logits) {
     ck_assert_int_eq(moe_cuda_plan_alloc(&gpu, 4, 8, 2), 0);
     float *d = GPU->alloc(sizeof logits);
     upload(d, logits, sizeof logits);
-    ck_assert_int_eq(moe_cuda_router_forward(&gpu, d, NULL, NULL, 4, 8, &cfg, false), MOE_ENUMERIC);
+    ck_assert_int_eq(moe_cuda_router_forward(&gpu, d, NULL, NULL, 4, 8, &cfg, false, 0),
+                     MOE_ENUMERIC);
     ck_assert_msg(strstr(moe_last_error(), "token 2"), "%s", moe_last_error());
-    cfg.noise = MOE_NOISE_GUMBEL;
-    ck_assert_int_eq(moe_cuda_router_forward(&gpu, d, NULL, NULL, 4, 8, &cfg, true), MOE_EINVAL);
+    cfg.noise = MOE_NOISE_GUMBEL; // the sampling branch checks too
+    ck_assert_int_eq(moe_cuda_router_forward(&gpu, d, NULL, NULL, 4, 8, &cfg, true, 3),
+                     MOE_ENUMERIC);
     GPU->free(d);
     moe_cuda_plan_free(&gpu);
 }
 END_TEST
 
+// The keyed noise on the device against router/noise.c: hashes and uniforms
+// bit for bit, jitter bit for bit (the factors and the jittered values, both
+// uncontracted double arithmetic), Gumbel samples within 4 ulp (CUDA's log and
+// glibc's may differ in the last bit).
+START_TEST(test_router_noise_matches_cpu_bits) {
+    const size_t n = 1 << 16;
+    const uint64_t seed = 12345, step = 77;
+    uint64_t *dh = GPU->alloc(n * sizeof(uint64_t));
+    double *du = GPU->alloc(n * sizeof(double)), *dg = GPU->alloc(n * sizeof(double));
+    ck_assert_msg(moe_cuda_noise_samples(dh, du, dg, n, seed, step) == 0, "%s", moe_last_error());
+    uint64_t *h = malloc(n * sizeof *h);
+    double *u = malloc(n * sizeof *u), *g = malloc(n * sizeof *g);
+    download(h, dh, n * sizeof *h);
+    download(u, du, n * sizeof *u);
+    download(g, dg, n * sizeof *g);
+    size_t gumbel_inexact = 0;
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_msg(h[i] == moe_hash4(seed, step, 1, i), "hash %zu", i);
+        double cu = moe_noise_uniform(seed, step, 1, i), cg = moe_noise_gumbel(seed, step, i);
+        ck_assert_msg(memcmp(&u[i], &cu, sizeof cu) == 0, "uniform %zu: %.17g vs %.17g", i, u[i],
+                      cu);
+        ck_assert_msg(fabs(g[i] - cg) <= 4 * 2.220446049250313e-16 * fmax(1.0, fabs(cg)),
+                      "gumbel %zu: %.17g vs %.17g", i, g[i], cg);
+        gumbel_inexact += g[i] != cg;
+    }
+    if (gumbel_inexact)
+        printf("gumbel: %zu of %zu samples differ in the last bits\n", gumbel_inexact, n);
+    // jitter: factors (from ones, as the MoE layer) and values in place
+    tu_rng r;
+    tu_seed(&r, 1999);
+    fbuf x = fb_randn(&r, n, 3.0f), ones = fb_make(n, NULL, 1.0f);
+    moe_router_jitter(x.h, n, 0.05, seed, step);
+    moe_router_jitter(ones.h, n, 0.05, seed, step);
+    ck_assert_int_eq(moe_cuda_router_jitter(x.d, x.d, n, 0.05, seed, step), 0);
+    ck_assert_int_eq(moe_cuda_router_jitter(ones.d, NULL, n, 0.05, seed, step), 0);
+    fb_check("jitter values", &x, 0.0);
+    fb_check("jitter factors", &ones, 0.0);
+    fb_free(&x), fb_free(&ones);
+    GPU->free(dh), GPU->free(du), GPU->free(dg);
+    free(h), free(u), free(g);
+}
+END_TEST
+
 // ---- the MoE layer: GPU (grouped GEMMs, CUDA router) against moe_layer.c ------------
 
+// n_tasks > 0: task-level routing (with task priorities under BPR); noise:
+// the forward trains (router noise on, step = seed).
 static void moe_layer_case(const moe_ops *gpu, int T, int D, int H, int E, int k, double cf, int Hs,
-                           moe_slot_order order, double tol, uint64_t seed) {
+                           moe_slot_order order, int n_tasks, moe_noise noise, double tol,
+                           uint64_t seed) {
     moe_layer_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    cfg.T_max = T, cfg.D = D, cfg.H = H, cfg.E = E, cfg.H_shared = Hs;
+    cfg.T_max = T, cfg.D = D, cfg.H = H, cfg.E = E, cfg.H_shared = Hs, cfg.n_tasks = n_tasks;
     moe_router_config_default(&cfg.router);
     cfg.router.top_k = k;
     cfg.router.capacity_factor = cf;
     cfg.router.slot_order = order;
     cfg.router.z_loss_coef = 1e-3;
+    cfg.router.noise = noise;
+    cfg.router.noise_eps = 0.1;
+    cfg.router.seed = seed + 5;
+    if (n_tasks && order == MOE_SLOT_PRIORITY) {
+        cfg.router.n_task_priority = n_tasks;
+        for (int i = 0; i < n_tasks; i++)
+            cfg.router.task_priority[i] = (double)((i * 5) % 3);
+    }
+    const bool training = noise != MOE_NOISE_NONE;
     tu_rng r;
     tu_seed(&r, seed);
+    int *task = malloc(sizeof(int) * T);
+    for (int t = 0; t < T; t++)
+        task[t] = n_tasks ? (int)(tu_uniform(&r) * n_tasks) : 0;
+    ibuf tid = ib_make(T, task);
+    const int *th = n_tasks ? tid.h : NULL, *td = n_tasks ? tid.d : NULL;
     size_t np = moe_layer_num_params(&cfg);
     fbuf par = fb_randn(&r, np, 1.0f / sqrtf((float)D)), grad = fb_randn(&r, np, 0.1f);
     fbuf x = fb_randn(&r, (size_t)T * D, 1.0f), dy = fb_randn(&r, (size_t)T * D, 1.0f);
@@ -766,18 +841,23 @@ static void moe_layer_case(const moe_ops *gpu, int T, int D, int H, int E, int k
     moe_layer_cuda_acts ad;
     ck_assert_msg(moe_layer_acts_alloc(&ah, &cfg, &moe_ops_cpu) == 0, "%s", moe_last_error());
     ck_assert_msg(moe_layer_cuda_acts_alloc(&ad, &cfg, gpu) == 0, "%s", moe_last_error());
-    ck_assert_msg(moe_layer_forward(y.h, x.h, NULL, NULL, T, &ph, &ah, false, 0) == 0, "%s",
+    ck_assert_msg(moe_layer_forward(y.h, x.h, th, NULL, T, &ph, &ah, training, seed) == 0, "%s",
                   moe_last_error());
-    ck_assert_msg(moe_layer_cuda_forward(y.d, x.d, NULL, T, &pd, &ad, false) == 0, "%s",
-                  moe_last_error());
-    char what[160];
-    snprintf(what, sizeof what, "%s moe layer T=%d D=%d H=%d E=%d k=%d cf=%g Hs=%d: y", gpu->name,
-             T, D, H, E, k, cf, Hs);
+    ck_assert_msg(moe_layer_cuda_forward(y.d, x.d, td, NULL, T, &pd, &ad, training, seed) == 0,
+                  "%s", moe_last_error());
+    char what[200];
+    snprintf(what, sizeof what,
+             "%s moe layer T=%d D=%d H=%d E=%d k=%d cf=%g Hs=%d tasks=%d noise=%d: y", gpu->name, T,
+             D, H, E, k, cf, Hs, n_tasks, (int)noise);
     fb_check_norm(what, &y, tol, tol > TOL);
     expect_ints("moe layer offsets", ad.plan.offsets, ah.plan.offsets, E + 1);
-    ck_assert_msg(moe_layer_backward(dx.h, &gh, dy.h, x.h, NULL, T, &ph, &ah, 0.01f, 0.001f) == 0,
+    expect_ints("moe layer expert", ad.plan.expert, ah.plan.expert, (size_t)T * k);
+    expect_ints("moe layer slot", ad.plan.slot, ah.plan.slot, (size_t)T * k);
+    expect_floats("moe layer weight", ad.plan.weight, ah.plan.weight, (size_t)T * k, TOL);
+    ck_assert_msg(moe_layer_backward(dx.h, &gh, dy.h, x.h, th, T, &ph, &ah, 0.01f, 0.001f) == 0,
                   "%s", moe_last_error());
-    ck_assert_msg(moe_layer_cuda_backward(dx.d, &gd, dy.d, x.d, T, &pd, &ad, 0.01f, 0.001f) == 0,
+    ck_assert_msg(moe_layer_cuda_backward(dx.d, &gd, dy.d, x.d, td, T, &pd, &ad, 0.01f, 0.001f) ==
+                      0,
                   "%s", moe_last_error());
     snprintf(what, sizeof what, "%s moe layer T=%d: dx", gpu->name, T);
     fb_check_norm(what, &dx, tol, tol > TOL);
@@ -786,15 +866,36 @@ static void moe_layer_case(const moe_ops *gpu, int T, int D, int H, int E, int k
     moe_layer_acts_free(&ah);
     moe_layer_cuda_acts_free(&ad);
     fb_free(&par), fb_free(&grad), fb_free(&x), fb_free(&dy), fb_free(&y), fb_free(&dx);
+    ib_free(&tid);
+    free(task);
 }
 
 START_TEST(test_moe_layer_matches_cpu) {
     // A composition of GEMMs: 1e-4 of max(1, max |cpu|) in fp32 (the ops hold 1e-5).
-    moe_layer_case(GPU, 64, 32, 48, 4, 2, 1.25, 0, MOE_SLOT_POSITION, 1e-4, 1700);
-    moe_layer_case(GPU, 200, 64, 96, 8, 2, 0.5, 0, MOE_SLOT_PRIORITY, 1e-4, 1701); // drops
-    moe_layer_case(GPU, 97, 48, 40, 8, 1, 0.0, 24, MOE_SLOT_POSITION, 1e-4, 1702); // shared
-    moe_layer_case(&moe_ops_cuda_bf16, 128, 64, 128, 8, 2, 1.25, 0, MOE_SLOT_POSITION, TOL_BF16,
-                   1703);
+    const moe_noise none = MOE_NOISE_NONE;
+    moe_layer_case(GPU, 64, 32, 48, 4, 2, 1.25, 0, MOE_SLOT_POSITION, 0, none, 1e-4, 1700);
+    moe_layer_case(GPU, 200, 64, 96, 8, 2, 0.5, 0, MOE_SLOT_PRIORITY, 0, none, 1e-4, 1701); // drops
+    moe_layer_case(GPU, 97, 48, 40, 8, 1, 0.0, 24, MOE_SLOT_POSITION, 0, none, 1e-4, 1702);
+    moe_layer_case(&moe_ops_cuda_bf16, 128, 64, 128, 8, 2, 1.25, 0, MOE_SLOT_POSITION, 0, none,
+                   TOL_BF16, 1703);
+}
+END_TEST
+
+// Task-level routing (per-task logits gathered per token, dlogits scatter-added
+// by task into task_embedding), task priorities in BPR order, jitter on the
+// gate input and Gumbel choices: the CPU layer's experts, slots and weights,
+// output and gradients (task_embedding's included).
+START_TEST(test_moe_layer_tasks_and_noise_match_cpu) {
+    moe_layer_case(GPU, 120, 32, 48, 8, 2, 1.0, 0, MOE_SLOT_POSITION, 3, MOE_NOISE_NONE, 1e-4,
+                   1710);
+    moe_layer_case(GPU, 150, 32, 48, 8, 2, 0.5, 16, MOE_SLOT_PRIORITY, 5, MOE_NOISE_NONE, 1e-4,
+                   1711); // task priorities, drops, shared expert
+    moe_layer_case(GPU, 100, 32, 40, 8, 2, 1.25, 16, MOE_SLOT_POSITION, 0, MOE_NOISE_JITTER, 1e-4,
+                   1712);
+    moe_layer_case(GPU, 90, 32, 40, 8, 2, 0.75, 0, MOE_SLOT_PRIORITY, 0, MOE_NOISE_GUMBEL, 1e-4,
+                   1713);
+    moe_layer_case(GPU, 128, 48, 64, 8, 2, 0.5, 0, MOE_SLOT_PRIORITY, 4, MOE_NOISE_JITTER, 1e-4,
+                   1714); // tasks, priorities and jitter together
 }
 END_TEST
 
@@ -838,7 +939,7 @@ START_TEST(test_moe_layer_training_matches_cpu) {
             float *DX = side ? dx.d : dx.h, *M = side ? m.d : m.h, *V = side ? v.d : v.h;
             ck_assert_int_eq(o->zero(Gr, np), 0);
             ck_assert_int_eq(o->zero(DX, nx), 0);
-            int rc = side ? moe_layer_cuda_forward(Y, X, NULL, T, &pd, &ad, true)
+            int rc = side ? moe_layer_cuda_forward(Y, X, NULL, NULL, T, &pd, &ad, true, step)
                           : moe_layer_forward(Y, X, NULL, NULL, T, &ph, &ah, true, step);
             ck_assert_msg(rc == 0, "forward: %s", moe_last_error());
             // L = sum (y - target)^2 / (2 T D), dL/dy = (y - target) / (T D)
@@ -857,7 +958,7 @@ START_TEST(test_moe_layer_training_matches_cpu) {
             else
                 memcpy(dy.h, g, sizeof(float) * nx);
             free(g);
-            rc = side ? moe_layer_cuda_backward(DX, &gd, DY, X, T, &pd, &ad, 0.01f, 0.001f)
+            rc = side ? moe_layer_cuda_backward(DX, &gd, DY, X, NULL, T, &pd, &ad, 0.01f, 0.001f)
                       : moe_layer_backward(DX, &gh, DY, X, NULL, T, &ph, &ah, 0.01f, 0.001f);
             ck_assert_msg(rc == 0, "backward: %s", moe_last_error());
             double ss = 0.0;
@@ -969,7 +1070,9 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_matmul_bf16_matches_cpu);
         tcase_add_test(tc, test_router_matches_cpu);
         tcase_add_test(tc, test_router_rejects_nonfinite_logits);
+        tcase_add_test(tc, test_router_noise_matches_cpu_bits);
         tcase_add_test(tc, test_moe_layer_matches_cpu);
+        tcase_add_test(tc, test_moe_layer_tasks_and_noise_match_cpu);
         tcase_add_test(tc, test_moe_layer_training_matches_cpu);
         tcase_add_test(tc, test_moe_layer_refuses_unsupported_configs);
         tcase_add_test(tc, test_out_of_memory_names_size_and_config_key);

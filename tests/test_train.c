@@ -189,12 +189,49 @@ START_TEST(test_device_training_path_on_cpu_matches_host) {
     ck_assert_msg(fabs(r.eval.val_loss - val_host) <= 1e-6 * fabs(val_host), "val %.9g vs %.9g",
                   r.eval.val_loss, val_host);
     moe_eval_result_free(&r.eval);
-    c.moe.n_task_layers = 1; // not on the device path yet: refused by name
-    c.moe.task_layers[0] = 1;
-    snprintf(out, sizeof out, "%s/task", tu_tmpdir());
+    c.router.score = MOE_SCORE_SIGMOID; // not on the device path yet: refused by name
+    snprintf(out, sizeof out, "%s/sigmoid", tu_tmpdir());
     o.out_dir = out;
     ck_assert_int_eq(moe_train(&c, &o, &r), MOE_EINVAL);
-    ck_assert_msg(strstr(moe_last_error(), "moe.task_layers"), "%s", moe_last_error());
+    ck_assert_msg(strstr(moe_last_error(), "router.score = sigmoid"), "%s", moe_last_error());
+}
+END_TEST
+
+// Task-level routing, router jitter and BPR task priorities on the device path
+// (the GPU's since the CUDA layer routes by task with noise) with the CPU
+// table: the host trainer's losses, so the device copy passes the task ids
+// and the step through.
+static void device_path_matches_host(const char *const *sets, const char *name) {
+    moe_config c = small();
+    c.train.steps = 10;
+    c.router.capacity_factor = 1.0;
+    for (; *sets; sets++)
+        ck_assert_msg(moe_config_set(&c, NULL, *sets) == 0, "%s", moe_last_error());
+    double host[10], dev[10];
+    char out[600];
+    moe_train_result r;
+    moe_train_opts o = {0};
+    o.quiet = true;
+    for (int d = 0; d < 2; d++) {
+        snprintf(out, sizeof out, "%s/%s_%s", tu_tmpdir(), name, d ? "dev" : "host");
+        o.out_dir = out;
+        o.losses = d ? dev : host;
+        o.device_ops = d ? &moe_ops_cpu : NULL;
+        ck_assert_msg(moe_train(&c, &o, &r) == 0, "%s: %s", name, moe_last_error());
+        moe_eval_result_free(&r.eval);
+    }
+    for (int s = 0; s < 10; s++)
+        ck_assert_msg(fabs(dev[s] - host[s]) <= 1e-6 * fabs(host[s]), "%s step %d: %.9g vs %.9g",
+                      name, s, dev[s], host[s]);
+}
+
+START_TEST(test_device_training_path_with_tasks_and_noise_matches_host) {
+    const char *tasks_jitter[] = {"moe.task_layers=[0]", "router.noise=jitter", NULL};
+    device_path_matches_host(tasks_jitter, "task_jitter");
+    const char *gumbel_bpr[] = {"router.noise=gumbel", "router.top_k=2",
+                                "router.slot_order=priority", "router.task_priority=1,3,2,3,0",
+                                NULL};
+    device_path_matches_host(gumbel_bpr, "gumbel_bpr");
 }
 END_TEST
 
@@ -230,6 +267,7 @@ static Suite *train_suite(void) {
     tcase_add_test(tc, test_loss_falls_below_baseline);
     tcase_add_test(tc, test_device_training_path_on_cpu_matches_host);
     tcase_add_test(tc, test_device_training_path_with_cce_matches_host);
+    tcase_add_test(tc, test_device_training_path_with_tasks_and_noise_matches_host);
     tcase_add_test(tc, test_resume_is_bit_exact);
     tcase_add_test(tc, test_nonfinite_loss_stops_and_keeps_checkpoint);
     tcase_add_test(tc, test_checkpoint_mismatch_and_corruption);

@@ -25,8 +25,12 @@ static moe_config small(const char *device, const char *compute) {
     return c;
 }
 
-static void run(const char *device, const char *compute, double *losses, const char *name) {
+// sets: extra config assignments (NULL-terminated), or NULL.
+static void run_with(const char *device, const char *compute, double *losses, const char *name,
+                     const char *const *sets) {
     moe_config c = small(device, compute);
+    for (; sets && *sets; sets++)
+        ck_assert_msg(moe_config_set(&c, NULL, *sets) == 0, "%s", moe_last_error());
     moe_train_opts o = {0};
     char out[600];
     snprintf(out, sizeof out, "%s/%s", tu_tmpdir(), name);
@@ -39,6 +43,10 @@ static void run(const char *device, const char *compute, double *losses, const c
     ck_assert_int_eq(r.steps, 20);
     ck_assert_msg(isfinite(r.eval.val_loss), "%s: val loss %g", device, r.eval.val_loss);
     moe_eval_result_free(&r.eval);
+}
+
+static void run(const char *device, const char *compute, double *losses, const char *name) {
+    run_with(device, compute, losses, name, NULL);
 }
 
 START_TEST(test_gpu_training_losses_match_cpu) {
@@ -71,6 +79,46 @@ START_TEST(test_gpu_training_is_deterministic) {
 }
 END_TEST
 
+// Router noise (jitter on the gate input, Gumbel choices), task priorities in
+// BPR order and task-level routing on the GPU: the CPU's losses step by step,
+// same tolerance as the plain comparison.
+static void gpu_matches_cpu(const char *const *sets, const char *name) {
+    double cpu[20], gpu[20];
+    char dir[64];
+    snprintf(dir, sizeof dir, "%s_cpu", name);
+    run_with("cpu", "fp32", cpu, dir, sets);
+    snprintf(dir, sizeof dir, "%s_cuda", name);
+    run_with("cuda", "fp32", gpu, dir, sets);
+    for (int s = 0; s < 20; s++)
+        ck_assert_msg(fabs(gpu[s] - cpu[s]) <= 1e-3 * fabs(cpu[s]),
+                      "%s step %d: gpu %.7f, cpu %.7f", name, s, gpu[s], cpu[s]);
+}
+
+START_TEST(test_gpu_training_with_router_jitter_matches_cpu) {
+    const char *sets[] = {"router.noise=jitter", "router.noise_eps=0.1", NULL};
+    gpu_matches_cpu(sets, "jitter");
+}
+END_TEST
+
+START_TEST(test_gpu_training_with_router_gumbel_matches_cpu) {
+    const char *sets[] = {"router.noise=gumbel", "router.top_k=2", NULL};
+    gpu_matches_cpu(sets, "gumbel");
+}
+END_TEST
+
+START_TEST(test_gpu_training_with_task_priority_matches_cpu) {
+    const char *sets[] = {"router.slot_order=priority", "router.task_priority=1,3,2,3,0",
+                          "router.capacity_factor=1.0", NULL};
+    gpu_matches_cpu(sets, "task_priority");
+}
+END_TEST
+
+START_TEST(test_gpu_training_with_task_layers_matches_cpu) {
+    const char *sets[] = {"moe.task_layers=[0]", "router.noise=jitter", NULL};
+    gpu_matches_cpu(sets, "task_layers");
+}
+END_TEST
+
 START_TEST(test_gpu_training_refuses_unsupported_configs) {
     moe_config c = small("cuda", "fp32");
     c.router.score = MOE_SCORE_SIGMOID;
@@ -91,6 +139,10 @@ static Suite *gpu_suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_gpu_training_losses_match_cpu);
     tcase_add_test(tc, test_gpu_training_is_deterministic);
+    tcase_add_test(tc, test_gpu_training_with_router_jitter_matches_cpu);
+    tcase_add_test(tc, test_gpu_training_with_router_gumbel_matches_cpu);
+    tcase_add_test(tc, test_gpu_training_with_task_priority_matches_cpu);
+    tcase_add_test(tc, test_gpu_training_with_task_layers_matches_cpu);
     tcase_add_test(tc, test_gpu_training_refuses_unsupported_configs);
     suite_add_tcase(s, tc);
     return s;

@@ -451,6 +451,9 @@ static int chunked_head_backward(moe_model *m, const int32_t *targets, int N) {
 struct moe_model_gpu {
     bool cuda;   // MoE layers on the CUDA router and grouped GEMMs (else the CPU layers)
     float *acts; // the activation block, from ops->alloc
+    // [B T] per-token task ids in device memory, uploaded once per forward from
+    // task_tok; only under task routing or task priorities (NULL otherwise)
+    int *task_d;
 #ifdef MOE_HAVE_CUDA
     moe_layer_cuda_acts moe[MOE_MAX_LAYERS];
 #endif
@@ -502,9 +505,11 @@ static int copy_bytes(const moe_model *g, void *dst, const void *src, size_t byt
 // The MoE layer of a device model: the CUDA layer, then the routing
 // statistics the host code reads (counts, kept, capacity, losses) copied into
 // the layer's host plan.
-static int gpu_moe_forward(moe_model *m, int l, float *y, const int *cap, int N, bool training) {
+static int gpu_moe_forward(moe_model *m, int l, float *y, const int *cap, int N, bool training,
+                           uint64_t step) {
     moe_layer_cuda_acts *g = &m->gpu->moe[l];
-    MOE_TRY(moe_layer_cuda_forward(y, m->a[l].ln2, cap, N, &m->p[l].moe, g, training));
+    MOE_TRY(moe_layer_cuda_forward(y, m->a[l].ln2, m->gpu->task_d, cap, N, &m->p[l].moe, g,
+                                   training, step));
     moe_plan *plan = &m->a[l].moe.plan;
     const int E = g->plan.E;
     plan->T = N;
@@ -518,11 +523,12 @@ static int gpu_moe_forward(moe_model *m, int l, float *y, const int *cap, int N,
 }
 
 static int gpu_moe_backward(moe_model *m, int l, int N, float aux_scale, float z_scale) {
-    return moe_layer_cuda_backward(m->dln, &m->g[l].moe, m->dres, m->a[l].ln2, N, &m->p[l].moe,
-                                   &m->gpu->moe[l], aux_scale, z_scale);
+    return moe_layer_cuda_backward(m->dln, &m->g[l].moe, m->dres, m->a[l].ln2, m->gpu->task_d, N,
+                                   &m->p[l].moe, &m->gpu->moe[l], aux_scale, z_scale);
 }
 #else
-static int gpu_moe_forward(moe_model *m, int l, float *y, const int *cap, int N, bool training) {
+static int gpu_moe_forward(moe_model *m, int l, float *y, const int *cap, int N, bool training,
+                           uint64_t step) {
     return moe_fail(MOE_EINVAL, "built without CUDA");
 }
 
@@ -541,9 +547,6 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
     const char *no = cfg->comm.node_dedup                     ? "comm.node_dedup"
                      : h->ep                                  ? "parallel.ep > 1"
                      : h->chunks > 1                          ? "memory.mini_seq > 1"
-                     : cfg->moe.n_task_layers > 0             ? "moe.task_layers"
-                     : cfg->router.noise != MOE_NOISE_NONE    ? "router.noise other than none"
-                     : cfg->router.n_task_priority > 0        ? "router.task_priority"
                      : cfg->router.score != MOE_SCORE_SOFTMAX ? "router.score = sigmoid"
                      : cfg->router.route_scale != 1.0         ? "router.route_scale other than 1"
                      : moe_router_groups_active(&cfg->router)
@@ -568,7 +571,9 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
     int rc = 0;
     if (!(g->params = ops->alloc(n * sizeof(float))) ||
         !(g->grads = ops->alloc(n * sizeof(float))) ||
-        !(g->gpu->acts = ops->alloc((n_acts ? n_acts : 1) * sizeof(float)))) {
+        !(g->gpu->acts = ops->alloc((n_acts ? n_acts : 1) * sizeof(float))) ||
+        (cuda && (cfg->moe.n_task_layers > 0 || cfg->router.n_task_priority > 0) &&
+         !(g->gpu->task_d = ops->alloc((size_t)h->B * h->T * sizeof(int))))) {
         rc = MOE_ENOMEM; // ops->alloc left the message (size and config keys)
         goto fail;
     }
@@ -605,6 +610,7 @@ void moe_model_gpu_free(moe_model *g) {
         if (g->is_moe[l] && g->gpu->cuda) moe_layer_cuda_acts_free(&g->gpu->moe[l]);
 #endif
     if (g->gpu->acts) g->ops->free(g->gpu->acts);
+    if (g->gpu->task_d) g->ops->free(g->gpu->task_d);
     if (g->params) g->ops->free(g->params);
     if (g->grads) g->ops->free(g->grads);
     free(g->gpu);
@@ -654,6 +660,8 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
                             n / T, m->n_tasks);
         m->task_tok[n] = t;
     }
+    if (m->gpu && m->gpu->task_d) // the CUDA layers read the ids from device memory
+        MOE_TRY(copy_bytes(m, m->gpu->task_d, m->task_tok, (size_t)N * sizeof(int), true));
     m->aux = m->z = 0.0;
     double t0 = m->timing ? now() : 0;
     for (int l = 0; l < m->L; l++)
@@ -687,7 +695,7 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
                     m->cap_all[e] = N;
                 cap = m->cap_all;
             }
-            int rc = m->gpu && m->gpu->cuda ? gpu_moe_forward(m, l, next, cap, N, training)
+            int rc = m->gpu && m->gpu->cuda ? gpu_moe_forward(m, l, next, cap, N, training, step)
                                             : moe_layer_forward(next, a->ln2, m->task_tok, cap, N,
                                                                 &p->moe, &a->moe, training, step);
             if (rc < 0) return moe_fail(rc, "layer %d (MoE): %s", l, moe_last_error());
@@ -801,8 +809,8 @@ int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targe
         MOE_TRY(ops->zero(m->dq, (size_t)N * QD));
         MOE_TRY(ops->zero(m->dk, (size_t)N * KD));
         MOE_TRY(ops->zero(m->dv, (size_t)N * KD));
-        MOE_TRY(m->ops->attention_backward(m->dq, m->dk, m->dv, m->datt, m->datty, a->atty, a->att, a->q,
-                                           a->k, a->v, B, T, m->Hq, m->Hkv, m->hd));
+        MOE_TRY(m->ops->attention_backward(m->dq, m->dk, m->dv, m->datt, m->datty, a->atty, a->att,
+                                           a->q, a->k, a->v, B, T, m->Hq, m->Hkv, m->hd));
         MOE_TRY(ops->zero(m->dqr, (size_t)N * QD));
         MOE_TRY(ops->zero(m->dkr, (size_t)N * KD));
         MOE_TRY(m->ops->rope_backward(m->dqr, m->dq, B, T, m->Hq, m->hd, theta));

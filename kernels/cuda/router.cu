@@ -1,7 +1,8 @@
 // Token-choice top-k routing on the GPU, the twin of router/router.c and
-// router/priority.c for routing without Gumbel noise (kernels/cuda/router_cuda.h):
+// router/priority.c (kernels/cuda/router_cuda.h):
 //   1. one thread per token: softmax (double sum, as the CPU), lse, top-k with
-//      ties to the lower expert
+//      ties to the lower expert; with Gumbel noise choices 2..k maximise
+//      logit + Gumbel(seed, step, t E + e) as router/router.c topk_row
 //   2. slot order: position, or BPR keys (task rank, max prob desc) sorted by
 //      a stable radix sort, so equal keys keep token order as the CPU's index
 //      tie-break does
@@ -15,6 +16,7 @@
 //   4. offsets, combine weights, aux (E * sum f_e P_e) and z-loss sums in a
 //      fixed order (deterministic).
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/noise.cuh"
 #include "kernels/cuda/router_cuda.h"
 
 #include <cub/block/block_scan.cuh>
@@ -24,8 +26,13 @@
 
 // ---- 1. softmax, top-k ----------------------------------------------------------------
 
+// gumbel: choice 0 is argmax p, choices j > 0 maximise x_e + g_e in double
+// over the experts not yet taken (strictly larger wins: ties to the lower
+// expert), g_e = moe_noise_gumbel(seed, step, t E + e) as topk_row. The
+// weights still come from p (weights_kernel).
 __global__ static void softmax_topk_kernel(float *probs, float *lse, int *choice, int *flags,
-                                           const float *logits, int T, int E, int k) {
+                                           const float *logits, int T, int E, int k, int gumbel,
+                                           uint64_t seed, uint64_t step) {
     for (int t = blockIdx.x * blockDim.x + threadIdx.x; t < T; t += gridDim.x * blockDim.x) {
         const float *x = logits + (size_t)t * E;
         float *p = probs + (size_t)t * E;
@@ -55,6 +62,25 @@ __global__ static void softmax_topk_kernel(float *probs, float *lse, int *choice
         for (int e = 0; e < E; e++)
             p[e] = (float)(p[e] * inv);
         lse[t] = (float)(m + log(s));
+        if (gumbel) {
+            for (int j = 0; j < k; j++) {
+                int best = -1;
+                double best_s = 0.0;
+                for (int e = 0; e < E; e++) {
+                    bool taken = false;
+                    for (int i = 0; i < j; i++)
+                        taken |= ch[i] == e;
+                    if (taken) continue;
+                    double v =
+                        j > 0 ? __dadd_rn((double)x[e],
+                                          moe_dev_noise_gumbel(seed, step, (uint64_t)t * E + e))
+                              : (double)p[e];
+                    if (best < 0 || v > best_s) best = e, best_s = v;
+                }
+                ch[j] = best;
+            }
+            continue;
+        }
         for (int j = 0; j < k; j++) {
             int best = -1;
             float best_s = 0.0f;
@@ -373,7 +399,7 @@ static void task_ranks(int *rank, const moe_router_config *cfg) {
 
 extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, const int *task_id,
                                        const int *capacity, int T, int E,
-                                       const moe_router_config *cfg, bool training) {
+                                       const moe_router_config *cfg, bool training, uint64_t step) {
     const int k = cfg->top_k;
     if (T < 0 || T > p->T_max || E != p->E || k != p->k)
         return moe_fail(
@@ -389,9 +415,6 @@ extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, co
                         "cuda router: router.bias_update_rate = %g (auxiliary-loss-free "
                         "balancing) is not supported on the GPU (CPU router only)",
                         cfg->bias_update_rate);
-    if (training && cfg->noise == MOE_NOISE_GUMBEL)
-        return moe_fail(MOE_EINVAL, "cuda router: router.noise = gumbel is not supported on the "
-                                    "GPU (use jitter or none)");
     if (moe_router_groups_active(cfg))
         return moe_fail(MOE_EINVAL, "cuda router: group-limited routing (router.n_groups, "
                                     "router.topk_groups) is not supported on the GPU (CPU router "
@@ -409,8 +432,9 @@ extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, co
         cudaMemcpyAsync(p->flags, no_error, sizeof no_error, cudaMemcpyHostToDevice, c.stream));
 
     // 1. probabilities, lse, choices
+    const int gumbel = training && cfg->noise == MOE_NOISE_GUMBEL && k > 1;
     softmax_topk_kernel<<<blocks, threads, 0, c.stream>>>(p->probs, p->lse, p->choice, p->flags,
-                                                          logits, T, E, k);
+                                                          logits, T, E, k, gumbel, cfg->seed, step);
     CUDA_LAUNCH_CHECK();
     // 3. slot order (before the counts: the slot pass walks the sequence in it)
     if (priority) {

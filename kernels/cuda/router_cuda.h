@@ -1,5 +1,5 @@
 // Gating on the GPU: the CUDA twin of moe_router_forward/backward (router/)
-// for routing without Gumbel noise. Softmax + top-k (ties to the lower
+// and of the router noise (router/noise.c). Softmax + top-k (ties to the lower
 // expert), capacity, slot order (position, or Batch Prioritized Routing by a
 // stable radix sort), slots by per-expert prefix sums, combine weights, aux
 // and z losses, all in device memory with no host round trip per token: the
@@ -48,16 +48,29 @@ int moe_cuda_plan_alloc(moe_cuda_plan *plan, int T_max, int E, int k);
 void moe_cuda_plan_free(moe_cuda_plan *plan);
 
 // logits [T, E] and task_id [T] (or NULL) are device memory; capacity [E] is
-// host memory or NULL (as moe_router_forward). Gumbel noise while training is
-// not supported (MOE_EINVAL); jitter acts on the router input, not here.
+// host memory or NULL (as moe_router_forward). training enables Gumbel noise
+// (router.noise = gumbel: choices 2..k as router/router.c topk_row), keyed by
+// (cfg->seed, step); jitter acts on the router input (moe_cuda_router_jitter).
 int moe_cuda_router_forward(moe_cuda_plan *plan, const float *logits, const int *task_id,
                             const int *capacity, int T, int E, const moe_router_config *cfg,
-                            bool training);
+                            bool training, uint64_t step);
 
 // dlogits [T, E] (device) += the gradient of moe_router_backward; dweight
 // [T, k] device memory or NULL.
 int moe_cuda_router_backward(float *dlogits, const float *dweight, const moe_cuda_plan *plan,
                              const moe_router_config *cfg, float aux_scale, float z_scale);
+
+// Switch jitter on the device, moe_router_jitter's keys and bits: out[i] =
+// in[i] * U(1-eps, 1+eps) keyed by (seed, step, i); in NULL reads as ones
+// (out gets the factors). out may equal in. Device memory.
+int moe_cuda_router_jitter(float *out, const float *in, size_t n, double eps, uint64_t seed,
+                           uint64_t step);
+
+// For the host-device equality test: hash[i] = moe_hash4(seed, step, 1, i),
+// uniform[i] = moe_noise_uniform(seed, step, 1, i), gumbel[i] =
+// moe_noise_gumbel(seed, step, i), computed on the device into device memory.
+int moe_cuda_noise_samples(uint64_t *hash, double *uniform, double *gumbel, size_t n, uint64_t seed,
+                           uint64_t step);
 
 #ifdef __cplusplus
 }

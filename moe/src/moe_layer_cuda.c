@@ -1,6 +1,6 @@
-// The MoE layer on the GPU (moe/moe_layer_cuda.h): gate GEMM, CUDA router,
-// permute, grouped expert GEMMs + SwiGLU, weighted combine, shared expert, and
-// the backward of each in reverse, with the same op sequence as the
+// The MoE layer on the GPU (moe/moe_layer_cuda.h): jitter, gate GEMM (per
+// task under task routing), CUDA router, permute, grouped expert GEMMs + SwiGLU, weighted combine,
+// shared expert, and the backward of each in reverse, with the same op sequence as the
 // single-process path of moe/src/moe_layer.c (so the CPU layer is its
 // reference, tests/test_backend_ops.c).
 #include "moe/moe_layer_cuda.h"
@@ -16,10 +16,9 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
                               const moe_ops *ops) {
     memset(a, 0, sizeof *a);
     MOE_TRY(moe_layer_config_check(cfg));
-    if (cfg->n_tasks > 0 || cfg->ep_size > 1 || cfg->n_chunks > 1)
-        return moe_fail(MOE_EINVAL, "moe layer on the GPU: task routing (moe.task_layers), "
-                                    "expert parallelism (parallel.ep) and memory.mini_seq are "
-                                    "not supported yet");
+    if (cfg->ep_size > 1 || cfg->n_chunks > 1)
+        return moe_fail(MOE_EINVAL, "moe layer on the GPU: expert parallelism (parallel.ep) and "
+                                    "memory.mini_seq are not supported yet");
     if (cfg->router.score != MOE_SCORE_SOFTMAX)
         return moe_fail(MOE_EINVAL, "moe layer on the GPU: router.score = sigmoid is not supported "
                                     "yet (use softmax, or the CPU)");
@@ -47,6 +46,8 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
     const size_t T = (size_t)cfg->T_max, D = (size_t)cfg->D, H = (size_t)cfg->H;
     const size_t E = (size_t)cfg->E, k = (size_t)cfg->router.top_k, Hs = (size_t)cfg->H_shared;
     const size_t R = T * k; // rows_max: every assignment kept
+    const size_t nt = (size_t)cfg->n_tasks, G = nt ? nt : T;
+    const size_t jit = cfg->router.noise == MOE_NOISE_JITTER ? G * D : 0;
     int rc = 0;
     MOE_TRY_GOTO(moe_cuda_plan_alloc(&a->plan, cfg->T_max, cfg->E, cfg->router.top_k), rc);
     if (!(a->offsets_h = calloc(E + 1, sizeof(int)))) {
@@ -73,6 +74,11 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
         {(void **)&a->dab, R * 2 * H * 4},
         {(void **)&a->sdh, T * Hs * 4},
         {(void **)&a->sdab, T * 2 * Hs * 4},
+        {(void **)&a->noise, jit * 4},
+        {(void **)&a->gate_in, jit * 4},
+        {(void **)&a->dgate_in, jit * 4},
+        {(void **)&a->logits_g, nt * E * 4},
+        {(void **)&a->dlogits_g, nt * E * 4},
     };
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
         if (!bufs[i].bytes) continue;
@@ -89,9 +95,10 @@ fail:
 
 void moe_layer_cuda_acts_free(moe_layer_cuda_acts *a) {
     if (a->ops) {
-        void *bufs[] = {a->logits,    a->row,      a->xe,      a->ab,      a->h,   a->ye,
-                        a->shared_ab, a->shared_h, a->dlogits, a->dweight, a->dye, a->dxe,
-                        a->dh,        a->dab,      a->sdh,     a->sdab};
+        void *bufs[] = {a->logits,    a->row,      a->xe,       a->ab,      a->h,     a->ye,
+                        a->shared_ab, a->shared_h, a->dlogits,  a->dweight, a->dye,   a->dxe,
+                        a->dh,        a->dab,      a->sdh,      a->sdab,    a->noise, a->gate_in,
+                        a->dgate_in,  a->logits_g, a->dlogits_g};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             if (bufs[i]) a->ops->free(bufs[i]);
     }
@@ -100,25 +107,44 @@ void moe_layer_cuda_acts_free(moe_layer_cuda_acts *a) {
     memset(a, 0, sizeof *a);
 }
 
-int moe_layer_cuda_forward(float *y, const float *x, const int *capacity, int T,
-                           const moe_layer_params *p, moe_layer_cuda_acts *a, bool training) {
+int moe_layer_cuda_forward(float *y, const float *x, const int *task_id, const int *capacity, int T,
+                           const moe_layer_params *p, moe_layer_cuda_acts *a, bool training,
+                           uint64_t step) {
     const moe_layer_config *cfg = &a->cfg;
     const moe_ops *ops = a->ops;
     if (y == x) return moe_fail(MOE_EINVAL, "moe layer forward: y aliases x");
     if (T < 1 || T > cfg->T_max)
         return moe_fail(MOE_EINVAL, "moe layer forward: T = %d not in 1..T_max = %d", T,
                         cfg->T_max);
-    if (training && cfg->router.noise != MOE_NOISE_NONE)
-        return moe_fail(MOE_EINVAL, "moe layer on the GPU: router.noise must be none");
     const int D = cfg->D, H = cfg->H, E = cfg->E, k = cfg->router.top_k, Hs = cfg->H_shared;
+    const int nt = cfg->n_tasks;
+    if (nt > 0 && (!task_id || !p->task_emb))
+        return moe_fail(MOE_EINVAL, "moe layer forward: task routing (moe.task_layers) needs the "
+                                    "task ids and the task_embedding tensor");
     a->T = 0;
     // The gate GEMM stays fp32 on the bf16 table (Switch Transformer's selective
     // precision): bf16 logits (~3 digits) move near-ties across the top-k and
     // capacity cut-offs, so the routing, a discrete choice, would differ from
-    // the fp32 CPU layer's for tokens whose scores nearly tie.
-    MOE_TRY(moe_ops_cuda.matmul(a->logits, x, p->gate, T, E, D, false, true, 1.0f, 0.0f));
-    MOE_TRY(
-        moe_cuda_router_forward(&a->plan, a->logits, NULL, capacity, T, E, &cfg->router, training));
+    // the fp32 CPU layer's for tokens whose scores nearly tie. Its input is x,
+    // or the n_tasks task embeddings whose logit rows are broadcast by task id
+    // (moe_layer.c); jitter multiplies that input by the CPU's keyed factors.
+    const float *gin = nt ? p->task_emb : x;
+    const int G = nt ? nt : T;
+    a->jittered = training && cfg->router.noise == MOE_NOISE_JITTER;
+    if (a->jittered) {
+        MOE_TRY(moe_cuda_router_jitter(a->noise, NULL, (size_t)G * D, cfg->router.noise_eps,
+                                       cfg->router.seed, step));
+        MOE_TRY(moe_ops_cuda.mul(a->gate_in, gin, a->noise, (size_t)G * D));
+        gin = a->gate_in;
+    }
+    if (nt) {
+        MOE_TRY(moe_ops_cuda.matmul(a->logits_g, gin, p->gate, nt, E, D, false, true, 1.0f, 0.0f));
+        MOE_TRY(moe_ops_cuda.gather_rows(a->logits, a->logits_g, task_id, T, E));
+    } else {
+        MOE_TRY(moe_ops_cuda.matmul(a->logits, gin, p->gate, T, E, D, false, true, 1.0f, 0.0f));
+    }
+    MOE_TRY(moe_cuda_router_forward(&a->plan, a->logits, task_id, capacity, T, E, &cfg->router,
+                                    training, step));
     MOE_TRY(moe_cuda_download(a->offsets_h, a->plan.offsets, sizeof(int) * (E + 1)));
     const int rows = a->offsets_h[E];
     MOE_TRY(ops->dispatch_rows(a->row, a->plan.expert, a->plan.slot, a->plan.offsets, T, k));
@@ -140,14 +166,18 @@ int moe_layer_cuda_forward(float *y, const float *x, const int *capacity, int T,
 }
 
 int moe_layer_cuda_backward(float *dx, const moe_layer_params *dp, const float *dy, const float *x,
-                            int T, const moe_layer_params *p, moe_layer_cuda_acts *a,
-                            float aux_scale, float z_scale) {
+                            const int *task_id, int T, const moe_layer_params *p,
+                            moe_layer_cuda_acts *a, float aux_scale, float z_scale) {
     const moe_layer_config *cfg = &a->cfg;
     const moe_ops *ops = a->ops;
     if (dx == dy) return moe_fail(MOE_EINVAL, "moe layer backward: dx aliases dy");
     if (a->T == 0 || T != a->T)
         return moe_fail(MOE_EINVAL, "moe layer backward: T = %d, last forward T = %d", T, a->T);
     const int D = cfg->D, H = cfg->H, E = cfg->E, k = cfg->router.top_k, Hs = cfg->H_shared;
+    const int nt = cfg->n_tasks;
+    if (nt > 0 && (!task_id || !dp->task_emb))
+        return moe_fail(MOE_EINVAL, "moe layer backward: task routing (moe.task_layers) needs the "
+                                    "task ids and the task_embedding gradient");
     const int rows = a->offsets_h[E];
     const int *off = a->offsets_h;
     float *w2 = p->experts + p->w2_offset, *dw2 = dp->experts + dp->w2_offset;
@@ -181,8 +211,31 @@ int moe_layer_cuda_backward(float *dx, const moe_layer_params *dp, const float *
     MOE_TRY(ops->zero(a->dlogits, (size_t)T * E));
     MOE_TRY(moe_cuda_router_backward(a->dlogits, a->dweight, &a->plan, &cfg->router, aux_scale,
                                      z_scale));
-    MOE_TRY(ops->matmul(dp->gate, a->dlogits, x, E, D, T, true, false, 1.0f, 1.0f));
-    MOE_TRY(ops->matmul(dx, a->dlogits, p->gate, T, D, E, false, false, 1.0f, 1.0f));
+    if (!nt && !a->jittered) {
+        MOE_TRY(ops->matmul(dp->gate, a->dlogits, x, E, D, T, true, false, 1.0f, 1.0f));
+        MOE_TRY(ops->matmul(dx, a->dlogits, p->gate, T, D, E, false, false, 1.0f, 1.0f));
+        return 0;
+    }
+    // moe_layer.c: with task routing dlogits_G sums each task's token rows (the
+    // broadcast's adjoint, a deterministic scatter-add) and the gate input's
+    // gradient goes to task_embedding; under jitter dWg reads the jittered
+    // input and dG = (dlogits_G Wg) * u.
+    const float *dl = a->dlogits, *gin = x;
+    float *dgin = dx;
+    int G = T;
+    if (nt) {
+        MOE_TRY(ops->zero(a->dlogits_g, (size_t)nt * E));
+        MOE_TRY(ops->scatter_add_rows(a->dlogits_g, a->dlogits, task_id, T, E));
+        dl = a->dlogits_g, gin = p->task_emb, dgin = dp->task_emb, G = nt;
+    }
+    if (a->jittered) gin = a->gate_in;
+    MOE_TRY(ops->matmul(dp->gate, dl, gin, E, D, G, true, false, 1.0f, 1.0f));
+    if (a->jittered) {
+        MOE_TRY(ops->matmul(a->dgate_in, dl, p->gate, G, D, E, false, false, 1.0f, 0.0f));
+        MOE_TRY(ops->mul_add(dgin, a->dgate_in, a->noise, (size_t)G * D));
+    } else {
+        MOE_TRY(ops->matmul(dgin, dl, p->gate, G, D, E, false, false, 1.0f, 1.0f));
+    }
     return 0;
 }
 

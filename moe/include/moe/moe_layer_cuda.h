@@ -7,9 +7,11 @@
 // plus the router's error flag and loss sums. The gate GEMM is fp32 on
 // either table (routing is a discrete choice; see moe_layer_cuda_forward).
 //
-// Supported: the configurations of a single process without task routing or
-// chunking (n_tasks = 0, ep_size <= 1, n_chunks <= 1); router noise only when
-// not training. Others fail with MOE_EINVAL naming the key.
+// Supported: the configurations of a single process without chunking
+// (ep_size <= 1, n_chunks <= 1), with task-level routing (n_tasks > 0: the gate
+// reads the task embeddings, logits gathered per token), router noise (jitter
+// on the gate input, Gumbel in the router, keyed as the CPU) and task
+// priorities. Others fail with MOE_EINVAL naming the key.
 #ifndef MOE_MOE_LAYER_CUDA_H
 #define MOE_MOE_LAYER_CUDA_H
 
@@ -31,6 +33,10 @@ typedef struct {
     float *dlogits, *dweight;    // [T_max, E], [T_max * k]
     float *dye, *dxe, *dh, *dab; // [rows_max, D | D | H | 2H]
     float *sdh, *sdab;           // [T_max, Hs | 2Hs] shared expert backward
+    // router noise and task routing, G = n_tasks or T_max gate-input rows
+    float *noise, *gate_in, *dgate_in; // [G, D] jitter factors, jittered input, its gradient
+    float *logits_g, *dlogits_g;       // [n_tasks, E] per-task logits and their gradient
+    bool jittered;                     // the last forward jittered the gate input
 } moe_layer_cuda_acts;
 
 int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cfg,
@@ -39,12 +45,18 @@ void moe_layer_cuda_acts_free(moe_layer_cuda_acts *a);
 
 // As moe_layer_forward: x, y and the parameter view p in device memory (a
 // moe_layer_params_view over a device buffer); capacity [E] host memory or NULL.
-int moe_layer_cuda_forward(float *y, const float *x, const int *capacity, int T,
-                           const moe_layer_params *p, moe_layer_cuda_acts *a, bool training);
-// As moe_layer_backward (ADDS into dx and dp), device memory throughout.
+// task_id [T] device memory: required with n_tasks > 0 (values in
+// 0..n_tasks-1, which the caller has checked: the gather reads row task_id[t])
+// and with router.task_priority, else may be NULL. training enables router
+// noise, step seeds it (with router.seed), as on the CPU.
+int moe_layer_cuda_forward(float *y, const float *x, const int *task_id, const int *capacity, int T,
+                           const moe_layer_params *p, moe_layer_cuda_acts *a, bool training,
+                           uint64_t step);
+// As moe_layer_backward (ADDS into dx and dp), device memory throughout; the
+// same task_id as the forward.
 int moe_layer_cuda_backward(float *dx, const moe_layer_params *dp, const float *dy, const float *x,
-                            int T, const moe_layer_params *p, moe_layer_cuda_acts *a,
-                            float aux_scale, float z_scale);
+                            const int *task_id, int T, const moe_layer_params *p,
+                            moe_layer_cuda_acts *a, float aux_scale, float z_scale);
 #endif
 
 #endif

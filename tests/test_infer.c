@@ -523,6 +523,35 @@ START_TEST(test_decode_is_the_same_for_any_thread_count) {
 }
 END_TEST
 
+// The per-task expert sets of a task-routed layer (written at the end of every
+// run) route one row per task with room for all: with BPR task priorities the
+// row of task t is task t, so the sets are those of plain position order
+// (before, the router refused the priorities for lack of task ids and the run
+// failed at its final save).
+START_TEST(test_task_route_with_task_priorities_equals_position_order) {
+    enum { E = 8, D = 16, N_TASKS = 5, K = 2 };
+    tu_rng g;
+    tu_seed(&g, 31);
+    float gate[E * D], emb[N_TASKS * D], w_pos[N_TASKS * K], w_pri[N_TASKS * K];
+    tu_fill_normal(&g, gate, E * D, 1.0f);
+    tu_fill_normal(&g, emb, N_TASKS * D, 1.0f);
+    moe_router_config pos, pri;
+    moe_router_config_default(&pos);
+    pos.top_k = K;
+    pri = pos;
+    pri.slot_order = MOE_SLOT_PRIORITY;
+    pri.n_task_priority = N_TASKS;
+    for (int t = 0; t < N_TASKS; t++)
+        pri.task_priority[t] = N_TASKS - t;
+    int s_pos[N_TASKS * K], s_pri[N_TASKS * K];
+    ck_assert_int_eq(moe_task_route(s_pos, w_pos, gate, emb, E, D, N_TASKS, &pos), 0);
+    ck_assert_msg(moe_task_route(s_pri, w_pri, gate, emb, E, D, N_TASKS, &pri) == 0, "%s",
+                  moe_last_error());
+    ck_assert_mem_eq(s_pri, s_pos, sizeof s_pos);
+    ck_assert_mem_eq(w_pri, w_pos, sizeof w_pos);
+}
+END_TEST
+
 START_TEST(test_cli_generate) {
     char args[2048], p[900];
     static char out1[65536];
@@ -588,6 +617,7 @@ int main(void) {
     tcase_add_test(tc, test_bad_checkpoints_and_tasks_fail_clearly);
     tcase_add_test(tc, test_older_checkpoint_without_task_experts_derives_the_sets);
     tcase_add_test(tc, test_expert_budget_and_int8_load_less);
+    tcase_add_test(tc, test_task_route_with_task_priorities_equals_position_order);
     tcase_add_test(tc, test_cli_generate);
     tcase_add_test(tc, test_decode_is_the_same_for_any_thread_count);
     suite_add_tcase(s, tc);

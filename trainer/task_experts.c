@@ -46,17 +46,20 @@ int moe_task_route(int *set, float *weight, const float *gate, const float *task
                    int n_tasks, const moe_router_config *router) {
     const int k = router->top_k;
     float *logits = malloc(sizeof(float) * (size_t)n_tasks * E);
-    int *cap = malloc(sizeof(int) * (size_t)E);
+    int *cap = malloc(sizeof(int) * (size_t)E), *ids = malloc(sizeof(int) * (size_t)n_tasks);
     moe_plan plan = {0};
     int rc = 0;
-    if (!logits || !cap) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "task experts: out of memory"), rc);
+    if (!logits || !cap || !ids)
+        MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "task experts: out of memory"), rc);
     for (int e = 0; e < E; e++) // one row per task: no expert can overflow
         cap[e] = n_tasks;
+    for (int t = 0; t < n_tasks; t++) // row t is task t (router.task_priority orders by it)
+        ids[t] = t;
     // the MoE layer's own gate GEMM and router: bit-identical choices
     MOE_TRY_GOTO(moe_ops_cpu.matmul(logits, task_emb, gate, n_tasks, E, D, false, true, 1.0f, 0.0f),
                  rc);
     MOE_TRY_GOTO(moe_plan_alloc(&plan, n_tasks, E, k), rc);
-    MOE_TRY_GOTO(moe_router_forward(&plan, logits, NULL, cap, n_tasks, E, router, false, 0), rc);
+    MOE_TRY_GOTO(moe_router_forward(&plan, logits, ids, cap, n_tasks, E, router, false, 0), rc);
     for (int t = 0; t < n_tasks; t++) { // ascending experts, each with its weight
         int *c = set + (size_t)t * k;
         float *w = weight ? weight + (size_t)t * k : NULL;
@@ -76,6 +79,7 @@ fail:
     moe_plan_free(&plan);
     free(logits);
     free(cap);
+    free(ids);
     return rc;
 }
 

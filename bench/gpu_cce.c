@@ -19,6 +19,7 @@
 #include <time.h>
 
 #ifdef MOE_HAVE_CUDA
+#include "gpu_fill.h"
 #include "kernels/cuda/cce_cuda.h"
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/ops_cuda.h"
@@ -50,21 +51,6 @@ static size_t free_bytes(void) {
     CHECK(moe_cuda_synchronize());
     cudaMemGetInfo(&f, &t);
     return f;
-}
-
-// n device floats of scale * uniform(-sqrt 3, sqrt 3) (unit variance), from a
-// host block tiled over the buffer (speed does not depend on the values).
-static void fill(float *d, size_t n, float scale, uint64_t seed) {
-    enum { BLOCK = 1 << 20 };
-    static float host[BLOCK];
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (int i = 0; i < BLOCK; i++) {
-        s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
-        double u = ((s * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
-        host[i] = (float)(scale * (2.0 * u - 1.0) * 1.7320508);
-    }
-    for (size_t o = 0; o < n; o += BLOCK)
-        CHECK(moe_cuda_upload(d + o, host, (n - o < BLOCK ? n - o : BLOCK) * sizeof(float)));
 }
 
 static double max_rel(const float *a, const float *b, size_t n) {
@@ -150,8 +136,8 @@ static void run(const char *device, int N, int D, int V, float eps, int reps) {
     float *dh[2] = {dalloc((size_t)N * D * sizeof(float)), dalloc((size_t)N * D * sizeof(float))};
     float *dW[2] = {dalloc((size_t)V * D * sizeof(float)), dalloc((size_t)V * D * sizeof(float))};
     int32_t *tg = dalloc((size_t)N * sizeof(int32_t)), *host_tg = malloc(N * sizeof(int32_t));
-    fill(h, (size_t)N * D, 1.0f, 1);
-    fill(W, (size_t)V * D, 0.02f, 2);
+    CHECK(bench_fill_device(h, (size_t)N * D, 1.0f, 1));
+    CHECK(bench_fill_device(W, (size_t)V * D, 0.02f, 2));
     for (int n = 0; n < N; n++)
         host_tg[n] = (int32_t)((n * 7919u) % V);
     CHECK(moe_cuda_upload(tg, host_tg, N * sizeof(int32_t)));

@@ -23,6 +23,7 @@
 #include <time.h>
 
 #ifdef MOE_HAVE_CUDA
+#include "gpu_fill.h"
 #include "kernels/cuda/cuda.h"
 #include "moe/moe_layer_cuda.h"
 
@@ -30,24 +31,6 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-// Fills n device floats with a tiled block of pseudo-random values (speed
-// does not depend on the values; routing only needs the gate to vary).
-static int fill_device(float *d, size_t n, float scale, uint64_t seed) {
-    enum { BLOCK = 1 << 20 };
-    static float host[BLOCK];
-    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (int i = 0; i < BLOCK; i++) {
-        s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
-        double u = ((s * 0x2545F4914F6CDD1Dull) >> 11) * (1.0 / 9007199254740992.0);
-        host[i] = (float)(scale * (2.0 * u - 1.0) * 1.7320508); // uniform, unit variance
-    }
-    for (size_t o = 0; o < n; o += BLOCK) {
-        size_t m = n - o < BLOCK ? n - o : BLOCK;
-        MOE_TRY(moe_cuda_upload(d + o, host, m * sizeof(float)));
-    }
-    return 0;
 }
 
 static int run(int T, int D, int H, int E, int k, double capacity, const moe_ops *ops, int reps) {
@@ -65,10 +48,10 @@ static int run(int T, int D, int H, int E, int k, double capacity, const moe_ops
     moe_layer_params p, g;
     MOE_TRY(moe_layer_params_view(&p, par, &cfg));
     MOE_TRY(moe_layer_params_view(&g, grad, &cfg));
-    MOE_TRY(fill_device(par, np, 1.0f / 64, 1));
-    MOE_TRY(fill_device(p.gate, (size_t)E * D, 1.0f, 2));
-    MOE_TRY(fill_device(x, (size_t)T * D, 1.0f, 3));
-    MOE_TRY(fill_device(dy, (size_t)T * D, 1.0f, 4));
+    MOE_TRY(bench_fill_device(par, np, 1.0f / 64, 1));
+    MOE_TRY(bench_fill_device(p.gate, (size_t)E * D, 1.0f, 2));
+    MOE_TRY(bench_fill_device(x, (size_t)T * D, 1.0f, 3));
+    MOE_TRY(bench_fill_device(dy, (size_t)T * D, 1.0f, 4));
     moe_layer_cuda_acts a;
     MOE_TRY(moe_layer_cuda_acts_alloc(&a, &cfg, ops));
 

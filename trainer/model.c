@@ -539,8 +539,8 @@ static int gpu_moe_backward(moe_model *m, int l, int N, float aux_scale, float z
 // The first setting the device path cannot train yet (NULL: none).
 static const char *gpu_unsupported(const moe_config *cfg, bool ep, int chunks, bool bias_on) {
     const char *no = cfg->comm.node_dedup                     ? "comm.node_dedup"
-                     : ep                                  ? "parallel.ep > 1"
-                     : chunks > 1                          ? "memory.mini_seq > 1"
+                     : ep                                     ? "parallel.ep > 1"
+                     : chunks > 1                             ? "memory.mini_seq > 1"
                      : cfg->router.score != MOE_SCORE_SOFTMAX ? "router.score = sigmoid"
                      : cfg->router.route_scale != 1.0         ? "router.route_scale other than 1"
                      : moe_router_groups_active(&cfg->router)
@@ -652,9 +652,8 @@ int moe_model_device_memory(const moe_config *cfg, int B, int T, int n_tasks, co
     // on the CPU table the copy's MoE layers use the host model's buffers
     for (int l = 0; l < m.L && gpu.cuda; l++)
         if (m.is_moe[l])
-            out->moe +=
-                moe_cuda_layer_bytes(&m.moe_cfg[l], moe_cuda_sort_tmp_bytes(m.moe_cfg[l].T_max,
-                                                                            NULL));
+            out->moe += moe_cuda_layer_bytes(&m.moe_cfg[l],
+                                             moe_cuda_sort_tmp_bytes(m.moe_cfg[l].T_max, NULL));
     moe_param_table_free(&m.table);
     return 0;
 }

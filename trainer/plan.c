@@ -119,8 +119,8 @@ int moe_plan_device_memory(const moe_config *cfg, const moe_ops *ops, moe_gpu_me
     out->moe = mm.moe;
     const size_t all = moe_gpu_trainer_bytes(mm.n_params, (size_t)B * T, ops, &out->optimizer);
     out->trainer = all - out->optimizer;
-    out->total = out->params + out->grads + out->optimizer + out->activations + out->moe +
-                 out->trainer;
+    out->total =
+        out->params + out->grads + out->optimizer + out->activations + out->moe + out->trainer;
     if (out->moe) {
         bool exact = true;
         moe_cuda_sort_tmp_bytes(B * T, &exact);
@@ -324,15 +324,16 @@ static int device_print(const moe_config *cfg, FILE *f) {
     fprintf(f, "  %-34s %10.2f\n", "parameters", mib(g.params));
     fprintf(f, "  %-34s %10.2f\n", "gradients", mib(g.grads));
     fprintf(f, "  %-34s %10.2f\n", "optimizer (AdamW m, v, decay mask)", mib(g.optimizer));
-    fprintf(f, "  %-34s %10.2f  (attention probabilities [B, Hq, T, T])\n",
-            "activations (dense)", mib(g.activations));
+    fprintf(f, "  %-34s %10.2f  (attention probabilities [B, Hq, T, T])\n", "activations (dense)",
+            mib(g.activations));
     fprintf(f, "  %-34s %10.2f%s\n", "MoE layers and router plans", mib(g.moe),
             g.sort_tmp_estimated ? "  (cub sort temp estimated: no CUDA device here)" : "");
     fprintf(f, "  %-34s %10.2f\n", "trainer token buffers", mib(g.trainer));
     fprintf(f, "  %-34s %10.2f  (%zu bytes)\n", "total (predicted peak)", mib(g.total), g.total);
-    fprintf(f, "  (the backend's allocations, 256-byte granules, as moe_cuda_mem_peak counts them;\n"
-               "  not counted: the CUDA context, cuBLAS workspace, NCCL, per-op cudaMallocAsync "
-               "scratch)\n");
+    fprintf(f,
+            "  (the backend's allocations, 256-byte granules, as moe_cuda_mem_peak counts them;\n"
+            "  not counted: the CUDA context, cuBLAS workspace, NCCL, per-op cudaMallocAsync "
+            "scratch)\n");
     return 0;
 }
 

@@ -56,7 +56,8 @@ static void trainer_sizes(size_t n, size_t tokens, size_t out[5]) {
 size_t moe_gpu_trainer_bytes(size_t n, size_t tokens, const moe_ops *ops, size_t *optimizer) {
     size_t s[5], b = 0;
     trainer_sizes(n, tokens, s);
-    if (optimizer) *optimizer = ops->alloc_size(s[0]) + ops->alloc_size(s[1]) + ops->alloc_size(s[2]);
+    if (optimizer)
+        *optimizer = ops->alloc_size(s[0]) + ops->alloc_size(s[1]) + ops->alloc_size(s[2]);
     for (int i = 0; i < 5; i++)
         b += ops->alloc_size(s[i]);
     return b;

@@ -109,10 +109,9 @@ extern "C" int moe_cuda_attention_forward(float *out, float *att, float *scratch
 }
 
 extern "C" int moe_cuda_attention_backward(float *dq, float *dk, float *dv, float *datt,
-                                           const float *dout, const float *out,
-                                           const float *att, const float *q,
-                                           const float *k, const float *v, int B, int T, int Hq,
-                                           int Hkv, int hd) {
+                                           const float *dout, const float *out, const float *att,
+                                           const float *q, const float *k, const float *v, int B,
+                                           int T, int Hq, int Hkv, int hd) {
     MOE_TRY(check_dims(B, T, Hq, Hkv, hd));
     if (!B) return 0;
     moe_cuda_ctx c = {};

@@ -39,7 +39,8 @@ static_assert(BM == 2 * MOE_CCE_NB && MOE_CCE_VB % BN == 0, "GPU tiles nest in t
 // Forward: about this many blocks in the grid (row tiles x splits), enough
 // for every SM of an H100 twice over.
 enum { SPLIT_BLOCKS = 512 };
-static_assert(SPLIT_BLOCKS == MOE_CUDA_CCE_SPLIT_BLOCKS && BM == MOE_CUDA_CCE_BM,
+static_assert((int)SPLIT_BLOCKS == (int)MOE_CUDA_CCE_SPLIT_BLOCKS &&
+                  (int)BM == (int)MOE_CUDA_CCE_BM,
               "moe/cuda_sizes.h sizes the scratch with these");
 
 // acc[i][j] = h[r0 + ty + 16 i] . W[c0 + tx + 16 j], 0 for rows >= N or

@@ -16,8 +16,8 @@
 //   4. offsets, combine weights, aux (E * sum f_e P_e) and z-loss sums in a
 //      fixed order (deterministic).
 #include "kernels/cuda/check.cuh"
-#include "kernels/cuda/noise.cuh"
 #include "kernels/cuda/cuda.h"
+#include "kernels/cuda/noise.cuh"
 #include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/router_cuda.h"
 #include "moe/cuda_sizes.h"
@@ -323,7 +323,7 @@ __global__ static void loss_final_kernel(double *red, const double *part, int nb
 
 // ---- host side -------------------------------------------------------------------------
 
-static_assert(CHUNK == MOE_CUDA_ROUTER_CHUNK && LOSS_TILE == MOE_CUDA_LOSS_TILE,
+static_assert((int)CHUNK == (int)MOE_CUDA_ROUTER_CHUNK && (int)LOSS_TILE == (int)MOE_CUDA_LOSS_TILE,
               "moe/cuda_sizes.h sizes the plan with these");
 
 extern "C" int moe_cuda_sort_tmp_query(int n, size_t *bytes) {
@@ -345,14 +345,12 @@ extern "C" int moe_cuda_plan_alloc(moe_cuda_plan *p, int T_max, int E, int k) {
     p->T_max = T_max, p->E = E, p->k = k;
     MOE_TRY(moe_cuda_sort_tmp_query(T_max ? T_max : 1, &p->sort_tmp_bytes));
     void **ptrs[MOE_CUDA_PLAN_BUFS] = {
-        (void **)&p->expert, (void **)&p->choice,   (void **)&p->slot,
-        (void **)&p->weight, (void **)&p->probs,    (void **)&p->lse,
-        (void **)&p->counts, (void **)&p->kept,     (void **)&p->capacity,
-        (void **)&p->offsets, (void **)&p->aux_f,   (void **)&p->order,
-        (void **)&p->keys,   (void **)&p->keys_alt, (void **)&p->order_alt,
-        &p->sort_tmp,        (void **)&p->hist,     (void **)&p->hist1,
-        (void **)&p->base,   (void **)&p->part,     (void **)&p->red,
-        (void **)&p->flags,  (void **)&p->task_rank,
+        (void **)&p->expert,   (void **)&p->choice,   (void **)&p->slot,      (void **)&p->weight,
+        (void **)&p->probs,    (void **)&p->lse,      (void **)&p->counts,    (void **)&p->kept,
+        (void **)&p->capacity, (void **)&p->offsets,  (void **)&p->aux_f,     (void **)&p->order,
+        (void **)&p->keys,     (void **)&p->keys_alt, (void **)&p->order_alt, &p->sort_tmp,
+        (void **)&p->hist,     (void **)&p->hist1,    (void **)&p->base,      (void **)&p->part,
+        (void **)&p->red,      (void **)&p->flags,    (void **)&p->task_rank,
     };
     size_t bytes[MOE_CUDA_PLAN_BUFS];
     moe_cuda_plan_sizes(T_max, E, k, p->sort_tmp_bytes, bytes);

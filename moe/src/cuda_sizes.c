@@ -15,21 +15,35 @@ size_t moe_cuda_granule(size_t bytes) {
     return bytes ? (bytes + 255) / 256 * 256 : 256;
 }
 
-void moe_cuda_plan_sizes(int T_max, int E, int k, size_t sort_tmp,
-                         size_t out[MOE_CUDA_PLAN_BUFS]) {
+void moe_cuda_plan_sizes(int T_max, int E, int k, size_t sort_tmp, size_t out[MOE_CUDA_PLAN_BUFS]) {
     const size_t tm = T_max > 0 ? (size_t)T_max : 1, e = E > 0 ? (size_t)E : 1;
     const size_t tk = tm * (size_t)(k > 0 ? k : 1), te = tm * e;
     const size_t chunks = (tk + MOE_CUDA_ROUTER_CHUNK - 1) / MOE_CUDA_ROUTER_CHUNK;
     const size_t tiles = (tm + MOE_CUDA_LOSS_TILE - 1) / MOE_CUDA_LOSS_TILE;
     const size_t s[MOE_CUDA_PLAN_BUFS] = {
-        tk * sizeof(int),      tk * sizeof(int),         tk * sizeof(int),
-        tk * sizeof(float),    te * sizeof(float),       tm * sizeof(float),
-        e * sizeof(int),       e * sizeof(int),          e * sizeof(int),
-        (e + 1) * sizeof(int), e * sizeof(float),        tm * sizeof(int),
-        tm * sizeof(uint64_t), tm * sizeof(uint64_t),    tm * sizeof(int),
-        sort_tmp + 16,         chunks * e * sizeof(int), chunks * e * sizeof(int),
-        chunks * e * sizeof(int), tiles * (e + 1) * sizeof(double), (e + 1) * sizeof(double),
-        2 * sizeof(int),       MOE_MAX_TASKS * sizeof(int),
+        tk * sizeof(int),
+        tk * sizeof(int),
+        tk * sizeof(int),
+        tk * sizeof(float),
+        te * sizeof(float),
+        tm * sizeof(float),
+        e * sizeof(int),
+        e * sizeof(int),
+        e * sizeof(int),
+        (e + 1) * sizeof(int),
+        e * sizeof(float),
+        tm * sizeof(int),
+        tm * sizeof(uint64_t),
+        tm * sizeof(uint64_t),
+        tm * sizeof(int),
+        sort_tmp + 16,
+        chunks * e * sizeof(int),
+        chunks * e * sizeof(int),
+        chunks * e * sizeof(int),
+        tiles * (e + 1) * sizeof(double),
+        (e + 1) * sizeof(double),
+        2 * sizeof(int),
+        MOE_MAX_TASKS * sizeof(int),
     };
     for (int i = 0; i < MOE_CUDA_PLAN_BUFS; i++)
         out[i] = s[i];
@@ -55,11 +69,9 @@ void moe_cuda_layer_sizes(const moe_layer_config *cfg, size_t out[MOE_CUDA_LAYER
     const size_t nt = (size_t)cfg->n_tasks, G = nt ? nt : T;
     const size_t jit = cfg->router.noise == MOE_NOISE_JITTER ? G * D : 0;
     const size_t s[MOE_CUDA_LAYER_BUFS] = {
-        T * E * 4,      R * 4,         R * D * 4,      R * 2 * H * 4, R * H * 4,
-        R * D * 4,      T * 2 * Hs * 4, T * Hs * 4,    T * E * 4,     R * 4,
-        R * D * 4,      R * D * 4,     R * H * 4,      R * 2 * H * 4, T * Hs * 4,
-        T * 2 * Hs * 4, jit * 4,       jit * 4,        jit * 4,       nt * E * 4,
-        nt * E * 4,
+        T * E * 4,  R * 4,          R * D * 4, R * 2 * H * 4, R * H * 4, R * D * 4,  T * 2 * Hs * 4,
+        T * Hs * 4, T * E * 4,      R * 4,     R * D * 4,     R * D * 4, R * H * 4,  R * 2 * H * 4,
+        T * Hs * 4, T * 2 * Hs * 4, jit * 4,   jit * 4,       jit * 4,   nt * E * 4, nt * E * 4,
     };
     for (int i = 0; i < MOE_CUDA_LAYER_BUFS; i++)
         out[i] = s[i];

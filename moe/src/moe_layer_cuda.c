@@ -52,13 +52,12 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
     }
     // sizes from moe_cuda_layer_sizes, the planner's (moe plan: device memory)
     void **ptrs[MOE_CUDA_LAYER_BUFS] = {
-        (void **)&a->logits,    (void **)&a->row,       (void **)&a->xe,
-        (void **)&a->ab,        (void **)&a->h,         (void **)&a->ye,
-        (void **)&a->shared_ab, (void **)&a->shared_h,  (void **)&a->dlogits,
-        (void **)&a->dweight,   (void **)&a->dye,       (void **)&a->dxe,
-        (void **)&a->dh,        (void **)&a->dab,       (void **)&a->sdh,
-        (void **)&a->sdab,      (void **)&a->noise,     (void **)&a->gate_in,
-        (void **)&a->dgate_in,  (void **)&a->logits_g,  (void **)&a->dlogits_g,
+        (void **)&a->logits,    (void **)&a->row,     (void **)&a->xe,        (void **)&a->ab,
+        (void **)&a->h,         (void **)&a->ye,      (void **)&a->shared_ab, (void **)&a->shared_h,
+        (void **)&a->dlogits,   (void **)&a->dweight, (void **)&a->dye,       (void **)&a->dxe,
+        (void **)&a->dh,        (void **)&a->dab,     (void **)&a->sdh,       (void **)&a->sdab,
+        (void **)&a->noise,     (void **)&a->gate_in, (void **)&a->dgate_in,  (void **)&a->logits_g,
+        (void **)&a->dlogits_g,
     };
     size_t sizes[MOE_CUDA_LAYER_BUFS];
     moe_cuda_layer_sizes(cfg, sizes);

@@ -5,9 +5,9 @@
 #ifndef MOE_PLAN_H
 #define MOE_PLAN_H
 
+#include "kernels/ops.h"
 #include "moe/comm.h"
 #include "moe/config.h"
-#include "kernels/ops.h"
 
 #include <stdbool.h>
 
@@ -36,12 +36,12 @@ int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *ou
 // CUDA context, cuBLAS's workspace, NCCL, and the stream-ordered scratch that
 // single ops take and free (cudaMallocAsync).
 typedef struct {
-    size_t params, grads;   // the device copy's flat buffers
-    size_t optimizer;       // AdamW m, v (fp32) and the decay byte mask
-    size_t activations;     // the activation block (attention [B, Hq, T, T]) and task ids
-    size_t moe;             // CUDA MoE layers: expert row buffers and router plans
-    size_t trainer;         // device token and target buffers
-    size_t total;           // the sum: the tracked peak after a few steps
+    size_t params, grads;    // the device copy's flat buffers
+    size_t optimizer;        // AdamW m, v (fp32) and the decay byte mask
+    size_t activations;      // the activation block (attention [B, Hq, T, T]) and task ids
+    size_t moe;              // CUDA MoE layers: expert row buffers and router plans
+    size_t trainer;          // device token and target buffers
+    size_t total;            // the sum: the tracked peak after a few steps
     bool sort_tmp_estimated; // cub's sort temp estimated (no CUDA device here)
 } moe_gpu_mem_plan;
 

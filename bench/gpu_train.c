@@ -4,10 +4,19 @@
 // 16) on the synthetic corpus, one JSON line per precision. The rate is the
 // trainer's own (mean over the run, first steps included).
 //
+// Then, per precision, device memory (issue 14 item 5): `moe plan`'s device
+// total (moe_plan_device_memory) against the tracked peak of moe_cuda_alloc
+// over init and --steps steps of the GPU trainer, and cudaMemGetInfo's used
+// bytes after those steps minus before init (that adds the allocator's pool,
+// cuBLAS workspace and the per-op cudaMallocAsync scratch, which the plan
+// does not count).
+//
 // usage: gpu_train [--steps N]
 // Without a CUDA build or a GPU it prints why (as JSON) and exits 0.
 #include "moe/error.h"
 #include "moe/model.h"
+#include "moe/optim.h"
+#include "moe/plan.h"
 #include "moe/train.h"
 
 #include <stdio.h>
@@ -16,8 +25,9 @@
 
 #ifdef MOE_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
+#include "trainer/train_gpu.h"
 
-static int run(const char *compute, int steps) {
+static void bench_config(moe_config *cfg, const char *compute, int steps) {
     moe_config c;
     moe_config_default(&c);
     c.model.d_model = 768;
@@ -34,6 +44,60 @@ static int run(const char *compute, int steps) {
     c.train.eval_every = 0;
     snprintf(c.train.device, sizeof c.train.device, "cuda");
     snprintf(c.train.compute, sizeof c.train.compute, "%s", compute);
+    *cfg = c;
+}
+
+// Plan vs measured device memory of the GPU trainer on the bench config.
+static int memory(const char *compute, int steps) {
+    moe_config c;
+    bench_config(&c, compute, steps);
+    const int B = c.train.batch_size, T = c.model.seq_len;
+    moe_gpu_mem_plan p;
+    MOE_TRY(moe_plan_device_memory(&c, NULL, &p));
+    moe_model m;
+    moe_adamw opt;
+    MOE_TRY(moe_model_init(&m, &c, B, T, 1));
+    int rc = moe_adamw_init(&opt, &m.table, false);
+    int32_t *tok = malloc(sizeof *tok * (size_t)B * T);
+    size_t free0 = 0, free1 = 0, total = 0;
+    moe_gpu_trainer g = {0};
+    if (rc == 0 && !tok) rc = moe_fail(MOE_ENOMEM, "tokens");
+    if (rc == 0) rc = moe_cuda_init(0);
+    if (rc == 0) rc = moe_cuda_synchronize();
+    if (rc == 0) rc = moe_cuda_mem_info(&free0, &total);
+    const size_t base = moe_cuda_mem_in_use();
+    moe_cuda_mem_reset_peak();
+    if (rc == 0) rc = moe_gpu_trainer_init(&g, &m, &opt, &c, (size_t)B * T, NULL);
+    for (int s = 0; s < steps && rc == 0; s++) {
+        for (int i = 0; i < B * T; i++)
+            tok[i] = (int32_t)((i * 7919u + (unsigned)s * 104729u) % (unsigned)c.model.vocab_size);
+        double gn = 0;
+        rc = moe_gpu_zero_grads(&g);
+        if (rc == 0) rc = moe_gpu_micro_batch(&g, tok, tok, NULL, B, T, (uint64_t)s);
+        if (rc == 0) rc = moe_gpu_optimizer_step(&g, &opt, 1, 1e-3f, &c, &gn);
+    }
+    if (rc == 0) rc = moe_cuda_synchronize();
+    if (rc == 0) rc = moe_cuda_mem_info(&free1, &total);
+    const size_t peak = moe_cuda_mem_peak() - base;
+    char name[256] = "";
+    if (rc == 0) moe_cuda_device_info(name, sizeof name, NULL, NULL);
+    if (rc == 0)
+        printf("{\"bench\":\"gpu_train_memory\",\"device\":\"%s\",\"compute\":\"%s\","
+               "\"steps\":%d,\"plan_device_bytes\":%zu,\"tracked_peak_bytes\":%zu,"
+               "\"plan_rel_err\":%.6f,\"meminfo_delta_bytes\":%zu,\"meminfo_rel_to_plan\":%.4f}\n",
+               name, compute, steps, p.total, peak,
+               ((double)peak - (double)p.total) / (double)p.total, free0 - free1,
+               (double)(free0 - free1) / (double)p.total);
+    moe_gpu_trainer_free(&g);
+    free(tok);
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+    return rc;
+}
+
+static int run(const char *compute, int steps) {
+    moe_config c;
+    bench_config(&c, compute, steps);
     char dir[] = "/tmp/moe_gpu_train_XXXXXX";
     if (!mkdtemp(dir)) return moe_fail(MOE_EIO, "mkdtemp failed");
     moe_model_mem mem;
@@ -75,7 +139,8 @@ int main(int argc, char **argv) {
         printf("{\"bench\":\"gpu_train\",\"skipped\":\"no CUDA device: %s\"}\n", why);
         return 0;
     }
-    if (run("bf16", steps) < 0 || run("fp32", steps) < 0) {
+    if (run("bf16", steps) < 0 || run("fp32", steps) < 0 || memory("bf16", steps) < 0 ||
+        memory("fp32", steps) < 0) {
         fprintf(stderr, "gpu_train: %s\n", moe_last_error());
         return 1;
     }

@@ -5,6 +5,7 @@
 #include "moe/model.h"
 #include "kernels/cpu/nn.h"
 #include "moe/alloc.h"
+#include "moe/cuda_sizes.h"
 #include "moe/error.h"
 #include "moe/rng.h"
 #ifdef MOE_HAVE_CUDA
@@ -461,9 +462,7 @@ struct moe_model_gpu {
 
 // Cut cross-entropy: kernels/cuda/cce.cu on a CUDA device copy, else kernels/cpu/cce.c.
 static size_t cce_scratch_floats(const moe_model *m, size_t N) {
-#ifdef MOE_HAVE_CUDA
     if (m->gpu && m->gpu->cuda) return moe_cuda_cce_scratch_floats((int)N, m->V);
-#endif
     return moe_cpu_cce_scratch_floats();
 }
 
@@ -537,16 +536,11 @@ static int gpu_moe_backward(moe_model *m, int l, int N, float aux_scale, float z
 }
 #endif
 
-int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
-    memset(g, 0, sizeof *g);
-    const moe_config *cfg = &h->cfg;
-    const bool cuda = !strncmp(ops->name, "cuda", 4);
-#ifndef MOE_HAVE_CUDA
-    if (cuda) return moe_fail(MOE_EINVAL, "built without CUDA");
-#endif
+// The first setting the device path cannot train yet (NULL: none).
+static const char *gpu_unsupported(const moe_config *cfg, bool ep, int chunks, bool bias_on) {
     const char *no = cfg->comm.node_dedup                     ? "comm.node_dedup"
-                     : h->ep                                  ? "parallel.ep > 1"
-                     : h->chunks > 1                          ? "memory.mini_seq > 1"
+                     : ep                                     ? "parallel.ep > 1"
+                     : chunks > 1                             ? "memory.mini_seq > 1"
                      : cfg->router.score != MOE_SCORE_SOFTMAX ? "router.score = sigmoid"
                      : cfg->router.route_scale != 1.0         ? "router.route_scale other than 1"
                      : moe_router_groups_active(&cfg->router)
@@ -555,8 +549,19 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
                                                                    : NULL;
     if (!no && cfg->router.bias_update_rate != 0)
         no = "router.bias_update_rate other than 0 (auxiliary-loss-free balancing)";
-    if (!no && h->bias_on)
+    if (!no && bias_on)
         no = "a non-zero expert selection bias (the checkpoint's gate.e_score_correction_bias)";
+    return no;
+}
+
+int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
+    memset(g, 0, sizeof *g);
+    const moe_config *cfg = &h->cfg;
+    const bool cuda = !strncmp(ops->name, "cuda", 4);
+#ifndef MOE_HAVE_CUDA
+    if (cuda) return moe_fail(MOE_EINVAL, "built without CUDA");
+#endif
+    const char *no = gpu_unsupported(cfg, h->ep != NULL, h->chunks, h->bias_on);
     if (no) return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet", no);
     *g = *h; // sizes, config, table and the host-side statistics arrays (shared)
     g->ops = ops;
@@ -615,6 +620,42 @@ void moe_model_gpu_free(moe_model *g) {
     if (g->grads) g->ops->free(g->grads);
     free(g->gpu);
     memset(g, 0, sizeof *g); // the shared host arrays belong to the host model
+}
+
+int moe_model_device_memory(const moe_config *cfg, int B, int T, int n_tasks, const moe_ops *ops,
+                            moe_model_mem *out) {
+    moe_model m;
+    size_t moe_off[MOE_MAX_LAYERS];
+    struct moe_model_gpu gpu = {0};
+    memset(out, 0, sizeof *out);
+    if (!ops) ops = &moe_ops_cuda_sizes;
+    if (cfg->parallel.ep > 1 || cfg->memory.mini_seq > 1) // before model_setup's ep check
+        return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet",
+                        cfg->parallel.ep > 1 ? "parallel.ep > 1" : "memory.mini_seq > 1");
+    MOE_TRY(model_setup(&m, cfg, B, T, n_tasks, NULL, moe_off));
+    const char *no = gpu_unsupported(cfg, false, m.chunks, false);
+    if (no) {
+        moe_param_table_free(&m.table);
+        return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet", no);
+    }
+    // moe_model_gpu_init's buffers, sized as it sizes them
+    m.ops = ops;
+    gpu.cuda = !strncmp(ops->name, "cuda", 4);
+    m.gpu = &gpu;
+    const size_t n = m.table.numel, n_acts = layout_acts(&m, NULL);
+    out->n_params = n;
+    out->params = ops->alloc_size(n * sizeof(float));
+    out->grads = out->params;
+    out->activations = ops->alloc_size((n_acts ? n_acts : 1) * sizeof(float));
+    if (gpu.cuda && (cfg->moe.n_task_layers > 0 || cfg->router.n_task_priority > 0))
+        out->activations += ops->alloc_size((size_t)B * T * sizeof(int));
+    // on the CPU table the copy's MoE layers use the host model's buffers
+    for (int l = 0; l < m.L && gpu.cuda; l++)
+        if (m.is_moe[l])
+            out->moe += moe_cuda_layer_bytes(&m.moe_cfg[l],
+                                             moe_cuda_sort_tmp_bytes(m.moe_cfg[l].T_max, NULL));
+    moe_param_table_free(&m.table);
+    return 0;
 }
 
 int moe_model_gpu_download(moe_model *h, const moe_model *g) {

@@ -4,12 +4,14 @@
 #include "moe/plan.h"
 #include "kernels/cpu/cpu.h"
 #include "moe/checkpoint.h"
+#include "moe/cuda_sizes.h"
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/model.h"
 #include "moe/placement.h"
 #include "moe/router.h"
 #include "moe/task_experts.h"
+#include "trainer/train_gpu.h"
 
 #include <errno.h>
 #include <math.h>
@@ -96,6 +98,34 @@ int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *ou
     out->moe += placement_bytes(cfg, B, T);
     out->total = out->params + out->grads + out->optimizer + out->activations + out->moe +
                  out->step + out->data + out->grad_pack + out->ckpt_snapshot;
+    return 0;
+}
+
+int moe_plan_device_memory(const moe_config *cfg, const moe_ops *ops, moe_gpu_mem_plan *out) {
+    memset(out, 0, sizeof *out);
+    MOE_TRY(moe_config_check(cfg, NULL));
+    if (!ops) ops = &moe_ops_cuda_sizes;
+    if (strcmp(cfg->train.optimizer_state, "fp32"))
+        return moe_fail(MOE_EINVAL, "train.optimizer_state = bf16: the GPU trainer keeps fp32 "
+                                    "moments (use train.optimizer_state = fp32)");
+    const int B = cfg->train.batch_size, T = cfg->model.seq_len;
+    char names[MOE_MAX_TASKS][MOE_NAME_MAX];
+    int n_tasks = moe_config_task_names(cfg, names);
+    moe_model_mem mm;
+    MOE_TRY(moe_model_device_memory(cfg, B, T, n_tasks, ops, &mm));
+    out->params = mm.params;
+    out->grads = mm.grads;
+    out->activations = mm.activations;
+    out->moe = mm.moe;
+    const size_t all = moe_gpu_trainer_bytes(mm.n_params, (size_t)B * T, ops, &out->optimizer);
+    out->trainer = all - out->optimizer;
+    out->total =
+        out->params + out->grads + out->optimizer + out->activations + out->moe + out->trainer;
+    if (out->moe) {
+        bool exact = true;
+        moe_cuda_sort_tmp_bytes(B * T, &exact);
+        out->sort_tmp_estimated = !exact;
+    }
     return 0;
 }
 
@@ -283,6 +313,30 @@ static double mib(size_t b) {
     return b / 1048576.0;
 }
 
+// train.device = cuda: the device memory of each rank, or why it is not computed.
+static int device_print(const moe_config *cfg, FILE *f) {
+    moe_gpu_mem_plan g;
+    fprintf(f, "\ndevice memory per rank (train.device = cuda), MiB:\n");
+    if (moe_plan_device_memory(cfg, NULL, &g) < 0) {
+        fprintf(f, "  not computed: %s\n", moe_last_error());
+        return 0;
+    }
+    fprintf(f, "  %-34s %10.2f\n", "parameters", mib(g.params));
+    fprintf(f, "  %-34s %10.2f\n", "gradients", mib(g.grads));
+    fprintf(f, "  %-34s %10.2f\n", "optimizer (AdamW m, v, decay mask)", mib(g.optimizer));
+    fprintf(f, "  %-34s %10.2f  (attention probabilities [B, Hq, T, T])\n", "activations (dense)",
+            mib(g.activations));
+    fprintf(f, "  %-34s %10.2f%s\n", "MoE layers and router plans", mib(g.moe),
+            g.sort_tmp_estimated ? "  (cub sort temp estimated: no CUDA device here)" : "");
+    fprintf(f, "  %-34s %10.2f\n", "trainer token buffers", mib(g.trainer));
+    fprintf(f, "  %-34s %10.2f  (%zu bytes)\n", "total (predicted peak)", mib(g.total), g.total);
+    fprintf(f,
+            "  (the backend's allocations, 256-byte granules, as moe_cuda_mem_peak counts them;\n"
+            "  not counted: the CUDA context, cuBLAS workspace, NCCL, per-op cudaMallocAsync "
+            "scratch)\n");
+    return 0;
+}
+
 int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
     moe_mem_plan m;
     MOE_TRY(moe_plan_memory(cfg, mc->world, 0, &m));
@@ -308,6 +362,7 @@ int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
         fprintf(f, "  %-34s %10.2f  (ranks writing tensor files)\n", "async checkpoint snapshot",
                 mib(m.ckpt_snapshot));
     fprintf(f, "  %-34s %10.2f  (%zu bytes)\n", "total (predicted peak)", mib(m.total), m.total);
+    if (!strcmp(cfg->train.device, "cuda")) MOE_TRY(device_print(cfg, f));
     if (ep == 1) {
         fprintf(f, "\nall-to-all: none (parallel.ep = 1: every expert is local)\n");
         return 0;

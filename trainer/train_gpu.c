@@ -45,6 +45,24 @@ static int down(const moe_ops *ops, void *dst, const void *src, size_t bytes) {
 #endif
 }
 
+// The trainer's own device buffers, in the order init allocates them: AdamW
+// m and v, the decay byte mask, the input and target tokens.
+static void trainer_sizes(size_t n, size_t tokens, size_t out[5]) {
+    out[0] = out[1] = n * sizeof(float);
+    out[2] = n;
+    out[3] = out[4] = tokens * sizeof(int32_t);
+}
+
+size_t moe_gpu_trainer_bytes(size_t n, size_t tokens, const moe_ops *ops, size_t *optimizer) {
+    size_t s[5], b = 0;
+    trainer_sizes(n, tokens, s);
+    if (optimizer)
+        *optimizer = ops->alloc_size(s[0]) + ops->alloc_size(s[1]) + ops->alloc_size(s[2]);
+    for (int i = 0; i < 5; i++)
+        b += ops->alloc_size(s[i]);
+    return b;
+}
+
 int moe_gpu_trainer_init(moe_gpu_trainer *g, const moe_model *host, const moe_adamw *opt,
                          const moe_config *cfg, size_t tokens, const moe_ops *ops) {
     memset(g, 0, sizeof *g);
@@ -66,10 +84,11 @@ int moe_gpu_trainer_init(moe_gpu_trainer *g, const moe_model *host, const moe_ad
     MOE_TRY(moe_model_gpu_init(&g->m, host, ops));
     g->n = host->table.numel;
     g->tokens = tokens;
-    if (!(g->adam_m = ops->alloc(g->n * sizeof(float))) ||
-        !(g->adam_v = ops->alloc(g->n * sizeof(float))) || !(g->decay = ops->alloc(g->n)) ||
-        !(g->in = ops->alloc(tokens * sizeof(int32_t))) ||
-        !(g->tg = ops->alloc(tokens * sizeof(int32_t)))) {
+    size_t s[5];
+    trainer_sizes(g->n, tokens, s);
+    if (!(g->adam_m = ops->alloc(s[0])) || !(g->adam_v = ops->alloc(s[1])) ||
+        !(g->decay = ops->alloc(s[2])) || !(g->in = ops->alloc(s[3])) ||
+        !(g->tg = ops->alloc(s[4]))) {
         rc = MOE_ENOMEM; // ops->alloc left the message
         goto fail;
     }

@@ -37,6 +37,10 @@ int moe_gpu_local_device(void);
 int moe_gpu_trainer_init(moe_gpu_trainer *g, const moe_model *host, const moe_adamw *opt,
                          const moe_config *cfg, size_t tokens, const moe_ops *ops);
 void moe_gpu_trainer_free(moe_gpu_trainer *g);
+// Bytes of the trainer's own buffers on ops (AdamW m, v, decay mask, tokens)
+// for n parameters and a batch of tokens, each rounded as ops->alloc_size;
+// *optimizer (when not NULL) gets the part of m, v and the mask.
+size_t moe_gpu_trainer_bytes(size_t n, size_t tokens, const moe_ops *ops, size_t *optimizer);
 // Data parallelism over world (collective; every rank calls it after agreeing
 // that init succeeded): on a CUDA table an NCCL communicator for the gradient
 // all-reduce, on the CPU table the host communicator's rank-order sum.

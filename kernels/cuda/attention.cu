@@ -12,6 +12,7 @@
 // flash-attention kernel is the faster path.
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/ops_cuda.h"
+#include "moe/cuda_sizes.h"
 
 #include <math.h>
 
@@ -69,15 +70,9 @@ static int check_dims(int B, int T, int Hq, int Hkv, int hd) {
     return 0;
 }
 
-// Backward multiplies through the full saved probabilities and one (b, h)'s
-// dP/dS at a time, so both are what the kernels above need.
-extern "C" size_t moe_cuda_attention_state_floats(int B, int T, int Hq) {
-    return (size_t)B * Hq * T * T;
-}
-
-extern "C" size_t moe_cuda_attention_scratch_floats(int B, int T, int Hq, int Hkv, int hd) {
-    return (size_t)T * T;
-}
+// The probabilities [B, Hq, T, T] and one (b, h)'s dP/dS [T, T] are what the
+// kernels above need: moe_cuda_attention_state_floats / _scratch_floats, in
+// moe/src/cuda_sizes.c.
 
 // scratch: none needed (att holds the probabilities), so the caller may pass NULL.
 extern "C" int moe_cuda_attention_forward(float *out, float *att, float *scratch, const float *q,
@@ -114,10 +109,9 @@ extern "C" int moe_cuda_attention_forward(float *out, float *att, float *scratch
 }
 
 extern "C" int moe_cuda_attention_backward(float *dq, float *dk, float *dv, float *datt,
-                                           const float *dout, const float *out,
-                                           const float *att, const float *q,
-                                           const float *k, const float *v, int B, int T, int Hq,
-                                           int Hkv, int hd) {
+                                           const float *dout, const float *out, const float *att,
+                                           const float *q, const float *k, const float *v, int B,
+                                           int T, int Hq, int Hkv, int hd) {
     MOE_TRY(check_dims(B, T, Hq, Hkv, hd));
     if (!B) return 0;
     moe_cuda_ctx c = {};

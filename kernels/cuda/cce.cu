@@ -19,6 +19,7 @@
 #include "kernels/cuda/check.cuh"
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/ops_cuda.h"
+#include "moe/cuda_sizes.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -38,7 +39,9 @@ static_assert(BM == 2 * MOE_CCE_NB && MOE_CCE_VB % BN == 0, "GPU tiles nest in t
 // Forward: about this many blocks in the grid (row tiles x splits), enough
 // for every SM of an H100 twice over.
 enum { SPLIT_BLOCKS = 512 };
-static size_t slab_floats = (size_t)1 << 24; // 64 MiB of G per chunk
+static_assert((int)SPLIT_BLOCKS == (int)MOE_CUDA_CCE_SPLIT_BLOCKS &&
+                  (int)BM == (int)MOE_CUDA_CCE_BM,
+              "moe/cuda_sizes.h sizes the scratch with these");
 
 // acc[i][j] = h[r0 + ty + 16 i] . W[c0 + tx + 16 j], 0 for rows >= N or
 // columns >= c_end. Every thread of the block must call it (it syncs).
@@ -226,26 +229,13 @@ static int chunk_cols(int N, int V) {
     const size_t grid_max = (size_t)65535 * BN / MOE_CCE_VB * MOE_CCE_VB;
     size_t vmax = (size_t)cdiv(V, MOE_CCE_VB) * MOE_CCE_VB;
     if (vmax > grid_max) vmax = grid_max;
-    size_t vc = slab_floats / (size_t)(N > 0 ? N : 1) / MOE_CCE_VB * MOE_CCE_VB;
+    size_t vc = moe_cuda_cce_slab_floats() / (size_t)(N > 0 ? N : 1) / MOE_CCE_VB * MOE_CCE_VB;
     if (vc < MOE_CCE_VB) vc = MOE_CCE_VB;
     return (int)(vc > vmax ? vmax : vc);
 }
 
-// Bounds that hold for every N' <= N (the model sizes scratch once for its
-// largest batch): S N' <= SPLIT_BLOCKS BM + N', and N' chunk <= max(slab, N' VB).
-extern "C" size_t moe_cuda_cce_scratch_floats(int N, int V) {
-    if (N < 1 || V < 1) return 0;
-    const size_t n = (size_t)N, vmax = (size_t)cdiv(V, MOE_CCE_VB) * MOE_CCE_VB;
-    const size_t fwd = 2 * ((size_t)SPLIT_BLOCKS * BM + n);
-    size_t slab = slab_floats > n * MOE_CCE_VB ? slab_floats : n * MOE_CCE_VB;
-    if (slab > n * vmax) slab = n * vmax;
-    const size_t bwd = slab + (size_t)cdiv(N, MOE_CCE_NB) * (vmax / MOE_CCE_VB);
-    return fwd > bwd ? fwd : bwd;
-}
-
-extern "C" void moe_cuda_cce_set_slab_floats(size_t floats) {
-    slab_floats = floats ? floats : (size_t)1 << 24;
-}
+// The scratch bound (moe_cuda_cce_scratch_floats) and the slab size live in
+// moe/src/cuda_sizes.c, plain C, so the planner computes them without CUDA.
 
 extern "C" int moe_cuda_cce_forward(float *losses, float *lse, double *mean, const float *h,
                                     const float *W, const int32_t *target, int N, int D, int V,

@@ -5,7 +5,11 @@
 #include "kernels/cuda/cuda.h"
 #include "kernels/cuda/ops_cuda.h"
 
+#include "moe/cuda_sizes.h"
+
+#include <mutex>
 #include <stdio.h>
+#include <stdlib.h>
 
 static moe_cuda_ctx g_ctx;
 static bool g_ready;
@@ -144,15 +148,73 @@ extern "C" int moe_cuda_device_info(char *name, size_t name_len, int *sm_count, 
 // ---- memory ops of the table -------------------------------------------------------
 
 size_t moe_cuda_alloc_size(size_t bytes) {
-    return bytes ? (bytes + 255) / 256 * 256 : 256; // cudaMalloc's alignment granule
+    return moe_cuda_granule(bytes); // cudaMalloc's alignment granule
+}
+
+// Tracking: a dense array of live (pointer, reserved bytes) pairs under a
+// mutex, like moe/src/alloc.c on the host. Device buffers are few and large
+// (sized once per run), so the linear search on free costs nothing.
+namespace {
+struct live_buf {
+    void *p;
+    size_t bytes;
+};
+std::mutex g_mem_mu;
+live_buf *g_live;
+size_t g_n_live, g_cap_live, g_in_use, g_peak;
+} // namespace
+
+static bool track(void *p, size_t bytes) {
+    std::lock_guard<std::mutex> lock(g_mem_mu);
+    if (g_n_live == g_cap_live) {
+        size_t cap = g_cap_live ? 2 * g_cap_live : 256;
+        live_buf *q = (live_buf *)realloc(g_live, cap * sizeof *q);
+        if (!q) return false;
+        g_live = q, g_cap_live = cap;
+    }
+    g_live[g_n_live++] = {p, bytes};
+    g_in_use += bytes;
+    if (g_in_use > g_peak) g_peak = g_in_use;
+    return true;
+}
+
+static void untrack(void *p) {
+    std::lock_guard<std::mutex> lock(g_mem_mu);
+    for (size_t i = g_n_live; i-- > 0;)
+        if (g_live[i].p == p) {
+            g_in_use -= g_live[i].bytes;
+            g_live[i] = g_live[--g_n_live];
+            return;
+        }
+}
+
+extern "C" size_t moe_cuda_mem_in_use(void) {
+    std::lock_guard<std::mutex> lock(g_mem_mu);
+    return g_in_use;
+}
+
+extern "C" size_t moe_cuda_mem_peak(void) {
+    std::lock_guard<std::mutex> lock(g_mem_mu);
+    return g_peak;
+}
+
+extern "C" void moe_cuda_mem_reset_peak(void) {
+    std::lock_guard<std::mutex> lock(g_mem_mu);
+    g_peak = g_in_use;
 }
 
 void *moe_cuda_alloc(size_t bytes) {
     moe_cuda_ctx c = {};
     if (moe_cuda_ctx_get(&c) < 0) return NULL;
     void *p = NULL;
-    cudaError_t e = cudaMalloc(&p, moe_cuda_alloc_size(bytes));
-    if (e == cudaSuccess) return p;
+    const size_t reserved = moe_cuda_alloc_size(bytes);
+    cudaError_t e = cudaMalloc(&p, reserved);
+    if (e == cudaSuccess) {
+        if (track(p, reserved)) return p;
+        cudaFree(p);
+        moe_fail(MOE_ENOMEM, "device allocation table: out of host memory");
+        return NULL;
+    }
     cudaGetLastError();
     size_t free_b = 0, total_b = 0;
     cudaMemGetInfo(&free_b, &total_b);
@@ -169,7 +231,16 @@ void *moe_cuda_alloc(size_t bytes) {
 }
 
 void moe_cuda_free(void *p) {
-    if (p) cudaFree(p);
+    if (!p) return;
+    untrack(p);
+    cudaFree(p);
+}
+
+extern "C" int moe_cuda_mem_info(size_t *free_bytes, size_t *total_bytes) {
+    moe_cuda_ctx c = {};
+    MOE_TRY(moe_cuda_ctx_get(&c));
+    CUDA_TRY(cudaMemGetInfo(free_bytes, total_bytes));
+    return 0;
 }
 
 int moe_cuda_zero(float *x, size_t n) {

@@ -31,6 +31,20 @@ int moe_cuda_upload(void *dst_device, const void *src_host, size_t bytes);
 int moe_cuda_download(void *dst_host, const void *src_device, size_t bytes);
 int moe_cuda_synchronize(void);
 
+// Device memory of the backend's allocations (moe_cuda_alloc, which the op
+// tables, the CUDA MoE layer and the router plan use): bytes reserved now
+// (each request rounded to cudaMalloc's 256-byte granule), the high-water
+// mark since the last reset, and a reset to the current figure. The
+// stream-ordered scratch of single ops (cudaMallocAsync in rmsnorm.cu,
+// scatter_add.cu, matmul.cu, crossentropy.cu, elementwise.cu: freed within
+// the op), the CUDA context, cuBLAS's workspace and NCCL are not counted;
+// moe_cuda_mem_info's cudaMemGetInfo sees them all.
+size_t moe_cuda_mem_in_use(void);
+size_t moe_cuda_mem_peak(void);
+void moe_cuda_mem_reset_peak(void);
+// cudaMemGetInfo of the backend's device.
+int moe_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
+
 // The device's name, SM count and peak DRAM bandwidth in GB/s (from memory
 // clock and bus width), for benchmarks.
 int moe_cuda_device_info(char *name, size_t name_len, int *sm_count, double *peak_gbps);

@@ -16,12 +16,16 @@
 //   4. offsets, combine weights, aux (E * sum f_e P_e) and z-loss sums in a
 //      fixed order (deterministic).
 #include "kernels/cuda/check.cuh"
+#include "kernels/cuda/cuda.h"
 #include "kernels/cuda/noise.cuh"
+#include "kernels/cuda/ops_cuda.h"
 #include "kernels/cuda/router_cuda.h"
+#include "moe/cuda_sizes.h"
 
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_radix_sort.cuh>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 // ---- 1. softmax, top-k ----------------------------------------------------------------
@@ -319,6 +323,19 @@ __global__ static void loss_final_kernel(double *red, const double *part, int nb
 
 // ---- host side -------------------------------------------------------------------------
 
+static_assert((int)CHUNK == (int)MOE_CUDA_ROUTER_CHUNK && (int)LOSS_TILE == (int)MOE_CUDA_LOSS_TILE,
+              "moe/cuda_sizes.h sizes the plan with these");
+
+extern "C" int moe_cuda_sort_tmp_query(int n, size_t *bytes) {
+    *bytes = 0;
+    CUDA_TRY(cub::DeviceRadixSort::SortPairs(nullptr, *bytes, (const uint64_t *)nullptr,
+                                             (uint64_t *)nullptr, (const int *)nullptr,
+                                             (int *)nullptr, n));
+    return 0;
+}
+
+// Sizes from moe_cuda_plan_sizes (the planner's), memory from moe_cuda_alloc
+// (tracked: moe_cuda_mem_peak).
 extern "C" int moe_cuda_plan_alloc(moe_cuda_plan *p, int T_max, int E, int k) {
     memset(p, 0, sizeof *p);
     if (T_max < 0 || E < 1 || k < 1 || k > E)
@@ -326,48 +343,23 @@ extern "C" int moe_cuda_plan_alloc(moe_cuda_plan *p, int T_max, int E, int k) {
     if (E > 1024)
         return moe_fail(MOE_EINVAL, "cuda router: %d experts (at most 1024 on the GPU)", E);
     p->T_max = T_max, p->E = E, p->k = k;
-    size_t tk = (size_t)(T_max ? T_max : 1) * k, te = (size_t)(T_max ? T_max : 1) * E;
-    size_t tm = T_max ? T_max : 1;
-    size_t chunks = (tk + CHUNK - 1) / CHUNK, tiles = (tm + LOSS_TILE - 1) / LOSS_TILE;
-    CUDA_TRY(cub::DeviceRadixSort::SortPairs(nullptr, p->sort_tmp_bytes, (const uint64_t *)nullptr,
-                                             (uint64_t *)nullptr, (const int *)nullptr,
-                                             (int *)nullptr, (int)tm));
-    struct {
-        void **ptr;
-        size_t bytes;
-    } a[] = {
-        {(void **)&p->expert, tk * sizeof(int)},
-        {(void **)&p->choice, tk * sizeof(int)},
-        {(void **)&p->slot, tk * sizeof(int)},
-        {(void **)&p->weight, tk * sizeof(float)},
-        {(void **)&p->probs, te * sizeof(float)},
-        {(void **)&p->lse, tm * sizeof(float)},
-        {(void **)&p->counts, E * sizeof(int)},
-        {(void **)&p->kept, E * sizeof(int)},
-        {(void **)&p->capacity, E * sizeof(int)},
-        {(void **)&p->offsets, (E + 1) * sizeof(int)},
-        {(void **)&p->aux_f, E * sizeof(float)},
-        {(void **)&p->order, tm * sizeof(int)},
-        {(void **)&p->keys, tm * sizeof(uint64_t)},
-        {(void **)&p->keys_alt, tm * sizeof(uint64_t)},
-        {(void **)&p->order_alt, tm * sizeof(int)},
-        {&p->sort_tmp, p->sort_tmp_bytes + 16},
-        {(void **)&p->hist, chunks * E * sizeof(int)},
-        {(void **)&p->hist1, chunks * E * sizeof(int)},
-        {(void **)&p->base, chunks * E * sizeof(int)},
-        {(void **)&p->part, tiles * (E + 1) * sizeof(double)},
-        {(void **)&p->red, (E + 1) * sizeof(double)},
-        {(void **)&p->flags, 2 * sizeof(int)},
-        {(void **)&p->task_rank, MOE_MAX_TASKS * sizeof(int)},
+    MOE_TRY(moe_cuda_sort_tmp_query(T_max ? T_max : 1, &p->sort_tmp_bytes));
+    void **ptrs[MOE_CUDA_PLAN_BUFS] = {
+        (void **)&p->expert,   (void **)&p->choice,   (void **)&p->slot,      (void **)&p->weight,
+        (void **)&p->probs,    (void **)&p->lse,      (void **)&p->counts,    (void **)&p->kept,
+        (void **)&p->capacity, (void **)&p->offsets,  (void **)&p->aux_f,     (void **)&p->order,
+        (void **)&p->keys,     (void **)&p->keys_alt, (void **)&p->order_alt, &p->sort_tmp,
+        (void **)&p->hist,     (void **)&p->hist1,    (void **)&p->base,      (void **)&p->part,
+        (void **)&p->red,      (void **)&p->flags,    (void **)&p->task_rank,
     };
-    for (size_t i = 0; i < sizeof a / sizeof *a; i++) {
-        cudaError_t e = cudaMalloc(a[i].ptr, a[i].bytes);
-        if (e != cudaSuccess) {
-            *a[i].ptr = NULL;
+    size_t bytes[MOE_CUDA_PLAN_BUFS];
+    moe_cuda_plan_sizes(T_max, E, k, p->sort_tmp_bytes, bytes);
+    for (size_t i = 0; i < MOE_CUDA_PLAN_BUFS; i++) {
+        if (!(*ptrs[i] = moe_cuda_alloc(bytes[i]))) {
+            char why[512];
+            snprintf(why, sizeof why, "%s", moe_last_error());
             moe_cuda_plan_free(p);
-            return moe_fail(e == cudaErrorMemoryAllocation ? MOE_ENOMEM : MOE_EDEVICE,
-                            "cuda plan for T=%d E=%d k=%d: cudaMalloc of %zu bytes: %s", T_max, E,
-                            k, a[i].bytes, cudaGetErrorString(e));
+            return moe_fail(MOE_ENOMEM, "cuda plan for T=%d E=%d k=%d: %s", T_max, E, k, why);
         }
     }
     return 0;
@@ -379,7 +371,7 @@ extern "C" void moe_cuda_plan_free(moe_cuda_plan *p) {
                     p->keys,   p->keys_alt, p->order_alt, p->sort_tmp, p->hist,     p->hist1,
                     p->base,   p->part,     p->red,       p->flags,    p->task_rank};
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
-        if (ptrs[i]) cudaFree(ptrs[i]);
+        moe_cuda_free(ptrs[i]); // NULL is skipped
     memset(p, 0, sizeof *p);
 }
 

@@ -44,7 +44,10 @@ typedef struct {
     int *task_rank;           // [MOE_MAX_TASKS]
 } moe_cuda_plan;
 
+// Device buffers of moe_cuda_plan_sizes (moe/cuda_sizes.h) through moe_cuda_alloc.
 int moe_cuda_plan_alloc(moe_cuda_plan *plan, int T_max, int E, int k);
+// cub's temp storage for sorting n (uint64 key, int value) pairs (asks the runtime).
+int moe_cuda_sort_tmp_query(int n, size_t *bytes);
 void moe_cuda_plan_free(moe_cuda_plan *plan);
 
 // logits [T, E] and task_id [T] (or NULL) are device memory; capacity [E] is

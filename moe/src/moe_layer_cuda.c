@@ -8,6 +8,7 @@
 
 #ifdef MOE_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
+#include "moe/cuda_sizes.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -43,46 +44,26 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
                         cfg->router.n_groups, cfg->router.topk_groups);
     a->ops = ops;
     a->cfg = *cfg;
-    const size_t T = (size_t)cfg->T_max, D = (size_t)cfg->D, H = (size_t)cfg->H;
-    const size_t E = (size_t)cfg->E, k = (size_t)cfg->router.top_k, Hs = (size_t)cfg->H_shared;
-    const size_t R = T * k; // rows_max: every assignment kept
-    const size_t nt = (size_t)cfg->n_tasks, G = nt ? nt : T;
-    const size_t jit = cfg->router.noise == MOE_NOISE_JITTER ? G * D : 0;
     int rc = 0;
     MOE_TRY_GOTO(moe_cuda_plan_alloc(&a->plan, cfg->T_max, cfg->E, cfg->router.top_k), rc);
-    if (!(a->offsets_h = calloc(E + 1, sizeof(int)))) {
+    if (!(a->offsets_h = calloc((size_t)cfg->E + 1, sizeof(int)))) {
         rc = moe_fail(MOE_ENOMEM, "moe layer offsets");
         goto fail;
     }
-    struct {
-        void **p;
-        size_t bytes;
-    } bufs[] = {
-        {(void **)&a->logits, T * E * 4},
-        {(void **)&a->row, R * 4},
-        {(void **)&a->xe, R * D * 4},
-        {(void **)&a->ab, R * 2 * H * 4},
-        {(void **)&a->h, R * H * 4},
-        {(void **)&a->ye, R * D * 4},
-        {(void **)&a->shared_ab, T * 2 * Hs * 4},
-        {(void **)&a->shared_h, T * Hs * 4},
-        {(void **)&a->dlogits, T * E * 4},
-        {(void **)&a->dweight, R * 4},
-        {(void **)&a->dye, R * D * 4},
-        {(void **)&a->dxe, R * D * 4},
-        {(void **)&a->dh, R * H * 4},
-        {(void **)&a->dab, R * 2 * H * 4},
-        {(void **)&a->sdh, T * Hs * 4},
-        {(void **)&a->sdab, T * 2 * Hs * 4},
-        {(void **)&a->noise, jit * 4},
-        {(void **)&a->gate_in, jit * 4},
-        {(void **)&a->dgate_in, jit * 4},
-        {(void **)&a->logits_g, nt * E * 4},
-        {(void **)&a->dlogits_g, nt * E * 4},
+    // sizes from moe_cuda_layer_sizes, the planner's (moe plan: device memory)
+    void **ptrs[MOE_CUDA_LAYER_BUFS] = {
+        (void **)&a->logits,    (void **)&a->row,     (void **)&a->xe,        (void **)&a->ab,
+        (void **)&a->h,         (void **)&a->ye,      (void **)&a->shared_ab, (void **)&a->shared_h,
+        (void **)&a->dlogits,   (void **)&a->dweight, (void **)&a->dye,       (void **)&a->dxe,
+        (void **)&a->dh,        (void **)&a->dab,     (void **)&a->sdh,       (void **)&a->sdab,
+        (void **)&a->noise,     (void **)&a->gate_in, (void **)&a->dgate_in,  (void **)&a->logits_g,
+        (void **)&a->dlogits_g,
     };
-    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) {
-        if (!bufs[i].bytes) continue;
-        if (!(*bufs[i].p = ops->alloc(bufs[i].bytes))) {
+    size_t sizes[MOE_CUDA_LAYER_BUFS];
+    moe_cuda_layer_sizes(cfg, sizes);
+    for (int i = 0; i < MOE_CUDA_LAYER_BUFS; i++) {
+        if (!sizes[i]) continue; // the feature is off: no buffer
+        if (!(*ptrs[i] = ops->alloc(sizes[i]))) {
             rc = MOE_ENOMEM; // ops->alloc left the message (size and config keys)
             goto fail;
         }

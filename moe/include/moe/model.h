@@ -132,6 +132,14 @@ typedef struct {
 } moe_model_mem;
 int moe_model_memory(const moe_config *cfg, int B, int T, int n_tasks, int ep_size, int ep_rank,
                      moe_model_mem *out);
+// The device copy's buffers (moe_model_gpu_init) on the table ops (NULL: the
+// CUDA table's sizes, moe_ops_cuda_sizes, in any build), each request rounded
+// as ops->alloc_size: params, grads, activations (the activation block and
+// the device task ids), moe (the CUDA MoE layers with their router plans; 0
+// on the CPU table, whose copy uses the host model's layers). Configurations
+// the device path refuses fail with its message.
+int moe_model_device_memory(const moe_config *cfg, int B, int T, int n_tasks, const moe_ops *ops,
+                            moe_model_mem *out);
 
 // A device copy of host model h for training on the GPU: the same sizes and
 // config, parameters copied from h, buffers from ops. On a CUDA table

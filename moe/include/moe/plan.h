@@ -5,8 +5,11 @@
 #ifndef MOE_PLAN_H
 #define MOE_PLAN_H
 
+#include "kernels/ops.h"
 #include "moe/comm.h"
 #include "moe/config.h"
+
+#include <stdbool.h>
 
 #include <stdio.h>
 
@@ -24,6 +27,28 @@ typedef struct {
 
 // Memory of rank `rank` of `world` ranks for cfg (parallel.ep from cfg).
 int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *out);
+
+// Device memory of one rank training on the GPU (train.device = cuda): the
+// buffers moe_model_gpu_init and the GPU trainer allocate through the
+// table's alloc, each request rounded as its alloc_size (on CUDA the 256-byte
+// granule moe_cuda_alloc reserves and moe_cuda_mem_peak counts), sized by the
+// functions the allocation code uses (moe/cuda_sizes.h). Not counted: the
+// CUDA context, cuBLAS's workspace, NCCL, and the stream-ordered scratch that
+// single ops take and free (cudaMallocAsync).
+typedef struct {
+    size_t params, grads;    // the device copy's flat buffers
+    size_t optimizer;        // AdamW m, v (fp32) and the decay byte mask
+    size_t activations;      // the activation block (attention [B, Hq, T, T]) and task ids
+    size_t moe;              // CUDA MoE layers: expert row buffers and router plans
+    size_t trainer;          // device token and target buffers
+    size_t total;            // the sum: the tracked peak after a few steps
+    bool sort_tmp_estimated; // cub's sort temp estimated (no CUDA device here)
+} moe_gpu_mem_plan;
+
+// ops NULL: the CUDA table's sizes (in any build); &moe_ops_cpu: the device
+// path run on the CPU table (tests). Fails with the device path's message on
+// configurations it refuses.
+int moe_plan_device_memory(const moe_config *cfg, const moe_ops *ops, moe_gpu_mem_plan *out);
 
 // Memory this process can still allocate: MemAvailable of /proc/meminfo, or
 // the room left under its cgroup's limit when lower (v2: memory.max minus

@@ -36,6 +36,27 @@ const char *moe_cublas_status_string(cublasStatus_t s);
 // the kernel itself surface at the next synchronising call.
 #define CUDA_LAUNCH_CHECK() CUDA_TRY(cudaGetLastError())
 
+// Stream-ordered scratch of one op call (cudaMallocAsync on the op's stream):
+// a failed allocation is MOE_ENOMEM naming the op and the size. The op then
+// launches its kernels, keeping the first error in e, and ends with
+// moe_cuda_scratch_end, which frees the scratch in stream order (after those
+// kernels) and reports e, if any, as MOE_EDEVICE naming the op.
+static inline int moe_cuda_scratch(void **p, size_t bytes, cudaStream_t s, const char *op) {
+    cudaError_t e = cudaMallocAsync(p, bytes, s);
+    if (e == cudaSuccess) return 0;
+    cudaGetLastError();
+    *p = NULL;
+    return moe_fail(MOE_ENOMEM, "%s: %zu bytes of device scratch: %s", op, bytes,
+                    cudaGetErrorString(e));
+}
+
+static inline int moe_cuda_scratch_end(void *p, cudaStream_t s, cudaError_t e, const char *op) {
+    cudaFreeAsync(p, s);
+    if (e == cudaSuccess) return 0;
+    cudaGetLastError();
+    return moe_fail(MOE_EDEVICE, "%s: %s", op, cudaGetErrorString(e));
+}
+
 // The backend context, created on first use (moe_cuda_init).
 typedef struct {
     int device;

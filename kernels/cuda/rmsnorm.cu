@@ -90,25 +90,14 @@ extern "C" int moe_cuda_rmsnorm_backward(float *dx, float *dw, const float *dout
     const int blocks = (N + rows - 1) / rows;
     const size_t bytes = (size_t)blocks * C * sizeof(float);
     float *part = NULL;
-    cudaError_t e = cudaMallocAsync((void **)&part, bytes, c.stream);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return moe_fail(MOE_ENOMEM, "rmsnorm backward: %zu bytes of device scratch (N=%d C=%d): %s",
-                        bytes, N, C, cudaGetErrorString(e));
-    }
+    MOE_TRY(moe_cuda_scratch((void **)&part, bytes, c.stream, "rmsnorm backward"));
     const dim3 grid((unsigned)((C + 127) / 128), (unsigned)blocks);
     rmsnorm_bwd_dw_part_kernel<<<grid, 128, 0, c.stream>>>(part, dout, x, rstd, N, C, rows);
-    e = cudaGetLastError();
+    cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess) {
         rmsnorm_bwd_dw_sum_kernel<<<moe_cuda_blocks(C, 128), 128, 0, c.stream>>>(dw, part, blocks,
                                                                                  C);
         e = cudaGetLastError();
     }
-    cudaFreeAsync(part, c.stream); // ordered after the kernels on the stream
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return moe_fail(MOE_EDEVICE, "rmsnorm backward (N=%d C=%d): %s", N, C,
-                        cudaGetErrorString(e));
-    }
-    return 0;
+    return moe_cuda_scratch_end(part, c.stream, e, "rmsnorm backward");
 }

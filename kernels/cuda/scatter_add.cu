@@ -49,16 +49,11 @@ extern "C" int moe_cuda_scatter_add_rows(float *out, const float *in, const int 
     const size_t tmp_room = (tmp_bytes + 255) / 256 * 256;
     const size_t bytes = tmp_room + 3 * (size_t)n * sizeof(int);
     char *buf = NULL;
-    cudaError_t e = cudaMallocAsync((void **)&buf, bytes, c.stream);
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return moe_fail(MOE_ENOMEM, "scatter_add_rows: %zu bytes of device scratch for %d rows: %s",
-                        bytes, n, cudaGetErrorString(e));
-    }
+    MOE_TRY(moe_cuda_scratch((void **)&buf, bytes, c.stream, "scatter_add_rows"));
     void *tmp = buf;
     int *key = (int *)(buf + tmp_room), *row_in = key + n, *row = key + 2 * (size_t)n;
     iota_rows_kernel<<<moe_cuda_blocks(n, 256), 256, 0, c.stream>>>(row_in, n);
-    e = cudaGetLastError();
+    cudaError_t e = cudaGetLastError();
     if (e == cudaSuccess)
         e = cub::DeviceRadixSort::SortPairs(tmp, tmp_bytes, idx, key, row_in, row, n, 0, 32,
                                             c.stream);
@@ -67,11 +62,5 @@ extern "C" int moe_cuda_scatter_add_rows(float *out, const float *in, const int 
         run_add_kernel<<<moe_cuda_row_blocks(n), threads, 0, c.stream>>>(out, in, key, row, n, D);
         e = cudaGetLastError();
     }
-    cudaFreeAsync(buf, c.stream); // ordered after the kernels on the stream
-    if (e != cudaSuccess) {
-        cudaGetLastError();
-        return moe_fail(MOE_EDEVICE, "scatter_add_rows (%d rows of %d): %s", n, D,
-                        cudaGetErrorString(e));
-    }
-    return 0;
+    return moe_cuda_scratch_end(buf, c.stream, e, "scatter_add_rows");
 }

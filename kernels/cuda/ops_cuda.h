@@ -4,6 +4,8 @@
 #ifndef MOE_KERNELS_OPS_CUDA_H
 #define MOE_KERNELS_OPS_CUDA_H
 
+#include "moe/cuda_sizes.h"
+
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -29,11 +31,10 @@ int moe_cuda_matmul_grouped(float *c, const float *a, const float *b, size_t b_s
                             const int *offsets, int G, int N, int K, bool trans_b, float alpha,
                             float beta);
 int moe_cuda_matmul_grouped_wgrad(float *c, size_t c_stride, const float *a, const float *b,
-                                  const int *offsets, int G, int M, int N, float alpha,
-                                  float beta);
+                                  const int *offsets, int G, int M, int N, float alpha, float beta);
 int moe_cuda_matmul_grouped_bf16(float *c, const float *a, const float *b, size_t b_stride,
-                                 const int *offsets, int G, int N, int K, bool trans_b,
-                                 float alpha, float beta);
+                                 const int *offsets, int G, int N, int K, bool trans_b, float alpha,
+                                 float beta);
 int moe_cuda_matmul_grouped_wgrad_bf16(float *c, size_t c_stride, const float *a, const float *b,
                                        const int *offsets, int G, int M, int N, float alpha,
                                        float beta);
@@ -62,11 +63,10 @@ int moe_cuda_attention_forward(float *out, float *att, float *scratch, const flo
                                const float *k, const float *v, int B, int T, int Hq, int Hkv,
                                int hd);
 int moe_cuda_attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
-                                const float *out, const float *att, const float *q, const float *k, const float *v,
-                                int B, int T, int Hq, int Hkv, int hd);
-// att: the probabilities [B, Hq, T, T]; datt: one (b, h) at a time [T, T].
-size_t moe_cuda_attention_state_floats(int B, int T, int Hq);
-size_t moe_cuda_attention_scratch_floats(int B, int T, int Hq, int Hkv, int hd);
+                                const float *out, const float *att, const float *q, const float *k,
+                                const float *v, int B, int T, int Hq, int Hkv, int hd);
+// att: the probabilities [B, Hq, T, T]; datt: one (b, h) at a time [T, T]
+// (their sizes: moe/cuda_sizes.h).
 int moe_cuda_embedding_forward(float *out, const int32_t *tok, const float *table, int N, int C,
                                int V);
 int moe_cuda_embedding_backward(float *dtable, const float *dout, const int32_t *tok, int N, int C);

@@ -4,12 +4,14 @@
 // 16) on the synthetic corpus, one JSON line per precision. The rate is the
 // trainer's own (mean over the run, first steps included).
 //
-// Then, per precision, device memory (issue 14 item 5): `moe plan`'s device
+// Then device memory (issue 14 item 5), per precision and with mini-sequence
+// chunks (memory.mini_seq 4 with recompute = moe and = all): `moe plan`'s device
 // total (moe_plan_device_memory) against the tracked peak of moe_cuda_alloc
 // over init and --steps steps of the GPU trainer, and cudaMemGetInfo's used
 // bytes after those steps minus before init (that adds the allocator's pool,
 // cuBLAS workspace and the per-op cudaMallocAsync scratch, which the plan
-// does not count).
+// does not count). The bf16 throughput line is repeated under mini_seq 4 with
+// recompute = all (the cost of the recompute).
 //
 // usage: gpu_train [--steps N]
 // Without a CUDA build or a GPU it prints why (as JSON) and exits 0.
@@ -27,7 +29,9 @@
 #include "kernels/cuda/cuda.h"
 #include "trainer/train_gpu.h"
 
-static void bench_config(moe_config *cfg, const char *compute, int steps) {
+// mini_seq > 1: memory.mini_seq with memory.recompute = recompute.
+static void bench_config(moe_config *cfg, const char *compute, int steps, int mini_seq,
+                         const char *recompute) {
     moe_config c;
     moe_config_default(&c);
     c.model.d_model = 768;
@@ -44,13 +48,17 @@ static void bench_config(moe_config *cfg, const char *compute, int steps) {
     c.train.eval_every = 0;
     snprintf(c.train.device, sizeof c.train.device, "cuda");
     snprintf(c.train.compute, sizeof c.train.compute, "%s", compute);
+    if (mini_seq > 1) {
+        c.memory.mini_seq = mini_seq;
+        snprintf(c.memory.recompute, sizeof c.memory.recompute, "%s", recompute);
+    }
     *cfg = c;
 }
 
 // Plan vs measured device memory of the GPU trainer on the bench config.
-static int memory(const char *compute, int steps) {
+static int memory(const char *compute, int steps, int mini_seq, const char *recompute) {
     moe_config c;
-    bench_config(&c, compute, steps);
+    bench_config(&c, compute, steps, mini_seq, recompute);
     const int B = c.train.batch_size, T = c.model.seq_len;
     moe_gpu_mem_plan p;
     MOE_TRY(moe_plan_device_memory(&c, NULL, &p));
@@ -83,9 +91,10 @@ static int memory(const char *compute, int steps) {
     if (rc == 0) moe_cuda_device_info(name, sizeof name, NULL, NULL);
     if (rc == 0)
         printf("{\"bench\":\"gpu_train_memory\",\"device\":\"%s\",\"compute\":\"%s\","
-               "\"steps\":%d,\"plan_device_bytes\":%zu,\"tracked_peak_bytes\":%zu,"
-               "\"plan_rel_err\":%.6f,\"meminfo_delta_bytes\":%zu,\"meminfo_rel_to_plan\":%.4f}\n",
-               name, compute, steps, p.total, peak,
+               "\"mini_seq\":%d,\"recompute\":\"%s\",\"steps\":%d,\"plan_device_bytes\":%zu,"
+               "\"tracked_peak_bytes\":%zu,\"plan_rel_err\":%.6f,\"meminfo_delta_bytes\":%zu,"
+               "\"meminfo_rel_to_plan\":%.4f}\n",
+               name, compute, c.memory.mini_seq, c.memory.recompute, steps, p.total, peak,
                ((double)peak - (double)p.total) / (double)p.total, free0 - free1,
                (double)(free0 - free1) / (double)p.total);
     moe_gpu_trainer_free(&g);
@@ -95,9 +104,9 @@ static int memory(const char *compute, int steps) {
     return rc;
 }
 
-static int run(const char *compute, int steps) {
+static int run(const char *compute, int steps, int mini_seq, const char *recompute) {
     moe_config c;
-    bench_config(&c, compute, steps);
+    bench_config(&c, compute, steps, mini_seq, recompute);
     char dir[] = "/tmp/moe_gpu_train_XXXXXX";
     if (!mkdtemp(dir)) return moe_fail(MOE_EIO, "mkdtemp failed");
     moe_model_mem mem;
@@ -109,11 +118,12 @@ static int run(const char *compute, int steps) {
     MOE_TRY(moe_train(&c, &o, &r));
     char name[256] = "";
     moe_cuda_device_info(name, sizeof name, NULL, NULL);
-    printf("{\"bench\":\"gpu_train\",\"device\":\"%s\",\"compute\":\"%s\",\"params\":%zu,"
-           "\"tokens_per_step\":%d,\"steps\":%ld,\"tokens_per_s\":%.0f,\"first_loss\":%.4f,"
-           "\"last_loss\":%.4f}\n",
-           name, compute, mem.n_params, c.train.batch_size * c.model.seq_len, r.steps,
-           r.tokens_per_s, r.first_loss, r.last_loss);
+    printf("{\"bench\":\"gpu_train\",\"device\":\"%s\",\"compute\":\"%s\",\"mini_seq\":%d,"
+           "\"recompute\":\"%s\",\"params\":%zu,\"tokens_per_step\":%d,\"steps\":%ld,"
+           "\"tokens_per_s\":%.0f,\"first_loss\":%.4f,\"last_loss\":%.4f}\n",
+           name, compute, c.memory.mini_seq, c.memory.recompute, mem.n_params,
+           c.train.batch_size * c.model.seq_len, r.steps, r.tokens_per_s, r.first_loss,
+           r.last_loss);
     moe_eval_result_free(&r.eval);
     return 0;
 }
@@ -139,8 +149,10 @@ int main(int argc, char **argv) {
         printf("{\"bench\":\"gpu_train\",\"skipped\":\"no CUDA device: %s\"}\n", why);
         return 0;
     }
-    if (run("bf16", steps) < 0 || run("fp32", steps) < 0 || memory("bf16", steps) < 0 ||
-        memory("fp32", steps) < 0) {
+    if (run("bf16", steps, 1, "") < 0 || run("fp32", steps, 1, "") < 0 ||
+        run("bf16", steps, 4, "all") < 0 || memory("bf16", steps, 1, "") < 0 ||
+        memory("fp32", steps, 1, "") < 0 || memory("bf16", steps, 4, "moe") < 0 ||
+        memory("bf16", steps, 4, "all") < 0) {
         fprintf(stderr, "gpu_train: %s\n", moe_last_error());
         return 1;
     }

@@ -81,6 +81,11 @@ typedef struct moe_ops {
     // row [T*k] = expert >= 0 ? offsets[expert] + slot : -1 (from a moe_plan).
     int (*dispatch_rows)(int *row, const int *expert, const int *slot, const int *offsets, int T,
                          int k);
+    // Rows of one mini-sequence chunk's n plan entries (expert [n], -1 for a
+    // dropped one; values < E): coff [E + 1] = the chunk's expert segment
+    // offsets, crow [n] = coff[e] + the entry's rank among the chunk's entries
+    // of expert e in entry order (token order), -1 for a dropped entry.
+    int (*chunk_rows)(int *crow, int *coff, const int *expert, int n, int E);
     // Gather tokens into the expert-contiguous buffer: xe[row[t*k+j]] = x[t].
     int (*permute_forward)(float *xe, const float *x, const int *row, int T, int k, int D);
     // dx[t] += sum_j dxe[row[t*k+j]] over kept j.

@@ -340,6 +340,20 @@ START_TEST(test_permute_ops_match_cpu) {
              GPU->dispatch_rows(row.d, expert.d, slot.d, offsets.d, T, k));
         ib_check("dispatch_rows", &row);
 
+        // chunk_rows over the entries of tokens [T/3, T): the rows and offsets of
+        // that mini-sequence chunk, exactly
+        const int t0 = T / 3, n = (T - t0) * k;
+        int *junk = malloc(sizeof(int) * (T * k + E + 1));
+        for (int i = 0; i < T * k + E + 1; i++)
+            junk[i] = 12345;
+        ibuf crow = ib_make((size_t)n, junk), coff = ib_make(E + 1, junk);
+        free(junk);
+        BOTH(CPU->chunk_rows(crow.h, coff.h, expert.h + (size_t)t0 * k, n, E),
+             GPU->chunk_rows(crow.d, coff.d, expert.d + (size_t)t0 * k, n, E));
+        ib_check("chunk_rows offsets", &coff);
+        ib_check("chunk_rows rows", &crow);
+        ib_free(&crow), ib_free(&coff);
+
         fbuf x = fb_randn(&r, (size_t)T * D, 1.0f), xe = fb_make((size_t)p.rows * D, NULL, NAN);
         BOTH(CPU->permute_forward(xe.h, x.h, row.h, T, k, D),
              GPU->permute_forward(xe.d, x.d, row.d, T, k, D));
@@ -803,10 +817,11 @@ END_TEST
 // the forward trains (router noise on, step = seed).
 static void moe_layer_case(const moe_ops *gpu, int T, int D, int H, int E, int k, double cf, int Hs,
                            moe_slot_order order, int n_tasks, moe_noise noise, double tol,
-                           uint64_t seed) {
+                           uint64_t seed, int n_chunks) {
     moe_layer_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.T_max = T, cfg.D = D, cfg.H = H, cfg.E = E, cfg.H_shared = Hs, cfg.n_tasks = n_tasks;
+    cfg.n_chunks = n_chunks;
     moe_router_config_default(&cfg.router);
     cfg.router.top_k = k;
     cfg.router.capacity_factor = cf;
@@ -847,8 +862,8 @@ static void moe_layer_case(const moe_ops *gpu, int T, int D, int H, int E, int k
                   "%s", moe_last_error());
     char what[200];
     snprintf(what, sizeof what,
-             "%s moe layer T=%d D=%d H=%d E=%d k=%d cf=%g Hs=%d tasks=%d noise=%d: y", gpu->name, T,
-             D, H, E, k, cf, Hs, n_tasks, (int)noise);
+             "%s moe layer T=%d D=%d H=%d E=%d k=%d cf=%g Hs=%d tasks=%d noise=%d chunks=%d: y",
+             gpu->name, T, D, H, E, k, cf, Hs, n_tasks, (int)noise, n_chunks);
     fb_check_norm(what, &y, tol, tol > TOL);
     expect_ints("moe layer offsets", ad.plan.offsets, ah.plan.offsets, E + 1);
     expect_ints("moe layer expert", ad.plan.expert, ah.plan.expert, (size_t)T * k);
@@ -873,11 +888,12 @@ static void moe_layer_case(const moe_ops *gpu, int T, int D, int H, int E, int k
 START_TEST(test_moe_layer_matches_cpu) {
     // A composition of GEMMs: 1e-4 of max(1, max |cpu|) in fp32 (the ops hold 1e-5).
     const moe_noise none = MOE_NOISE_NONE;
-    moe_layer_case(GPU, 64, 32, 48, 4, 2, 1.25, 0, MOE_SLOT_POSITION, 0, none, 1e-4, 1700);
-    moe_layer_case(GPU, 200, 64, 96, 8, 2, 0.5, 0, MOE_SLOT_PRIORITY, 0, none, 1e-4, 1701); // drops
-    moe_layer_case(GPU, 97, 48, 40, 8, 1, 0.0, 24, MOE_SLOT_POSITION, 0, none, 1e-4, 1702);
+    moe_layer_case(GPU, 64, 32, 48, 4, 2, 1.25, 0, MOE_SLOT_POSITION, 0, none, 1e-4, 1700, 0);
+    moe_layer_case(GPU, 200, 64, 96, 8, 2, 0.5, 0, MOE_SLOT_PRIORITY, 0, none, 1e-4, 1701,
+                   0); // drops
+    moe_layer_case(GPU, 97, 48, 40, 8, 1, 0.0, 24, MOE_SLOT_POSITION, 0, none, 1e-4, 1702, 0);
     moe_layer_case(&moe_ops_cuda_bf16, 128, 64, 128, 8, 2, 1.25, 0, MOE_SLOT_POSITION, 0, none,
-                   TOL_BF16, 1703);
+                   TOL_BF16, 1703, 0);
 }
 END_TEST
 
@@ -886,16 +902,32 @@ END_TEST
 // gate input and Gumbel choices: the CPU layer's experts, slots and weights,
 // output and gradients (task_embedding's included).
 START_TEST(test_moe_layer_tasks_and_noise_match_cpu) {
-    moe_layer_case(GPU, 120, 32, 48, 8, 2, 1.0, 0, MOE_SLOT_POSITION, 3, MOE_NOISE_NONE, 1e-4,
-                   1710);
+    moe_layer_case(GPU, 120, 32, 48, 8, 2, 1.0, 0, MOE_SLOT_POSITION, 3, MOE_NOISE_NONE, 1e-4, 1710,
+                   0);
     moe_layer_case(GPU, 150, 32, 48, 8, 2, 0.5, 16, MOE_SLOT_PRIORITY, 5, MOE_NOISE_NONE, 1e-4,
-                   1711); // task priorities, drops, shared expert
+                   1711, 0); // task priorities, drops, shared expert
     moe_layer_case(GPU, 100, 32, 40, 8, 2, 1.25, 16, MOE_SLOT_POSITION, 0, MOE_NOISE_JITTER, 1e-4,
-                   1712);
+                   1712, 0);
     moe_layer_case(GPU, 90, 32, 40, 8, 2, 0.75, 0, MOE_SLOT_PRIORITY, 0, MOE_NOISE_GUMBEL, 1e-4,
-                   1713);
+                   1713, 0);
     moe_layer_case(GPU, 128, 48, 64, 8, 2, 0.5, 0, MOE_SLOT_PRIORITY, 4, MOE_NOISE_JITTER, 1e-4,
-                   1714); // tasks, priorities and jitter together
+                   1714, 0); // tasks, priorities and jitter together
+}
+END_TEST
+
+// Mini-sequence chunks (memory.mini_seq): the router over all T tokens, the
+// experts and the shared expert one chunk at a time, recomputed in backward.
+// Chunks of uneven size (T not a multiple), drops, dropless routing, a shared
+// expert, task routing with jitter, and one chunk per token.
+START_TEST(test_moe_layer_chunks_match_cpu) {
+    const moe_noise none = MOE_NOISE_NONE;
+    moe_layer_case(GPU, 120, 32, 48, 8, 2, 1.0, 16, MOE_SLOT_POSITION, 0, none, 1e-4, 1720, 4);
+    moe_layer_case(GPU, 97, 48, 40, 8, 1, 0.0, 0, MOE_SLOT_POSITION, 0, none, 1e-4, 1721, 3);
+    moe_layer_case(GPU, 150, 32, 48, 8, 2, 0.5, 0, MOE_SLOT_PRIORITY, 3, MOE_NOISE_JITTER, 1e-4,
+                   1722, 2);
+    moe_layer_case(GPU, 16, 16, 24, 4, 2, 1.25, 8, MOE_SLOT_POSITION, 0, none, 1e-4, 1723, 16);
+    moe_layer_case(&moe_ops_cuda_bf16, 128, 64, 128, 8, 2, 1.25, 0, MOE_SLOT_POSITION, 0, none,
+                   TOL_BF16, 1724, 4);
 }
 END_TEST
 
@@ -985,11 +1017,12 @@ END_TEST
 START_TEST(test_moe_layer_refuses_unsupported_configs) {
     moe_layer_config cfg;
     memset(&cfg, 0, sizeof cfg);
-    cfg.T_max = 8, cfg.D = 8, cfg.H = 8, cfg.E = 4, cfg.n_chunks = 2;
+    cfg.T_max = 8, cfg.D = 8, cfg.H = 8, cfg.E = 4;
     moe_router_config_default(&cfg.router);
+    cfg.router.score = MOE_SCORE_SIGMOID;
     moe_layer_cuda_acts ad;
     ck_assert_int_eq(moe_layer_cuda_acts_alloc(&ad, &cfg, GPU), MOE_EINVAL);
-    ck_assert_msg(strstr(moe_last_error(), "memory.mini_seq"), "%s", moe_last_error());
+    ck_assert_msg(strstr(moe_last_error(), "router.score = sigmoid"), "%s", moe_last_error());
 }
 END_TEST
 
@@ -1073,6 +1106,7 @@ int main(int argc, char **argv) {
         tcase_add_test(tc, test_router_noise_matches_cpu_bits);
         tcase_add_test(tc, test_moe_layer_matches_cpu);
         tcase_add_test(tc, test_moe_layer_tasks_and_noise_match_cpu);
+        tcase_add_test(tc, test_moe_layer_chunks_match_cpu);
         tcase_add_test(tc, test_moe_layer_training_matches_cpu);
         tcase_add_test(tc, test_moe_layer_refuses_unsupported_configs);
         tcase_add_test(tc, test_out_of_memory_names_size_and_config_key);

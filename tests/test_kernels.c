@@ -236,6 +236,23 @@ START_TEST(test_dispatch_rows_are_offset_plus_slot) {
 }
 END_TEST
 
+// A hand-numbered chunk: expert 2 holds entries 0, 3, 6 (rows 3, 4, 5 after
+// expert 0's two and expert 1's one), expert 3 none, dropped entries -1.
+START_TEST(test_chunk_rows_number_entries_in_expert_then_entry_order) {
+    const int expert[8] = {2, 0, -1, 2, 1, 0, 2, -1};
+    const int want_row[8] = {3, 0, -1, 4, 2, 1, 5, -1}, want_off[5] = {0, 2, 3, 6, 6};
+    int crow[8], coff[5];
+    ck_assert_int_eq(ops->chunk_rows(crow, coff, expert, 8, 4), 0);
+    ck_assert_mem_eq(crow, want_row, sizeof want_row);
+    ck_assert_mem_eq(coff, want_off, sizeof want_off);
+    ck_assert_int_eq(ops->chunk_rows(crow, coff, expert, 0, 4), 0); // an empty chunk
+    ck_assert_int_eq(coff[4], 0);
+    const int bad[2] = {1, 4}; // expert 4 of 4
+    ck_assert_int_eq(ops->chunk_rows(crow, coff, bad, 2, 4), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "expert 4 of 4"));
+}
+END_TEST
+
 START_TEST(test_permute_and_unpermute_match_reference_and_are_adjoint) {
     tu_rng r;
     tu_seed(&r, 22);
@@ -387,6 +404,7 @@ START_TEST(test_op_table_is_complete) {
                        (void *)ops->swiglu_forward,
                        (void *)ops->swiglu_backward,
                        (void *)ops->dispatch_rows,
+                       (void *)ops->chunk_rows,
                        (void *)ops->permute_forward,
                        (void *)ops->permute_backward,
                        (void *)ops->unpermute_forward,
@@ -411,6 +429,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_swiglu_forward_matches_reference);
     tcase_add_test(tc, test_swiglu_backward_matches_central_differences_and_adds);
     tcase_add_test(tc, test_dispatch_rows_are_offset_plus_slot);
+    tcase_add_test(tc, test_chunk_rows_number_entries_in_expert_then_entry_order);
     tcase_add_test(tc, test_permute_and_unpermute_match_reference_and_are_adjoint);
     tcase_add_test(tc, test_gather_rows_and_scatter_add_rows);
     tcase_add_test(tc, test_elementwise_zero_mul_mul_add_and_alloc_alignment);

@@ -3,8 +3,6 @@
 // table allocates exactly the plan's bytes for that table (tracked, moe/alloc.h),
 // the CUDA figures are the sizing functions the CUDA allocation code calls
 // (moe/cuda_sizes.h), checked by hand on small cases, and the printed section.
-// memory.recompute goes with memory.mini_seq > 1, which the GPU refuses: no
-// recompute case here.
 #include "kernels/cpu/cpu.h"
 #include "moe/alloc.h"
 #include "moe/cuda_sizes.h"
@@ -73,6 +71,10 @@ START_TEST(test_device_plan_equals_cpu_table_allocations) {
     const char *cce[] = {"loss.impl=cce", NULL};
     const char *batch8[] = {"train.batch_size=8", NULL};
     const char *tasks[] = {"moe.task_layers=[0]", "router.noise=jitter", NULL};
+    const char *mst_moe[] = {"memory.mini_seq=4", "memory.recompute=moe", NULL};
+    const char *mst_all[] = {"memory.mini_seq=2", "memory.recompute=all", "moe.every=2", NULL};
+    check_cpu_table(mst_moe, "mini_seq_moe");
+    check_cpu_table(mst_all, "mini_seq_all");
     check_cpu_table(moe, "moe");
     check_cpu_table(dense, "dense");
     check_cpu_table(cce, "cce");
@@ -132,6 +134,16 @@ START_TEST(test_cuda_plan_sizes_by_hand) {
     ck_assert_uint_eq(moe_cuda_layer_bytes(&lc, 100), 10 * 256 + 2 * 512 + 23 * 256);
     lc.router.noise = MOE_NOISE_JITTER; // three [T, D] buffers more
     ck_assert_uint_eq(moe_cuda_layer_bytes(&lc, 100), 13 * 256 + 2 * 512 + 23 * 256);
+    // two mini-sequence chunks: the expert side holds Tc = 2 tokens (ab and dab
+    // 2 * 2H * 4 = 256 bytes), dweight stays [T k], plus the chunk's offsets
+    lc.router.noise = MOE_NOISE_NONE;
+    lc.n_chunks = 2;
+    moe_cuda_layer_sizes(&lc, b);
+    ck_assert_uint_eq(b[1], 8); // the chunk's rows
+    ck_assert_uint_eq(b[3], 256);
+    ck_assert_uint_eq(b[9], 16); // dweight
+    ck_assert_uint_eq(b[21], 12);
+    ck_assert_uint_eq(moe_cuda_layer_bytes(&lc, 100), 13 * 256 + 23 * 256);
 }
 END_TEST
 
@@ -171,6 +183,22 @@ START_TEST(test_cuda_plan_parts_follow_size_functions) {
     const size_t plain = (N * V + N * V) * 4; // logits and dlogits
     const size_t fused = (T * V + N + moe_cuda_cce_scratch_floats(B * T, (int)V)) * 4;
     ck_assert_uint_eq(p.activations - plain + fused, p2.activations);
+    // mini-sequence chunks: MoE layers sized as moe_cuda_layer_bytes with
+    // n_chunks, the attention state shared by the layers under recompute = all
+    x = c;
+    ck_assert_int_eq(moe_config_set(&x, NULL, "memory.mini_seq=4"), 0);
+    ck_assert_int_eq(moe_config_set(&x, NULL, "memory.recompute=all"), 0);
+    ck_assert_msg(moe_plan_device_memory(&x, NULL, &p2) == 0, "%s", moe_last_error());
+    lc.n_chunks = 4;
+    size_t moe4 = 0;
+    for (int l = 0; l < c.model.n_layers; l++)
+        if (moe_config_is_moe(&c, l)) {
+            lc.E = moe_config_experts(&c, l);
+            moe4 += moe_cuda_layer_bytes(&lc, moe_cuda_sort_tmp_bytes(B * T, NULL));
+        }
+    ck_assert_uint_eq(p2.moe, moe4);
+    ck_assert_uint_lt(p2.moe, p.moe);
+    ck_assert_uint_lt(p2.activations, p.activations);
 }
 END_TEST
 

@@ -244,6 +244,18 @@ START_TEST(test_device_training_path_with_cce_matches_host) {
 }
 END_TEST
 
+// memory.mini_seq with recompute = moe and all on the device path: the chunked
+// MoE layer (the CUDA layer's chunks run on the GPU), the chunked dense FFN and
+// LM head, whose loss sums read the targets back from the device copy.
+START_TEST(test_device_training_path_with_mini_seq_matches_host) {
+    const char *moe[] = {"memory.mini_seq=4", "memory.recompute=moe", "moe.shared_experts=1",
+                         NULL};
+    device_path_matches_host(moe, "mini_seq_moe");
+    const char *all[] = {"memory.mini_seq=3", "memory.recompute=all", "moe.every=2", NULL};
+    device_path_matches_host(all, "mini_seq_all");
+}
+END_TEST
+
 static Suite *train_suite(void) {
     Suite *s = suite_create("train");
     TCase *tc = tcase_create("train");
@@ -252,6 +264,7 @@ static Suite *train_suite(void) {
     tcase_add_test(tc, test_device_training_path_on_cpu_matches_host);
     tcase_add_test(tc, test_device_training_path_with_cce_matches_host);
     tcase_add_test(tc, test_device_training_path_with_tasks_and_noise_matches_host);
+    tcase_add_test(tc, test_device_training_path_with_mini_seq_matches_host);
     tcase_add_test(tc, test_resume_is_bit_exact);
     tcase_add_test(tc, test_nonfinite_loss_stops_and_keeps_checkpoint);
     tcase_add_test(tc, test_checkpoint_mismatch_and_corruption);

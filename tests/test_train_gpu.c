@@ -120,6 +120,16 @@ START_TEST(test_gpu_training_with_task_layers_matches_cpu) {
 }
 END_TEST
 
+// memory.mini_seq with recompute = moe (chunked MoE layers, dense FFN and LM
+// head) and = all (attention recomputed from each layer's input too).
+START_TEST(test_gpu_training_with_mini_seq_matches_cpu) {
+    const char *moe[] = {"memory.mini_seq=4", "memory.recompute=moe", "moe.shared_experts=1", NULL};
+    gpu_matches_cpu(moe, "mini_seq_moe");
+    const char *all[] = {"memory.mini_seq=3", "memory.recompute=all", "moe.every=2", NULL};
+    gpu_matches_cpu(all, "mini_seq_all");
+}
+END_TEST
+
 START_TEST(test_gpu_training_refuses_unsupported_configs) {
     moe_config c = small("cuda", "fp32");
     c.router.score = MOE_SCORE_SIGMOID;
@@ -137,9 +147,9 @@ END_TEST
 // Issue 14 item 5: the tracked device peak of a few training steps
 // (moe_cuda_mem_peak: every moe_cuda_alloc, router plans included) equals
 // `moe plan`'s device total, dense and MoE, fp32 and bf16 GEMMs, cut
-// cross-entropy, two batch sizes, task routing with jitter. The issue allows
-// 3%; the tracked part is exact. memory.recompute needs memory.mini_seq > 1,
-// which the GPU refuses: no recompute case yet.
+// cross-entropy, two batch sizes, task routing with jitter, mini-sequence
+// chunks with recompute = moe and all. The issue allows 3%; the tracked part
+// is exact.
 static void peak_matches_plan(const char *compute, const char *const *sets, const char *name) {
     moe_config c = small("cuda", compute);
     c.train.steps = 3;
@@ -170,6 +180,11 @@ START_TEST(test_gpu_device_peak_equals_plan) {
     const char *cce[] = {"loss.impl=cce", NULL};
     const char *batch8[] = {"train.batch_size=8", NULL};
     const char *tasks[] = {"moe.task_layers=[0]", "router.noise=jitter", NULL};
+    const char *mst_moe[] = {"memory.mini_seq=4", "memory.recompute=moe", NULL};
+    const char *mst_all[] = {"memory.mini_seq=2", "memory.recompute=all", "train.batch_size=8",
+                             NULL};
+    peak_matches_plan("fp32", mst_moe, "mini_seq_moe");
+    peak_matches_plan("bf16", mst_all, "mini_seq_all_bf16");
     peak_matches_plan("fp32", NULL, "moe_fp32");
     peak_matches_plan("bf16", NULL, "moe_bf16");
     peak_matches_plan("fp32", dense, "dense_fp32");
@@ -189,6 +204,7 @@ static Suite *gpu_suite(void) {
     tcase_add_test(tc, test_gpu_training_with_router_gumbel_matches_cpu);
     tcase_add_test(tc, test_gpu_training_with_task_priority_matches_cpu);
     tcase_add_test(tc, test_gpu_training_with_task_layers_matches_cpu);
+    tcase_add_test(tc, test_gpu_training_with_mini_seq_matches_cpu);
     tcase_add_test(tc, test_gpu_training_refuses_unsupported_configs);
     tcase_add_test(tc, test_gpu_device_peak_equals_plan);
     suite_add_tcase(s, tc);

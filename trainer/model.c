@@ -406,6 +406,38 @@ static int dense_ffn(moe_model *m, const moe_block_params *p, float *ab, float *
     return m->ops->swiglu_forward(h, ab, n, m->F);
 }
 
+// The device copy's own state (moe_model_gpu_init below).
+struct moe_model_gpu {
+    bool cuda;   // MoE layers on the CUDA router and grouped GEMMs (else the CPU layers)
+    float *acts; // the activation block, from ops->alloc
+    // [B T] per-token task ids in device memory, uploaded once per forward from
+    // task_tok; only under task routing or task priorities (NULL otherwise)
+    int *task_d;
+    // [B T] host scratch for the chunked LM head's sums (memory.mini_seq on CUDA)
+    int32_t *tg_h;
+    float *loss_h;
+#ifdef MOE_HAVE_CUDA
+    moe_layer_cuda_acts moe[MOE_MAX_LAYERS];
+#endif
+};
+
+// Host <-> copy transfers (below): device copies on a CUDA table, memcpy on the CPU one.
+static int copy_bytes(const moe_model *g, void *dst, const void *src, size_t bytes, bool up);
+
+// n targets and per-token losses where the host can read them: the arrays
+// themselves, or read back from a CUDA device copy into its host scratch.
+static int host_view(const moe_model *m, const int32_t **tg, const float **loss,
+                     const int32_t *targets, int n) {
+    *tg = targets;
+    if (loss) *loss = m->losses;
+    if (!m->gpu || !m->gpu->cuda) return 0;
+    *tg = m->gpu->tg_h;
+    MOE_TRY(copy_bytes(m, m->gpu->tg_h, targets, (size_t)n * sizeof(int32_t), false));
+    if (!loss) return 0;
+    *loss = m->gpu->loss_h;
+    return copy_bytes(m, m->gpu->loss_h, m->losses, (size_t)n * sizeof(float), false);
+}
+
 // Plain LM-head loss chunk by chunk: logits exist for one chunk at a time.
 static int chunked_head_forward(moe_model *m, const int32_t *targets, int N) {
     const int D = m->D, V = m->V, Nc = (N + m->chunks - 1) / m->chunks;
@@ -416,9 +448,12 @@ static int chunked_head_forward(moe_model *m, const int32_t *targets, int N) {
         MOE_TRY(m->ops->matmul(m->logits, m->lnf + (size_t)r0 * D, m->lm_head, n, V, D, false, true,
                                1.0f, 0.0f));
         MOE_TRY(m->ops->crossentropy_forward(m->losses + r0, &mean, m->logits, targets + r0, n, V));
-        for (int i = 0; i < n; i++)
-            if (targets[r0 + i] >= 0) sum += m->losses[r0 + i], valid++;
     }
+    const int32_t *tg;
+    const float *loss;
+    MOE_TRY(host_view(m, &tg, &loss, targets, N));
+    for (int i = 0; i < N; i++)
+        if (tg[i] >= 0) sum += loss[i], valid++;
     m->ce = valid ? sum / valid : 0.0;
     return 0;
 }
@@ -428,13 +463,15 @@ static int chunked_head_forward(moe_model *m, const int32_t *targets, int N) {
 static int chunked_head_backward(moe_model *m, const int32_t *targets, int N) {
     const int D = m->D, V = m->V, Nc = (N + m->chunks - 1) / m->chunks;
     long valid = 0;
+    const int32_t *tg;
+    MOE_TRY(host_view(m, &tg, NULL, targets, N));
     for (int i = 0; i < N; i++)
-        valid += targets[i] >= 0;
+        valid += tg[i] >= 0;
     for (int r0 = 0; r0 < N && valid; r0 += Nc) {
         const int n = N - r0 < Nc ? N - r0 : Nc;
         long local = 0;
         for (int i = 0; i < n; i++)
-            local += targets[r0 + i] >= 0;
+            local += tg[r0 + i] >= 0;
         const float *lnf = m->lnf + (size_t)r0 * D;
         MOE_TRY(m->ops->matmul(m->logits, lnf, m->lm_head, n, V, D, false, true, 1.0f, 0.0f));
         MOE_TRY(m->ops->zero(m->dlogits, (size_t)n * V));
@@ -448,17 +485,6 @@ static int chunked_head_backward(moe_model *m, const int32_t *targets, int N) {
 }
 
 // ---- the device copy (moe_model_gpu_init) ----------------------------------------------
-
-struct moe_model_gpu {
-    bool cuda;   // MoE layers on the CUDA router and grouped GEMMs (else the CPU layers)
-    float *acts; // the activation block, from ops->alloc
-    // [B T] per-token task ids in device memory, uploaded once per forward from
-    // task_tok; only under task routing or task priorities (NULL otherwise)
-    int *task_d;
-#ifdef MOE_HAVE_CUDA
-    moe_layer_cuda_acts moe[MOE_MAX_LAYERS];
-#endif
-};
 
 // Cut cross-entropy: kernels/cuda/cce.cu on a CUDA device copy, else kernels/cpu/cce.c.
 static size_t cce_scratch_floats(const moe_model *m, size_t N) {
@@ -537,10 +563,9 @@ static int gpu_moe_backward(moe_model *m, int l, int N, float aux_scale, float z
 #endif
 
 // The first setting the device path cannot train yet (NULL: none).
-static const char *gpu_unsupported(const moe_config *cfg, bool ep, int chunks, bool bias_on) {
+static const char *gpu_unsupported(const moe_config *cfg, bool ep, bool bias_on) {
     const char *no = cfg->comm.node_dedup                     ? "comm.node_dedup"
                      : ep                                     ? "parallel.ep > 1"
-                     : chunks > 1                             ? "memory.mini_seq > 1"
                      : cfg->router.score != MOE_SCORE_SOFTMAX ? "router.score = sigmoid"
                      : cfg->router.route_scale != 1.0         ? "router.route_scale other than 1"
                      : moe_router_groups_active(&cfg->router)
@@ -561,7 +586,7 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
 #ifndef MOE_HAVE_CUDA
     if (cuda) return moe_fail(MOE_EINVAL, "built without CUDA");
 #endif
-    const char *no = gpu_unsupported(cfg, h->ep != NULL, h->chunks, h->bias_on);
+    const char *no = gpu_unsupported(cfg, h->ep != NULL, h->bias_on);
     if (no) return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet", no);
     *g = *h; // sizes, config, table and the host-side statistics arrays (shared)
     g->ops = ops;
@@ -580,6 +605,12 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
         (cuda && (cfg->moe.n_task_layers > 0 || cfg->router.n_task_priority > 0) &&
          !(g->gpu->task_d = ops->alloc((size_t)h->B * h->T * sizeof(int))))) {
         rc = MOE_ENOMEM; // ops->alloc left the message (size and config keys)
+        goto fail;
+    }
+    if (cuda && h->chunks > 1 &&
+        (!(g->gpu->tg_h = malloc((size_t)h->B * h->T * sizeof(int32_t))) ||
+         !(g->gpu->loss_h = malloc((size_t)h->B * h->T * sizeof(float))))) {
+        rc = moe_fail(MOE_ENOMEM, "device model: host scratch of the chunked LM head");
         goto fail;
     }
     MOE_TRY_GOTO(copy_bytes(g, g->params, h->params, n * sizeof(float), true), rc);
@@ -616,6 +647,8 @@ void moe_model_gpu_free(moe_model *g) {
 #endif
     if (g->gpu->acts) g->ops->free(g->gpu->acts);
     if (g->gpu->task_d) g->ops->free(g->gpu->task_d);
+    free(g->gpu->tg_h);
+    free(g->gpu->loss_h);
     if (g->params) g->ops->free(g->params);
     if (g->grads) g->ops->free(g->grads);
     free(g->gpu);
@@ -629,11 +662,10 @@ int moe_model_device_memory(const moe_config *cfg, int B, int T, int n_tasks, co
     struct moe_model_gpu gpu = {0};
     memset(out, 0, sizeof *out);
     if (!ops) ops = &moe_ops_cuda_sizes;
-    if (cfg->parallel.ep > 1 || cfg->memory.mini_seq > 1) // before model_setup's ep check
-        return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet",
-                        cfg->parallel.ep > 1 ? "parallel.ep > 1" : "memory.mini_seq > 1");
+    if (cfg->parallel.ep > 1) // before model_setup's ep check
+        return moe_fail(MOE_EINVAL, "training on the GPU does not support parallel.ep > 1 yet");
     MOE_TRY(model_setup(&m, cfg, B, T, n_tasks, NULL, moe_off));
-    const char *no = gpu_unsupported(cfg, false, m.chunks, false);
+    const char *no = gpu_unsupported(cfg, false, false);
     if (no) {
         moe_param_table_free(&m.table);
         return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet", no);

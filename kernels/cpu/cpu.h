@@ -67,6 +67,7 @@ int moe_cpu_expert_ffn_backward_mode(float *dx, float *dw, float *dw_tmp, const 
 
 int moe_cpu_dispatch_rows(int *row, const int *expert, const int *slot, const int *offsets, int T,
                           int k);
+int moe_cpu_chunk_rows(int *crow, int *coff, const int *expert, int n, int E);
 int moe_cpu_permute_forward(float *xe, const float *x, const int *row, int T, int k, int D);
 int moe_cpu_permute_backward(float *dx, const float *dxe, const int *row, int T, int k, int D);
 int moe_cpu_unpermute_forward(float *y, const float *ye, const int *row, const float *weight, int T,

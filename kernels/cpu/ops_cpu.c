@@ -18,6 +18,7 @@ const moe_ops moe_ops_cpu = {
     .expert_ffn_forward = moe_cpu_expert_ffn_forward,
     .expert_ffn_backward = moe_cpu_expert_ffn_backward,
     .dispatch_rows = moe_cpu_dispatch_rows,
+    .chunk_rows = moe_cpu_chunk_rows,
     .permute_forward = moe_cpu_permute_forward,
     .permute_backward = moe_cpu_permute_backward,
     .unpermute_forward = moe_cpu_unpermute_forward,

@@ -64,6 +64,27 @@ int moe_cpu_dispatch_rows(int *row, const int *expert, const int *slot, const in
     return 0;
 }
 
+// Counts per expert, their prefix sums, then each entry takes coff[e]++ (so
+// coff[e] ends at the next segment's start and shifts back by one).
+int moe_cpu_chunk_rows(int *crow, int *coff, const int *expert, int n, int E) {
+    if (n < 0 || E < 1) return moe_fail(MOE_EINVAL, "chunk_rows: n=%d E=%d", n, E);
+    memset(coff, 0, sizeof(int) * ((size_t)E + 1));
+    for (int i = 0; i < n; i++) {
+        if (expert[i] >= E)
+            return moe_fail(MOE_EINVAL, "chunk_rows: entry %d names expert %d of %d", i, expert[i],
+                            E);
+        if (expert[i] >= 0) coff[expert[i] + 1]++;
+    }
+    for (int e = 0; e < E; e++)
+        coff[e + 1] += coff[e];
+    for (int i = 0; i < n; i++)
+        crow[i] = expert[i] >= 0 ? coff[expert[i]]++ : -1;
+    for (int e = E; e > 0; e--)
+        coff[e] = coff[e - 1];
+    coff[0] = 0;
+    return 0;
+}
+
 static void permute_forward_part(void *ctx, int i) {
     const rows_job *q = ctx;
     const int k = q->k, D = q->D, *row = q->row;

@@ -222,7 +222,8 @@ void *moe_cuda_alloc(size_t bytes) {
         moe_fail(MOE_ENOMEM,
                  "CUDA out of memory allocating %zu bytes (%.2f GiB) on device %d (%.2f GiB free "
                  "of %.2f GiB): reduce train.batch_size (train.grad_accum keeps the tokens per "
-                 "step) or model.seq_len",
+                 "step) or model.seq_len, or raise memory.mini_seq with memory.recompute = moe "
+                 "or all",
                  bytes, bytes / 1073741824.0, c.device, free_b / 1073741824.0,
                  total_b / 1073741824.0);
     else

@@ -10,7 +10,8 @@
         .alloc_size = moe_cuda_alloc_size, .zero = moe_cuda_zero, .matmul = MATMUL,                \
         .matmul_grouped = GROUPED, .matmul_grouped_wgrad = WGRAD,                                  \
         .swiglu_forward = moe_cuda_swiglu_forward, .swiglu_backward = moe_cuda_swiglu_backward,    \
-        .dispatch_rows = moe_cuda_dispatch_rows, .permute_forward = moe_cuda_permute_forward,      \
+        .dispatch_rows = moe_cuda_dispatch_rows, .chunk_rows = moe_cuda_chunk_rows,                \
+        .permute_forward = moe_cuda_permute_forward,                                               \
         .permute_backward = moe_cuda_permute_backward,                                             \
         .unpermute_forward = moe_cuda_unpermute_forward,                                           \
         .unpermute_backward = moe_cuda_unpermute_backward, .gather_rows = moe_cuda_gather_rows,    \

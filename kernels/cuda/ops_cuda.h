@@ -44,6 +44,7 @@ int moe_cuda_swiglu_backward(float *dab, const float *dh, const float *ab, int n
 
 int moe_cuda_dispatch_rows(int *row, const int *expert, const int *slot, const int *offsets, int T,
                            int k);
+int moe_cuda_chunk_rows(int *crow, int *coff, const int *expert, int n, int E);
 int moe_cuda_permute_forward(float *xe, const float *x, const int *row, int T, int k, int D);
 int moe_cuda_permute_backward(float *dx, const float *dxe, const int *row, int T, int k, int D);
 int moe_cuda_unpermute_forward(float *y, const float *ye, const int *row, const float *weight,

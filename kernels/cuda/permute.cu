@@ -17,6 +17,45 @@ __global__ static void dispatch_rows_kernel(int *row, const int *expert, const i
         row[i] = expert[i] >= 0 ? offsets[expert[i]] + slot[i] : -1;
 }
 
+// One block numbers a mini-sequence chunk's entries (moe_ops.chunk_rows).
+// Thread e owns expert e (e0 + e past 1024 experts); the entries pass through
+// shared memory in tiles, twice: the owners count, thread 0 turns the counts
+// into offsets, then each owner numbers its expert's entries in entry order.
+// No atomics, so the rows are the CPU's; O(E n / blockDim) compares, about
+// tens of microseconds for 8192 entries.
+#define CHUNK_TILE 1024
+__global__ static void chunk_rows_kernel(int *crow, int *coff, const int *expert, int n, int E) {
+    __shared__ int tile[CHUNK_TILE];
+    for (int pass = 0; pass < 2; pass++) {
+        for (int e0 = 0; e0 < E; e0 += blockDim.x) {
+            const int e = e0 + threadIdx.x;
+            int c = pass && e < E ? coff[e] : 0;
+            for (int i0 = 0; i0 < n; i0 += CHUNK_TILE) {
+                const int m = n - i0 < CHUNK_TILE ? n - i0 : CHUNK_TILE;
+                __syncthreads(); // the last tile is read
+                for (int i = threadIdx.x; i < m; i += blockDim.x)
+                    tile[i] = expert[i0 + i];
+                __syncthreads();
+                for (int i = 0; e < E && i < m; i++)
+                    if (tile[i] == e) {
+                        if (pass) crow[i0 + i] = c;
+                        c++;
+                    }
+            }
+            if (!pass && e < E) coff[e + 1] = c;
+        }
+        __syncthreads(); // counts (pass 0) in global memory, visible to the block
+        if (!pass && threadIdx.x == 0) {
+            coff[0] = 0;
+            for (int e = 0; e < E; e++)
+                coff[e + 1] += coff[e];
+        }
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        if (expert[i] < 0 || expert[i] >= E) crow[i] = -1;
+}
+
 // One block per (t, j) pair: xe[row] = x[t].
 __global__ static void permute_fwd_kernel(float *xe, const float *x, const int *row, int T, int k,
                                           int D) {
@@ -109,6 +148,16 @@ extern "C" int moe_cuda_dispatch_rows(int *row, const int *expert, const int *sl
     MOE_TRY(moe_cuda_ctx_get(&c));
     dispatch_rows_kernel<<<moe_cuda_blocks(n, 256), 256, 0, c.stream>>>(row, expert, slot, offsets,
                                                                         n);
+    CUDA_LAUNCH_CHECK();
+    return 0;
+}
+
+extern "C" int moe_cuda_chunk_rows(int *crow, int *coff, const int *expert, int n, int E) {
+    if (n < 0 || E < 1) return moe_fail(MOE_EINVAL, "chunk_rows: n=%d E=%d", n, E);
+    moe_cuda_ctx c = {};
+    MOE_TRY(moe_cuda_ctx_get(&c));
+    const int threads = E >= 1024 ? 1024 : (E + 31) / 32 * 32;
+    chunk_rows_kernel<<<1, threads, 0, c.stream>>>(crow, coff, expert, n, E);
     CUDA_LAUNCH_CHECK();
     return 0;
 }

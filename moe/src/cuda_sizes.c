@@ -65,13 +65,25 @@ size_t moe_cuda_sort_tmp_bytes(int n, bool *exact) {
 void moe_cuda_layer_sizes(const moe_layer_config *cfg, size_t out[MOE_CUDA_LAYER_BUFS]) {
     const size_t T = (size_t)cfg->T_max, D = (size_t)cfg->D, H = (size_t)cfg->H;
     const size_t E = (size_t)cfg->E, k = (size_t)cfg->router.top_k, Hs = (size_t)cfg->H_shared;
-    const size_t R = T * k; // rows_max: every assignment kept
+    const size_t R = T * k; // every assignment kept
+    // With mini-sequence chunks the expert side holds one chunk of Tc tokens.
+    const bool chunked = cfg->n_chunks > 1;
+    const size_t Tc = chunked ? (T + (size_t)cfg->n_chunks - 1) / (size_t)cfg->n_chunks : T;
+    const size_t Rc = Tc * k;
     const size_t nt = (size_t)cfg->n_tasks, G = nt ? nt : T;
     const size_t jit = cfg->router.noise == MOE_NOISE_JITTER ? G * D : 0;
     const size_t s[MOE_CUDA_LAYER_BUFS] = {
-        T * E * 4,  R * 4,          R * D * 4, R * 2 * H * 4, R * H * 4, R * D * 4,  T * 2 * Hs * 4,
-        T * Hs * 4, T * E * 4,      R * 4,     R * D * 4,     R * D * 4, R * H * 4,  R * 2 * H * 4,
-        T * Hs * 4, T * 2 * Hs * 4, jit * 4,   jit * 4,       jit * 4,   nt * E * 4, nt * E * 4,
+        T * E * 4,       Rc * 4,
+        Rc * D * 4,      Rc * 2 * H * 4,
+        Rc * H * 4,      Rc * D * 4,
+        Tc * 2 * Hs * 4, Tc * Hs * 4,
+        T * E * 4,       R * 4,
+        Rc * D * 4,      Rc * D * 4,
+        Rc * H * 4,      Rc * 2 * H * 4,
+        Tc * Hs * 4,     Tc * 2 * Hs * 4,
+        jit * 4,         jit * 4,
+        jit * 4,         nt * E * 4,
+        nt * E * 4,      chunked ? (E + 1) * 4 : 0,
     };
     for (int i = 0; i < MOE_CUDA_LAYER_BUFS; i++)
         out[i] = s[i];

@@ -136,7 +136,6 @@ static int layer_buffers(moe_layer_acts *a, const moe_layer_config *cfg, const m
     ALLOC(row, chunked ? 0 : Tc * k); // one entry per (token, plan entry)
     ALLOC(crow, chunked ? Tc * k : 0);
     ALLOC(coff, chunked ? E + 1 : 0);
-    ALLOC(cfill, chunked ? E : 0);
     ALLOC(xe, rows * D);
     ALLOC(ab, rows * 2 * H);
     ALLOC(h, rows * H);
@@ -207,7 +206,7 @@ void moe_layer_acts_free(moe_layer_acts *a) {
         for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
             a->ops->free(bufs[i]);
         void *idx[] = {a->blk_off,   a->blk_n, a->send_rows, a->recv_rows,
-                       a->recv_kept, a->crow,  a->coff,      a->cfill};
+                       a->recv_kept, a->crow,  a->coff};
         for (size_t i = 0; i < sizeof idx / sizeof idx[0]; i++)
             a->ops->free(idx[i]);
         moe_node_state_free(a);
@@ -335,21 +334,6 @@ static int check_tasks(const int *task_id, int T, int n_tasks) {
 
 // ---- mini-sequence chunks ---------------------------------------------------------------
 
-// Rows of the kept assignments of tokens [t0, t0 + tc) in expert order (token
-// order inside an expert): a->crow, a->coff.
-static void chunk_rows(moe_layer_acts *a, int t0, int tc) {
-    const moe_plan *pl = &a->plan;
-    const int E = pl->E, k = pl->k;
-    memset(a->coff, 0, sizeof(int) * (E + 1));
-    for (int i = t0 * k; i < (t0 + tc) * k; i++)
-        if (pl->expert[i] >= 0) a->coff[pl->expert[i] + 1]++;
-    for (int e = 0; e < E; e++)
-        a->coff[e + 1] += a->coff[e];
-    memcpy(a->cfill, a->coff, sizeof(int) * E);
-    for (int i = t0 * k; i < (t0 + tc) * k; i++)
-        a->crow[i - t0 * k] = pl->expert[i] >= 0 ? a->cfill[pl->expert[i]]++ : -1;
-}
-
 // Forward of one SwiGLU FFN with fused [w1;w3] (n rows): ab = in w13^T
 // [n, 2H]; h = swiglu(ab) [n, H]; out = h w2^T [n, D] (overwritten).
 static int ffn_forward(const moe_ops *ops, float *out, float *ab, float *h, const float *in,
@@ -365,7 +349,9 @@ static int chunk_experts(moe_layer_acts *a, const float *x, const moe_layer_para
                          int tc) {
     const moe_ops *ops = a->ops;
     const int D = a->cfg.D, H = a->cfg.H, k = plan_k(&a->cfg);
-    chunk_rows(a, t0, tc);
+    // the kept assignments of tokens [t0, t0 + tc) in expert order, token
+    // order inside an expert: a->crow, a->coff
+    MOE_TRY(ops->chunk_rows(a->crow, a->coff, a->plan.expert + (size_t)t0 * k, tc * k, a->cfg.E));
     MOE_TRY(ops->permute_forward(a->xe, x + (size_t)t0 * D, a->crow, tc, k, D));
     if (ops->expert_ffn_forward) { // no expert parallelism here: one block per expert
         for (int e = 0; e < a->cfg.E; e++)

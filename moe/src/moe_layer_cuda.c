@@ -17,9 +17,9 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
                               const moe_ops *ops) {
     memset(a, 0, sizeof *a);
     MOE_TRY(moe_layer_config_check(cfg));
-    if (cfg->ep_size > 1 || cfg->n_chunks > 1)
-        return moe_fail(MOE_EINVAL, "moe layer on the GPU: expert parallelism (parallel.ep) and "
-                                    "memory.mini_seq are not supported yet");
+    if (cfg->ep_size > 1)
+        return moe_fail(MOE_EINVAL, "moe layer on the GPU: expert parallelism (parallel.ep) is not "
+                                    "supported yet");
     if (cfg->router.score != MOE_SCORE_SOFTMAX)
         return moe_fail(MOE_EINVAL, "moe layer on the GPU: router.score = sigmoid is not supported "
                                     "yet (use softmax, or the CPU)");
@@ -46,7 +46,8 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
     a->cfg = *cfg;
     int rc = 0;
     MOE_TRY_GOTO(moe_cuda_plan_alloc(&a->plan, cfg->T_max, cfg->E, cfg->router.top_k), rc);
-    if (!(a->offsets_h = calloc((size_t)cfg->E + 1, sizeof(int)))) {
+    if (!(a->offsets_h = calloc((size_t)cfg->E + 1, sizeof(int))) ||
+        !(a->coff_h = calloc((size_t)cfg->E + 1, sizeof(int)))) {
         rc = moe_fail(MOE_ENOMEM, "moe layer offsets");
         goto fail;
     }
@@ -57,7 +58,7 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
         (void **)&a->dlogits,   (void **)&a->dweight, (void **)&a->dye,       (void **)&a->dxe,
         (void **)&a->dh,        (void **)&a->dab,     (void **)&a->sdh,       (void **)&a->sdab,
         (void **)&a->noise,     (void **)&a->gate_in, (void **)&a->dgate_in,  (void **)&a->logits_g,
-        (void **)&a->dlogits_g,
+        (void **)&a->dlogits_g, (void **)&a->coff,
     };
     size_t sizes[MOE_CUDA_LAYER_BUFS];
     moe_cuda_layer_sizes(cfg, sizes);
@@ -76,16 +77,84 @@ fail:
 
 void moe_layer_cuda_acts_free(moe_layer_cuda_acts *a) {
     if (a->ops) {
-        void *bufs[] = {a->logits,    a->row,      a->xe,       a->ab,      a->h,     a->ye,
-                        a->shared_ab, a->shared_h, a->dlogits,  a->dweight, a->dye,   a->dxe,
-                        a->dh,        a->dab,      a->sdh,      a->sdab,    a->noise, a->gate_in,
-                        a->dgate_in,  a->logits_g, a->dlogits_g};
+        void *bufs[] = {a->logits,    a->row,      a->xe,        a->ab,      a->h,     a->ye,
+                        a->shared_ab, a->shared_h, a->dlogits,   a->dweight, a->dye,   a->dxe,
+                        a->dh,        a->dab,      a->sdh,       a->sdab,    a->noise, a->gate_in,
+                        a->dgate_in,  a->logits_g, a->dlogits_g, a->coff};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             if (bufs[i]) a->ops->free(bufs[i]);
     }
     moe_cuda_plan_free(&a->plan); // NULL fields are skipped
     free(a->offsets_h);
+    free(a->coff_h);
     memset(a, 0, sizeof *a);
+}
+
+// Tokens per chunk: all T_max without mini-sequence chunks.
+static int chunk_tokens(const moe_layer_config *cfg) {
+    return cfg->n_chunks > 1 ? (cfg->T_max + cfg->n_chunks - 1) / cfg->n_chunks : cfg->T_max;
+}
+
+// The experts' forward on tokens [t0, t0 + tc) of the routed batch (x: their
+// rows): xe, ab, h, ye over the expert segments, which *off points at (host).
+// Without chunks the rows are the plan's (offset + slot); with chunks the
+// chunk's kept assignments in expert order, token order inside an expert
+// (chunk_rows, as moe/src/moe_layer.c), and their offsets are read back.
+static int chunk_experts(moe_layer_cuda_acts *a, const int **off, const float *x,
+                         const moe_layer_params *p, int t0, int tc) {
+    const moe_ops *ops = a->ops;
+    const int D = a->cfg.D, H = a->cfg.H, E = a->cfg.E, k = a->cfg.router.top_k;
+    if (a->cfg.n_chunks > 1) {
+        MOE_TRY(ops->chunk_rows(a->row, a->coff, a->plan.expert + (size_t)t0 * k, tc * k, E));
+        MOE_TRY(moe_cuda_download(a->coff_h, a->coff, sizeof(int) * (E + 1)));
+        *off = a->coff_h;
+    } else {
+        MOE_TRY(ops->dispatch_rows(a->row, a->plan.expert, a->plan.slot, a->plan.offsets, tc, k));
+        *off = a->offsets_h;
+    }
+    MOE_TRY(ops->permute_forward(a->xe, x, a->row, tc, k, D));
+    // ab_e = xe_e [w1;w3]_e^T, h = SwiGLU(ab), ye_e = h_e w2_e^T over the segments
+    MOE_TRY(ops->matmul_grouped(a->ab, a->xe, p->experts, p->expert_numel, *off, E, 2 * H, D, true,
+                                1.0f, 0.0f));
+    MOE_TRY(ops->swiglu_forward(a->h, a->ab, (*off)[E], H));
+    return ops->matmul_grouped(a->ye, a->h, p->experts + p->w2_offset, p->expert_numel, *off, E, D,
+                               H, true, 1.0f, 0.0f);
+}
+
+// The shared expert's activations for tc tokens (x: their rows).
+static int shared_forward(moe_layer_cuda_acts *a, const float *x, const moe_layer_params *p,
+                          int tc) {
+    const int D = a->cfg.D, Hs = a->cfg.H_shared;
+    MOE_TRY(a->ops->matmul(a->shared_ab, x, p->shared_w13, tc, 2 * Hs, D, false, true, 1.0f, 0.0f));
+    return a->ops->swiglu_forward(a->shared_h, a->shared_ab, tc, Hs);
+}
+
+// Combine and experts backward for tokens [t0, t0 + tc) (dx, dy: their rows),
+// with the activations chunk_experts left: dweight of those tokens, the expert
+// weights' gradients added, dx += the permuted input's gradient.
+static int experts_backward(moe_layer_cuda_acts *a, float *dx, const moe_layer_params *dp,
+                            const float *dy, const moe_layer_params *p, const int *off, int t0,
+                            int tc) {
+    const moe_ops *ops = a->ops;
+    const int D = a->cfg.D, H = a->cfg.H, E = a->cfg.E, k = a->cfg.router.top_k, rows = off[E];
+    const float *w2 = p->experts + p->w2_offset;
+    float *dw2 = dp->experts + dp->w2_offset;
+    // combine: dye[row] = w dy[t], dweight = <dy[t], ye[row]>
+    MOE_TRY(ops->zero(a->dye, (size_t)rows * D));
+    MOE_TRY(ops->unpermute_backward(a->dye, a->dweight + (size_t)t0 * k, dy, a->ye, a->row,
+                                    a->plan.weight + (size_t)t0 * k, tc, k, D));
+    // experts (moe_layer.c ffn_backward, every segment at once)
+    MOE_TRY(
+        ops->matmul_grouped(a->dh, a->dye, w2, p->expert_numel, off, E, H, D, false, 1.0f, 0.0f));
+    MOE_TRY(
+        ops->matmul_grouped_wgrad(dw2, dp->expert_numel, a->dye, a->h, off, E, D, H, 1.0f, 1.0f));
+    MOE_TRY(ops->zero(a->dab, (size_t)rows * 2 * H));
+    MOE_TRY(ops->swiglu_backward(a->dab, a->dh, a->ab, rows, H));
+    MOE_TRY(ops->matmul_grouped_wgrad(dp->experts, dp->expert_numel, a->dab, a->xe, off, E, 2 * H,
+                                      D, 1.0f, 1.0f));
+    MOE_TRY(ops->matmul_grouped(a->dxe, a->dab, p->experts, p->expert_numel, off, E, D, 2 * H,
+                                false, 1.0f, 0.0f));
+    return ops->permute_backward(dx, a->dxe, a->row, tc, k, D);
 }
 
 int moe_layer_cuda_forward(float *y, const float *x, const int *task_id, const int *capacity, int T,
@@ -97,7 +166,7 @@ int moe_layer_cuda_forward(float *y, const float *x, const int *task_id, const i
     if (T < 1 || T > cfg->T_max)
         return moe_fail(MOE_EINVAL, "moe layer forward: T = %d not in 1..T_max = %d", T,
                         cfg->T_max);
-    const int D = cfg->D, H = cfg->H, E = cfg->E, k = cfg->router.top_k, Hs = cfg->H_shared;
+    const int D = cfg->D, E = cfg->E, k = cfg->router.top_k, Hs = cfg->H_shared;
     const int nt = cfg->n_tasks;
     if (nt > 0 && (!task_id || !p->task_emb))
         return moe_fail(MOE_EINVAL, "moe layer forward: task routing (moe.task_layers) needs the "
@@ -127,20 +196,19 @@ int moe_layer_cuda_forward(float *y, const float *x, const int *task_id, const i
     MOE_TRY(moe_cuda_router_forward(&a->plan, a->logits, task_id, capacity, T, E, &cfg->router,
                                     training, step));
     MOE_TRY(moe_cuda_download(a->offsets_h, a->plan.offsets, sizeof(int) * (E + 1)));
-    const int rows = a->offsets_h[E];
-    MOE_TRY(ops->dispatch_rows(a->row, a->plan.expert, a->plan.slot, a->plan.offsets, T, k));
-    MOE_TRY(ops->permute_forward(a->xe, x, a->row, T, k, D));
-    // ab_e = xe_e [w1;w3]_e^T, h = SwiGLU(ab), ye_e = h_e w2_e^T over the segments
-    MOE_TRY(ops->matmul_grouped(a->ab, a->xe, p->experts, p->expert_numel, a->offsets_h, E, 2 * H,
-                                D, true, 1.0f, 0.0f));
-    MOE_TRY(ops->swiglu_forward(a->h, a->ab, rows, H));
-    MOE_TRY(ops->matmul_grouped(a->ye, a->h, p->experts + p->w2_offset, p->expert_numel,
-                                a->offsets_h, E, D, H, true, 1.0f, 0.0f));
-    MOE_TRY(ops->unpermute_forward(y, a->ye, a->row, a->plan.weight, T, k, D));
-    if (Hs) {
-        MOE_TRY(ops->matmul(a->shared_ab, x, p->shared_w13, T, 2 * Hs, D, false, true, 1.0f, 0.0f));
-        MOE_TRY(ops->swiglu_forward(a->shared_h, a->shared_ab, T, Hs));
-        MOE_TRY(ops->matmul(y, a->shared_h, p->shared_w2, T, D, Hs, false, true, 1.0f, 1.0f));
+    const int Tc = chunk_tokens(cfg);
+    for (int t0 = 0; t0 < T; t0 += Tc) { // one chunk: all T tokens without mini_seq
+        const int tc = T - t0 < Tc ? T - t0 : Tc;
+        const size_t xo = (size_t)t0 * D;
+        const int *off = NULL;
+        MOE_TRY(chunk_experts(a, &off, x + xo, p, t0, tc));
+        MOE_TRY(ops->unpermute_forward(y + xo, a->ye, a->row, a->plan.weight + (size_t)t0 * k, tc,
+                                       k, D));
+        if (Hs) {
+            MOE_TRY(shared_forward(a, x + xo, p, tc));
+            MOE_TRY(
+                ops->matmul(y + xo, a->shared_h, p->shared_w2, tc, D, Hs, false, true, 1.0f, 1.0f));
+        }
     }
     a->T = T;
     return 0;
@@ -154,39 +222,31 @@ int moe_layer_cuda_backward(float *dx, const moe_layer_params *dp, const float *
     if (dx == dy) return moe_fail(MOE_EINVAL, "moe layer backward: dx aliases dy");
     if (a->T == 0 || T != a->T)
         return moe_fail(MOE_EINVAL, "moe layer backward: T = %d, last forward T = %d", T, a->T);
-    const int D = cfg->D, H = cfg->H, E = cfg->E, k = cfg->router.top_k, Hs = cfg->H_shared;
+    const int D = cfg->D, E = cfg->E, k = cfg->router.top_k, Hs = cfg->H_shared;
     const int nt = cfg->n_tasks;
     if (nt > 0 && (!task_id || !dp->task_emb))
         return moe_fail(MOE_EINVAL, "moe layer backward: task routing (moe.task_layers) needs the "
                                     "task ids and the task_embedding gradient");
-    const int rows = a->offsets_h[E];
-    const int *off = a->offsets_h;
-    float *w2 = p->experts + p->w2_offset, *dw2 = dp->experts + dp->w2_offset;
-
-    // combine: dye[row] = w dy[t], dweight = <dy[t], ye[row]>
     MOE_TRY(ops->zero(a->dweight, (size_t)T * k));
-    MOE_TRY(ops->zero(a->dye, (size_t)rows * D));
-    MOE_TRY(
-        ops->unpermute_backward(a->dye, a->dweight, dy, a->ye, a->row, a->plan.weight, T, k, D));
-    // experts (moe_layer.c ffn_backward, every segment at once)
-    MOE_TRY(
-        ops->matmul_grouped(a->dh, a->dye, w2, p->expert_numel, off, E, H, D, false, 1.0f, 0.0f));
-    MOE_TRY(
-        ops->matmul_grouped_wgrad(dw2, dp->expert_numel, a->dye, a->h, off, E, D, H, 1.0f, 1.0f));
-    MOE_TRY(ops->zero(a->dab, (size_t)rows * 2 * H));
-    MOE_TRY(ops->swiglu_backward(a->dab, a->dh, a->ab, rows, H));
-    MOE_TRY(ops->matmul_grouped_wgrad(dp->experts, dp->expert_numel, a->dab, a->xe, off, E, 2 * H,
-                                      D, 1.0f, 1.0f));
-    MOE_TRY(ops->matmul_grouped(a->dxe, a->dab, p->experts, p->expert_numel, off, E, D, 2 * H,
-                                false, 1.0f, 0.0f));
-    MOE_TRY(ops->permute_backward(dx, a->dxe, a->row, T, k, D));
-    if (Hs) { // moe_layer.c ffn_backward with din_beta = 1
-        MOE_TRY(ops->matmul(a->sdh, dy, p->shared_w2, T, Hs, D, false, false, 1.0f, 0.0f));
-        MOE_TRY(ops->matmul(dp->shared_w2, dy, a->shared_h, D, Hs, T, true, false, 1.0f, 1.0f));
-        MOE_TRY(ops->zero(a->sdab, (size_t)T * 2 * Hs));
-        MOE_TRY(ops->swiglu_backward(a->sdab, a->sdh, a->shared_ab, T, Hs));
-        MOE_TRY(ops->matmul(dp->shared_w13, a->sdab, x, 2 * Hs, D, T, true, false, 1.0f, 1.0f));
-        MOE_TRY(ops->matmul(dx, a->sdab, p->shared_w13, T, D, 2 * Hs, false, false, 1.0f, 1.0f));
+    const int Tc = chunk_tokens(cfg);
+    for (int t0 = 0; t0 < T; t0 += Tc) {
+        const int tc = T - t0 < Tc ? T - t0 : Tc;
+        const size_t xo = (size_t)t0 * D;
+        const int *off = cfg->n_chunks > 1 ? a->coff_h : a->offsets_h; // the forward's last
+        if (Tc < T) MOE_TRY(chunk_experts(a, &off, x + xo, p, t0, tc)); // recompute the chunk
+        MOE_TRY(experts_backward(a, dx + xo, dp, dy + xo, p, off, t0, tc));
+        if (!Hs) continue;
+        if (Tc < T) MOE_TRY(shared_forward(a, x + xo, p, tc));
+        // moe_layer.c ffn_backward with din_beta = 1
+        MOE_TRY(ops->matmul(a->sdh, dy + xo, p->shared_w2, tc, Hs, D, false, false, 1.0f, 0.0f));
+        MOE_TRY(
+            ops->matmul(dp->shared_w2, dy + xo, a->shared_h, D, Hs, tc, true, false, 1.0f, 1.0f));
+        MOE_TRY(ops->zero(a->sdab, (size_t)tc * 2 * Hs));
+        MOE_TRY(ops->swiglu_backward(a->sdab, a->sdh, a->shared_ab, tc, Hs));
+        MOE_TRY(
+            ops->matmul(dp->shared_w13, a->sdab, x + xo, 2 * Hs, D, tc, true, false, 1.0f, 1.0f));
+        MOE_TRY(
+            ops->matmul(dx + xo, a->sdab, p->shared_w13, tc, D, 2 * Hs, false, false, 1.0f, 1.0f));
     }
     // router and gate: dWg += dlogits^T x, dx += dlogits Wg
     MOE_TRY(ops->zero(a->dlogits, (size_t)T * E));

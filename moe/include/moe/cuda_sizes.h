@@ -31,8 +31,9 @@ size_t moe_cuda_sort_tmp_bytes(int n, bool *exact);
 
 // The CUDA MoE layer's device buffers (moe/src/moe_layer_cuda.c, in its
 // order; 0: not allocated), and the layer's total with its router plan, each
-// buffer rounded to the granule.
-enum { MOE_CUDA_LAYER_BUFS = 21 };
+// buffer rounded to the granule. With n_chunks > 1 the expert-side buffers
+// hold one chunk (moe_layer_cuda_forward recomputes chunks in backward).
+enum { MOE_CUDA_LAYER_BUFS = 22 };
 void moe_cuda_layer_sizes(const moe_layer_config *cfg, size_t out[MOE_CUDA_LAYER_BUFS]);
 size_t moe_cuda_layer_bytes(const moe_layer_config *cfg, size_t sort_tmp);
 

@@ -147,7 +147,7 @@ typedef struct {
     int *send_rows, *recv_rows, *recv_kept; // [ep], [ep], [ep * E_local]
     float *dw;                // [3 H D] per-block weight gradient (expert parallel only)
     const moe_ep_group *ep;   // required when cfg.ep_size > 1, set by the caller
-    int *crow, *coff, *cfill; // chunking: [Tc * k] rows of a chunk, [E + 1] offsets, [E] fill
+    int *crow, *coff; // chunking: [Tc * k] rows of a chunk, [E + 1] offsets
     moe_layer_timing *timing; // optional, set by the caller
     struct moe_node_state *node; // node-deduplicated exchange (ep->dedup_G), its own memory
     // placement.mode = replicate (moe/placement.h), set by the caller; NULL or

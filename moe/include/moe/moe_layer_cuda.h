@@ -7,8 +7,10 @@
 // plus the router's error flag and loss sums. The gate GEMM is fp32 on
 // either table (routing is a discrete choice; see moe_layer_cuda_forward).
 //
-// Supported: the configurations of a single process without chunking
-// (ep_size <= 1, n_chunks <= 1), with task-level routing (n_tasks > 0: the gate
+// Supported: the configurations of a single process (ep_size <= 1), with
+// mini-sequence chunks (n_chunks > 1: the router over all T tokens, the experts
+// and the shared expert one chunk at a time, recomputed in backward, as
+// moe/src/moe_layer.c), task-level routing (n_tasks > 0: the gate
 // reads the task embeddings, logits gathered per token), router noise (jitter
 // on the gate input, Gumbel in the router, keyed as the CPU) and task
 // priorities. Others fail with MOE_EINVAL naming the key.
@@ -36,6 +38,10 @@ typedef struct {
     // router noise and task routing, G = n_tasks or T_max gate-input rows
     float *noise, *gate_in, *dgate_in; // [G, D] jitter factors, jittered input, its gradient
     float *logits_g, *dlogits_g;       // [n_tasks, E] per-task logits and their gradient
+    // mini-sequence chunks: row holds a chunk's [Tc * k] rows, the expert-side
+    // buffers one chunk's rows, shared_* and sd* one chunk's tokens
+    int *coff;   // [E + 1] the chunk's segment offsets (device)
+    int *coff_h; // [E + 1] their host copy
     bool jittered;                     // the last forward jittered the gate input
 } moe_layer_cuda_acts;
 

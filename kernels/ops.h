@@ -117,8 +117,8 @@ typedef struct moe_ops {
                             const float *rstd, int N, int C);
     int (*rope_forward)(float *out, const float *x, int B, int T, int H, int hd, float theta);
     int (*rope_backward)(float *dx, const float *dout, int B, int T, int H, int hd, float theta);
-    int (*attention_forward)(float *out, float *att, float *scratch, const float *q,
-                             const float *k, const float *v, int B, int T, int Hq, int Hkv, int hd);
+    int (*attention_forward)(float *out, float *att, float *scratch, const float *q, const float *k,
+                             const float *v, int B, int T, int Hq, int Hkv, int hd);
     // att is backend-private saved state (CPU: row log-sum-exp; CUDA: the
     // probabilities); out is the forward's output.
     int (*attention_backward)(float *dq, float *dk, float *dv, float *datt, const float *dout,

@@ -248,8 +248,7 @@ END_TEST
 // MoE layer (the CUDA layer's chunks run on the GPU), the chunked dense FFN and
 // LM head, whose loss sums read the targets back from the device copy.
 START_TEST(test_device_training_path_with_mini_seq_matches_host) {
-    const char *moe[] = {"memory.mini_seq=4", "memory.recompute=moe", "moe.shared_experts=1",
-                         NULL};
+    const char *moe[] = {"memory.mini_seq=4", "memory.recompute=moe", "moe.shared_experts=1", NULL};
     device_path_matches_host(moe, "mini_seq_moe");
     const char *all[] = {"memory.mini_seq=3", "memory.recompute=all", "moe.every=2", NULL};
     device_path_matches_host(all, "mini_seq_all");

@@ -232,7 +232,7 @@ int moe_layer_cuda_backward(float *dx, const moe_layer_params *dp, const float *
     for (int t0 = 0; t0 < T; t0 += Tc) {
         const int tc = T - t0 < Tc ? T - t0 : Tc;
         const size_t xo = (size_t)t0 * D;
-        const int *off = cfg->n_chunks > 1 ? a->coff_h : a->offsets_h; // the forward's last
+        const int *off = cfg->n_chunks > 1 ? a->coff_h : a->offsets_h;  // the forward's last
         if (Tc < T) MOE_TRY(chunk_experts(a, &off, x + xo, p, t0, tc)); // recompute the chunk
         MOE_TRY(experts_backward(a, dx + xo, dp, dy + xo, p, off, t0, tc));
         if (!Hs) continue;

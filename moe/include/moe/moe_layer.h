@@ -145,10 +145,10 @@ typedef struct {
     float *xr, *abr, *hr, *yr, *dyr, *dxr;
     int *blk_off, *blk_n; // [ep_size * E_local]: rows of (source s, local expert le)
     int *send_rows, *recv_rows, *recv_kept; // [ep], [ep], [ep * E_local]
-    float *dw;                // [3 H D] per-block weight gradient (expert parallel only)
-    const moe_ep_group *ep;   // required when cfg.ep_size > 1, set by the caller
-    int *crow, *coff; // chunking: [Tc * k] rows of a chunk, [E + 1] offsets
-    moe_layer_timing *timing; // optional, set by the caller
+    float *dw;                   // [3 H D] per-block weight gradient (expert parallel only)
+    const moe_ep_group *ep;      // required when cfg.ep_size > 1, set by the caller
+    int *crow, *coff;            // chunking: [Tc * k] rows of a chunk, [E + 1] offsets
+    moe_layer_timing *timing;    // optional, set by the caller
     struct moe_node_state *node; // node-deduplicated exchange (ep->dedup_G), its own memory
     // placement.mode = replicate (moe/placement.h), set by the caller; NULL or
     // without replicas: the contiguous exchange.

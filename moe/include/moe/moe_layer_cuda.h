@@ -40,9 +40,9 @@ typedef struct {
     float *logits_g, *dlogits_g;       // [n_tasks, E] per-task logits and their gradient
     // mini-sequence chunks: row holds a chunk's [Tc * k] rows, the expert-side
     // buffers one chunk's rows, shared_* and sd* one chunk's tokens
-    int *coff;   // [E + 1] the chunk's segment offsets (device)
-    int *coff_h; // [E + 1] their host copy
-    bool jittered;                     // the last forward jittered the gate input
+    int *coff;     // [E + 1] the chunk's segment offsets (device)
+    int *coff_h;   // [E + 1] their host copy
+    bool jittered; // the last forward jittered the gate input
 } moe_layer_cuda_acts;
 
 int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cfg,

@@ -105,8 +105,8 @@ size_t moe_cuda_attention_state_floats(int B, int T, int Hq) {
 }
 
 size_t moe_cuda_attention_scratch_floats(int B, int T, int Hq, int Hkv, int hd) {
-    (void)B, (void)Hq, (void)Hkv, (void)hd;
-    return (size_t)T * T;
+    (void)Hq, (void)Hkv, (void)hd;
+    return (size_t)(B > 0 ? B : 1) * T * T;
 }
 
 static size_t slab_floats = (size_t)1 << 24; // 64 MiB of G per chunk

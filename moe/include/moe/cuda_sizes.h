@@ -37,8 +37,8 @@ enum { MOE_CUDA_LAYER_BUFS = 22 };
 void moe_cuda_layer_sizes(const moe_layer_config *cfg, size_t out[MOE_CUDA_LAYER_BUFS]);
 size_t moe_cuda_layer_bytes(const moe_layer_config *cfg, size_t sort_tmp);
 
-// Attention on the GPU keeps the probabilities [B, Hq, T, T] and one [T, T]
-// scratch (kernels/cuda/attention.cu).
+// Attention on the GPU keeps the probabilities [B, Hq, T, T] and one query
+// head's [B, T, T] scratch (kernels/cuda/attention.cu).
 size_t moe_cuda_attention_state_floats(int B, int T, int Hq);
 size_t moe_cuda_attention_scratch_floats(int B, int T, int Hq, int Hkv, int hd);
 

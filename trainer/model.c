@@ -341,9 +341,29 @@ static double now(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
-// Adds the time since *t0 to *slot (when timing) and restarts the clock.
+// The device copy's own state (moe_model_gpu_init below).
+struct moe_model_gpu {
+    bool cuda;   // MoE layers on the CUDA router and grouped GEMMs (else the CPU layers)
+    float *acts; // the activation block, from ops->alloc
+    // [B T] per-token task ids in device memory, uploaded once per forward from
+    // task_tok; only under task routing or task priorities (NULL otherwise)
+    int *task_d;
+    // [B T] host scratch for the chunked LM head's sums (memory.mini_seq on CUDA)
+    int32_t *tg_h;
+    float *loss_h;
+#ifdef MOE_HAVE_CUDA
+    moe_layer_cuda_acts moe[MOE_MAX_LAYERS];
+#endif
+};
+
+// Adds the time since *t0 to *slot (when timing) and restarts the clock. On
+// a CUDA device copy it first waits for the queued kernels, so each phase
+// holds its own GPU time (timing costs one sync a phase).
 static void lap(const moe_model *m, double *slot, double *t0) {
     if (!m->timing) return;
+#ifdef MOE_HAVE_CUDA
+    if (m->gpu && m->gpu->cuda) (void)moe_cuda_synchronize();
+#endif
     double t = now();
     *slot += t - *t0;
     *t0 = t;
@@ -405,21 +425,6 @@ static int dense_ffn(moe_model *m, const moe_block_params *p, float *ab, float *
     MOE_TRY(m->ops->matmul(ab, in, p->w13, n, 2 * m->F, m->D, false, true, 1.0f, 0.0f));
     return m->ops->swiglu_forward(h, ab, n, m->F);
 }
-
-// The device copy's own state (moe_model_gpu_init below).
-struct moe_model_gpu {
-    bool cuda;   // MoE layers on the CUDA router and grouped GEMMs (else the CPU layers)
-    float *acts; // the activation block, from ops->alloc
-    // [B T] per-token task ids in device memory, uploaded once per forward from
-    // task_tok; only under task routing or task priorities (NULL otherwise)
-    int *task_d;
-    // [B T] host scratch for the chunked LM head's sums (memory.mini_seq on CUDA)
-    int32_t *tg_h;
-    float *loss_h;
-#ifdef MOE_HAVE_CUDA
-    moe_layer_cuda_acts moe[MOE_MAX_LAYERS];
-#endif
-};
 
 // Host <-> copy transfers (below): device copies on a CUDA table, memcpy on the CPU one.
 static int copy_bytes(const moe_model *g, void *dst, const void *src, size_t bytes, bool up);

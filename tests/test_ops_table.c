@@ -54,7 +54,7 @@ END_TEST
 // dO rows [320 x head_dim rounded to 16], plus three [320 x 48] accumulators
 // when head_dim (40) is not a multiple of 16; with
 // GQA also dK and dV per query head (2 x B x Hq x [320 x hd padded]). CUDA
-// saves the probabilities and needs one [T, T] scratch.
+// saves the probabilities and needs one query head's [B, T, T] scratch.
 START_TEST(test_attention_buffer_sizes_per_backend) {
     const size_t threads = (size_t)moe_cpu_threads();
     ck_assert_uint_eq(ops->attention_state_floats(2, 300, 6), 2 * 6 * 300);
@@ -67,7 +67,8 @@ START_TEST(test_attention_buffer_sizes_per_backend) {
                           2 * 2 * 6 * 320 * 48);
 #ifdef MOE_HAVE_CUDA
     ck_assert_uint_eq(moe_ops_cuda.attention_state_floats(2, 300, 6), 2 * 6 * 300 * 300);
-    ck_assert_uint_eq(moe_ops_cuda_bf16.attention_scratch_floats(2, 300, 6, 2, 64), 300 * 300);
+    ck_assert_uint_eq(moe_ops_cuda_bf16.attention_scratch_floats(2, 300, 6, 2, 64),
+                      2 * 300 * 300);
 #endif
 }
 END_TEST

@@ -154,6 +154,26 @@ START_TEST(test_zero_divisors_are_refused_by_the_check) {
 }
 END_TEST
 
+// comm.overlap_degree pipelines the GPU layer's exchange: more than one round
+// needs train.device = cuda and at most parallel.ep rounds.
+START_TEST(test_overlap_degree_needs_cuda_and_ep_rounds) {
+    moe_config c = tu_small_config();
+    ck_assert_int_eq(moe_config_set(&c, NULL, "comm.overlap_degree=2"), 0);
+    ck_assert_int_eq(moe_config_check(&c, NULL), MOE_EINVAL);
+    assert_msg_has("comm.overlap_degree = 2 needs train.device = cuda");
+    ck_assert_int_eq(moe_config_set(&c, NULL, "train.device=cuda"), 0);
+    ck_assert_int_eq(moe_config_check(&c, NULL), MOE_EINVAL); // parallel.ep = 1
+    assert_msg_has("at most parallel.ep (1) rounds");
+    c.parallel.ep = 2;
+    ck_assert_msg(moe_config_check(&c, NULL) == 0, "%s", moe_last_error());
+    c.comm.overlap_degree = 3;
+    ck_assert_int_eq(moe_config_check(&c, NULL), MOE_EINVAL);
+    c.comm.overlap_degree = 0; // below the key's range
+    ck_assert_int_eq(moe_config_check(&c, NULL), MOE_EINVAL);
+    assert_msg_has("comm.overlap_degree");
+}
+END_TEST
+
 START_TEST(test_router_setter_and_check_apply_the_same_ranges) {
     // The router's own setter (moe route --set) agrees with the key table.
     for (int i = 0; i < moe_config_key_count(); i++) {
@@ -456,6 +476,7 @@ static Suite *limits_suite(void) {
     tcase_set_timeout(tc, 60);
     tcase_add_test(tc, test_every_numeric_key_refuses_values_outside_its_range);
     tcase_add_test(tc, test_zero_divisors_are_refused_by_the_check);
+    tcase_add_test(tc, test_overlap_degree_needs_cuda_and_ep_rounds);
     tcase_add_test(tc, test_router_setter_and_check_apply_the_same_ranges);
     tcase_add_test(tc, test_help_config_shows_ranges);
     tcase_add_test(tc, test_long_priority_list_is_parsed_whole_from_set_and_file);

@@ -218,6 +218,10 @@ static const key_def keys[] = {
     {"comm.node_dedup", K_BOOL, F(comm.node_dedup), NO, "false", NULL, R0,
      "expert-parallel dispatch sends a token's row once per destination node, copied to "
      "that node's ranks inside it (DeepSeek-V3); return paths stay one row per choice"},
+    {"comm.overlap_degree", K_INT, F(comm.overlap_degree), NO, "1", NULL, RI(1, 1 << 16),
+     "GPU expert parallelism: the all-to-all in this many rounds of peers, expert GEMMs "
+     "of a round's rows running while the next round travels (Tutel's overlap degree; "
+     "1: one exchange; at most parallel.ep rounds; same bits as 1)"},
     {"loss.impl", K_STR, F(loss.impl), NO, "plain", "plain|cce", R0,
      "LM-head loss: plain logits, or cut cross-entropy (no [tokens, vocab] logits)"},
     {"loss.cce_filter", K_BOOL, F(loss.cce_filter), NO, "true", NULL, R0,

@@ -289,6 +289,17 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
             "%s: train.optimizer_state = bf16 with train.device = cuda: bf16 "
             "optimizer states are CPU-only; use train.optimizer_state = fp32 on the GPU",
             src_where2(src, "train.optimizer_state", "train.device"));
+    // The overlapped exchange pipelines host transfers with device GEMMs
+    // (moe/src/moe_layer_cuda_ep.c); the CPU layer has nothing to overlap with.
+    const int od = c->comm.overlap_degree;
+    if (od > 1 && (strcmp(c->train.device, "cuda") || od > c->parallel.ep))
+        return moe_fail(
+            MOE_EINVAL,
+            "%s: comm.overlap_degree = %d needs train.device = cuda and at most "
+            "parallel.ep (%d) rounds",
+            src_where2(src, "comm.overlap_degree",
+                       strcmp(c->train.device, "cuda") ? "train.device" : "parallel.ep"),
+            od, c->parallel.ep);
     MOE_TRY(check_placement(c, src, n_moe));
     return moe_config_check_sizes(c, src, c->train.batch_size, c->model.seq_len);
 }

@@ -123,6 +123,62 @@ extern "C" int moe_cuda_download(void *dst, const void *src, size_t bytes) {
     return 0;
 }
 
+extern "C" void *moe_cuda_host_alloc(size_t bytes) {
+    moe_cuda_ctx c = {};
+    if (moe_cuda_ctx_get(&c) < 0) return NULL; // the device the copies will use
+    void *p = NULL;
+    cudaError_t e = cudaMallocHost(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        moe_fail(e == cudaErrorMemoryAllocation ? MOE_ENOMEM : MOE_EDEVICE,
+                 "cudaMallocHost of %zu bytes (page-locked host memory): %s", bytes,
+                 cudaGetErrorString(e));
+        return NULL;
+    }
+    return p;
+}
+
+extern "C" void moe_cuda_host_free(void *p) {
+    if (p) cudaFreeHost(p);
+}
+
+extern "C" int moe_cuda_upload_async(void *dst, const void *src, size_t bytes) {
+    moe_cuda_ctx c = {};
+    MOE_TRY(moe_cuda_ctx_get(&c));
+    if (bytes) CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c.stream));
+    return 0;
+}
+
+extern "C" int moe_cuda_download_async(void *dst, const void *src, size_t bytes) {
+    moe_cuda_ctx c = {};
+    MOE_TRY(moe_cuda_ctx_get(&c));
+    if (bytes) CUDA_TRY(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c.stream));
+    return 0;
+}
+
+extern "C" int moe_cuda_event_create(void **event) {
+    cudaEvent_t e;
+    CUDA_TRY(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    *event = (void *)e;
+    return 0;
+}
+
+extern "C" void moe_cuda_event_destroy(void *event) {
+    if (event) cudaEventDestroy((cudaEvent_t)event);
+}
+
+extern "C" int moe_cuda_event_record(void *event) {
+    moe_cuda_ctx c = {};
+    MOE_TRY(moe_cuda_ctx_get(&c));
+    CUDA_TRY(cudaEventRecord((cudaEvent_t)event, c.stream));
+    return 0;
+}
+
+extern "C" int moe_cuda_event_wait(void *event) {
+    CUDA_TRY(cudaEventSynchronize((cudaEvent_t)event));
+    return 0;
+}
+
 extern "C" int moe_cuda_synchronize(void) {
     moe_cuda_ctx c = {};
     MOE_TRY(moe_cuda_ctx_get(&c));

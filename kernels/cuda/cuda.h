@@ -31,6 +31,20 @@ int moe_cuda_upload(void *dst_device, const void *src_host, size_t bytes);
 int moe_cuda_download(void *dst_host, const void *src_device, size_t bytes);
 int moe_cuda_synchronize(void);
 
+// Pipelining a host exchange with device work (the overlapped expert-parallel
+// exchange of moe/src/moe_layer_cuda_ep.c): page-locked host memory, copies
+// queued on the backend stream without waiting (the host buffer must be
+// page-locked and stay untouched until the stream has passed the copy), and
+// events marking a point of the stream that the host can wait for.
+void *moe_cuda_host_alloc(size_t bytes); // NULL with the error set
+void moe_cuda_host_free(void *p);        // NULL is fine
+int moe_cuda_upload_async(void *dst_device, const void *src_pinned, size_t bytes);
+int moe_cuda_download_async(void *dst_pinned, const void *src_device, size_t bytes);
+int moe_cuda_event_create(void **event);
+void moe_cuda_event_destroy(void *event); // NULL is fine
+int moe_cuda_event_record(void *event);   // at the stream's current end
+int moe_cuda_event_wait(void *event);     // the host waits until the stream passed it
+
 // Device memory of the backend's allocations (moe_cuda_alloc, which the op
 // tables, the CUDA MoE layer and the router plan use): bytes reserved now
 // (each request rounded to cudaMalloc's 256-byte granule), the high-water

@@ -73,6 +73,7 @@ typedef struct {
         int ranks_per_node;            // 0: from MPI_COMM_TYPE_SHARED
         double timeout_s;              // collective watchdog (moe_comm_set_timeout); 0: off
         bool node_dedup;               // one copy per token and node in the EP dispatch
+        int overlap_degree;            // GPU EP exchange rounds overlapped with expert GEMMs
     } comm;
     struct {
         char impl[MOE_NAME_MAX]; // plain | cce

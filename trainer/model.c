@@ -561,7 +561,8 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
 #ifndef MOE_HAVE_CUDA
     if (cuda) return moe_fail(MOE_EINVAL, "built without CUDA");
 #endif
-    const char *no = gpu_unsupported(cfg, h->ep != NULL, h->chunks, h->bias_on);
+    // expert parallelism: the CPU table's copy runs the host layers, which exchange
+    const char *no = gpu_unsupported(cfg, h->ep != NULL && cuda, h->chunks, h->bias_on);
     if (no) return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet", no);
     *g = *h; // sizes, config, table and the host-side statistics arrays (shared)
     g->ops = ops;

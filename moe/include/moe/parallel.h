@@ -44,10 +44,17 @@ void moe_parallel_free(moe_parallel *p);
 // Sums the gradients of every rank: dense tensors over the world, expert
 // tensors over the expert DP group.
 int moe_parallel_allreduce_grads(moe_parallel *p, moe_model *m);
+// The same sums over a host buffer laid out as t (no placement replicas): the
+// GPU trainer's gradients staged through host memory.
+int moe_parallel_allreduce_buffer(moe_parallel *p, const moe_param_table *t, float *grads);
 // Global L2 norm of the gradients: per-tensor sums of squares (an expert's
 // three tensors count as one unit) added in model order over every expert of
 // every layer, so one process and any grid give the same bits.
 int moe_parallel_grad_norm(moe_parallel *p, const moe_model *m, double *norm);
+// The same norm with ops->sumsq over m's gradients: a device copy's (its
+// views bound to device memory) on a CUDA table, the host's on moe_ops_cpu.
+int moe_parallel_grad_norm_on(moe_parallel *p, const moe_model *m, const moe_ops *ops,
+                              double *norm);
 
 // Nodes spanned by this rank's EP group: ep / (its ranks per node); every
 // rank is a node of its own when the group has no regular node layout.

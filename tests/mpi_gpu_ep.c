@@ -1,0 +1,169 @@
+// Expert parallelism on the GPU training path (trainer/train_gpu.c) under
+// `mpirun -np 2` and `-np 4` (argv: cpu|cuda and the rank count). The
+// reference is one process with grad_accum = ranks, on the host.
+//   cpu:  the device path on the CPU op table (its MoE layers are the host's,
+//         exchanging through MPI; the trainer reduces as the host EP trainer)
+//         with ep = ranks, and ep = 2 x dp = 2 on 4 ranks: losses and final
+//         weights bit-identical to the host EP trainer, and to one process
+//         (ep = ranks: bit-identical; ep = 2 x dp = 2: 1e-6 relative, the
+//         expert gradients summed in another order, as tests/mpi_train.c)
+//   cuda: the CUDA MoE layer with ep = ranks, rows exchanged by MPI through
+//         host buffers, every rank on the one GPU (moe_gpu_local_device): 20
+//         steps in fp32 within 1e-3 relative of one process on the CPU, the
+//         tolerance of CUDA against the CPU in tests/test_train_gpu.c. Without
+//         a CUDA device every rank exits 77 (ctest: skipped).
+#include "moe/comm.h"
+#include "moe/error.h"
+#include "moe/train.h"
+#include "mpi_testutil.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef MOE_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
+
+enum { CPU_STEPS = 6, GPU_STEPS = 20 };
+static int rank, W;
+
+#define CHECK(cond, ...) TU_MPI_CHECK(rank, cond, __VA_ARGS__)
+
+static moe_config base(int ep, int steps) {
+    moe_config c;
+    moe_config_default(&c);
+    const char *sets[] = {
+        "model.d_model=32",      "model.n_layers=2",          "model.d_ff=48",
+        "model.seq_len=16",      "moe.num_experts=8",         "train.batch_size=2",
+        "train.eval_every=0",    "train.warmup_steps=2",      "router.top_k=2",
+        "capacity.mode=dynamic", "router.capacity_factor=1.0"};
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++)
+        CHECK(moe_config_set(&c, NULL, sets[i]) == 0, "%s: %s", sets[i], moe_last_error());
+    c.train.steps = steps;
+    c.parallel.ep = ep;
+    return c;
+}
+
+// Every rank trains c over world into dir/name; device_ops NULL with
+// train.device = cpu is the host trainer.
+static void train_ranks(moe_comm *world, moe_config c, const char *dir, const char *name,
+                        const moe_ops *device_ops, double *losses) {
+    char out[800];
+    snprintf(out, sizeof out, "%s/%s", dir, name);
+    moe_train_opts o = {.out_dir = out, .losses = losses, .world = world, .device_ops = device_ops};
+    mpi_train_with(rank, c, o, NULL, name);
+}
+
+// Rank 0 alone: ep = 1, grad_accum = W, on the host.
+static void train_reference(moe_config c, const char *dir, const char *name, double *losses) {
+    c.parallel.ep = 1;
+    c.train.grad_accum = W;
+    snprintf(c.train.device, sizeof c.train.device, "cpu");
+    char out[800];
+    snprintf(out, sizeof out, "%s/%s", dir, name);
+    mpi_train_with(rank, c, (moe_train_opts){.out_dir = out, .losses = losses}, NULL, name);
+}
+
+static void same_losses(const double *a, const double *b, int n, double tol, const char *what) {
+    for (int s = 0; s < n; s++)
+        if (tol == 0)
+            CHECK(a[s] == b[s], "%s step %d: %.17g vs %.17g", what, s, a[s], b[s]);
+        else
+            CHECK(fabs(a[s] - b[s]) <= tol * fabs(b[s]), "%s step %d: %.9g vs %.9g (tolerance %g)",
+                  what, s, a[s], b[s], tol);
+}
+
+// The device path on the CPU table with parallel.ep = ep equals the host EP
+// trainer bit for bit and one process within tol_ref.
+static void device_path_expert_parallel(moe_comm *world, const char *dir, int ep, double tol_ref) {
+    moe_config c = base(ep, CPU_STEPS);
+    double host[CPU_STEPS] = {0}, dev[CPU_STEPS] = {0}, ref[CPU_STEPS] = {0};
+    char hname[64], dname[64], rname[64];
+    snprintf(hname, sizeof hname, "ep%d-host", ep);
+    snprintf(dname, sizeof dname, "ep%d-device", ep);
+    snprintf(rname, sizeof rname, "ep%d-ref", ep);
+    train_ranks(world, c, dir, hname, NULL, host);
+    train_ranks(world, c, dir, dname, &moe_ops_cpu, dev);
+    same_losses(dev, host, CPU_STEPS, 0, "device path vs host EP trainer");
+    char a[900], b[900];
+    snprintf(a, sizeof a, "%s/%s", dir, dname);
+    snprintf(b, sizeof b, "%s/%s", dir, hname);
+    if (rank == 0) mpi_same_weights(rank, a, b);
+    if (rank == 0) {
+        train_reference(c, dir, rname, ref);
+        same_losses(dev, ref, CPU_STEPS, tol_ref, "device path vs one process");
+        printf("device path, ep=%d of %d ranks: step %d loss %.9g (host EP %.9g, one process "
+               "%.9g)\n",
+               ep, W, CPU_STEPS, dev[CPU_STEPS - 1], host[CPU_STEPS - 1], ref[CPU_STEPS - 1]);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// The CUDA MoE layer with parallel.ep = W against one process on the CPU.
+static void cuda_expert_parallel(moe_comm *world, const char *dir) {
+    moe_config c = base(W, GPU_STEPS);
+    snprintf(c.train.device, sizeof c.train.device, "cuda");
+    snprintf(c.train.compute, sizeof c.train.compute, "fp32");
+    double gpu[GPU_STEPS] = {0}, ref[GPU_STEPS] = {0};
+    train_ranks(world, c, dir, "cuda-ep", NULL, gpu);
+    if (rank == 0) {
+        train_reference(c, dir, "cuda-ref", ref);
+        double worst = 0;
+        for (int s = 0; s < GPU_STEPS; s++)
+            if (fabs(gpu[s] - ref[s]) / fabs(ref[s]) > worst)
+                worst = fabs(gpu[s] - ref[s]) / fabs(ref[s]);
+        same_losses(gpu, ref, GPU_STEPS, 1e-3, "CUDA EP vs one process on the CPU");
+        printf("{\"test\": \"mpi_gpu_ep\", \"ranks\": %d, \"ep\": %d, \"steps\": %d, "
+               "\"max_rel_loss_diff\": %.3g, \"first_loss\": %.6f, \"last_loss\": %.6f}\n",
+               W, W, GPU_STEPS, worst, gpu[0], gpu[GPU_STEPS - 1]);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+}
+
+// 1 when every rank sees a CUDA device (ranks may share it), else prints why
+// on rank 0.
+static int cuda_present(void) {
+    int ok = 0;
+    char why[256] = "built without CUDA";
+#ifdef MOE_HAVE_CUDA
+    ok = moe_cuda_device_count(why, sizeof why) > 0;
+#endif
+    int all_ok;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!all_ok && rank == 0) printf("SKIP: mpi_gpu_ep cuda needs a CUDA device (%s)\n", why);
+    return all_ok;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "";
+    const int want = argc > 2 ? atoi(argv[2]) : 0;
+    if (strcmp(mode, "cpu") && strcmp(mode, "cuda")) {
+        fprintf(stderr, "usage: mpirun -np N mpi_gpu_ep cpu|cuda N\n");
+        return 2;
+    }
+    char dir[512];
+    int rc = mpi_test_begin(&argc, &argv, "mpi_gpu_ep", want, &rank, dir);
+    if (rc) return rc;
+    W = want;
+    if (!strcmp(mode, "cuda") && !cuda_present()) {
+        MPI_Finalize();
+        return 77;
+    }
+    moe_comm *world;
+    if (moe_comm_mpi_world(&world, 0)) {
+        CHECK(0, "world: %s", moe_last_error());
+        return mpi_test_end("mpi_gpu_ep", rank);
+    }
+    if (!strcmp(mode, "cpu")) {
+        device_path_expert_parallel(world, dir, W, 0);
+        if (W == 4) device_path_expert_parallel(world, dir, 2, 1e-6);
+    } else {
+        cuda_expert_parallel(world, dir);
+    }
+    moe_comm_free(world);
+    return mpi_test_end("mpi_gpu_ep", rank);
+}

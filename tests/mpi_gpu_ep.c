@@ -10,7 +10,9 @@
 //   cuda: the CUDA MoE layer with ep = ranks, rows exchanged by MPI through
 //         host buffers, every rank on the one GPU (moe_gpu_local_device): 20
 //         steps in fp32 within 1e-3 relative of one process on the CPU, the
-//         tolerance of CUDA against the CPU in tests/test_train_gpu.c. Without
+//         tolerance of CUDA against the CPU in tests/test_train_gpu.c (sums
+//         in other orders, compounding through AdamW); on 4 ranks also the
+//         hierarchical exchange (2 simulated nodes of 2 ranks). Without
 //         a CUDA device every rank exits 77 (ctest: skipped).
 #include "moe/comm.h"
 #include "moe/error.h"
@@ -103,23 +105,29 @@ static void device_path_expert_parallel(moe_comm *world, const char *dir, int ep
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
-// The CUDA MoE layer with parallel.ep = W against one process on the CPU.
-static void cuda_expert_parallel(moe_comm *world, const char *dir) {
+// The CUDA MoE layer with parallel.ep = W against one process on the CPU,
+// the exchange flat or hierarchical (a2a).
+static void cuda_expert_parallel(moe_comm *world, const char *dir, const char *a2a) {
     moe_config c = base(W, GPU_STEPS);
+    snprintf(c.comm.all_to_all, sizeof c.comm.all_to_all, "%s", a2a);
     snprintf(c.train.device, sizeof c.train.device, "cuda");
     snprintf(c.train.compute, sizeof c.train.compute, "fp32");
     double gpu[GPU_STEPS] = {0}, ref[GPU_STEPS] = {0};
-    train_ranks(world, c, dir, "cuda-ep", NULL, gpu);
+    char name[64];
+    snprintf(name, sizeof name, "cuda-ep-%s", a2a);
+    train_ranks(world, c, dir, name, NULL, gpu);
     if (rank == 0) {
-        train_reference(c, dir, "cuda-ref", ref);
+        snprintf(name, sizeof name, "cuda-ref-%s", a2a);
+        train_reference(c, dir, name, ref);
         double worst = 0;
         for (int s = 0; s < GPU_STEPS; s++)
             if (fabs(gpu[s] - ref[s]) / fabs(ref[s]) > worst)
                 worst = fabs(gpu[s] - ref[s]) / fabs(ref[s]);
         same_losses(gpu, ref, GPU_STEPS, 1e-3, "CUDA EP vs one process on the CPU");
-        printf("{\"test\": \"mpi_gpu_ep\", \"ranks\": %d, \"ep\": %d, \"steps\": %d, "
-               "\"max_rel_loss_diff\": %.3g, \"first_loss\": %.6f, \"last_loss\": %.6f}\n",
-               W, W, GPU_STEPS, worst, gpu[0], gpu[GPU_STEPS - 1]);
+        printf("{\"test\": \"mpi_gpu_ep\", \"ranks\": %d, \"ep\": %d, \"all_to_all\": \"%s\", "
+               "\"steps\": %d, \"max_rel_loss_diff\": %.3g, \"first_loss\": %.6f, "
+               "\"last_loss\": %.6f}\n",
+               W, W, a2a, GPU_STEPS, worst, gpu[0], gpu[GPU_STEPS - 1]);
     }
     MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -162,8 +170,16 @@ int main(int argc, char **argv) {
         device_path_expert_parallel(world, dir, W, 0);
         if (W == 4) device_path_expert_parallel(world, dir, 2, 1e-6);
     } else {
-        cuda_expert_parallel(world, dir);
+        cuda_expert_parallel(world, dir, "flat");
     }
     moe_comm_free(world);
+    if (!strcmp(mode, "cuda") && W == 4) { // two simulated nodes of 2 ranks
+        if (moe_comm_mpi_world(&world, 2)) {
+            CHECK(0, "world: %s", moe_last_error());
+            return mpi_test_end("mpi_gpu_ep", rank);
+        }
+        cuda_expert_parallel(world, dir, "hierarchical");
+        moe_comm_free(world);
+    }
     return mpi_test_end("mpi_gpu_ep", rank);
 }

@@ -561,8 +561,9 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
 #ifndef MOE_HAVE_CUDA
     if (cuda) return moe_fail(MOE_EINVAL, "built without CUDA");
 #endif
-    // expert parallelism: the CPU table's copy runs the host layers, which exchange
-    const char *no = gpu_unsupported(cfg, h->ep != NULL && cuda, h->chunks, h->bias_on);
+    // expert parallelism: the CPU table's copy runs the host layers, which
+    // exchange, the CUDA layers their own exchange over the same group
+    const char *no = gpu_unsupported(cfg, false, h->chunks, h->bias_on);
     if (no) return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet", no);
     *g = *h; // sizes, config, table and the host-side statistics arrays (shared)
     g->ops = ops;
@@ -597,8 +598,10 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
         bind_block(g, &g->p[l], g->params, l, moe_off);
         bind_block(g, &g->g[l], g->grads, l, moe_off);
 #ifdef MOE_HAVE_CUDA
-        if (g->is_moe[l] && cuda)
+        if (g->is_moe[l] && cuda) {
             MOE_TRY_GOTO(moe_layer_cuda_acts_alloc(&g->gpu->moe[l], &g->moe_cfg[l], ops), rc);
+            g->gpu->moe[l].ep = h->ep;
+        }
 #endif
         // on the CPU table the copy's MoE layers use the host model's layer
         // buffers (g->a[l].moe is a copy of h's): only one of the two runs
@@ -630,10 +633,11 @@ int moe_model_device_memory(const moe_config *cfg, int B, int T, int n_tasks, co
     struct moe_model_gpu gpu = {0};
     memset(out, 0, sizeof *out);
     if (!ops) ops = &moe_ops_cuda_sizes;
-    if (cfg->parallel.ep > 1 || cfg->memory.mini_seq > 1) // before model_setup's ep check
-        return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet",
-                        cfg->parallel.ep > 1 ? "parallel.ep > 1" : "memory.mini_seq > 1");
-    MOE_TRY(model_setup(&m, cfg, B, T, n_tasks, NULL, moe_off));
+    if (cfg->memory.mini_seq > 1)
+        return moe_fail(MOE_EINVAL, "training on the GPU does not support memory.mini_seq > 1 yet");
+    // any rank of an EP group: every one holds E / ep experts and the same buffers
+    moe_ep_group ep = {cfg->parallel.ep, 0, NULL, NULL, 0}; // sizes only: never called
+    MOE_TRY(model_setup(&m, cfg, B, T, n_tasks, cfg->parallel.ep > 1 ? &ep : NULL, moe_off));
     const char *no = gpu_unsupported(cfg, false, m.chunks, false);
     if (no) {
         moe_param_table_free(&m.table);

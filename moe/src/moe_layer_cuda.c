@@ -17,9 +17,8 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
                               const moe_ops *ops) {
     memset(a, 0, sizeof *a);
     MOE_TRY(moe_layer_config_check(cfg));
-    if (cfg->ep_size > 1 || cfg->n_chunks > 1)
-        return moe_fail(MOE_EINVAL, "moe layer on the GPU: expert parallelism (parallel.ep) and "
-                                    "memory.mini_seq are not supported yet");
+    if (cfg->n_chunks > 1)
+        return moe_fail(MOE_EINVAL, "moe layer on the GPU: memory.mini_seq is not supported yet");
     if (cfg->router.score != MOE_SCORE_SOFTMAX)
         return moe_fail(MOE_EINVAL, "moe layer on the GPU: router.score = sigmoid is not supported "
                                     "yet (use softmax, or the CPU)");
@@ -68,6 +67,7 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
             goto fail;
         }
     }
+    if (cfg->ep_size > 1) MOE_TRY_GOTO(moe_layer_cuda_ep_alloc(a), rc);
     return 0;
 fail:
     moe_layer_cuda_acts_free(a);
@@ -83,6 +83,7 @@ void moe_layer_cuda_acts_free(moe_layer_cuda_acts *a) {
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             if (bufs[i]) a->ops->free(bufs[i]);
     }
+    if (a->ops && a->cfg.ep_size > 1) moe_layer_cuda_ep_free(a);
     moe_cuda_plan_free(&a->plan); // NULL fields are skipped
     free(a->offsets_h);
     memset(a, 0, sizeof *a);
@@ -130,12 +131,15 @@ int moe_layer_cuda_forward(float *y, const float *x, const int *task_id, const i
     const int rows = a->offsets_h[E];
     MOE_TRY(ops->dispatch_rows(a->row, a->plan.expert, a->plan.slot, a->plan.offsets, T, k));
     MOE_TRY(ops->permute_forward(a->xe, x, a->row, T, k, D));
-    // ab_e = xe_e [w1;w3]_e^T, h = SwiGLU(ab), ye_e = h_e w2_e^T over the segments
-    MOE_TRY(ops->matmul_grouped(a->ab, a->xe, p->experts, p->expert_numel, a->offsets_h, E, 2 * H,
-                                D, true, 1.0f, 0.0f));
-    MOE_TRY(ops->swiglu_forward(a->h, a->ab, rows, H));
-    MOE_TRY(ops->matmul_grouped(a->ye, a->h, p->experts + p->w2_offset, p->expert_numel,
-                                a->offsets_h, E, D, H, true, 1.0f, 0.0f));
+    if (cfg->ep_size > 1) { // the experts live on the EP group's ranks
+        MOE_TRY(moe_layer_cuda_ep_forward(a, p));
+    } else { // ab_e = xe_e [w1;w3]_e^T, h = SwiGLU(ab), ye_e = h_e w2_e^T over the segments
+        MOE_TRY(ops->matmul_grouped(a->ab, a->xe, p->experts, p->expert_numel, a->offsets_h, E,
+                                    2 * H, D, true, 1.0f, 0.0f));
+        MOE_TRY(ops->swiglu_forward(a->h, a->ab, rows, H));
+        MOE_TRY(ops->matmul_grouped(a->ye, a->h, p->experts + p->w2_offset, p->expert_numel,
+                                    a->offsets_h, E, D, H, true, 1.0f, 0.0f));
+    }
     MOE_TRY(ops->unpermute_forward(y, a->ye, a->row, a->plan.weight, T, k, D));
     if (Hs) {
         MOE_TRY(ops->matmul(a->shared_ab, x, p->shared_w13, T, 2 * Hs, D, false, true, 1.0f, 0.0f));
@@ -168,17 +172,20 @@ int moe_layer_cuda_backward(float *dx, const moe_layer_params *dp, const float *
     MOE_TRY(ops->zero(a->dye, (size_t)rows * D));
     MOE_TRY(
         ops->unpermute_backward(a->dye, a->dweight, dy, a->ye, a->row, a->plan.weight, T, k, D));
-    // experts (moe_layer.c ffn_backward, every segment at once)
-    MOE_TRY(
-        ops->matmul_grouped(a->dh, a->dye, w2, p->expert_numel, off, E, H, D, false, 1.0f, 0.0f));
-    MOE_TRY(
-        ops->matmul_grouped_wgrad(dw2, dp->expert_numel, a->dye, a->h, off, E, D, H, 1.0f, 1.0f));
-    MOE_TRY(ops->zero(a->dab, (size_t)rows * 2 * H));
-    MOE_TRY(ops->swiglu_backward(a->dab, a->dh, a->ab, rows, H));
-    MOE_TRY(ops->matmul_grouped_wgrad(dp->experts, dp->expert_numel, a->dab, a->xe, off, E, 2 * H,
-                                      D, 1.0f, 1.0f));
-    MOE_TRY(ops->matmul_grouped(a->dxe, a->dab, p->experts, p->expert_numel, off, E, D, 2 * H,
-                                false, 1.0f, 0.0f));
+    if (cfg->ep_size > 1) { // the experts live on the EP group's ranks
+        MOE_TRY(moe_layer_cuda_ep_backward(a, dp, p));
+    } else { // experts (moe_layer.c ffn_backward, every segment at once)
+        MOE_TRY(ops->matmul_grouped(a->dh, a->dye, w2, p->expert_numel, off, E, H, D, false, 1.0f,
+                                    0.0f));
+        MOE_TRY(ops->matmul_grouped_wgrad(dw2, dp->expert_numel, a->dye, a->h, off, E, D, H, 1.0f,
+                                          1.0f));
+        MOE_TRY(ops->zero(a->dab, (size_t)rows * 2 * H));
+        MOE_TRY(ops->swiglu_backward(a->dab, a->dh, a->ab, rows, H));
+        MOE_TRY(ops->matmul_grouped_wgrad(dp->experts, dp->expert_numel, a->dab, a->xe, off, E,
+                                          2 * H, D, 1.0f, 1.0f));
+        MOE_TRY(ops->matmul_grouped(a->dxe, a->dab, p->experts, p->expert_numel, off, E, D, 2 * H,
+                                    false, 1.0f, 0.0f));
+    }
     MOE_TRY(ops->permute_backward(dx, a->dxe, a->row, T, k, D));
     if (Hs) { // moe_layer.c ffn_backward with din_beta = 1
         MOE_TRY(ops->matmul(a->sdh, dy, p->shared_w2, T, Hs, D, false, false, 1.0f, 0.0f));

@@ -8,7 +8,8 @@
 //         (ep = ranks: bit-identical; ep = 2 x dp = 2: 1e-6 relative, the
 //         expert gradients summed in another order, as tests/mpi_train.c)
 //   cuda: the CUDA MoE layer with ep = ranks, rows exchanged by MPI through
-//         host buffers, every rank on the one GPU (moe_gpu_local_device): 20
+//         host buffers when ranks share a GPU (moe_gpu_local_device), by
+//         NCCL when each has its own (the JSON line says which): 20
 //         steps in fp32 within 1e-3 relative of one process on the CPU, the
 //         tolerance of CUDA against the CPU in tests/test_train_gpu.c (sums
 //         in other orders, compounding through AdamW); on 4 ranks also the
@@ -19,6 +20,7 @@
 #include "moe/train.h"
 #include "mpi_testutil.h"
 #include "testutil.h"
+#include "trainer/train_gpu.h"
 
 #include <math.h>
 #include <mpi.h>
@@ -105,6 +107,16 @@ static void device_path_expert_parallel(moe_comm *world, const char *dir, int ep
     MPI_Barrier(MPI_COMM_WORLD);
 }
 
+// The exchange the GPU trainer picks: NCCL only when no two ranks name the
+// same device on the same host.
+static void devices_distinct_by_host_and_index(moe_comm *world) {
+    bool d = false;
+    CHECK(moe_gpu_devices_distinct(world, rank, &d) == 0 && d, "device = rank: not distinct");
+    CHECK(moe_gpu_devices_distinct(world, 0, &d) == 0 && !d, "device 0 on every rank: distinct");
+    CHECK(moe_gpu_devices_distinct(world, rank == W - 1 ? 0 : rank, &d) == 0 && !d,
+          "the last rank shares device 0: distinct");
+}
+
 // The CUDA MoE layer with parallel.ep = W against one process on the CPU,
 // the exchange flat or hierarchical (a2a).
 static void cuda_expert_parallel(moe_comm *world, const char *dir, const char *a2a) {
@@ -113,6 +125,9 @@ static void cuda_expert_parallel(moe_comm *world, const char *dir, const char *a
     snprintf(c.train.device, sizeof c.train.device, "cuda");
     snprintf(c.train.compute, sizeof c.train.compute, "fp32");
     double gpu[GPU_STEPS] = {0}, ref[GPU_STEPS] = {0};
+    bool nccl = false; // the trainer's choice: NCCL when no two ranks share a GPU
+    CHECK(moe_gpu_devices_distinct(world, moe_gpu_local_device(), &nccl) == 0, "%s",
+          moe_last_error());
     char name[64];
     snprintf(name, sizeof name, "cuda-ep-%s", a2a);
     train_ranks(world, c, dir, name, NULL, gpu);
@@ -124,10 +139,12 @@ static void cuda_expert_parallel(moe_comm *world, const char *dir, const char *a
             if (fabs(gpu[s] - ref[s]) / fabs(ref[s]) > worst)
                 worst = fabs(gpu[s] - ref[s]) / fabs(ref[s]);
         same_losses(gpu, ref, GPU_STEPS, 1e-3, "CUDA EP vs one process on the CPU");
-        printf("{\"test\": \"mpi_gpu_ep\", \"ranks\": %d, \"ep\": %d, \"all_to_all\": \"%s\", "
+        printf("{\"test\": \"mpi_gpu_ep\", \"ranks\": %d, \"ep\": %d, \"exchange\": \"%s\", "
+               "\"all_to_all\": \"%s\", "
                "\"steps\": %d, \"max_rel_loss_diff\": %.3g, \"first_loss\": %.6f, "
                "\"last_loss\": %.6f}\n",
-               W, W, a2a, GPU_STEPS, worst, gpu[0], gpu[GPU_STEPS - 1]);
+               W, W, nccl ? "nccl" : "host-staged", a2a, GPU_STEPS, worst, gpu[0],
+               gpu[GPU_STEPS - 1]);
     }
     MPI_Barrier(MPI_COMM_WORLD);
 }
@@ -167,6 +184,7 @@ int main(int argc, char **argv) {
         return mpi_test_end("mpi_gpu_ep", rank);
     }
     if (!strcmp(mode, "cpu")) {
+        devices_distinct_by_host_and_index(world);
         device_path_expert_parallel(world, dir, W, 0);
         if (W == 4) device_path_expert_parallel(world, dir, 2, 1e-6);
     } else {

@@ -252,7 +252,7 @@ int moe_model_memory(const moe_config *cfg, int B, int T, int n_tasks, int ep_si
                      moe_model_mem *out) {
     moe_model m;
     size_t moe_off[MOE_MAX_LAYERS];
-    moe_ep_group g = {ep_size, ep_rank, NULL, NULL, 0}; // sizes only: never called
+    moe_ep_group g = {ep_size, ep_rank, NULL, NULL, 0, NULL}; // sizes only: never called
     memset(out, 0, sizeof *out);
     MOE_TRY(model_setup(&m, cfg, B, T, n_tasks, ep_size > 1 ? &g : NULL, moe_off));
     out->params = m.table.numel * sizeof(float);
@@ -636,7 +636,7 @@ int moe_model_device_memory(const moe_config *cfg, int B, int T, int n_tasks, co
     if (cfg->memory.mini_seq > 1)
         return moe_fail(MOE_EINVAL, "training on the GPU does not support memory.mini_seq > 1 yet");
     // any rank of an EP group: every one holds E / ep experts and the same buffers
-    moe_ep_group ep = {cfg->parallel.ep, 0, NULL, NULL, 0}; // sizes only: never called
+    moe_ep_group ep = {cfg->parallel.ep, 0, NULL, NULL, 0, NULL}; // sizes only: never called
     MOE_TRY(model_setup(&m, cfg, B, T, n_tasks, cfg->parallel.ep > 1 ? &ep : NULL, moe_off));
     const char *no = gpu_unsupported(cfg, false, m.chunks, false);
     if (no) {

@@ -9,11 +9,36 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef MOE_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
+
 static int ep_alltoallv(void *ctx, const void *send, const int *send_counts, void *recv,
                         int *recv_counts, size_t recv_cap, size_t elem_size) {
     moe_parallel *p = ctx;
     return moe_comm_alltoallv(p->ep, p->algo, send, send_counts, recv, recv_counts, recv_cap,
                               elem_size);
+}
+
+#ifdef MOE_HAVE_CUDA
+// The EP exchange of device rows over NCCL, on the backend's stream.
+static int ep_alltoallv_device(void *ctx, const void *send, const int *send_counts, void *recv,
+                               int *recv_counts, size_t recv_cap, size_t elem_size) {
+    moe_parallel *p = ctx;
+    return moe_nccl_alltoallv(p->ep_nccl, p->algo, send, send_counts, recv, recv_counts, recv_cap,
+                              elem_size, moe_cuda_stream());
+}
+#endif
+
+int moe_parallel_device_exchange(moe_parallel *p, moe_nccl_comm *nccl) {
+    p->ep_nccl = nccl;
+#ifdef MOE_HAVE_CUDA
+    p->group.alltoallv_device = nccl ? ep_alltoallv_device : NULL;
+    return 0;
+#else
+    p->group.alltoallv_device = NULL;
+    return nccl ? moe_fail(MOE_EINVAL, "built without CUDA") : 0;
+#endif
 }
 
 int moe_parallel_init(moe_parallel *p, moe_comm *world, const moe_config *cfg) {
@@ -42,7 +67,7 @@ int moe_parallel_init(moe_parallel *p, moe_comm *world, const moe_config *cfg) {
         moe_parallel_free(p);
         return rc;
     }
-    p->group = (moe_ep_group){p->ep_size, p->ep_rank, p, ep_alltoallv, 0};
+    p->group = (moe_ep_group){p->ep_size, p->ep_rank, p, ep_alltoallv, 0, NULL};
     if (cfg->comm.node_dedup) p->group.dedup_G = moe_comm_ranks_per_node(p->ep);
     return 0;
 }

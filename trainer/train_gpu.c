@@ -9,8 +9,10 @@
 #include "moe/error.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef MOE_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
@@ -132,9 +134,19 @@ int moe_gpu_trainer_connect(moe_gpu_trainer *g, moe_parallel *par) {
     if (!world || moe_comm_size(world) == 1) return 0;
     if (par->ep_size > 1) {
         g->par = par;
-        if (on_cuda(g->ops) && !(g->host_grads = malloc(g->n * sizeof(float) + 1)))
+        if (!on_cuda(g->ops)) return 0;
+        if (!(g->host_grads = malloc(g->n * sizeof(float) + 1)))
             return moe_fail(MOE_ENOMEM, "GPU trainer: host copy of %zu gradients", g->n);
+#ifdef MOE_HAVE_NCCL
+        const int device = moe_gpu_local_device();
+        bool distinct = false;
+        MOE_TRY(moe_gpu_devices_distinct(par->ep, device, &distinct));
+        if (!distinct) return 0; // every rank of the group decided alike
+        MOE_TRY(moe_nccl_comm_init(&g->ep_nccl, par->ep, device));
+        return moe_parallel_device_exchange(par, g->ep_nccl);
+#else
         return 0;
+#endif
     }
     if (!on_cuda(g->ops)) return 0;
 #ifdef MOE_HAVE_CUDA
@@ -143,6 +155,27 @@ int moe_gpu_trainer_connect(moe_gpu_trainer *g, moe_parallel *par) {
 #else
     return moe_fail(MOE_EINVAL, "built without CUDA");
 #endif
+}
+
+int moe_gpu_devices_distinct(moe_comm *comm, int device, bool *distinct) {
+    typedef struct {
+        char host[64];
+        int device;
+    } where;
+    const int n = moe_comm_size(comm);
+    where me, *all = calloc((size_t)n, sizeof *all);
+    if (!all) return moe_fail(MOE_ENOMEM, "GPU placement of %d ranks", n);
+    memset(&me, 0, sizeof me);
+    if (gethostname(me.host, sizeof me.host - 1) != 0) snprintf(me.host, sizeof me.host, "?");
+    me.device = device;
+    int rc = moe_comm_allgather(comm, &me, all, sizeof me);
+    *distinct = true;
+    for (int i = 0; rc == 0 && i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (all[i].device == all[j].device && !strcmp(all[i].host, all[j].host))
+                *distinct = false;
+    free(all);
+    return rc;
 }
 
 int moe_gpu_allreduce_grads(moe_gpu_trainer *g) {
@@ -168,6 +201,8 @@ int moe_gpu_allreduce_grads(moe_gpu_trainer *g) {
 
 void moe_gpu_trainer_free(moe_gpu_trainer *g) {
     moe_nccl_comm_free(g->nccl);
+    if (g->ep_nccl) moe_parallel_device_exchange(g->par, NULL);
+    moe_nccl_comm_free(g->ep_nccl);
     free(g->host_grads);
     const moe_ops *ops = g->ops;
     if (ops) {

@@ -31,6 +31,7 @@ typedef struct {
     // gradients they run on
     moe_parallel *par;
     float *host_grads;
+    moe_nccl_comm *ep_nccl; // the CUDA layers' exchange when the EP group's GPUs are distinct
 } moe_gpu_trainer;
 
 // The CUDA device of this rank: the launcher's node-local rank (Open MPI,
@@ -54,8 +55,13 @@ size_t moe_gpu_trainer_bytes(size_t n, size_t tokens, const moe_ops *ops, size_t
 // all-reduce, on the CPU table the host communicator's rank-order sum. Expert
 // parallelism (parallel.ep > 1): moe_parallel_allreduce_buffer's sums, on a
 // CUDA table through a host copy of the gradients (ranks may share a GPU,
-// where NCCL cannot run).
+// where NCCL cannot run); and when the EP group's ranks have distinct GPUs
+// the CUDA layers exchange rows over an NCCL communicator of the group
+// (moe_parallel_device_exchange), else staged through host memory.
 int moe_gpu_trainer_connect(moe_gpu_trainer *g, moe_parallel *par);
+// Whether every rank of comm is on a device of its own (host name and
+// device index differ; collective over comm): NCCL can join them then.
+int moe_gpu_devices_distinct(moe_comm *comm, int device, bool *distinct);
 // Sums the gradients over the ranks (no-op in one process).
 int moe_gpu_allreduce_grads(moe_gpu_trainer *g);
 

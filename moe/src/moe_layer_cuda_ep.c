@@ -1,10 +1,11 @@
 // Expert parallelism of the CUDA MoE layer (moe/moe_layer_cuda.h): the
 // exchange of moe/src/moe_layer.c (dispatch, combine, redispatch: counts
 // first, then rows; received rows lie source by source, each source's in
-// local-expert order) with the rows staged through host memory and moved by
-// the EP group's alltoallv (MPI), so ranks sharing one GPU work, where NCCL
-// cannot run. Each source's rows are one grouped GEMM per projection over the
-// local experts; the weight gradients of the sources add up in source order.
+// local-expert order) by the group's device exchange (NCCL) when it has one,
+// else with the rows staged through host memory and moved by the EP group's
+// alltoallv (MPI), so ranks sharing one GPU work, where NCCL cannot run. Each source's rows are one
+// grouped GEMM per projection over the local experts; the weight gradients of the sources add up in
+// source order.
 #include "moe/error.h"
 #include "moe/moe_layer_cuda.h"
 
@@ -56,11 +57,14 @@ void moe_layer_cuda_ep_free(moe_layer_cuda_acts *a) {
 }
 
 // Rows src [n, D] (device) go out send_counts[r] to rank r; what arrives
-// (recv_counts, at most cap rows) lands in dst (device), source by source.
+// (recv_counts, at most cap rows) lands in dst (device), source by source:
+// device to device where the group has a device exchange, else staged.
 static int exchange(moe_layer_cuda_acts *a, float *dst, const float *src, const int *send_counts,
                     int *recv_counts, size_t cap) {
     const moe_ep_group *g = a->ep;
     const size_t row = (size_t)a->cfg.D * sizeof(float);
+    if (g->alltoallv_device)
+        return g->alltoallv_device(g->ctx, src, send_counts, dst, recv_counts, cap, row);
     size_t n = 0, got = 0;
     for (int r = 0; r < g->size; r++)
         n += (size_t)send_counts[r];

@@ -8,6 +8,7 @@
 #define MOE_PARALLEL_H
 
 #include "moe/comm.h"
+#include "moe/comm_nccl.h"
 #include "moe/config.h"
 #include "moe/model.h"
 #include "moe/optim.h"
@@ -18,8 +19,9 @@ typedef struct {
     moe_comm *edp;   // ranks holding the same experts
     int size, rank, ep_size, ep_rank, dp_size, dp_rank;
     moe_a2a_algo algo;
-    moe_ep_group group; // the model's exchange, bound to ep
-    float *pack;        // staging for grouped all-reduces
+    moe_ep_group group;     // the model's exchange, bound to ep
+    moe_nccl_comm *ep_nccl; // the EP group's device exchange (NULL: none), not owned
+    float *pack;            // staging for grouped all-reduces
     size_t pack_n;
     // placement.mode = replicate (trainer/placement.c): per layer, NULL for
     // dense layers; the global load EMA [layer][E] the tables come from; the
@@ -40,6 +42,11 @@ typedef struct {
 // size % ep and E % ep are checked (the caller agrees the status over ranks).
 int moe_parallel_init(moe_parallel *p, moe_comm *world, const moe_config *cfg);
 void moe_parallel_free(moe_parallel *p);
+// The CUDA layers' exchange of device rows: over nccl (a communicator of the
+// EP group, comm.all_to_all's algorithm; the caller keeps it alive and frees
+// it), or NULL for the rows staged through host memory and the group's MPI
+// exchange.
+int moe_parallel_device_exchange(moe_parallel *p, moe_nccl_comm *nccl);
 
 // Sums the gradients of every rank: dense tensors over the world, expert
 // tensors over the expert DP group.

@@ -13,10 +13,12 @@
 //         steps in fp32 within 1e-3 relative of one process on the CPU, the
 //         tolerance of CUDA against the CPU in tests/test_train_gpu.c (sums
 //         in other orders, compounding through AdamW); on 4 ranks also the
-//         hierarchical exchange (2 simulated nodes of 2 ranks). Without
+//         hierarchical exchange (2 simulated nodes of 2 ranks); each rank's
+//         tracked device peak equals its `moe plan` device total. Without
 //         a CUDA device every rank exits 77 (ctest: skipped).
 #include "moe/comm.h"
 #include "moe/error.h"
+#include "moe/plan.h"
 #include "moe/train.h"
 #include "mpi_testutil.h"
 #include "testutil.h"
@@ -130,7 +132,22 @@ static void cuda_expert_parallel(moe_comm *world, const char *dir, const char *a
           moe_last_error());
     char name[64];
     snprintf(name, sizeof name, "cuda-ep-%s", a2a);
+#ifdef MOE_HAVE_CUDA
+    // every rank's tracked device peak is its plan (moe plan with parallel.ep)
+    moe_gpu_mem_plan plan;
+    CHECK(moe_plan_device_memory(&c, NULL, &plan) == 0, "plan: %s", moe_last_error());
+    CHECK(moe_cuda_init(moe_gpu_local_device()) == 0, "%s", moe_last_error());
+    const size_t base = moe_cuda_mem_in_use();
+    moe_cuda_mem_reset_peak();
+#endif
     train_ranks(world, c, dir, name, NULL, gpu);
+#ifdef MOE_HAVE_CUDA
+    const size_t peak = moe_cuda_mem_peak() - base;
+    CHECK(peak == plan.total, "rank %d: tracked device peak %zu bytes, plan %zu", rank, peak,
+          plan.total);
+    CHECK(moe_cuda_mem_in_use() == base, "rank %d: %zu device bytes not freed", rank,
+          moe_cuda_mem_in_use() - base);
+#endif
     if (rank == 0) {
         snprintf(name, sizeof name, "cuda-ref-%s", a2a);
         train_reference(c, dir, name, ref);

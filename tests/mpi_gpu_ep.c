@@ -14,7 +14,8 @@
 //         tolerance of CUDA against the CPU in tests/test_train_gpu.c (sums
 //         in other orders, compounding through AdamW); on 4 ranks also the
 //         hierarchical exchange (2 simulated nodes of 2 ranks); each rank's
-//         tracked device peak equals its `moe plan` device total. Without
+//         tracked device peak equals its `moe plan` device total; and data
+//         parallelism (ep = 1) on the same ranks. Without
 //         a CUDA device every rank exits 77 (ctest: skipped).
 #include "moe/comm.h"
 #include "moe/error.h"
@@ -119,10 +120,11 @@ static void devices_distinct_by_host_and_index(moe_comm *world) {
           "the last rank shares device 0: distinct");
 }
 
-// The CUDA MoE layer with parallel.ep = W against one process on the CPU,
-// the exchange flat or hierarchical (a2a).
-static void cuda_expert_parallel(moe_comm *world, const char *dir, const char *a2a) {
-    moe_config c = base(W, GPU_STEPS);
+// The CUDA MoE layer with parallel.ep = ep against one process on the CPU,
+// the exchange flat or hierarchical (a2a); ep = 1 is data parallelism (on a
+// shared GPU its gradients are summed through host memory too).
+static void cuda_expert_parallel(moe_comm *world, const char *dir, const char *a2a, int ep) {
+    moe_config c = base(ep, GPU_STEPS);
     snprintf(c.comm.all_to_all, sizeof c.comm.all_to_all, "%s", a2a);
     snprintf(c.train.device, sizeof c.train.device, "cuda");
     snprintf(c.train.compute, sizeof c.train.compute, "fp32");
@@ -131,7 +133,7 @@ static void cuda_expert_parallel(moe_comm *world, const char *dir, const char *a
     CHECK(moe_gpu_devices_distinct(world, moe_gpu_local_device(), &nccl) == 0, "%s",
           moe_last_error());
     char name[64];
-    snprintf(name, sizeof name, "cuda-ep-%s", a2a);
+    snprintf(name, sizeof name, "cuda-ep%d-%s", ep, a2a);
 #ifdef MOE_HAVE_CUDA
     // every rank's tracked device peak is its plan (moe plan with parallel.ep)
     moe_gpu_mem_plan plan;
@@ -149,7 +151,7 @@ static void cuda_expert_parallel(moe_comm *world, const char *dir, const char *a
           moe_cuda_mem_in_use() - base);
 #endif
     if (rank == 0) {
-        snprintf(name, sizeof name, "cuda-ref-%s", a2a);
+        snprintf(name, sizeof name, "cuda-ref-ep%d-%s", ep, a2a);
         train_reference(c, dir, name, ref);
         double worst = 0;
         for (int s = 0; s < GPU_STEPS; s++)
@@ -160,7 +162,7 @@ static void cuda_expert_parallel(moe_comm *world, const char *dir, const char *a
                "\"all_to_all\": \"%s\", "
                "\"steps\": %d, \"max_rel_loss_diff\": %.3g, \"first_loss\": %.6f, "
                "\"last_loss\": %.6f}\n",
-               W, W, nccl ? "nccl" : "host-staged", a2a, GPU_STEPS, worst, gpu[0],
+               W, ep, nccl ? "nccl" : "host-staged", a2a, GPU_STEPS, worst, gpu[0],
                gpu[GPU_STEPS - 1]);
     }
     MPI_Barrier(MPI_COMM_WORLD);
@@ -205,7 +207,8 @@ int main(int argc, char **argv) {
         device_path_expert_parallel(world, dir, W, 0);
         if (W == 4) device_path_expert_parallel(world, dir, 2, 1e-6);
     } else {
-        cuda_expert_parallel(world, dir, "flat");
+        cuda_expert_parallel(world, dir, "flat", W);
+        cuda_expert_parallel(world, dir, "flat", 1);
     }
     moe_comm_free(world);
     if (!strcmp(mode, "cuda") && W == 4) { // two simulated nodes of 2 ranks
@@ -213,7 +216,7 @@ int main(int argc, char **argv) {
             CHECK(0, "world: %s", moe_last_error());
             return mpi_test_end("mpi_gpu_ep", rank);
         }
-        cuda_expert_parallel(world, dir, "hierarchical");
+        cuda_expert_parallel(world, dir, "hierarchical", W);
         moe_comm_free(world);
     }
     return mpi_test_end("mpi_gpu_ep", rank);

@@ -132,26 +132,27 @@ int moe_gpu_trainer_connect(moe_gpu_trainer *g, moe_parallel *par) {
     moe_comm *world = par->world;
     g->world = world;
     if (!world || moe_comm_size(world) == 1) return 0;
-    if (par->ep_size > 1) {
-        g->par = par;
-        if (!on_cuda(g->ops)) return 0;
-        if (!(g->host_grads = malloc(g->n * sizeof(float) + 1)))
-            return moe_fail(MOE_ENOMEM, "GPU trainer: host copy of %zu gradients", g->n);
-#ifdef MOE_HAVE_NCCL
-        const int device = moe_gpu_local_device();
-        bool distinct = false;
-        MOE_TRY(moe_gpu_devices_distinct(par->ep, device, &distinct));
-        if (!distinct) return 0; // every rank of the group decided alike
-        MOE_TRY(moe_nccl_comm_init(&g->ep_nccl, par->ep, device));
-        return moe_parallel_device_exchange(par, g->ep_nccl);
-#else
+    if (!on_cuda(g->ops)) {
+        if (par->ep_size > 1) g->par = par;
         return 0;
-#endif
     }
-    if (!on_cuda(g->ops)) return 0;
 #ifdef MOE_HAVE_CUDA
-    int device = moe_gpu_local_device();
-    return moe_nccl_comm_init(&g->nccl, world, device);
+    // NCCL cannot join two ranks on one device: those sum their gradients
+    // (and exchange expert rows) through host memory. The check is collective
+    // over the communicator NCCL would span, so its ranks decide alike.
+    const int device = moe_gpu_local_device();
+    bool distinct = false;
+    MOE_TRY(moe_gpu_devices_distinct(par->ep_size > 1 ? par->ep : world, device, &distinct));
+#ifndef MOE_HAVE_NCCL
+    distinct = false; // no NCCL: the host path for every layout
+#endif
+    if (par->ep_size == 1 && distinct) return moe_nccl_comm_init(&g->nccl, world, device);
+    g->par = par;
+    if (!(g->host_grads = malloc(g->n * sizeof(float) + 1)))
+        return moe_fail(MOE_ENOMEM, "GPU trainer: host copy of %zu gradients", g->n);
+    if (par->ep_size == 1 || !distinct) return 0;
+    MOE_TRY(moe_nccl_comm_init(&g->ep_nccl, par->ep, device));
+    return moe_parallel_device_exchange(par, g->ep_nccl);
 #else
     return moe_fail(MOE_EINVAL, "built without CUDA");
 #endif
@@ -180,7 +181,7 @@ int moe_gpu_devices_distinct(moe_comm *comm, int device, bool *distinct) {
 
 int moe_gpu_allreduce_grads(moe_gpu_trainer *g) {
     if (!g->world || moe_comm_size(g->world) == 1) return 0;
-    if (g->par) { // expert parallel
+    if (g->par) { // expert parallel, or ranks sharing a GPU
         if (!on_cuda(g->ops)) return moe_parallel_allreduce_buffer(g->par, &g->m.table, g->m.grads);
         const size_t bytes = g->n * sizeof(float);
         MOE_TRY(down(g->ops, g->host_grads, g->m.grads, bytes));

@@ -25,10 +25,10 @@ typedef struct {
     size_t n, tokens;
     moe_comm *world;     // data-parallel ranks (NULL or size 1: one process)
     moe_nccl_comm *nccl; // their gradient all-reduce on CUDA tables (parallel.ep = 1)
-    // parallel.ep > 1: the process grid whose reductions the host trainer
-    // uses (dense gradients over the world, expert shards over their expert
-    // data-parallel group), and on a CUDA table the host copy of the
-    // gradients they run on
+    // parallel.ep > 1, or CUDA ranks that share a GPU (or a build without
+    // NCCL): the process grid whose reductions the host trainer uses (dense
+    // gradients over the world, expert shards over their expert data-parallel
+    // group), and on a CUDA table the host copy of the gradients they run on
     moe_parallel *par;
     float *host_grads;
     moe_nccl_comm *ep_nccl; // the CUDA layers' exchange when the EP group's GPUs are distinct
@@ -51,13 +51,14 @@ void moe_gpu_trainer_free(moe_gpu_trainer *g);
 size_t moe_gpu_trainer_bytes(size_t n, size_t tokens, const moe_ops *ops, size_t *optimizer);
 // Several ranks over par's world (collective; every rank calls it after
 // agreeing that init succeeded; par stays the caller's). Data parallelism
-// (parallel.ep = 1): on a CUDA table an NCCL communicator for the gradient
-// all-reduce, on the CPU table the host communicator's rank-order sum. Expert
-// parallelism (parallel.ep > 1): moe_parallel_allreduce_buffer's sums, on a
-// CUDA table through a host copy of the gradients (ranks may share a GPU,
-// where NCCL cannot run); and when the EP group's ranks have distinct GPUs
-// the CUDA layers exchange rows over an NCCL communicator of the group
-// (moe_parallel_device_exchange), else staged through host memory.
+// (parallel.ep = 1): on a CUDA table with a GPU per rank an NCCL
+// communicator for the gradient all-reduce, on the CPU table the host
+// communicator's rank-order sum. Expert parallelism (parallel.ep > 1), and
+// CUDA ranks sharing a GPU (where NCCL cannot run): moe_parallel_allreduce_buffer's
+// sums, on a CUDA table through a host copy of the gradients; when the EP
+// group's ranks have distinct GPUs the CUDA layers exchange rows over an NCCL
+// communicator of the group (moe_parallel_device_exchange), else staged
+// through host memory.
 int moe_gpu_trainer_connect(moe_gpu_trainer *g, moe_parallel *par);
 // Whether every rank of comm is on a device of its own (host name and
 // device index differ; collective over comm): NCCL can join them then.

@@ -6,7 +6,9 @@
 //         with ep = ranks, and ep = 2 x dp = 2 on 4 ranks: losses and final
 //         weights bit-identical to the host EP trainer, and to one process
 //         (ep = ranks: bit-identical; ep = 2 x dp = 2: 1e-6 relative, the
-//         expert gradients summed in another order, as tests/mpi_train.c)
+//         expert gradients summed in another order, as tests/mpi_train.c);
+//         and the CUDA layer's expert side (moe/src/moe_ep_rows.c) run on
+//         moe_ops_cpu against the CPU layer's expert-parallel path
 //   cuda: the CUDA MoE layer with ep = ranks, rows exchanged by MPI through
 //         host buffers when ranks share a GPU (moe_gpu_local_device), by
 //         NCCL when each has its own (the JSON line says which): 20
@@ -19,6 +21,8 @@
 //         a CUDA device every rank exits 77 (ctest: skipped).
 #include "moe/comm.h"
 #include "moe/error.h"
+#include "moe/moe_ep_rows.h"
+#include "moe/parallel.h"
 #include "moe/plan.h"
 #include "moe/train.h"
 #include "mpi_testutil.h"
@@ -108,6 +112,85 @@ static void device_path_expert_parallel(moe_comm *world, const char *dir, int ep
                ep, W, CPU_STEPS, dev[CPU_STEPS - 1], host[CPU_STEPS - 1], ref[CPU_STEPS - 1]);
     }
     MPI_Barrier(MPI_COMM_WORLD);
+}
+
+static int copy(void *dst, const void *src, size_t bytes) {
+    if (bytes) memcpy(dst, src, bytes);
+    return 0;
+}
+
+// Largest |a - b| / max(|b|, 1e-3) over n floats.
+static double max_rel(const float *a, const float *b, size_t n) {
+    double w = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]) / fmax(fabs((double)b[i]), 1e-3);
+        if (d > w) w = d;
+    }
+    return w;
+}
+
+// The expert side of the CUDA layer (moe/src/moe_ep_rows.c: exchange,
+// per-source grouped GEMMs, per-source weight gradients) run on moe_ops_cpu
+// with memcpy as its transfers, against the CPU layer's own expert parallel
+// path on the same rows: the same expert outputs, input gradients and
+// expert weight gradients (1e-5 relative: the CPU layer's fused expert op
+// adds each source's weight gradient formed apart, the grouped GEMM
+// accumulates in place). Top-2 routing with capacity 1.0 drops rows.
+static void ep_rows_match_cpu_layer(moe_comm *world) {
+    moe_config c = base(W, 1);
+    moe_parallel par;
+    CHECK(moe_parallel_init(&par, world, &c) == 0, "grid: %s", moe_last_error());
+    moe_layer_config lc = {0};
+    lc.T_max = 24, lc.D = 8, lc.H = 12, lc.E = 2 * W, lc.ep_size = W, lc.ep_rank = par.ep_rank;
+    moe_router_config_default(&lc.router);
+    lc.router.top_k = 2;
+    lc.router.capacity_factor = 1.0;
+    const int T = lc.T_max, D = lc.D;
+    const size_t np = moe_layer_num_params(&lc), rows_max = (size_t)T * 2;
+    float *pb = calloc(np, 4), *g_cpu = calloc(np, 4), *g_ep = calloc(np, 4);
+    float *x = calloc((size_t)T * D, 4), *y = calloc((size_t)T * D, 4);
+    float *dy = calloc((size_t)T * D, 4), *dx = calloc((size_t)T * D, 4);
+    float *ye = calloc(rows_max * D, 4), *dxe = calloc(rows_max * D, 4);
+    tu_rng rng;
+    tu_seed(&rng, 1000 + (uint64_t)rank);
+    tu_fill_normal(&rng, pb, np, 0.5f);
+    tu_fill_normal(&rng, x, (size_t)T * D, 1.0f);
+    tu_fill_normal(&rng, dy, (size_t)T * D, 1.0f);
+    moe_layer_params p, gc, ge;
+    moe_layer_params_view(&p, pb, &lc);
+    moe_layer_params_view(&gc, g_cpu, &lc);
+    moe_layer_params_view(&ge, g_ep, &lc);
+    moe_layer_acts a;
+    moe_ep_rows r;
+    CHECK(moe_layer_acts_alloc(&a, &lc, &moe_ops_cpu) == 0, "acts: %s", moe_last_error());
+    CHECK(moe_ep_rows_alloc(&r, &lc, &moe_ops_cpu, copy, copy) == 0, "rows: %s", moe_last_error());
+    a.ep = r.ep = &par.group;
+    CHECK(moe_layer_forward(y, x, NULL, NULL, T, &p, &a, false, 0) == 0, "forward: %s",
+          moe_last_error());
+    const int rows = a.plan.offsets[lc.E];
+    int dropped = 0;
+    for (int e = 0; e < lc.E; e++)
+        dropped += a.plan.counts[e] - a.plan.kept[e];
+    CHECK(moe_ep_rows_forward(&r, ye, a.xe, a.plan.offsets, &p) == 0, "ep forward: %s",
+          moe_last_error());
+    const double fwd = max_rel(ye, a.ye, (size_t)rows * D);
+    CHECK(fwd <= 1e-5, "rank %d: expert outputs differ by %.3g", rank, fwd);
+    CHECK(moe_layer_backward(dx, &gc, dy, x, NULL, T, &p, &a, 0, 0) == 0, "backward: %s",
+          moe_last_error());
+    CHECK(moe_ep_rows_backward(&r, dxe, a.dye, &ge, &p) == 0, "ep backward: %s", moe_last_error());
+    const size_t ne = (size_t)moe_layer_local_experts(&lc) * p.expert_numel;
+    const double bx = max_rel(dxe, a.dxe, (size_t)rows * D),
+                 bw = max_rel(ge.experts, gc.experts, ne);
+    CHECK(bx <= 1e-5 && bw <= 1e-5, "rank %d: input gradients differ by %.3g, weights by %.3g",
+          rank, bx, bw);
+    if (rank == 0)
+        printf("expert rows on moe_ops_cpu vs the CPU layer, %d ranks: %d rows here, %d dropped; "
+               "max rel diff %.3g (ye), %.3g (dxe), %.3g (expert grads)\n",
+               W, rows, dropped, fwd, bx, bw);
+    moe_ep_rows_free(&r);
+    moe_layer_acts_free(&a);
+    moe_parallel_free(&par);
+    free(pb), free(g_cpu), free(g_ep), free(x), free(y), free(dy), free(dx), free(ye), free(dxe);
 }
 
 // The exchange the GPU trainer picks: NCCL only when no two ranks name the
@@ -204,6 +287,7 @@ int main(int argc, char **argv) {
     }
     if (!strcmp(mode, "cpu")) {
         devices_distinct_by_host_and_index(world);
+        ep_rows_match_cpu_layer(world);
         device_path_expert_parallel(world, dir, W, 0);
         if (W == 4) device_path_expert_parallel(world, dir, 2, 1e-6);
     } else {

@@ -1,6 +1,6 @@
 // The device memory of expert parallelism on the GPU (parallel.ep > 1): the
 // CUDA layer's expert-side buffers (moe_cuda_layer_ep_sizes, the ones
-// moe/src/moe_layer_cuda_ep.c allocates) checked by hand, and the plan of a
+// moe/src/moe_ep_rows.c allocates) checked by hand, and the plan of a
 // rank (moe_plan_device_memory) against the one-process plan: E / ep experts'
 // parameters, gradients and moments fewer, the expert-side buffers more.
 #include "moe/cuda_sizes.h"

@@ -67,7 +67,8 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
             goto fail;
         }
     }
-    if (cfg->ep_size > 1) MOE_TRY_GOTO(moe_layer_cuda_ep_alloc(a), rc);
+    if (cfg->ep_size > 1)
+        MOE_TRY_GOTO(moe_ep_rows_alloc(&a->epr, cfg, ops, moe_cuda_download, moe_cuda_upload), rc);
     return 0;
 fail:
     moe_layer_cuda_acts_free(a);
@@ -83,7 +84,7 @@ void moe_layer_cuda_acts_free(moe_layer_cuda_acts *a) {
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             if (bufs[i]) a->ops->free(bufs[i]);
     }
-    if (a->ops && a->cfg.ep_size > 1) moe_layer_cuda_ep_free(a);
+    if (a->cfg.ep_size > 1) moe_ep_rows_free(&a->epr);
     moe_cuda_plan_free(&a->plan); // NULL fields are skipped
     free(a->offsets_h);
     memset(a, 0, sizeof *a);
@@ -132,7 +133,8 @@ int moe_layer_cuda_forward(float *y, const float *x, const int *task_id, const i
     MOE_TRY(ops->dispatch_rows(a->row, a->plan.expert, a->plan.slot, a->plan.offsets, T, k));
     MOE_TRY(ops->permute_forward(a->xe, x, a->row, T, k, D));
     if (cfg->ep_size > 1) { // the experts live on the EP group's ranks
-        MOE_TRY(moe_layer_cuda_ep_forward(a, p));
+        a->epr.ep = a->ep;
+        MOE_TRY(moe_ep_rows_forward(&a->epr, a->ye, a->xe, a->offsets_h, p));
     } else { // ab_e = xe_e [w1;w3]_e^T, h = SwiGLU(ab), ye_e = h_e w2_e^T over the segments
         MOE_TRY(ops->matmul_grouped(a->ab, a->xe, p->experts, p->expert_numel, a->offsets_h, E,
                                     2 * H, D, true, 1.0f, 0.0f));
@@ -173,7 +175,7 @@ int moe_layer_cuda_backward(float *dx, const moe_layer_params *dp, const float *
     MOE_TRY(
         ops->unpermute_backward(a->dye, a->dweight, dy, a->ye, a->row, a->plan.weight, T, k, D));
     if (cfg->ep_size > 1) { // the experts live on the EP group's ranks
-        MOE_TRY(moe_layer_cuda_ep_backward(a, dp, p));
+        MOE_TRY(moe_ep_rows_backward(&a->epr, a->dxe, a->dye, dp, p));
     } else { // experts (moe_layer.c ffn_backward, every segment at once)
         MOE_TRY(ops->matmul_grouped(a->dh, a->dye, w2, p->expert_numel, off, E, H, D, false, 1.0f,
                                     0.0f));

@@ -35,7 +35,7 @@ size_t moe_cuda_sort_tmp_bytes(int n, bool *exact);
 enum { MOE_CUDA_LAYER_BUFS = 21 };
 void moe_cuda_layer_sizes(const moe_layer_config *cfg, size_t out[MOE_CUDA_LAYER_BUFS]);
 size_t moe_cuda_layer_bytes(const moe_layer_config *cfg, size_t sort_tmp);
-// Its expert-parallel buffers (moe/src/moe_layer_cuda_ep.c, in its order; all
+// Its expert-parallel buffers (moe/src/moe_ep_rows.c, in its order; all
 // 0 when ep_size <= 1): xr, abr, hr, yr (also dyr), dxr, dhr, dabr for the
 // ep_size * T_max * k rows the layer's experts may receive. Included in
 // moe_cuda_layer_bytes.

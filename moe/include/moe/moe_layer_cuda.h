@@ -8,14 +8,15 @@
 // either table (routing is a discrete choice; see moe_layer_cuda_forward).
 //
 // Supported: configurations without chunking (n_chunks <= 1), expert
-// parallelism (ep_size > 1, moe/src/moe_layer_cuda_ep.c: rows exchanged by the
-// EP group's alltoallv through host memory), task-level routing (n_tasks > 0: the gate
-// reads the task embeddings, logits gathered per token), router noise (jitter
-// on the gate input, Gumbel in the router, keyed as the CPU) and task
-// priorities. Others fail with MOE_EINVAL naming the key.
+// parallelism (ep_size > 1, moe/src/moe_ep_rows.c: rows exchanged by NCCL,
+// or by the EP group's alltoallv through host memory), task-level routing
+// (n_tasks > 0: the gate reads the task embeddings, logits gathered per
+// token), router noise (jitter on the gate input, Gumbel in the router, keyed
+// as the CPU) and task priorities. Others fail with MOE_EINVAL naming the key.
 #ifndef MOE_MOE_LAYER_CUDA_H
 #define MOE_MOE_LAYER_CUDA_H
 
+#include "moe/moe_ep_rows.h"
 #include "moe/moe_layer.h"
 
 #ifdef MOE_HAVE_CUDA
@@ -38,14 +39,9 @@ typedef struct {
     float *noise, *gate_in, *dgate_in; // [G, D] jitter factors, jittered input, its gradient
     float *logits_g, *dlogits_g;       // [n_tasks, E] per-task logits and their gradient
     bool jittered;                     // the last forward jittered the gate input
-    // Expert parallelism (cfg.ep_size > 1): the rows this rank's experts
-    // process, R = ep_size * T_max * k at most, source by source, each
-    // source's in local-expert order (moe_layer.c); yr and dyr share memory
+    // Expert parallelism (cfg.ep_size > 1): the experts' side of the rows
     const moe_ep_group *ep; // required when ep_size > 1, set by the caller
-    float *xr, *abr, *hr, *yr, *dyr, *dxr, *dhr, *dabr; // [R, D | 2H | H | D | D | D | H | 2H]
-    float *stage_send, *stage_recv;                     // host [R, D]: the exchange's staging
-    int *send_rows, *recv_rows;                         // host [ep_size] rows to and from each rank
-    int *recv_kept, *blk_off; // host [ep_size * E_local] rows of (source, local expert), prefix
+    moe_ep_rows epr;        // moe/moe_ep_rows.h with moe_cuda_download/upload
 } moe_layer_cuda_acts;
 
 int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cfg,
@@ -67,15 +63,6 @@ int moe_layer_cuda_backward(float *dx, const moe_layer_params *dp, const float *
                             const int *task_id, int T, const moe_layer_params *p,
                             moe_layer_cuda_acts *a, float aux_scale, float z_scale);
 
-// Expert parallelism (moe/src/moe_layer_cuda_ep.c), called by the functions
-// above: the buffers (sizes from moe_cuda_layer_ep_sizes), and the expert part
-// of the forward (xe in expert order -> ye) and of the backward (dye -> dxe,
-// weight gradients added into dp). Collective over the EP group.
-int moe_layer_cuda_ep_alloc(moe_layer_cuda_acts *a);
-void moe_layer_cuda_ep_free(moe_layer_cuda_acts *a);
-int moe_layer_cuda_ep_forward(moe_layer_cuda_acts *a, const moe_layer_params *p);
-int moe_layer_cuda_ep_backward(moe_layer_cuda_acts *a, const moe_layer_params *dp,
-                               const moe_layer_params *p);
 #endif
 
 #endif

@@ -61,12 +61,14 @@ static moe_config base(int ep, int steps) {
 
 // Every rank trains c over world into dir/name; device_ops NULL with
 // train.device = cpu is the host trainer.
-static void train_ranks(moe_comm *world, moe_config c, const char *dir, const char *name,
-                        const moe_ops *device_ops, double *losses) {
+// Returns the run's tokens per second (all ranks), 0 on a failure.
+static double train_ranks(moe_comm *world, moe_config c, const char *dir, const char *name,
+                          const moe_ops *device_ops, double *losses) {
     char out[800];
     snprintf(out, sizeof out, "%s/%s", dir, name);
     moe_train_opts o = {.out_dir = out, .losses = losses, .world = world, .device_ops = device_ops};
-    mpi_train_with(rank, c, o, NULL, name);
+    moe_train_result r;
+    return mpi_train_with(rank, c, o, &r, name) == 0 ? r.tokens_per_s : 0;
 }
 
 // Rank 0 alone: ep = 1, grad_accum = W, on the host.
@@ -225,7 +227,7 @@ static void cuda_expert_parallel(moe_comm *world, const char *dir, const char *a
     const size_t base = moe_cuda_mem_in_use();
     moe_cuda_mem_reset_peak();
 #endif
-    train_ranks(world, c, dir, name, NULL, gpu);
+    const double tps = train_ranks(world, c, dir, name, NULL, gpu);
 #ifdef MOE_HAVE_CUDA
     const size_t peak = moe_cuda_mem_peak() - base;
     CHECK(peak == plan.total, "rank %d: tracked device peak %zu bytes, plan %zu", rank, peak,
@@ -241,12 +243,19 @@ static void cuda_expert_parallel(moe_comm *world, const char *dir, const char *a
             if (fabs(gpu[s] - ref[s]) / fabs(ref[s]) > worst)
                 worst = fabs(gpu[s] - ref[s]) / fabs(ref[s]);
         same_losses(gpu, ref, GPU_STEPS, 1e-3, "CUDA EP vs one process on the CPU");
-        printf("{\"test\": \"mpi_gpu_ep\", \"ranks\": %d, \"ep\": %d, \"exchange\": \"%s\", "
+        char dev[128] = "?";
+#ifdef MOE_HAVE_CUDA
+        int sms;
+        double gbps;
+        moe_cuda_device_info(dev, sizeof dev, &sms, &gbps);
+#endif
+        printf("{\"test\": \"mpi_gpu_ep\", \"device\": \"%s\", \"ranks\": %d, \"ep\": %d, "
+               "\"exchange\": \"%s\", "
                "\"all_to_all\": \"%s\", "
                "\"steps\": %d, \"max_rel_loss_diff\": %.3g, \"first_loss\": %.6f, "
-               "\"last_loss\": %.6f}\n",
-               W, ep, nccl ? "nccl" : "host-staged", a2a, GPU_STEPS, worst, gpu[0],
-               gpu[GPU_STEPS - 1]);
+               "\"last_loss\": %.6f, \"tokens_per_s\": %.1f}\n",
+               dev, W, ep, nccl ? "nccl" : "host-staged", a2a, GPU_STEPS, worst, gpu[0],
+               gpu[GPU_STEPS - 1], tps);
     }
     MPI_Barrier(MPI_COMM_WORLD);
 }

@@ -252,7 +252,7 @@ int moe_model_memory(const moe_config *cfg, int B, int T, int n_tasks, int ep_si
                      moe_model_mem *out) {
     moe_model m;
     size_t moe_off[MOE_MAX_LAYERS];
-    moe_ep_group g = {ep_size, ep_rank, NULL, NULL, 0}; // sizes only: never called
+    moe_ep_group g = {ep_size, ep_rank, NULL, NULL, 0, NULL}; // sizes only: never called
     memset(out, 0, sizeof *out);
     MOE_TRY(model_setup(&m, cfg, B, T, n_tasks, ep_size > 1 ? &g : NULL, moe_off));
     out->params = m.table.numel * sizeof(float);
@@ -568,9 +568,8 @@ static int gpu_moe_backward(moe_model *m, int l, int N, float aux_scale, float z
 #endif
 
 // The first setting the device path cannot train yet (NULL: none).
-static const char *gpu_unsupported(const moe_config *cfg, bool ep, bool bias_on) {
+static const char *gpu_unsupported(const moe_config *cfg, bool bias_on) {
     const char *no = cfg->comm.node_dedup                     ? "comm.node_dedup"
-                     : ep                                     ? "parallel.ep > 1"
                      : cfg->router.score != MOE_SCORE_SOFTMAX ? "router.score = sigmoid"
                      : cfg->router.route_scale != 1.0         ? "router.route_scale other than 1"
                      : moe_router_groups_active(&cfg->router)
@@ -591,7 +590,9 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
 #ifndef MOE_HAVE_CUDA
     if (cuda) return moe_fail(MOE_EINVAL, "built without CUDA");
 #endif
-    const char *no = gpu_unsupported(cfg, h->ep != NULL, h->bias_on);
+    // expert parallelism: the CPU table's copy runs the host layers, which
+    // exchange, the CUDA layers their own exchange over the same group
+    const char *no = gpu_unsupported(cfg, h->bias_on);
     if (no) return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet", no);
     *g = *h; // sizes, config, table and the host-side statistics arrays (shared)
     g->ops = ops;
@@ -632,8 +633,10 @@ int moe_model_gpu_init(moe_model *g, const moe_model *h, const moe_ops *ops) {
         bind_block(g, &g->p[l], g->params, l, moe_off);
         bind_block(g, &g->g[l], g->grads, l, moe_off);
 #ifdef MOE_HAVE_CUDA
-        if (g->is_moe[l] && cuda)
+        if (g->is_moe[l] && cuda) {
             MOE_TRY_GOTO(moe_layer_cuda_acts_alloc(&g->gpu->moe[l], &g->moe_cfg[l], ops), rc);
+            g->gpu->moe[l].ep = h->ep;
+        }
 #endif
         // on the CPU table the copy's MoE layers use the host model's layer
         // buffers (g->a[l].moe is a copy of h's): only one of the two runs
@@ -667,10 +670,10 @@ int moe_model_device_memory(const moe_config *cfg, int B, int T, int n_tasks, co
     struct moe_model_gpu gpu = {0};
     memset(out, 0, sizeof *out);
     if (!ops) ops = &moe_ops_cuda_sizes;
-    if (cfg->parallel.ep > 1) // before model_setup's ep check
-        return moe_fail(MOE_EINVAL, "training on the GPU does not support parallel.ep > 1 yet");
-    MOE_TRY(model_setup(&m, cfg, B, T, n_tasks, NULL, moe_off));
-    const char *no = gpu_unsupported(cfg, false, false);
+    // any rank of an EP group: every one holds E / ep experts and the same buffers
+    moe_ep_group ep = {cfg->parallel.ep, 0, NULL, NULL, 0, NULL}; // sizes only: never called
+    MOE_TRY(model_setup(&m, cfg, B, T, n_tasks, cfg->parallel.ep > 1 ? &ep : NULL, moe_off));
+    const char *no = gpu_unsupported(cfg, false);
     if (no) {
         moe_param_table_free(&m.table);
         return moe_fail(MOE_EINVAL, "training on the GPU does not support %s yet", no);

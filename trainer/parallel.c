@@ -9,11 +9,36 @@
 #include <stdlib.h>
 #include <string.h>
 
+#ifdef MOE_HAVE_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
+
 static int ep_alltoallv(void *ctx, const void *send, const int *send_counts, void *recv,
                         int *recv_counts, size_t recv_cap, size_t elem_size) {
     moe_parallel *p = ctx;
     return moe_comm_alltoallv(p->ep, p->algo, send, send_counts, recv, recv_counts, recv_cap,
                               elem_size);
+}
+
+#ifdef MOE_HAVE_CUDA
+// The EP exchange of device rows over NCCL, on the backend's stream.
+static int ep_alltoallv_device(void *ctx, const void *send, const int *send_counts, void *recv,
+                               int *recv_counts, size_t recv_cap, size_t elem_size) {
+    moe_parallel *p = ctx;
+    return moe_nccl_alltoallv(p->ep_nccl, p->algo, send, send_counts, recv, recv_counts, recv_cap,
+                              elem_size, moe_cuda_stream());
+}
+#endif
+
+int moe_parallel_device_exchange(moe_parallel *p, moe_nccl_comm *nccl) {
+    p->ep_nccl = nccl;
+#ifdef MOE_HAVE_CUDA
+    p->group.alltoallv_device = nccl ? ep_alltoallv_device : NULL;
+    return 0;
+#else
+    p->group.alltoallv_device = NULL;
+    return nccl ? moe_fail(MOE_EINVAL, "built without CUDA") : 0;
+#endif
 }
 
 int moe_parallel_init(moe_parallel *p, moe_comm *world, const moe_config *cfg) {
@@ -42,7 +67,7 @@ int moe_parallel_init(moe_parallel *p, moe_comm *world, const moe_config *cfg) {
         moe_parallel_free(p);
         return rc;
     }
-    p->group = (moe_ep_group){p->ep_size, p->ep_rank, p, ep_alltoallv, 0};
+    p->group = (moe_ep_group){p->ep_size, p->ep_rank, p, ep_alltoallv, 0, NULL};
     if (cfg->comm.node_dedup) p->group.dedup_G = moe_comm_ranks_per_node(p->ep);
     return 0;
 }
@@ -82,65 +107,72 @@ static int is_expert(const moe_param_view *v) {
     return strstr(v->name, ".experts.") != NULL;
 }
 
-// Packs the gradients of the views with is_expert == expert, sums them over
-// comm, and unpacks.
-static int allreduce_kind(moe_parallel *p, moe_model *m, moe_comm *comm, int expert) {
+// Packs the gradients (grads, laid out as t) of the views with is_expert ==
+// expert, sums them over comm, and unpacks.
+static int allreduce_kind(moe_parallel *p, const moe_param_table *t, float *grads, moe_comm *comm,
+                          int expert) {
     if (moe_comm_size(comm) == 1) return 0;
     size_t n = 0;
-    for (int i = 0; i < m->table.count; i++)
-        if (is_expert(&m->table.views[i]) == expert) n += m->table.views[i].numel;
+    for (int i = 0; i < t->count; i++)
+        if (is_expert(&t->views[i]) == expert) n += t->views[i].numel;
     if (n > p->pack_n) {
         float *q = moe_realloc(p->pack, n * sizeof(float));
         if (!q) return moe_fail(MOE_ENOMEM, "gradient all-reduce: %zu floats", n);
         p->pack = q, p->pack_n = n;
     }
     size_t o = 0;
-    for (int i = 0; i < m->table.count; i++) {
-        const moe_param_view *v = &m->table.views[i];
+    for (int i = 0; i < t->count; i++) {
+        const moe_param_view *v = &t->views[i];
         if (is_expert(v) != expert) continue;
-        memcpy(p->pack + o, m->grads + v->offset, v->numel * sizeof(float));
+        memcpy(p->pack + o, grads + v->offset, v->numel * sizeof(float));
         o += v->numel;
     }
     MOE_TRY(moe_comm_allreduce_f32(comm, p->pack, n));
     o = 0;
-    for (int i = 0; i < m->table.count; i++) {
-        const moe_param_view *v = &m->table.views[i];
+    for (int i = 0; i < t->count; i++) {
+        const moe_param_view *v = &t->views[i];
         if (is_expert(v) != expert) continue;
-        memcpy(m->grads + v->offset, p->pack + o, v->numel * sizeof(float));
+        memcpy(grads + v->offset, p->pack + o, v->numel * sizeof(float));
         o += v->numel;
     }
     return 0;
 }
 
-int moe_parallel_allreduce_grads(moe_parallel *p, moe_model *m) {
-    MOE_TRY(moe_parallel_placement_reduce_grads(p, m));
-    MOE_TRY(allreduce_kind(p, m, p->world, 0));
-    return allreduce_kind(p, m, p->edp, 1);
+int moe_parallel_allreduce_buffer(moe_parallel *p, const moe_param_table *t, float *grads) {
+    MOE_TRY(allreduce_kind(p, t, grads, p->world, 0));
+    return allreduce_kind(p, t, grads, p->edp, 1);
 }
 
-static double sumsq(const float *x, size_t n) {
-    double s;
-    (void)moe_cpu_sumsq(&s, x, n); // cannot fail
-    return s;
+int moe_parallel_allreduce_grads(moe_parallel *p, moe_model *m) {
+    MOE_TRY(moe_parallel_placement_reduce_grads(p, m));
+    return moe_parallel_allreduce_buffer(p, &m->table, m->grads);
 }
 
 int moe_parallel_grad_norm(moe_parallel *p, const moe_model *m, double *norm) {
+    return moe_parallel_grad_norm_on(p, m, &moe_ops_cpu, norm);
+}
+
+int moe_parallel_grad_norm_on(moe_parallel *p, const moe_model *m, const moe_ops *ops,
+                              double *norm) {
     // Every expert's sum of squares, [MoE layer][expert], from its owner.
     int n_moe = 0, E_max = m->usage_E > 0 ? m->usage_E : 1;
     for (int l = 0; l < m->L; l++)
         n_moe += m->is_moe[l];
     double *ex = calloc((size_t)n_moe * E_max + 1, sizeof(double));
     if (!ex) return moe_fail(MOE_ENOMEM, "gradient norm: out of memory");
+    int rc = 0; // a device failure still joins the collective below
     for (int l = 0, i = 0; l < m->L; l++) {
         if (!m->is_moe[l]) continue;
         const moe_layer_config *c = &m->moe_cfg[l];
         const moe_layer_params *g = &m->g[l].moe;
-        for (int e = 0; e < moe_layer_local_experts(c); e++) // moved homes: the table's expert
-            ex[(size_t)i * E_max + moe_parallel_expert_of(p, m, l, e)] =
-                sumsq(moe_layer_w13(g, e), g->expert_numel);
+        for (int e = 0; e < moe_layer_local_experts(c) && rc == 0; e++) {
+            const int x = moe_parallel_expert_of(p, m, l, e); // moved homes: the table's expert
+            rc = ops->sumsq(&ex[(size_t)i * E_max + x], moe_layer_w13(g, e), g->expert_numel);
+        }
         i++;
     }
-    int rc = moe_comm_allreduce_f64(p->ep, ex, (size_t)n_moe * E_max); // zeros elsewhere: exact
+    int rc_all = moe_comm_allreduce_f64(p->ep, ex, (size_t)n_moe * E_max); // zeros elsewhere: exact
+    if (rc == 0) rc = rc_all;
     if (rc < 0) {
         free(ex);
         return rc;
@@ -152,7 +184,9 @@ int moe_parallel_grad_norm(moe_parallel *p, const moe_model *m, double *norm) {
     for (int i = 0; i < m->table.count; i++) {
         const moe_param_view *v = &m->table.views[i];
         if (!is_expert(v)) {
-            s += sumsq(m->grads + v->offset, v->numel);
+            double t = 0;
+            if ((rc = ops->sumsq(&t, m->grads + v->offset, v->numel)) < 0) break;
+            s += t;
             continue;
         }
         int layer = atoi(v->name + strlen("model.layers."));
@@ -163,6 +197,7 @@ int moe_parallel_grad_norm(moe_parallel *p, const moe_model *m, double *norm) {
             s += ex[(size_t)moe_i * E_max + e];
     }
     free(ex);
+    if (rc < 0) return rc;
     *norm = sqrt(s);
     return 0;
 }

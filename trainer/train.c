@@ -328,7 +328,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     r->agreed = rc < 0;
     if (rc < 0) goto fail;
     if (on_gpu) { // collective: every rank got here
-        rc = moe_comm_agree(world, moe_gpu_trainer_connect(&gpu, world));
+        rc = moe_comm_agree(world, moe_gpu_trainer_connect(&gpu, &par));
         r->agreed = rc < 0;
         if (rc < 0) goto fail;
     }
@@ -393,7 +393,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         float lr = moe_lr_schedule((int)step, (int)total, cfg->train.warmup_steps,
                                    (float)cfg->train.lr, (float)cfg->train.min_lr_ratio);
         moe_model *fm = on_gpu ? &gpu.m : &m; // the model that trains (its routing statistics)
-        if (on_gpu) { // trainer/train_gpu.c: the same step on the device, one process
+        if (on_gpu) {                         // trainer/train_gpu.c: the same step on the device
             MOE_TRY_GOTO(moe_gpu_zero_grads(&gpu), rc);
             const double div = (double)accum * W;
             for (int a = 0; a < accum; a++) {
@@ -408,7 +408,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 parts[2] += gpu.m.aux / div, parts[3] += gpu.m.z / div;
             }
             d.cursor[MOE_SPLIT_TRAIN] += (uint64_t)accum * W;
-            MOE_TRY_GOTO(moe_gpu_allreduce_grads(&gpu), rc); // data parallel (parallel.ep = 1)
+            MOE_TRY_GOTO(moe_gpu_allreduce_grads(&gpu), rc); // as moe_parallel_allreduce_grads
             MOE_TRY_GOTO(moe_comm_allreduce_f64(world, parts, 4), rc);
             int64_t gcalls = gpu.m.load_calls;
             MOE_TRY_GOTO(moe_comm_allreduce_f64(world, gpu.m.load, moe_model_load_len(&gpu.m)), rc);

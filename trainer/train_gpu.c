@@ -9,8 +9,10 @@
 #include "moe/error.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef MOE_HAVE_CUDA
 #include "kernels/cuda/cuda.h"
@@ -126,19 +128,66 @@ int moe_gpu_local_device(void) {
 #endif
 }
 
-int moe_gpu_trainer_connect(moe_gpu_trainer *g, moe_comm *world) {
+int moe_gpu_trainer_connect(moe_gpu_trainer *g, moe_parallel *par) {
+    moe_comm *world = par->world;
     g->world = world;
-    if (!world || moe_comm_size(world) == 1 || !on_cuda(g->ops)) return 0;
+    if (!world || moe_comm_size(world) == 1) return 0;
+    if (!on_cuda(g->ops)) {
+        if (par->ep_size > 1) g->par = par;
+        return 0;
+    }
 #ifdef MOE_HAVE_CUDA
-    int device = moe_gpu_local_device();
-    return moe_nccl_comm_init(&g->nccl, world, device);
+    // NCCL cannot join two ranks on one device: those sum their gradients
+    // (and exchange expert rows) through host memory. The check is collective
+    // over the communicator NCCL would span, so its ranks decide alike.
+    const int device = moe_gpu_local_device();
+    bool distinct = false;
+    MOE_TRY(moe_gpu_devices_distinct(par->ep_size > 1 ? par->ep : world, device, &distinct));
+#ifndef MOE_HAVE_NCCL
+    distinct = false; // no NCCL: the host path for every layout
+#endif
+    if (par->ep_size == 1 && distinct) return moe_nccl_comm_init(&g->nccl, world, device);
+    g->par = par;
+    if (!(g->host_grads = malloc(g->n * sizeof(float) + 1)))
+        return moe_fail(MOE_ENOMEM, "GPU trainer: host copy of %zu gradients", g->n);
+    if (par->ep_size == 1 || !distinct) return 0;
+    MOE_TRY(moe_nccl_comm_init(&g->ep_nccl, par->ep, device));
+    return moe_parallel_device_exchange(par, g->ep_nccl);
 #else
     return moe_fail(MOE_EINVAL, "built without CUDA");
 #endif
 }
 
+int moe_gpu_devices_distinct(moe_comm *comm, int device, bool *distinct) {
+    typedef struct {
+        char host[64];
+        int device;
+    } where;
+    const int n = moe_comm_size(comm);
+    where me, *all = calloc((size_t)n, sizeof *all);
+    if (!all) return moe_fail(MOE_ENOMEM, "GPU placement of %d ranks", n);
+    memset(&me, 0, sizeof me);
+    if (gethostname(me.host, sizeof me.host - 1) != 0) snprintf(me.host, sizeof me.host, "?");
+    me.device = device;
+    int rc = moe_comm_allgather(comm, &me, all, sizeof me);
+    *distinct = true;
+    for (int i = 0; rc == 0 && i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (all[i].device == all[j].device && !strcmp(all[i].host, all[j].host))
+                *distinct = false;
+    free(all);
+    return rc;
+}
+
 int moe_gpu_allreduce_grads(moe_gpu_trainer *g) {
     if (!g->world || moe_comm_size(g->world) == 1) return 0;
+    if (g->par) { // expert parallel, or ranks sharing a GPU
+        if (!on_cuda(g->ops)) return moe_parallel_allreduce_buffer(g->par, &g->m.table, g->m.grads);
+        const size_t bytes = g->n * sizeof(float);
+        MOE_TRY(down(g->ops, g->host_grads, g->m.grads, bytes));
+        MOE_TRY(moe_parallel_allreduce_buffer(g->par, &g->m.table, g->host_grads));
+        return up(g->ops, g->m.grads, g->host_grads, bytes);
+    }
     if (!on_cuda(g->ops)) return moe_comm_allreduce_f32(g->world, g->m.grads, g->n);
 #ifdef MOE_HAVE_CUDA
     if (!g->nccl)
@@ -153,6 +202,9 @@ int moe_gpu_allreduce_grads(moe_gpu_trainer *g) {
 
 void moe_gpu_trainer_free(moe_gpu_trainer *g) {
     moe_nccl_comm_free(g->nccl);
+    if (g->ep_nccl) moe_parallel_device_exchange(g->par, NULL);
+    moe_nccl_comm_free(g->ep_nccl);
+    free(g->host_grads);
     const moe_ops *ops = g->ops;
     if (ops) {
         void *bufs[] = {g->adam_m, g->adam_v, g->decay, g->in, g->tg};
@@ -185,9 +237,13 @@ int moe_gpu_optimizer_step(moe_gpu_trainer *g, moe_adamw *opt, int accum, float 
                            const moe_config *cfg, double *gnorm) {
     const moe_ops *ops = g->ops;
     if (accum > 1) MOE_TRY(ops->scale(g->m.grads, g->n, 1.0f / (float)accum));
-    double ss = 0.0;
-    MOE_TRY(ops->sumsq(&ss, g->m.grads, g->n));
-    *gnorm = sqrt(ss);
+    if (g->par) { // the experts of other ranks count too
+        MOE_TRY(moe_parallel_grad_norm_on(g->par, &g->m, ops, gnorm));
+    } else {
+        double ss = 0.0;
+        MOE_TRY(ops->sumsq(&ss, g->m.grads, g->n));
+        *gnorm = sqrt(ss);
+    }
     if (!isfinite(*gnorm)) return moe_fail(MOE_ENUMERIC, "non-finite gradient (on the GPU)");
     const double max_norm = cfg->train.grad_clip;
     if (max_norm > 0 && *gnorm > max_norm) // moe_grad_clip

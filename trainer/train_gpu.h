@@ -11,6 +11,7 @@
 #include "moe/config.h"
 #include "moe/model.h"
 #include "moe/optim.h"
+#include "moe/parallel.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -23,7 +24,14 @@ typedef struct {
     int32_t *in, *tg; // [B * T]
     size_t n, tokens;
     moe_comm *world;     // data-parallel ranks (NULL or size 1: one process)
-    moe_nccl_comm *nccl; // their gradient all-reduce on CUDA tables
+    moe_nccl_comm *nccl; // their gradient all-reduce on CUDA tables (parallel.ep = 1)
+    // parallel.ep > 1, or CUDA ranks that share a GPU (or a build without
+    // NCCL): the process grid whose reductions the host trainer uses (dense
+    // gradients over the world, expert shards over their expert data-parallel
+    // group), and on a CUDA table the host copy of the gradients they run on
+    moe_parallel *par;
+    float *host_grads;
+    moe_nccl_comm *ep_nccl; // the CUDA layers' exchange when the EP group's GPUs are distinct
 } moe_gpu_trainer;
 
 // The CUDA device of this rank: the launcher's node-local rank (Open MPI,
@@ -41,11 +49,21 @@ void moe_gpu_trainer_free(moe_gpu_trainer *g);
 // for n parameters and a batch of tokens, each rounded as ops->alloc_size;
 // *optimizer (when not NULL) gets the part of m, v and the mask.
 size_t moe_gpu_trainer_bytes(size_t n, size_t tokens, const moe_ops *ops, size_t *optimizer);
-// Data parallelism over world (collective; every rank calls it after agreeing
-// that init succeeded): on a CUDA table an NCCL communicator for the gradient
-// all-reduce, on the CPU table the host communicator's rank-order sum.
-int moe_gpu_trainer_connect(moe_gpu_trainer *g, moe_comm *world);
-// Sums the gradients over the data-parallel ranks (no-op in one process).
+// Several ranks over par's world (collective; every rank calls it after
+// agreeing that init succeeded; par stays the caller's). Data parallelism
+// (parallel.ep = 1): on a CUDA table with a GPU per rank an NCCL
+// communicator for the gradient all-reduce, on the CPU table the host
+// communicator's rank-order sum. Expert parallelism (parallel.ep > 1), and
+// CUDA ranks sharing a GPU (where NCCL cannot run): moe_parallel_allreduce_buffer's
+// sums, on a CUDA table through a host copy of the gradients; when the EP
+// group's ranks have distinct GPUs the CUDA layers exchange rows over an NCCL
+// communicator of the group (moe_parallel_device_exchange), else staged
+// through host memory.
+int moe_gpu_trainer_connect(moe_gpu_trainer *g, moe_parallel *par);
+// Whether every rank of comm is on a device of its own (host name and
+// device index differ; collective over comm): NCCL can join them then.
+int moe_gpu_devices_distinct(moe_comm *comm, int device, bool *distinct);
+// Sums the gradients over the ranks (no-op in one process).
 int moe_gpu_allreduce_grads(moe_gpu_trainer *g);
 
 // Zeroes the gradients (start of an optimizer step).
@@ -53,7 +71,8 @@ int moe_gpu_zero_grads(moe_gpu_trainer *g);
 // One micro-batch: tokens to the device, forward, backward (gradients add up).
 int moe_gpu_micro_batch(moe_gpu_trainer *g, const int32_t *in, const int32_t *tg,
                         const int32_t *task, int B, int T, uint64_t step);
-// Mean over accum micro-batches (all ranks' included), global norm (*gnorm), clipping to
+// Mean over accum micro-batches (all ranks' included), global norm (*gnorm;
+// under expert parallelism moe_parallel_grad_norm_on's, over every shard), clipping to
 // train.grad_clip, one AdamW step at lr (opt->step advances, as
 // moe_adamw_update). A non-finite norm fails before the update.
 int moe_gpu_optimizer_step(moe_gpu_trainer *g, moe_adamw *opt, int accum, float lr,

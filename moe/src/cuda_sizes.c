@@ -89,8 +89,20 @@ void moe_cuda_layer_sizes(const moe_layer_config *cfg, size_t out[MOE_CUDA_LAYER
         out[i] = s[i];
 }
 
+void moe_cuda_layer_ep_sizes(const moe_layer_config *cfg, size_t out[MOE_CUDA_EP_BUFS]) {
+    const size_t ep = cfg->ep_size > 1 ? (size_t)cfg->ep_size : 0, D = (size_t)cfg->D;
+    const size_t H = (size_t)cfg->H, R = ep * (size_t)cfg->T_max * (size_t)cfg->router.top_k;
+    const size_t s[MOE_CUDA_EP_BUFS] = {R * D * 4, R * 2 * H * 4, R * H * 4,    R * D * 4,
+                                        R * D * 4, R * H * 4,     R * 2 * H * 4};
+    for (int i = 0; i < MOE_CUDA_EP_BUFS; i++)
+        out[i] = s[i];
+}
+
 size_t moe_cuda_layer_bytes(const moe_layer_config *cfg, size_t sort_tmp) {
-    size_t s[MOE_CUDA_LAYER_BUFS], p[MOE_CUDA_PLAN_BUFS], b = 0;
+    size_t s[MOE_CUDA_LAYER_BUFS], p[MOE_CUDA_PLAN_BUFS], q[MOE_CUDA_EP_BUFS], b = 0;
+    moe_cuda_layer_ep_sizes(cfg, q);
+    for (int i = 0; i < MOE_CUDA_EP_BUFS; i++)
+        b += q[i] ? moe_cuda_granule(q[i]) : 0;
     moe_cuda_layer_sizes(cfg, s);
     for (int i = 0; i < MOE_CUDA_LAYER_BUFS; i++)
         b += s[i] ? moe_cuda_granule(s[i]) : 0; // empty buffers are not allocated

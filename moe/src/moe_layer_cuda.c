@@ -17,9 +17,6 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
                               const moe_ops *ops) {
     memset(a, 0, sizeof *a);
     MOE_TRY(moe_layer_config_check(cfg));
-    if (cfg->ep_size > 1)
-        return moe_fail(MOE_EINVAL, "moe layer on the GPU: expert parallelism (parallel.ep) is not "
-                                    "supported yet");
     if (cfg->router.score != MOE_SCORE_SOFTMAX)
         return moe_fail(MOE_EINVAL, "moe layer on the GPU: router.score = sigmoid is not supported "
                                     "yet (use softmax, or the CPU)");
@@ -69,6 +66,8 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
             goto fail;
         }
     }
+    if (cfg->ep_size > 1)
+        MOE_TRY_GOTO(moe_ep_rows_alloc(&a->epr, cfg, ops, moe_cuda_download, moe_cuda_upload), rc);
     return 0;
 fail:
     moe_layer_cuda_acts_free(a);
@@ -84,6 +83,7 @@ void moe_layer_cuda_acts_free(moe_layer_cuda_acts *a) {
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
             if (bufs[i]) a->ops->free(bufs[i]);
     }
+    if (a->cfg.ep_size > 1) moe_ep_rows_free(&a->epr);
     moe_cuda_plan_free(&a->plan); // NULL fields are skipped
     free(a->offsets_h);
     free(a->coff_h);
@@ -113,6 +113,10 @@ static int chunk_experts(moe_layer_cuda_acts *a, const int **off, const float *x
         *off = a->offsets_h;
     }
     MOE_TRY(ops->permute_forward(a->xe, x, a->row, tc, k, D));
+    if (a->cfg.ep_size > 1) { // the experts live on the EP group's ranks (no chunks)
+        a->epr.ep = a->ep;
+        return moe_ep_rows_forward(&a->epr, a->ye, a->xe, a->offsets_h, p);
+    }
     // ab_e = xe_e [w1;w3]_e^T, h = SwiGLU(ab), ye_e = h_e w2_e^T over the segments
     MOE_TRY(ops->matmul_grouped(a->ab, a->xe, p->experts, p->expert_numel, *off, E, 2 * H, D, true,
                                 1.0f, 0.0f));
@@ -143,6 +147,10 @@ static int experts_backward(moe_layer_cuda_acts *a, float *dx, const moe_layer_p
     MOE_TRY(ops->zero(a->dye, (size_t)rows * D));
     MOE_TRY(ops->unpermute_backward(a->dye, a->dweight + (size_t)t0 * k, dy, a->ye, a->row,
                                     a->plan.weight + (size_t)t0 * k, tc, k, D));
+    if (a->cfg.ep_size > 1) { // the experts live on the EP group's ranks
+        MOE_TRY(moe_ep_rows_backward(&a->epr, a->dxe, a->dye, dp, p));
+        return ops->permute_backward(dx, a->dxe, a->row, tc, k, D);
+    }
     // experts (moe_layer.c ffn_backward, every segment at once)
     MOE_TRY(
         ops->matmul_grouped(a->dh, a->dye, w2, p->expert_numel, off, E, H, D, false, 1.0f, 0.0f));

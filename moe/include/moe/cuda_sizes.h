@@ -36,6 +36,12 @@ size_t moe_cuda_sort_tmp_bytes(int n, bool *exact);
 enum { MOE_CUDA_LAYER_BUFS = 22 };
 void moe_cuda_layer_sizes(const moe_layer_config *cfg, size_t out[MOE_CUDA_LAYER_BUFS]);
 size_t moe_cuda_layer_bytes(const moe_layer_config *cfg, size_t sort_tmp);
+// Its expert-parallel buffers (moe/src/moe_ep_rows.c, in its order; all
+// 0 when ep_size <= 1): xr, abr, hr, yr (also dyr), dxr, dhr, dabr for the
+// ep_size * T_max * k rows the layer's experts may receive. Included in
+// moe_cuda_layer_bytes.
+enum { MOE_CUDA_EP_BUFS = 7 };
+void moe_cuda_layer_ep_sizes(const moe_layer_config *cfg, size_t out[MOE_CUDA_EP_BUFS]);
 
 // Attention on the GPU keeps the probabilities [B, Hq, T, T] and one query
 // head's [B, T, T] scratch (kernels/cuda/attention.cu).

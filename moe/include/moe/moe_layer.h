@@ -47,6 +47,12 @@ typedef struct {
     // of the combine once per token and node of dedup_G consecutive ranks
     // (moe/src/moe_dispatch_node.c); 0: one row per choice.
     int dedup_G;
+    // The same exchange with send and recv in device memory (the CUDA layer;
+    // NCCL when no two ranks of the group share a GPU), ordered after the
+    // work queued on the backend's stream. NULL: the CUDA layer stages the
+    // rows through host memory and calls alltoallv.
+    int (*alltoallv_device)(void *ctx, const void *send, const int *send_counts, void *recv,
+                            int *recv_counts, size_t recv_cap, size_t elem_size);
 } moe_ep_group;
 
 // Experts held by this layer (E / ep_size) and the first one's global index.

@@ -7,16 +7,18 @@
 // plus the router's error flag and loss sums. The gate GEMM is fp32 on
 // either table (routing is a discrete choice; see moe_layer_cuda_forward).
 //
-// Supported: the configurations of a single process (ep_size <= 1), with
-// mini-sequence chunks (n_chunks > 1: the router over all T tokens, the experts
-// and the shared expert one chunk at a time, recomputed in backward, as
-// moe/src/moe_layer.c), task-level routing (n_tasks > 0: the gate
-// reads the task embeddings, logits gathered per token), router noise (jitter
-// on the gate input, Gumbel in the router, keyed as the CPU) and task
+// Supported: expert parallelism (ep_size > 1, moe/src/moe_ep_rows.c: rows
+// exchanged by NCCL, or by the EP group's alltoallv through host memory),
+// mini-sequence chunks (n_chunks > 1, single process: the router over all T
+// tokens, the experts and the shared expert one chunk at a time, recomputed
+// in backward, as moe/src/moe_layer.c), task-level routing (n_tasks > 0: the
+// gate reads the task embeddings, logits gathered per token), router noise
+// (jitter on the gate input, Gumbel in the router, keyed as the CPU) and task
 // priorities. Others fail with MOE_EINVAL naming the key.
 #ifndef MOE_MOE_LAYER_CUDA_H
 #define MOE_MOE_LAYER_CUDA_H
 
+#include "moe/moe_ep_rows.h"
 #include "moe/moe_layer.h"
 
 #ifdef MOE_HAVE_CUDA
@@ -43,6 +45,9 @@ typedef struct {
     int *coff;     // [E + 1] the chunk's segment offsets (device)
     int *coff_h;   // [E + 1] their host copy
     bool jittered; // the last forward jittered the gate input
+    // Expert parallelism (cfg.ep_size > 1): the experts' side of the rows
+    const moe_ep_group *ep; // required when ep_size > 1, set by the caller
+    moe_ep_rows epr;        // moe/moe_ep_rows.h with moe_cuda_download/upload
 } moe_layer_cuda_acts;
 
 int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cfg,
@@ -63,6 +68,7 @@ int moe_layer_cuda_forward(float *y, const float *x, const int *task_id, const i
 int moe_layer_cuda_backward(float *dx, const moe_layer_params *dp, const float *dy, const float *x,
                             const int *task_id, int T, const moe_layer_params *p,
                             moe_layer_cuda_acts *a, float aux_scale, float z_scale);
+
 #endif
 
 #endif

@@ -8,6 +8,7 @@
 #define MOE_PARALLEL_H
 
 #include "moe/comm.h"
+#include "moe/comm_nccl.h"
 #include "moe/config.h"
 #include "moe/model.h"
 #include "moe/optim.h"
@@ -18,8 +19,9 @@ typedef struct {
     moe_comm *edp;   // ranks holding the same experts
     int size, rank, ep_size, ep_rank, dp_size, dp_rank;
     moe_a2a_algo algo;
-    moe_ep_group group; // the model's exchange, bound to ep
-    float *pack;        // staging for grouped all-reduces
+    moe_ep_group group;     // the model's exchange, bound to ep
+    moe_nccl_comm *ep_nccl; // the EP group's device exchange (NULL: none), not owned
+    float *pack;            // staging for grouped all-reduces
     size_t pack_n;
     // placement.mode = replicate (trainer/placement.c): per layer, NULL for
     // dense layers; the global load EMA [layer][E] the tables come from; the
@@ -40,14 +42,26 @@ typedef struct {
 // size % ep and E % ep are checked (the caller agrees the status over ranks).
 int moe_parallel_init(moe_parallel *p, moe_comm *world, const moe_config *cfg);
 void moe_parallel_free(moe_parallel *p);
+// The CUDA layers' exchange of device rows: over nccl (a communicator of the
+// EP group, comm.all_to_all's algorithm; the caller keeps it alive and frees
+// it), or NULL for the rows staged through host memory and the group's MPI
+// exchange.
+int moe_parallel_device_exchange(moe_parallel *p, moe_nccl_comm *nccl);
 
 // Sums the gradients of every rank: dense tensors over the world, expert
 // tensors over the expert DP group.
 int moe_parallel_allreduce_grads(moe_parallel *p, moe_model *m);
+// The same sums over a host buffer laid out as t (no placement replicas): the
+// GPU trainer's gradients staged through host memory.
+int moe_parallel_allreduce_buffer(moe_parallel *p, const moe_param_table *t, float *grads);
 // Global L2 norm of the gradients: per-tensor sums of squares (an expert's
 // three tensors count as one unit) added in model order over every expert of
 // every layer, so one process and any grid give the same bits.
 int moe_parallel_grad_norm(moe_parallel *p, const moe_model *m, double *norm);
+// The same norm with ops->sumsq over m's gradients: a device copy's (its
+// views bound to device memory) on a CUDA table, the host's on moe_ops_cpu.
+int moe_parallel_grad_norm_on(moe_parallel *p, const moe_model *m, const moe_ops *ops,
+                              double *norm);
 
 // Nodes spanned by this rank's EP group: ep / (its ranks per node); every
 // rank is a node of its own when the group has no regular node layout.

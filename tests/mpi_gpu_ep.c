@@ -165,7 +165,9 @@ static void ep_rows_match_cpu_layer(moe_comm *world) {
     moe_layer_acts a;
     moe_ep_rows r;
     CHECK(moe_layer_acts_alloc(&a, &lc, &moe_ops_cpu) == 0, "acts: %s", moe_last_error());
-    CHECK(moe_ep_rows_alloc(&r, &lc, &moe_ops_cpu, copy, copy) == 0, "rows: %s", moe_last_error());
+    CHECK(moe_ep_rows_alloc(&r, &lc, &moe_ops_cpu, &(moe_ep_backend){.down = copy, .up = copy}) ==
+              0,
+          "rows: %s", moe_last_error());
     a.ep = r.ep = &par.group;
     CHECK(moe_layer_forward(y, x, NULL, NULL, T, &p, &a, false, 0) == 0, "forward: %s",
           moe_last_error());
@@ -190,6 +192,36 @@ static void ep_rows_match_cpu_layer(moe_comm *world) {
                "max rel diff %.3g (ye), %.3g (dxe), %.3g (expert grads)\n",
                W, rows, dropped, fwd, bx, bw);
     moe_ep_rows_free(&r);
+    // comm.overlap_degree: the exchange in d rounds of peers (d = W: one peer a
+    // round; W = 4 also 3 uneven rounds) gives the same bits as one exchange
+    float *ye2 = calloc(rows_max * D, 4), *dxe2 = calloc(rows_max * D, 4), *g2 = calloc(np, 4);
+    for (int d = 2; d <= W; d++) {
+        moe_layer_config ld = lc;
+        ld.overlap_degree = d;
+        moe_layer_params g2v;
+        moe_layer_params_view(&g2v, g2, &ld);
+        memset(g2, 0, np * 4);
+        CHECK(moe_ep_rows_alloc(&r, &ld, &moe_ops_cpu,
+                                &(moe_ep_backend){.down = copy, .up = copy}) == 0,
+              "rows d=%d: %s", d, moe_last_error());
+        r.ep = &par.group;
+        CHECK(moe_ep_rows_forward(&r, ye2, a.xe, a.plan.offsets, &p) == 0, "d=%d forward: %s", d,
+              moe_last_error());
+        CHECK(moe_ep_rows_backward(&r, dxe2, a.dye, &g2v, &p) == 0, "d=%d backward: %s", d,
+              moe_last_error());
+        CHECK(!memcmp(ye2, ye, (size_t)rows * D * 4) && !memcmp(dxe2, dxe, (size_t)rows * D * 4) &&
+                  !memcmp(g2, g_ep, np * 4),
+              "rank %d: overlap degree %d changed the bits", rank, d);
+        moe_ep_rows_free(&r);
+    }
+    moe_layer_config bad = lc;
+    bad.overlap_degree = W + 1;
+    CHECK(moe_ep_rows_alloc(&r, &bad, &moe_ops_cpu, &(moe_ep_backend){.down = copy, .up = copy}) ==
+                  MOE_EINVAL &&
+              strstr(moe_last_error(), "comm.overlap_degree"),
+          "overlap degree %d of %d ranks: %s", W + 1, W, moe_last_error());
+    moe_ep_rows_free(&r);
+    free(ye2), free(dxe2), free(g2);
     moe_layer_acts_free(&a);
     moe_parallel_free(&par);
     free(pb), free(g_cpu), free(g_ep), free(x), free(y), free(dy), free(dx), free(ye), free(dxe);
@@ -262,6 +294,31 @@ static void cuda_expert_parallel(moe_comm *world, const char *dir, const char *a
 
 // 1 when every rank sees a CUDA device (ranks may share it), else prints why
 // on rank 0.
+// comm.overlap_degree on the GPU (issue 14 item 2): the exchange in rounds of
+// peers overlapped with the expert GEMMs gives the same losses bit for bit as
+// one exchange; tokens/s of both runs in one JSON line (ranks share the GPU:
+// the host-staged exchange).
+static void cuda_overlap_same_bits(moe_comm *world, const char *dir) {
+    double one[GPU_STEPS] = {0}, rounds[GPU_STEPS] = {0};
+    moe_config c = base(W, GPU_STEPS);
+    snprintf(c.train.device, sizeof c.train.device, "cuda");
+    snprintf(c.train.compute, sizeof c.train.compute, "fp32");
+    const double t1 = train_ranks(world, c, dir, "cuda-overlap1", NULL, one);
+    c.comm.overlap_degree = W;
+    const double tw = train_ranks(world, c, dir, "cuda-overlapW", NULL, rounds);
+    same_losses(rounds, one, GPU_STEPS, 0, "overlap degree W vs 1");
+    if (rank == 0) {
+        char dev[128] = "?";
+#ifdef MOE_HAVE_CUDA
+        moe_cuda_device_info(dev, sizeof dev, NULL, NULL);
+#endif
+        printf("{\"test\": \"mpi_gpu_ep_overlap\", \"device\": \"%s\", \"ranks\": %d, "
+               "\"ep\": %d, \"steps\": %d, \"tokens_per_s_overlap1\": %.1f, "
+               "\"tokens_per_s_overlap%d\": %.1f, \"same_bits\": %s}\n",
+               dev, W, W, GPU_STEPS, t1, W, tw, memcmp(one, rounds, sizeof one) ? "false" : "true");
+    }
+}
+
 static int cuda_present(void) {
     int ok = 0;
     char why[256] = "built without CUDA";
@@ -302,6 +359,7 @@ int main(int argc, char **argv) {
     } else {
         cuda_expert_parallel(world, dir, "flat", W);
         cuda_expert_parallel(world, dir, "flat", 1);
+        cuda_overlap_same_bits(world, dir);
     }
     moe_comm_free(world);
     if (!strcmp(mode, "cuda") && W == 4) { // two simulated nodes of 2 ranks

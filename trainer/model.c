@@ -232,6 +232,7 @@ static int model_setup(moe_model *m, const moe_config *cfg, int B, int T, int n_
         mc->ep_size = ep_size;
         mc->ep_rank = ep ? ep->rank : 0;
         mc->n_chunks = m->chunks;
+        mc->overlap_degree = cfg->comm.overlap_degree;
         // each layer draws its own routing noise
         mc->router.seed = moe_hash4(cfg->router.seed, (uint64_t)l, 0x4C41594552ull, 0);
         if (mc->E > m->usage_E) m->usage_E = mc->E;

@@ -13,6 +13,22 @@
 #include <stdlib.h>
 #include <string.h>
 
+// The expert-parallel exchange's transfers (moe/moe_ep_rows.h): blocking
+// copies, and for comm.overlap_degree > 1 queued copies from page-locked
+// staging and events, so rounds overlap with the expert GEMMs.
+static const moe_ep_backend cuda_backend = {
+    .down = moe_cuda_download,
+    .up = moe_cuda_upload,
+    .down_async = moe_cuda_download_async,
+    .up_async = moe_cuda_upload_async,
+    .host_alloc = moe_cuda_host_alloc,
+    .host_free = moe_cuda_host_free,
+    .event_create = moe_cuda_event_create,
+    .event_destroy = moe_cuda_event_destroy,
+    .event_record = moe_cuda_event_record,
+    .event_wait = moe_cuda_event_wait,
+};
+
 int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cfg,
                               const moe_ops *ops) {
     memset(a, 0, sizeof *a);
@@ -67,7 +83,7 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
         }
     }
     if (cfg->ep_size > 1)
-        MOE_TRY_GOTO(moe_ep_rows_alloc(&a->epr, cfg, ops, moe_cuda_download, moe_cuda_upload), rc);
+        MOE_TRY_GOTO(moe_ep_rows_alloc(&a->epr, cfg, ops, &cuda_backend), rc);
     return 0;
 fail:
     moe_layer_cuda_acts_free(a);

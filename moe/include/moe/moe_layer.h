@@ -31,6 +31,11 @@ typedef struct {
     // only one chunk's rows; backward recomputes them chunk by chunk. Routing
     // still covers all T tokens, so capacity and drops are unchanged.
     int n_chunks;
+    // Expert parallelism on a device backend (moe/moe_ep_rows.h): the exchange
+    // in this many rounds of peers, each round's expert GEMMs queued while the
+    // next round travels (comm.overlap_degree; <= 1: one exchange). The CPU
+    // layer ignores it.
+    int overlap_degree;
 } moe_layer_config;
 
 // The exchange of an expert-parallel group (the layer knows nothing of MPI):

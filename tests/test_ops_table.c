@@ -67,8 +67,7 @@ START_TEST(test_attention_buffer_sizes_per_backend) {
                           2 * 2 * 6 * 320 * 48);
 #ifdef MOE_HAVE_CUDA
     ck_assert_uint_eq(moe_ops_cuda.attention_state_floats(2, 300, 6), 2 * 6 * 300 * 300);
-    ck_assert_uint_eq(moe_ops_cuda_bf16.attention_scratch_floats(2, 300, 6, 2, 64),
-                      2 * 300 * 300);
+    ck_assert_uint_eq(moe_ops_cuda_bf16.attention_scratch_floats(2, 300, 6, 2, 64), 2 * 300 * 300);
 #endif
 }
 END_TEST

@@ -82,8 +82,7 @@ int moe_layer_cuda_acts_alloc(moe_layer_cuda_acts *a, const moe_layer_config *cf
             goto fail;
         }
     }
-    if (cfg->ep_size > 1)
-        MOE_TRY_GOTO(moe_ep_rows_alloc(&a->epr, cfg, ops, &cuda_backend), rc);
+    if (cfg->ep_size > 1) MOE_TRY_GOTO(moe_ep_rows_alloc(&a->epr, cfg, ops, &cuda_backend), rc);
     return 0;
 fail:
     moe_layer_cuda_acts_free(a);

@@ -695,6 +695,11 @@ static void router_case_run(const router_case *rc, uint64_t seed) {
     expect_ints("slot", gpu.slot, cpu.slot, tk);
     expect_ints("kept", gpu.kept, cpu.kept, E);
     expect_ints("offsets", gpu.offsets, cpu.offsets, E + 1);
+    // the host mirrors of the one read-back (the layer and trainer read these)
+    ck_assert_mem_eq(gpu.counts_h, cpu.counts, sizeof(int) * E);
+    ck_assert_mem_eq(gpu.kept_h, cpu.kept, sizeof(int) * E);
+    ck_assert_mem_eq(gpu.capacity_h, cpu.capacity, sizeof(int) * E);
+    ck_assert_mem_eq(gpu.offsets_h, cpu.offsets, sizeof(int) * (E + 1));
     expect_floats("weight", gpu.weight, cpu.weight, tk, TOL);
     expect_floats("probs", gpu.probs, cpu.probs, (size_t)T * E, TOL);
     expect_floats("lse", gpu.lse, cpu.lse, T, TOL);

@@ -544,9 +544,10 @@ static int gpu_moe_forward(moe_model *m, int l, float *y, const int *cap, int N,
     moe_plan *plan = &m->a[l].moe.plan;
     const int E = g->plan.E;
     plan->T = N;
-    MOE_TRY(moe_cuda_download(plan->counts, g->plan.counts, sizeof(int) * E));
-    MOE_TRY(moe_cuda_download(plan->kept, g->plan.kept, sizeof(int) * E));
-    MOE_TRY(moe_cuda_download(plan->capacity, g->plan.capacity, sizeof(int) * E));
+    // the router's read-back left them in its host mirrors: no further sync
+    memcpy(plan->counts, g->plan.counts_h, sizeof(int) * E);
+    memcpy(plan->kept, g->plan.kept_h, sizeof(int) * E);
+    memcpy(plan->capacity, g->plan.capacity_h, sizeof(int) * E);
     memcpy(plan->offsets, g->offsets_h, sizeof(int) * (E + 1));
     plan->aux_loss = g->plan.aux_loss;
     plan->z_loss = g->plan.z_loss;

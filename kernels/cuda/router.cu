@@ -362,6 +362,22 @@ extern "C" int moe_cuda_plan_alloc(moe_cuda_plan *p, int T_max, int E, int k) {
             return moe_fail(MOE_ENOMEM, "cuda plan for T=%d E=%d k=%d: %s", T_max, E, k, why);
         }
     }
+    // host mirrors: the doubles first, then floats and ints
+    const size_t host_bytes =
+        sizeof(double) * (E + 1) + sizeof(float) * E + sizeof(int) * (5 * E + 3);
+    if (!(p->host = moe_cuda_host_alloc(host_bytes))) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", moe_last_error());
+        moe_cuda_plan_free(p);
+        return moe_fail(MOE_ENOMEM, "cuda plan host mirrors (E=%d): %s", E, why);
+    }
+    p->red_h = (double *)p->host;
+    p->aux_f_h = (float *)(p->red_h + E + 1);
+    p->counts_h = (int *)(p->aux_f_h + E);
+    p->kept_h = p->counts_h + E;
+    p->capacity_h = p->kept_h + E;
+    p->offsets_h = p->capacity_h + E;
+    p->flags_h = p->offsets_h + E + 1;
     return 0;
 }
 
@@ -372,6 +388,7 @@ extern "C" void moe_cuda_plan_free(moe_cuda_plan *p) {
                     p->base,   p->part,     p->red,       p->flags,    p->task_rank};
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++)
         moe_cuda_free(ptrs[i]); // NULL is skipped
+    moe_cuda_host_free(p->host);
     memset(p, 0, sizeof *p);
 }
 
@@ -485,13 +502,27 @@ extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, co
     loss_final_kernel<<<E + 1, 256, 0, c.stream>>>(p->red, p->part, tiles, E);
     CUDA_LAUNCH_CHECK();
 
-    // The one read-back: error flags and the loss sums.
-    double red[E + 1];
-    float aux_f[E];
-    int flags[2];
-    CUDA_TRY(cudaMemcpyAsync(flags, p->flags, sizeof flags, cudaMemcpyDeviceToHost, c.stream));
-    CUDA_TRY(cudaMemcpyAsync(red, p->red, sizeof red, cudaMemcpyDeviceToHost, c.stream));
-    CUDA_TRY(cudaMemcpyAsync(aux_f, p->aux_f, sizeof aux_f, cudaMemcpyDeviceToHost, c.stream));
+    // The one read-back, into the page-locked mirrors: error flags, the loss
+    // sums and the statistics the layer and the trainer read.
+    const double *red = p->red_h;
+    const float *aux_f = p->aux_f_h;
+    const int *flags = p->flags_h;
+    const struct {
+        void *dst;
+        const void *src;
+        size_t bytes;
+    } back[] = {
+        {p->flags_h, p->flags, 2 * sizeof(int)},
+        {p->red_h, p->red, (E + 1) * sizeof(double)},
+        {p->aux_f_h, p->aux_f, E * sizeof(float)},
+        {p->counts_h, p->counts, E * sizeof(int)},
+        {p->kept_h, p->kept, E * sizeof(int)},
+        {p->capacity_h, p->capacity, E * sizeof(int)},
+        {p->offsets_h, p->offsets, (E + 1) * sizeof(int)},
+    };
+    for (size_t i = 0; i < sizeof back / sizeof *back; i++)
+        CUDA_TRY(cudaMemcpyAsync(back[i].dst, back[i].src, back[i].bytes, cudaMemcpyDeviceToHost,
+                                 c.stream));
     CUDA_TRY(cudaStreamSynchronize(c.stream));
     if (flags[0] != INT32_MAX)
         return moe_fail(MOE_ENUMERIC, "a logit of token %d is not finite", flags[0]);

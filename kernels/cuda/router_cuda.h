@@ -42,6 +42,14 @@ typedef struct {
     double *red;              // [E + 1]: P_e sums, then sum of lse^2
     int *flags;               // [2]: first token with a non-finite logit, first bad task id
     int *task_rank;           // [MOE_MAX_TASKS]
+    // Host mirrors in one page-locked block, filled by the forward's single
+    // read-back (one stream sync a layer): the statistics the layer and the
+    // trainer read (counts, kept, capacity, offsets) with the flags and sums.
+    void *host;
+    double *red_h;                                 // [E + 1]
+    float *aux_f_h;                                // [E]
+    int *counts_h, *kept_h, *capacity_h, *flags_h; // [E], [E], [E], [2]
+    int *offsets_h;                                // [E + 1]
 } moe_cuda_plan;
 
 // Device buffers of moe_cuda_plan_sizes (moe/cuda_sizes.h) through moe_cuda_alloc.

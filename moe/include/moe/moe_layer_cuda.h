@@ -3,8 +3,9 @@
 // memory, routing by the CUDA router (kernels/cuda/router_cuda.h) and the
 // experts as grouped GEMMs over the expert segments (one cuBLAS grouped call
 // per projection instead of one GEMM per expert). The host reads back the
-// E + 1 segment offsets once per forward (the grouped GEMMs take host sizes)
-// plus the router's error flag and loss sums. The gate GEMM is fp32 on
+// router's error flags, loss sums, counts and E + 1 segment offsets (the
+// grouped GEMMs take host sizes) in one stream sync a forward, plus one a
+// mini-sequence chunk for its offsets. The gate GEMM is fp32 on
 // either table (routing is a discrete choice; see moe_layer_cuda_forward).
 //
 // Supported: expert parallelism (ep_size > 1, moe/src/moe_ep_rows.c: rows

@@ -7,6 +7,7 @@
 #include "kernels/cuda/ops_cuda.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 // c = beta * c (beta = 0 writes 0, NaN in c included): the K = 0 case, which
 // cuBLAS would treat the same but rejects with lda = 0.
@@ -58,7 +59,9 @@ extern "C" int moe_cuda_matmul_bf16(float *c, const float *a, const float *b, in
 // ---- grouped GEMMs over expert segments ---------------------------------------------
 // One cublasGemmGroupedBatchedEx call (cuBLAS >= 12.5) with one group per
 // non-empty segment: sizes and leading dimensions are host arrays, the
-// operand pointers a device array uploaded per call. Where cuBLAS does not
+// operand pointers a device array written per call by small kernels that
+// carry the pointers in their launch parameters (a copy from pageable host
+// memory may wait for the stream, which would stall every grouped GEMM). Where cuBLAS does not
 // support the compute type for grouped GEMMs (NOT_SUPPORTED / INVALID_VALUE),
 // the segments run as one GEMM each on the same stream.
 
@@ -68,6 +71,29 @@ typedef struct {
     const float *a, *b;
     float *c;
 } gemm_desc; // one column-major call (operands already swapped)
+
+// Up to PTRS_PER_LAUNCH pointers by value: the kernel writes them to dst.
+#define PTRS_PER_LAUNCH 400 // 3.2 KB of the 4 KB parameter space
+typedef struct {
+    const void *p[PTRS_PER_LAUNCH];
+} ptr_block;
+
+__global__ static void write_ptrs_kernel(const void **dst, ptr_block b, int n) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x)
+        dst[i] = b.p[i];
+}
+
+// dptr[0, n) = ptr[0, n) on the stream, without a host-to-device copy.
+static int upload_ptrs(void **dptr, const void *const *ptr, int n, cudaStream_t stream) {
+    for (int i0 = 0; i0 < n; i0 += PTRS_PER_LAUNCH) {
+        const int m = n - i0 < PTRS_PER_LAUNCH ? n - i0 : PTRS_PER_LAUNCH;
+        ptr_block b;
+        memcpy(b.p, ptr + i0, sizeof(void *) * (size_t)m);
+        write_ptrs_kernel<<<1, 128, 0, stream>>>((const void **)dptr + i0, b, m);
+        CUDA_LAUNCH_CHECK();
+    }
+    return 0;
+}
 
 static int run_grouped(const gemm_desc *d, int G, float alpha, float beta,
                        cublasComputeType_t compute) {
@@ -96,12 +122,10 @@ static int run_grouped(const gemm_desc *d, int G, float alpha, float beta,
         }
         cudaError_t e = cudaMallocAsync((void **)&dptr, sizeof(void *) * 3 * G, ctx.stream);
         if (e != cudaSuccess) dptr = NULL;
-        if (e == cudaSuccess)
-            e = cudaMemcpyAsync(dptr, ptr, sizeof(void *) * 3 * G, cudaMemcpyHostToDevice,
-                                ctx.stream);
+        if (e == cudaSuccess && (rc = upload_ptrs(dptr, ptr, 3 * G, ctx.stream)) < 0) goto done;
         if (e != cudaSuccess) {
             cudaGetLastError(); // reported here; later calls start clean
-            rc = moe_fail(MOE_EDEVICE, "%s:%d: grouped GEMM pointer upload: %s", __FILE__, __LINE__,
+            rc = moe_fail(MOE_EDEVICE, "%s:%d: grouped GEMM pointer array: %s", __FILE__, __LINE__,
                           cudaGetErrorString(e));
             goto done;
         }

@@ -364,7 +364,7 @@ extern "C" int moe_cuda_plan_alloc(moe_cuda_plan *p, int T_max, int E, int k) {
     }
     // host mirrors: the doubles first, then floats and ints
     const size_t host_bytes =
-        sizeof(double) * (E + 1) + sizeof(float) * E + sizeof(int) * (5 * E + 3);
+        sizeof(double) * (E + 1) + sizeof(float) * E + sizeof(int) * (6 * E + 3 + MOE_MAX_TASKS);
     if (!(p->host = moe_cuda_host_alloc(host_bytes))) {
         char why[512];
         snprintf(why, sizeof why, "%s", moe_last_error());
@@ -378,6 +378,8 @@ extern "C" int moe_cuda_plan_alloc(moe_cuda_plan *p, int T_max, int E, int k) {
     p->capacity_h = p->kept_h + E;
     p->offsets_h = p->capacity_h + E;
     p->flags_h = p->offsets_h + E + 1;
+    p->cap_in_h = p->flags_h + 2;
+    p->task_rank_in_h = p->cap_in_h + E;
     return 0;
 }
 
@@ -404,6 +406,10 @@ static void task_ranks(int *rank, const moe_router_config *cfg) {
         }
         rank[i] = r;
     }
+}
+
+__global__ static void reset_flags_kernel(int *flags) {
+    flags[0] = flags[1] = INT32_MAX; // no non-finite logit, no bad task id yet
 }
 
 extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, const int *task_id,
@@ -436,9 +442,10 @@ extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, co
     p->T = T;
     const int threads = 128;
     const unsigned blocks = moe_cuda_blocks(T, threads);
-    const int no_error[2] = {INT32_MAX, INT32_MAX};
-    CUDA_TRY(
-        cudaMemcpyAsync(p->flags, no_error, sizeof no_error, cudaMemcpyHostToDevice, c.stream));
+    // Inputs reach the device by kernel or from the page-locked mirrors: a
+    // copy from pageable memory may wait for the stream.
+    reset_flags_kernel<<<1, 1, 0, c.stream>>>(p->flags);
+    CUDA_LAUNCH_CHECK();
 
     // 1. probabilities, lse, choices
     const int gumbel = training && cfg->noise == MOE_NOISE_GUMBEL && k > 1;
@@ -447,11 +454,12 @@ extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, co
     CUDA_LAUNCH_CHECK();
     // 3. slot order (before the counts: the slot pass walks the sequence in it)
     if (priority) {
-        int rank[MOE_MAX_TASKS] = {0};
-        task_ranks(rank, cfg);
+        // the mirror is free: the last forward's copy finished before its sync
+        memset(p->task_rank_in_h, 0, sizeof(int) * MOE_MAX_TASKS);
+        task_ranks(p->task_rank_in_h, cfg);
         if (cfg->n_task_priority > 0)
-            CUDA_TRY(
-                cudaMemcpyAsync(p->task_rank, rank, sizeof rank, cudaMemcpyHostToDevice, c.stream));
+            CUDA_TRY(cudaMemcpyAsync(p->task_rank, p->task_rank_in_h, sizeof(int) * MOE_MAX_TASKS,
+                                     cudaMemcpyHostToDevice, c.stream));
         priority_keys_kernel<<<blocks, threads, 0, c.stream>>>(p->keys, p->order_alt, p->flags,
                                                                p->probs, task_id, p->task_rank,
                                                                cfg->n_task_priority, T, E);
@@ -475,9 +483,11 @@ extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, co
         p->base, p->counts, p->aux_f, p->hist, p->hist1, (int)chunks, E, T, cfg->aux_counts_all_k);
     CUDA_LAUNCH_CHECK();
     int given = capacity != NULL && cfg->capacity_factor > 0;
-    if (given)
-        CUDA_TRY(cudaMemcpyAsync(p->capacity, capacity, E * sizeof(int), cudaMemcpyHostToDevice,
+    if (given) {
+        memcpy(p->cap_in_h, capacity, E * sizeof(int));
+        CUDA_TRY(cudaMemcpyAsync(p->capacity, p->cap_in_h, E * sizeof(int), cudaMemcpyHostToDevice,
                                  c.stream));
+    }
     capacity_kernel<<<1, 32, 0, c.stream>>>(p->capacity, p->kept, p->offsets, p->counts, E,
                                             moe_capacity_static(cfg, T, E), given);
     CUDA_LAUNCH_CHECK();

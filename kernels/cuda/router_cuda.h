@@ -44,12 +44,14 @@ typedef struct {
     int *task_rank;           // [MOE_MAX_TASKS]
     // Host mirrors in one page-locked block, filled by the forward's single
     // read-back (one stream sync a layer): the statistics the layer and the
-    // trainer read (counts, kept, capacity, offsets) with the flags and sums.
+    // trainer read (counts, kept, capacity, offsets) with the flags and sums;
+    // and the given capacities and task ranks staged for their upload.
     void *host;
     double *red_h;                                 // [E + 1]
     float *aux_f_h;                                // [E]
     int *counts_h, *kept_h, *capacity_h, *flags_h; // [E], [E], [E], [2]
     int *offsets_h;                                // [E + 1]
+    int *cap_in_h, *task_rank_in_h;                // [E], [MOE_MAX_TASKS]: inputs on their way up
 } moe_cuda_plan;
 
 // Device buffers of moe_cuda_plan_sizes (moe/cuda_sizes.h) through moe_cuda_alloc.

@@ -102,6 +102,13 @@ START_TEST(test_cli_train_device_cuda_refused_with_reason) {
     snprintf(args, sizeof args, "train '%s/small.json' --device cpu --steps 2 --quiet --out '%s/c'",
              dir, dir);
     ck_assert_int_eq(run_moe(args), 0);
+    // the overlapped exchange is the GPU layer's: refused on the CPU, naming both keys
+    snprintf(args, sizeof args,
+             "train '%s/small.json' --set comm.overlap_degree=2 --steps 2 --quiet --out '%s/o'",
+             dir, dir);
+    ck_assert_int_eq(run_moe(args), 2);
+    ck_assert_msg(strstr(file_text("err.txt"), "comm.overlap_degree = 2 needs train.device = cuda"),
+                  "%s", file_text("err.txt"));
 }
 END_TEST
 

@@ -76,18 +76,19 @@ int moe_ep_rows_alloc(moe_ep_rows *r, const moe_layer_config *cfg, const moe_ops
     r->recv_rows = calloc(ep, sizeof(int));
     r->recv_kept = calloc(ep * El, sizeof(int));
     r->blk_off = calloc(ep * El + 1, sizeof(int));
+    r->send_off = calloc(ep + 1, sizeof(int));
+    r->recv_off = calloc(ep, sizeof(int));
     if (!r->stage_send || !r->stage_recv || !r->send_rows || !r->recv_rows || !r->recv_kept ||
-        !r->blk_off)
+        !r->blk_off || !r->send_off || !r->recv_off)
         return moe_fail(MOE_ENOMEM,
                         "moe layer: host staging of %zu rows of %zu floats (parallel.ep = %zu)", R,
                         D, ep);
     if (r->rounds == 1) return 0;
     r->stage_ret = host_alloc(r, stage);
     r->stage_pack = malloc(stage);
-    r->send_off = calloc(ep + 1, sizeof(int));
     r->cnt = calloc(ep, sizeof(int));
     r->events = calloc((size_t)r->rounds, sizeof(void *));
-    if (!r->stage_ret || !r->stage_pack || !r->send_off || !r->cnt || !r->events)
+    if (!r->stage_ret || !r->stage_pack || !r->cnt || !r->events)
         return moe_fail(MOE_ENOMEM,
                         "moe layer: staging of the overlapped exchange (%zu rows of %zu floats, "
                         "comm.overlap_degree = %d)",
@@ -111,6 +112,7 @@ void moe_ep_rows_free(moe_ep_rows *r) {
     free(r->events);
     free(r->stage_pack);
     free(r->send_off);
+    free(r->recv_off);
     free(r->cnt);
     free(r->send_rows);
     free(r->recv_rows);
@@ -119,23 +121,36 @@ void moe_ep_rows_free(moe_ep_rows *r) {
     memset(r, 0, sizeof *r);
 }
 
+static int total(const int *counts, int n) {
+    int t = 0;
+    for (int i = 0; i < n; i++)
+        t += counts[i];
+    return t;
+}
+
 // Rows src [n, D] (backend) go out send_counts[i] to rank i; what arrives
-// (recv_counts, at most cap rows) lands in dst (backend), source by source:
-// device to device where the group has a device exchange, else staged.
+// (want[i] rows from rank i, announced by the counts; at most cap rows) lands
+// in dst (backend), source by source: device to device where the group has a
+// device exchange, else staged.
+
 static int exchange(moe_ep_rows *r, float *dst, const float *src, const int *send_counts,
-                    int *recv_counts, size_t cap) {
+                    const int *want, size_t cap) {
     const moe_ep_group *g = r->ep;
     const size_t row = (size_t)r->cfg.D * sizeof(float);
-    if (g->alltoallv_device)
-        return g->alltoallv_device(g->ctx, src, send_counts, dst, recv_counts, cap, row);
-    size_t n = 0, got = 0;
-    for (int i = 0; i < g->size; i++)
-        n += (size_t)send_counts[i];
-    MOE_TRY(r->be.down(r->stage_send, src, n * row));
-    MOE_TRY(g->alltoallv(g->ctx, r->stage_send, send_counts, r->stage_recv, recv_counts, cap, row));
-    for (int i = 0; i < g->size; i++)
-        got += (size_t)recv_counts[i];
-    return r->be.up(dst, r->stage_recv, got * row);
+    const int n = g->size;
+    int got[n];
+    if (g->alltoallv_device) {
+        MOE_TRY(g->alltoallv_device(g->ctx, src, send_counts, dst, got, cap, row));
+    } else {
+        MOE_TRY(r->be.down(r->stage_send, src, (size_t)total(send_counts, n) * row));
+        MOE_TRY(g->alltoallv(g->ctx, r->stage_send, send_counts, r->stage_recv, got, cap, row));
+        MOE_TRY(r->be.up(dst, r->stage_recv, (size_t)total(got, n) * row));
+    }
+    for (int i = 0; i < n; i++)
+        if (got[i] != want[i])
+            return moe_fail(MOE_EINVAL, "moe layer: rank %d sent %d rows, %d announced", i, got[i],
+                            want[i]);
+    return 0;
 }
 
 // ---- the overlapped exchange (rounds > 1) ----------------------------------------------
@@ -179,14 +194,9 @@ static int move_round(moe_ep_rows *r, int c, bool to, float *recv, size_t *used,
     return 0;
 }
 
-// Rows of source s: its first row and count in the expert side's buffers.
-static int src_first(const moe_ep_rows *r, int s) {
-    return r->blk_off[s * moe_layer_local_experts(&r->cfg)];
-}
-
 // Reads back source s's rows of from (backend) into stage_ret, queued.
 static int read_back(moe_ep_rows *r, int s, const float *from) {
-    const size_t D = (size_t)r->cfg.D, o = (size_t)src_first(r, s) * D;
+    const size_t D = (size_t)r->cfg.D, o = (size_t)r->recv_off[s] * D;
     return r->be.down_async(r->stage_ret + o, from + o,
                             (size_t)r->recv_rows[s] * D * sizeof(float));
 }
@@ -233,15 +243,11 @@ static int rounds_out(moe_ep_rows *r, const float *src, float *in_dst, const flo
                       int (*fn)(moe_ep_rows *, int, const moe_layer_params *)) {
     const int n = r->cfg.ep_size, me = r->cfg.ep_rank, d = r->rounds;
     const size_t D = (size_t)r->cfg.D, R = (size_t)n * r->cfg.T_max * r->cfg.router.top_k;
-    const int El = moe_layer_local_experts(&r->cfg);
-    int first[n];
-    for (int s = 0; s < n; s++)
-        first[s] = r->blk_off[s * El];
     MOE_TRY(r->be.down(r->stage_send, src, (size_t)r->send_off[n] * D * sizeof(float)));
     size_t used = 0;
     for (int c = 0; c < d; c++) {
         pack_round(r, c, true, r->stage_send, r->send_off, r->send_rows);
-        MOE_TRY(move_round(r, c, true, r->stage_recv, &used, in_dst, first, r->recv_rows, R));
+        MOE_TRY(move_round(r, c, true, r->stage_recv, &used, in_dst, r->recv_off, r->recv_rows, R));
         for (int s = 0; s < n; s++)
             if (moe_ep_round_has(n, d, c, me, s, false)) MOE_TRY(fn(r, s, p));
         for (int s = 0; s < n; s++)
@@ -255,33 +261,20 @@ static int rounds_out(moe_ep_rows *r, const float *src, float *in_dst, const flo
 // round c once its event has passed. stage_send is free again (its rows were
 // packed): the returns land there.
 static int rounds_back(moe_ep_rows *r, float *out_dst) {
-    const int n = r->cfg.ep_size, El = moe_layer_local_experts(&r->cfg);
-    const size_t R = (size_t)n * r->cfg.T_max * r->cfg.router.top_k;
-    int first[n];
-    for (int s = 0; s < n; s++)
-        first[s] = r->blk_off[s * El];
+    const size_t R = (size_t)r->cfg.ep_size * r->cfg.T_max * r->cfg.router.top_k;
     size_t used = 0;
     for (int c = 0; c < r->rounds; c++) {
         MOE_TRY(wait_mark(r, c));
-        pack_round(r, c, false, r->stage_ret, first, r->recv_rows);
+        pack_round(r, c, false, r->stage_ret, r->recv_off, r->recv_rows);
         MOE_TRY(
             move_round(r, c, false, r->stage_send, &used, out_dst, r->send_off, r->send_rows, R));
     }
     return 0;
 }
 
-// Each source's block of rows, one grouped GEMM over the local experts:
-// c_(s,e) = a_(s,e) op(w_e), or with wgrad dW_e += a_(s,e)^T b_(s,e), source by
-// source (the order of a single process's micro-batches).
-static int per_source(moe_ep_rows *r, float *c, const float *in, const float *w, size_t stride,
-                      int N, int K, bool trans_b) {
-    const int El = moe_layer_local_experts(&r->cfg);
-    for (int s = 0; s < r->cfg.ep_size; s++)
-        MOE_TRY(r->ops->matmul_grouped(c, in, w, stride, r->blk_off + s * El, El, N, K, trans_b,
-                                       1.0f, 0.0f));
-    return 0;
-}
-
+// The weight gradients, one grouped GEMM per source over the local experts:
+// dW_e += a_(s,e)^T b_(s,e) source by source (the order of a single process's
+// micro-batches).
 static int per_source_wgrad(moe_ep_rows *r, float *dw, size_t stride, const float *dy,
                             const float *in, int M, int N) {
     const int El = moe_layer_local_experts(&r->cfg);
@@ -291,16 +284,24 @@ static int per_source_wgrad(moe_ep_rows *r, float *dw, size_t stride, const floa
     return 0;
 }
 
+static int weight_grads(moe_ep_rows *r, const moe_layer_params *dp) {
+    const int D = r->cfg.D, H = r->cfg.H;
+    MOE_TRY(
+        per_source_wgrad(r, dp->experts + dp->w2_offset, dp->expert_numel, r->dyr, r->hr, D, H));
+    return per_source_wgrad(r, dp->experts, dp->expert_numel, r->dabr, r->xr, 2 * H, D);
+}
+
 int moe_ep_rows_forward(moe_ep_rows *r, float *ye, const float *xe, const int *offsets,
                         const moe_layer_params *p) {
     const moe_layer_config *cfg = &r->cfg;
     const moe_ep_group *g = r->ep;
     const int ep = cfg->ep_size, El = moe_layer_local_experts(cfg), E = cfg->E;
-    const int D = cfg->D, H = cfg->H, rows_max = cfg->T_max * cfg->router.top_k;
+    const int rows_max = cfg->T_max * cfg->router.top_k;
     if (!g || g->size != ep || g->rank != cfg->ep_rank)
         return moe_fail(MOE_EINVAL, "moe layer: expert-parallel group missing or not %d ranks", ep);
     // counts: expert e's kept rows are its segment (offsets: the exclusive sum of kept)
     int kept[E], per_peer[ep], got[ep];
+    memset(per_peer, 0, sizeof per_peer); // filled below; gcc 12 cannot tell
     for (int e = 0; e < E; e++)
         kept[e] = offsets[e + 1] - offsets[e];
     for (int i = 0; i < ep; i++) {
@@ -308,75 +309,49 @@ int moe_ep_rows_forward(moe_ep_rows *r, float *ye, const float *xe, const int *o
         r->send_rows[i] = offsets[(i + 1) * El] - offsets[i * El];
     }
     MOE_TRY(g->alltoallv(g->ctx, kept, per_peer, r->recv_kept, got, (size_t)ep * El, sizeof(int)));
-    if (r->rounds > 1) { // the blocks are known from the counts before any row moves
-        r->send_off[0] = 0;
-        for (int s = 0; s < ep; s++) {
-            r->send_off[s + 1] = r->send_off[s] + r->send_rows[s];
-            r->recv_rows[s] = 0;
-            for (int le = 0; le < El; le++)
-                r->recv_rows[s] += r->recv_kept[s * El + le];
-        }
-    } else {
-        MOE_TRY(exchange(r, r->xr, xe, r->send_rows, r->recv_rows, (size_t)ep * rows_max));
-    }
-    r->blk_off[0] = 0;
+    // The blocks follow from the counts before any row moves: (source, local
+    // expert) in order, each source's rows from send_off / recv_rows.
+    r->blk_off[0] = r->send_off[0] = 0;
     for (int s = 0; s < ep; s++) {
-        int want = 0;
+        r->send_off[s + 1] = r->send_off[s] + r->send_rows[s];
+        r->recv_off[s] = r->blk_off[s * El];
+        r->recv_rows[s] = 0;
         for (int le = 0; le < El; le++) {
-            want += r->recv_kept[s * El + le];
+            r->recv_rows[s] += r->recv_kept[s * El + le];
             r->blk_off[s * El + le + 1] = r->blk_off[s * El + le] + r->recv_kept[s * El + le];
         }
-        if (want != r->recv_rows[s])
-            return moe_fail(MOE_EINVAL, "moe layer: rank %d sent %d rows but announced %d", s,
-                            r->recv_rows[s], want);
     }
     if (r->rounds > 1) {
         MOE_TRY(rounds_out(r, xe, r->xr, r->yr, p, source_forward));
         return rounds_back(r, ye);
     }
-    const int R = r->blk_off[ep * El];
-    // ab = xr [w1;w3]^T, h = SwiGLU(ab), yr = h w2^T, block by block
-    MOE_TRY(per_source(r, r->abr, r->xr, p->experts, p->expert_numel, 2 * H, D, true));
-    MOE_TRY(r->ops->swiglu_forward(r->hr, r->abr, R, H));
-    MOE_TRY(per_source(r, r->yr, r->hr, p->experts + p->w2_offset, p->expert_numel, D, H, true));
+    MOE_TRY(exchange(r, r->xr, xe, r->send_rows, r->recv_rows, (size_t)ep * rows_max));
+    for (int s = 0; s < ep; s++)
+        MOE_TRY(source_forward(r, s, p));
     // combine: the outputs back to their tokens' ranks, into ye in expert order
-    MOE_TRY(exchange(r, ye, r->yr, r->recv_rows, got, (size_t)rows_max));
-    for (int i = 0; i < ep; i++)
-        if (got[i] != r->send_rows[i])
-            return moe_fail(MOE_EINVAL, "moe layer: rank %d returned %d rows of %d", i, got[i],
-                            r->send_rows[i]);
-    return 0;
+    return exchange(r, ye, r->yr, r->recv_rows, r->send_rows, (size_t)rows_max);
 }
 
 int moe_ep_rows_backward(moe_ep_rows *r, float *dxe, const float *dye, const moe_layer_params *dp,
                          const moe_layer_params *p) {
     const moe_layer_config *cfg = &r->cfg;
     const int ep = cfg->ep_size, El = moe_layer_local_experts(cfg);
-    const int D = cfg->D, H = cfg->H, rows_max = cfg->T_max * cfg->router.top_k;
+    const int H = cfg->H, rows_max = cfg->T_max * cfg->router.top_k;
     const int R = r->blk_off[ep * El];
-    int got[ep];
-    const float *w2 = p->experts + p->w2_offset;
-    float *dw2 = dp->experts + dp->w2_offset;
-    if (r->rounds > 1) { // dH, dAB and dX per source as it arrives; then the weight gradients
-        MOE_TRY(r->ops->zero(r->dabr, (size_t)R * 2 * H));
+    // dH, dAB and dX source by source, then the weight gradients in source
+    // order; overlapped, each source as its rows arrive, and the weight
+    // gradients queued before the returns so they compute while rows move
+    MOE_TRY(r->ops->zero(r->dabr, (size_t)R * 2 * H));
+    if (r->rounds > 1) {
         MOE_TRY(rounds_out(r, dye, r->dyr, r->dxr, p, source_backward));
-        // queued before the returns, so they compute while the host moves rows
-        MOE_TRY(per_source_wgrad(r, dw2, dp->expert_numel, r->dyr, r->hr, D, H));
-        MOE_TRY(per_source_wgrad(r, dp->experts, dp->expert_numel, r->dabr, r->xr, 2 * H, D));
+        MOE_TRY(weight_grads(r, dp));
         return rounds_back(r, dxe);
     }
     // redispatch: dye to the experts' ranks with the forward's counts
-    MOE_TRY(exchange(r, r->dyr, dye, r->send_rows, got, (size_t)ep * rows_max));
+    MOE_TRY(exchange(r, r->dyr, dye, r->send_rows, r->recv_rows, (size_t)ep * rows_max));
     for (int s = 0; s < ep; s++)
-        if (got[s] != r->recv_rows[s])
-            return moe_fail(MOE_EINVAL, "moe layer: rank %d sent %d gradient rows of %d", s, got[s],
-                            r->recv_rows[s]);
-    MOE_TRY(per_source(r, r->dhr, r->dyr, w2, p->expert_numel, H, D, false));
-    MOE_TRY(per_source_wgrad(r, dw2, dp->expert_numel, r->dyr, r->hr, D, H));
-    MOE_TRY(r->ops->zero(r->dabr, (size_t)R * 2 * H));
-    MOE_TRY(r->ops->swiglu_backward(r->dabr, r->dhr, r->abr, R, H));
-    MOE_TRY(per_source_wgrad(r, dp->experts, dp->expert_numel, r->dabr, r->xr, 2 * H, D));
-    MOE_TRY(per_source(r, r->dxr, r->dabr, p->experts, p->expert_numel, D, 2 * H, false));
+        MOE_TRY(source_backward(r, s, p));
+    MOE_TRY(weight_grads(r, dp));
     // combine: the input gradients back to their tokens' ranks, into dxe
-    return exchange(r, dxe, r->dxr, r->recv_rows, got, (size_t)rows_max);
+    return exchange(r, dxe, r->dxr, r->recv_rows, r->send_rows, (size_t)rows_max);
 }

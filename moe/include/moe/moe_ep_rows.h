@@ -43,11 +43,12 @@ typedef struct {
     float *stage_send, *stage_recv;                     // host [R, D]: the exchange's staging
     int *send_rows, *recv_rows;                         // host [ep_size] rows to and from each rank
     int *recv_kept, *blk_off; // host [ep_size * E_local] rows of (source, local expert), prefix
+    int *send_off, *recv_off; // host [ep_size + 1], [ep_size]: each peer's first row on either side
     // the overlapped exchange (cfg.overlap_degree > 1): results read back per
     // round (host [R, D]), a round's rows packed for its peers (host [R, D]),
-    // per-rank row offsets, one event per round
+    // the round's send counts, one event per round
     float *stage_ret, *stage_pack;
-    int *send_off, *cnt;
+    int *cnt;
     void **events;
     int rounds;
 } moe_ep_rows;

@@ -33,21 +33,83 @@ typedef struct {
 // (computed in double), since mhat / (sqrt(vhat) + eps) =
 // (lr / bc1) m / (sqrt(v) / sqrt(bc2) + eps). A double division per element
 // made the pass compute-bound at about twice the time of its memory traffic.
+// One element's step, with the fused multiply-adds written out: the file is
+// built with -ffp-contract=off, so the AVX2 form below does exactly these
+// operations per lane and every path (masked, ranged, bf16 moments, vector or
+// scalar tail) gives the same bits. Returns the new parameter; m and v get
+// the unrounded moments.
+static inline float step1(float p, float *m, float *v, float grad, const adamw_job *J, float wd) {
+    const float g = grad * J->grad_scale; // the clipped gradient, as a clipping pass would store it
+    const float mi = *m = fmaf(J->beta1, *m, (1.0f - J->beta1) * g);
+    const float vi = *v = fmaf(J->beta2, *v, (1.0f - J->beta2) * g * g);
+    return p - fmaf(wd, p, J->step_size * mi / fmaf(sqrtf(vi), J->rsqrt_bc2, J->eps));
+}
+
+#ifdef __AVX2__
+typedef struct {
+    __m256 beta1, c1, beta2, c2, eps, step_size, rsqrt_bc2, s;
+} consts8;
+
+static inline consts8 broadcast(const adamw_job *J) {
+    return (consts8){_mm256_set1_ps(J->beta1),     _mm256_set1_ps(1.0f - J->beta1),
+                     _mm256_set1_ps(J->beta2),     _mm256_set1_ps(1.0f - J->beta2),
+                     _mm256_set1_ps(J->eps),       _mm256_set1_ps(J->step_size),
+                     _mm256_set1_ps(J->rsqrt_bc2), _mm256_set1_ps(J->grad_scale)};
+}
+
+static inline __m256 step8(__m256 p, __m256 *m, __m256 *v, __m256 grad, const consts8 *k,
+                           __m256 wd) {
+    const __m256 g = _mm256_mul_ps(grad, k->s);
+    *m = _mm256_fmadd_ps(k->beta1, *m, _mm256_mul_ps(k->c1, g));
+    *v = _mm256_fmadd_ps(k->beta2, *v, _mm256_mul_ps(_mm256_mul_ps(k->c2, g), g));
+    const __m256 den = _mm256_fmadd_ps(_mm256_sqrt_ps(*v), k->rsqrt_bc2, k->eps);
+    return _mm256_sub_ps(p, _mm256_fmadd_ps(wd, p, _mm256_div_ps(_mm256_mul_ps(k->step_size, *m),
+                                                                 den)));
+}
+
+// bf16 <-> float in registers; integer bit operations, so the scalar forms'
+// bits (moe/bf16.h).
+static inline __m256 widen8(const uint16_t *h) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)h));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+static inline void narrow8(uint16_t *h, __m256 f) {
+    const __m256i u = _mm256_castps_si256(f), hi = _mm256_srli_epi32(u, 16);
+    const __m256i r = _mm256_srli_epi32(
+        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                         _mm256_and_si256(hi, _mm256_set1_epi32(1))),
+        16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
+    const __m256i out = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+    // values < 2^16: the unsigned saturating pack keeps them
+    _mm_storeu_si128((__m128i *)h, _mm_packus_epi32(_mm256_castsi256_si128(out),
+                                                    _mm256_extracti128_si256(out, 1)));
+}
+#endif
+
+// The masked pass: a decay byte per element.
 static void adamw_chunk(void *ctx, int c) {
     const adamw_job *J = ctx;
     const size_t i0 = (size_t)c * CHUNK, i1 = J->n - i0 < CHUNK ? J->n : i0 + CHUNK;
     float *restrict params = J->params, *restrict m = J->m, *restrict v = J->v;
     const float *restrict grads = J->grads;
     const uint8_t *restrict decay = J->decay;
-    const float beta1 = J->beta1, beta2 = J->beta2, eps = J->eps, s = J->grad_scale;
-    const float step_size = J->step_size, rsqrt_bc2 = J->rsqrt_bc2, lr_wd = J->lr_wd;
-    for (size_t i = i0; i < i1; i++) {
-        const float g = grads[i] * s; // the clipped gradient, as a clipping pass would store it
-        const float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-        const float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-        const float wd = decay[i] ? lr_wd : 0.0f, p = params[i];
-        params[i] = p - (step_size * mi / (sqrtf(vi) * rsqrt_bc2 + eps) + wd * p);
+    size_t i = i0;
+#ifdef __AVX2__
+    const consts8 k = broadcast(J);
+    const __m256 lr_wd = _mm256_set1_ps(J->lr_wd);
+    for (; i + 8 <= i1; i += 8) {
+        const __m256i d = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(decay + i)));
+        const __m256 off = _mm256_castsi256_ps(_mm256_cmpeq_epi32(d, _mm256_setzero_si256()));
+        __m256 mi = _mm256_loadu_ps(m + i), vi = _mm256_loadu_ps(v + i);
+        const __m256 p = step8(_mm256_loadu_ps(params + i), &mi, &vi, _mm256_loadu_ps(grads + i),
+                               &k, _mm256_andnot_ps(off, lr_wd));
+        _mm256_storeu_ps(m + i, mi), _mm256_storeu_ps(v + i, vi), _mm256_storeu_ps(params + i, p);
     }
+#endif
+    for (; i < i1; i++)
+        params[i] = step1(params[i], &m[i], &v[i], grads[i], J, decay[i] ? J->lr_wd : 0.0f);
 }
 
 // A step's constants; the caller adds the moments and the decay.
@@ -84,77 +146,48 @@ int moe_cpu_adamw(float *params, float *m, float *v, const float *grads, const u
                                 weight_decay, 1.0f);
 }
 
-// The ranged pass: one decay factor per run of elements, so the loop reads
-// params, grads and the moments only (no mask byte), and its body is the
-// masked one's with wd fixed: the same bits.
-static inline void run_f32(float *restrict params, float *restrict m, float *restrict v,
-                           const float *restrict grads, size_t n, const adamw_job *J, float wd) {
-    const float beta1 = J->beta1, beta2 = J->beta2, eps = J->eps, s = J->grad_scale;
-    const float step_size = J->step_size, rsqrt_bc2 = J->rsqrt_bc2;
-    for (size_t i = 0; i < n; i++) {
-        const float g = grads[i] * s;
-        const float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-        const float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
-        const float p = params[i];
-        params[i] = p - (step_size * mi / (sqrtf(vi) * rsqrt_bc2 + eps) + wd * p);
-    }
-}
-
+// The ranged pass: one decay factor per run of elements [i0, i1), so the
+// loop reads params, grads and the moments only (no mask byte). bf16 moments
+// are widened (exactly) in registers, stepped by the same arithmetic (the
+// step uses the unrounded moments, so the parameter bits are the fp32
+// state's from the same moments) and stored back rounded to nearest even.
 static void seg_f32(const adamw_job *J, size_t i0, size_t i1, float wd) {
-    run_f32(J->params + i0, J->m + i0, J->v + i0, J->grads + i0, i1 - i0, J, wd);
-}
-
-// bf16 moments: blocks of BLK elements widened (exactly) into float buffers
-// that stay in L1, updated by the fp32 loop itself (the same arithmetic, so
-// the same parameter bits from the same moments; the step uses the unrounded
-// moments), and stored back rounded to nearest even. Three simple loops
-// vectorise better than one with the conversions inlined.
-enum { BLK = 512 };
-
-// The conversions are integer bit operations, so the AVX2 forms give the
-// scalar ones' bits (moe/bf16.h); the scalar loops finish ragged ends.
-static void widen(float *restrict out, const uint16_t *restrict h, size_t n) {
-    size_t j = 0;
+    float *restrict params = J->params, *restrict m = J->m, *restrict v = J->v;
+    const float *restrict grads = J->grads;
+    size_t i = i0;
 #ifdef __AVX2__
-    for (; j + 8 <= n; j += 8) {
-        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(h + j)));
-        _mm256_storeu_si256((__m256i *)(out + j), _mm256_slli_epi32(w, 16));
+    const consts8 k = broadcast(J);
+    const __m256 w = _mm256_set1_ps(wd);
+    for (; i + 8 <= i1; i += 8) {
+        __m256 mi = _mm256_loadu_ps(m + i), vi = _mm256_loadu_ps(v + i);
+        const __m256 p =
+            step8(_mm256_loadu_ps(params + i), &mi, &vi, _mm256_loadu_ps(grads + i), &k, w);
+        _mm256_storeu_ps(m + i, mi), _mm256_storeu_ps(v + i, vi), _mm256_storeu_ps(params + i, p);
     }
 #endif
-    for (; j < n; j++)
-        out[j] = moe_bf16_to_float(h[j]);
-}
-
-static void narrow(uint16_t *restrict h, const float *restrict x, size_t n) {
-    size_t j = 0;
-#ifdef __AVX2__
-    const __m256i bias = _mm256_set1_epi32(0x7fff), one = _mm256_set1_epi32(1),
-                  quiet = _mm256_set1_epi32(0x40);
-    for (; j + 8 <= n; j += 8) {
-        const __m256 f = _mm256_loadu_ps(x + j);
-        const __m256i u = _mm256_castps_si256(f), hi = _mm256_srli_epi32(u, 16);
-        const __m256i r = _mm256_srli_epi32(
-            _mm256_add_epi32(_mm256_add_epi32(u, bias), _mm256_and_si256(hi, one)), 16);
-        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
-        const __m256i out = _mm256_blendv_epi8(r, _mm256_or_si256(hi, quiet), nan);
-        // values < 2^16: the unsigned saturating pack keeps them
-        _mm_storeu_si128((__m128i *)(h + j), _mm_packus_epi32(_mm256_castsi256_si128(out),
-                                                              _mm256_extracti128_si256(out, 1)));
-    }
-#endif
-    for (; j < n; j++)
-        h[j] = moe_bf16_round(x[j]);
+    for (; i < i1; i++)
+        params[i] = step1(params[i], &m[i], &v[i], grads[i], J, wd);
 }
 
 static void seg_bf16(const adamw_job *J, size_t i0, size_t i1, float wd) {
-    float mt[BLK], vt[BLK];
-    for (size_t b = i0; b < i1; b += BLK) {
-        const size_t k = i1 - b < BLK ? i1 - b : BLK;
-        widen(mt, J->m16 + b, k);
-        widen(vt, J->v16 + b, k);
-        run_f32(J->params + b, mt, vt, J->grads + b, k, J, wd);
-        narrow(J->m16 + b, mt, k);
-        narrow(J->v16 + b, vt, k);
+    float *restrict params = J->params;
+    uint16_t *restrict m16 = J->m16, *restrict v16 = J->v16;
+    const float *restrict grads = J->grads;
+    size_t i = i0;
+#ifdef __AVX2__
+    const consts8 k = broadcast(J);
+    const __m256 w = _mm256_set1_ps(wd);
+    for (; i + 8 <= i1; i += 8) {
+        __m256 mi = widen8(m16 + i), vi = widen8(v16 + i);
+        const __m256 p =
+            step8(_mm256_loadu_ps(params + i), &mi, &vi, _mm256_loadu_ps(grads + i), &k, w);
+        narrow8(m16 + i, mi), narrow8(v16 + i, vi), _mm256_storeu_ps(params + i, p);
+    }
+#endif
+    for (; i < i1; i++) {
+        float mi = moe_bf16_to_float(m16[i]), vi = moe_bf16_to_float(v16[i]);
+        params[i] = step1(params[i], &mi, &vi, grads[i], J, wd);
+        m16[i] = moe_bf16_round(mi), v16[i] = moe_bf16_round(vi);
     }
 }
 
@@ -198,21 +231,38 @@ int moe_cpu_adamw_ranged(float *params, void *m, void *v, bool bf16, const float
     return 0;
 }
 
-// One chunk's sum of squares in 16 double lanes (four 4-wide accumulators,
-// enough independent FMA chains to keep up with the loads), combined in a
-// fixed pairwise order.
+// One chunk's sum of squares in 32 double lanes (eight 4-wide fused
+// multiply-add chains: enough independent chains to keep up with the loads
+// from cache, where four were latency-bound at half the rate), combined in a
+// fixed pairwise order. The AVX2 and the scalar forms do the same operations
+// per lane, so the same bits.
+enum { LANES = 32 };
+
 static double sumsq_block(const float *restrict x, size_t n) {
-    double acc[16] = {0};
+    double acc[LANES] = {0};
     size_t i = 0;
-    for (; i + 16 <= n; i += 16)
-        for (int l = 0; l < 16; l++)
-            acc[l] += (double)x[i + l] * x[i + l];
-    for (int w = 8; w >= 1; w /= 2)
+#ifdef __AVX2__
+    __m256d a[LANES / 4];
+    for (int j = 0; j < LANES / 4; j++)
+        a[j] = _mm256_setzero_pd();
+    for (; i + LANES <= n; i += LANES)
+        for (int j = 0; j < LANES / 4; j++) {
+            const __m256d y = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4 * j));
+            a[j] = _mm256_fmadd_pd(y, y, a[j]);
+        }
+    for (int j = 0; j < LANES / 4; j++)
+        _mm256_storeu_pd(acc + 4 * j, a[j]);
+#else
+    for (; i + LANES <= n; i += LANES)
+        for (int l = 0; l < LANES; l++)
+            acc[l] = fma((double)x[i + l], (double)x[i + l], acc[l]);
+#endif
+    for (int w = LANES / 2; w >= 1; w /= 2)
         for (int l = 0; l < w; l++)
             acc[l] += acc[l + w];
     double s = acc[0];
     for (; i < n; i++)
-        s += (double)x[i] * x[i];
+        s = fma((double)x[i], (double)x[i], s);
     return s;
 }
 

@@ -28,18 +28,19 @@ __global__ static void scale_kernel(float *x, size_t n, float s) {
 
 // The CPU's per-step constants (kernels/cpu/adamw.c step_job, computed on the
 // host in double): step_size = lr / bc1, rsqrt_bc2 = 1 / sqrt(bc2), lr_wd =
-// lr * weight_decay, and its expression for the step, so both tables round the
-// same operations (only multiply-add fusion can differ).
+// lr * weight_decay, and its expression for the step with the same fused
+// multiply-adds written out (kernels/cpu/adamw.c step1), so both tables round
+// the same operations.
 __global__ static void adamw_kernel(float *params, float *m, float *v, const float *grads,
                                     const uint8_t *decay, size_t n, float step_size,
                                     float rsqrt_bc2, float lr_wd, float beta1, float beta2,
                                     float eps) {
     GRID_STRIDE(i, n) {
         const float g = grads[i];
-        const float mi = m[i] = beta1 * m[i] + (1.0f - beta1) * g;
-        const float vi = v[i] = beta2 * v[i] + (1.0f - beta2) * g * g;
+        const float mi = m[i] = fmaf(beta1, m[i], (1.0f - beta1) * g);
+        const float vi = v[i] = fmaf(beta2, v[i], (1.0f - beta2) * g * g);
         const float wd = decay[i] ? lr_wd : 0.0f, p = params[i];
-        params[i] = p - (step_size * mi / (sqrtf(vi) * rsqrt_bc2 + eps) + wd * p);
+        params[i] = p - fmaf(wd, p, step_size * mi / fmaf(sqrtf(vi), rsqrt_bc2, eps));
     }
 }
 

@@ -143,9 +143,10 @@ static void run(const char *device, int N, int D, int V, float eps, int reps) {
     CHECK(moe_cuda_upload(tg, host_tg, N * sizeof(int32_t)));
     timing p = plain(dh[0], dW[0], h, W, tg, N, D, V, reps);
     timing c = cce(dh[1], dW[1], h, W, tg, N, D, V, eps, reps);
-    float *a = malloc((size_t)V * D * sizeof(float)), *b = malloc((size_t)V * D * sizeof(float));
+    const size_t rows = (size_t)(N > V ? N : V); // the larger of dh [N, D] and dW [V, D]
+    float *a = malloc(rows * D * sizeof(float)), *b = malloc(rows * D * sizeof(float));
     if (!a || !b) {
-        fprintf(stderr, "gpu_cce: host memory for two [%d, %d] gradients\n", V, D);
+        fprintf(stderr, "gpu_cce: host memory for two [%zu, %d] gradients\n", rows, D);
         exit(1);
     }
     CHECK(moe_cuda_download(a, dh[1], (size_t)N * D * sizeof(float)));

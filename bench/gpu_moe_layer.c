@@ -84,9 +84,11 @@ static int run(int T, int D, int H, int E, int k, double capacity, const moe_ops
     printf(
         "{\"bench\":\"gpu_moe_layer\",\"device\":\"%s\",\"dtype\":\"%s\",\"T\":%d,\"D\":%d,"
         "\"H\":%d,\"E\":%d,\"k\":%d,\"capacity_factor\":%g,\"rows\":%d,\"ms\":%.3f,\"tflops\":%.2f,"
-        "\"dense_tflops\":%.2f,\"ratio_to_dense\":%.3f,\"aux_loss\":%.4f}\n",
+        "\"dense_tflops\":%.2f,\"ratio_to_dense\":%.3f,\"aux_loss\":%.4f,"
+        "\"grouped_fallbacks\":%ld}\n",
         name, ops == &moe_ops_cuda ? "fp32" : "bf16", T, D, H, E, k, capacity, rows, best * 1e3,
-        tflops, dense_tflops, tflops / dense_tflops, a.plan.aux_loss);
+        tflops, dense_tflops, tflops / dense_tflops, a.plan.aux_loss,
+        moe_cuda_grouped_fallbacks());
     moe_layer_cuda_acts_free(&a);
     ops->free(par), ops->free(grad), ops->free(x), ops->free(y), ops->free(dy), ops->free(dx);
     return 0;

@@ -106,8 +106,10 @@ __global__ static void __launch_bounds__(THREADS)
         }
     }
     // The 16 threads of a row are the lanes of one half-warp (same ty): a
-    // butterfly over lane bits 3..0. combine(a, b) and combine(b, a) give the
-    // same bits (+ and * commute), so every lane ends with the same pair.
+    // butterfly over lane bits 3..0. Paired lanes may end a last bit apart
+    // (the compiler fuses one of the two products into the add, which does
+    // not commute); only lane tx = 0 writes, so the result is still one fixed
+    // function of the inputs.
     for (int i = 0; i < TM; i++) {
         for (int o = 8; o > 0; o >>= 1) {
             const float om = __shfl_xor_sync(0xffffffffu, m[i], o);

@@ -56,6 +56,9 @@ int moe_cuda_event_wait(void *event);     // the host waits until the stream pas
 size_t moe_cuda_mem_in_use(void);
 size_t moe_cuda_mem_peak(void);
 void moe_cuda_mem_reset_peak(void);
+// Grouped GEMM calls that ran as one cuBLAS GEMM per segment (cuBLAS refused
+// the grouped call for its compute type) since start-up.
+long moe_cuda_grouped_fallbacks(void);
 // cudaMemGetInfo of the backend's device.
 int moe_cuda_mem_info(size_t *free_bytes, size_t *total_bytes);
 

@@ -95,6 +95,14 @@ static int upload_ptrs(void **dptr, const void *const *ptr, int n, cudaStream_t 
     return 0;
 }
 
+// Grouped calls cuBLAS refused (a compute type its grouped GEMM lacks) and
+// ran as one GEMM per segment instead: the benches report it.
+static long grouped_fallbacks;
+
+extern "C" long moe_cuda_grouped_fallbacks(void) {
+    return grouped_fallbacks;
+}
+
 static int run_grouped(const gemm_desc *d, int G, float alpha, float beta,
                        cublasComputeType_t compute) {
     if (G == 0) return 0;
@@ -134,6 +142,7 @@ static int run_grouped(const gemm_desc *d, int G, float alpha, float beta,
             (const void *const *)(dptr + G), CUDA_R_32F, ldb, ab + G, (void *const *)(dptr + 2 * G),
             CUDA_R_32F, ldc, G, gs, compute);
         if (st == CUBLAS_STATUS_NOT_SUPPORTED || st == CUBLAS_STATUS_INVALID_VALUE) {
+            grouped_fallbacks++;
             for (int g = 0; g < G && !rc; g++) { // per-segment fallback
                 st = cublasGemmEx(ctx.cublas, ta[g], tb[g], m[g], n[g], k[g], &alpha, d[g].a,
                                   CUDA_R_32F, lda[g], d[g].b, CUDA_R_32F, ldb[g], &beta, d[g].c,

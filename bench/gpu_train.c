@@ -1,7 +1,7 @@
 // GPU training throughput (DESIGN "Performance targets"): tokens/s of
 // `moe train --device cuda` on a ~100M-parameter Mixtral-style config (6
 // layers, d_model 768, 8 experts of 768 per layer, top-2; seq_len 256, batch
-// 16) on the synthetic corpus, one JSON line per precision. The rate is the
+// 16 or --batch N) on the synthetic corpus, one JSON line per precision. The rate is the
 // trainer's own (mean over the run, first steps included). Each line carries
 // the model FLOPs utilisation: the kept assignments' FLOPs per token
 // (moe/mfu.h, the CPU path's count) times tokens/s, against the dense GEMM
@@ -86,6 +86,10 @@ static double spec_peak(const char *name, const char *compute) {
     return 0.0;
 }
 
+// Sequences a step (--batch): more tokens a step give the GEMMs more rows
+// against the same launches and host syncs.
+static int batch = 16;
+
 // mini_seq > 1: memory.mini_seq with memory.recompute = recompute.
 static void bench_config(moe_config *cfg, const char *compute, int steps, int mini_seq,
                          const char *recompute) {
@@ -99,7 +103,7 @@ static void bench_config(moe_config *cfg, const char *compute, int steps, int mi
     c.model.seq_len = 256;
     c.moe.num_experts[0] = 8;
     c.router.top_k = 2;
-    c.train.batch_size = 16;
+    c.train.batch_size = batch;
     c.train.steps = steps;
     c.train.warmup_steps = 2;
     c.train.eval_every = 0;
@@ -230,10 +234,10 @@ static int phases(const char *compute, int steps) {
     const double other = t_total - tm.attention - tm.moe - tm.ffn - tm.head - tm.embed - t_opt;
     if (rc == 0 && t_total > 0)
         printf("{\"bench\":\"gpu_train_phases\",\"device\":\"%s\",\"compute\":\"%s\","
-               "\"steps\":%d,\"ms_per_step\":%.3f,\"share\":{\"attention\":%.3f,\"moe\":%.3f,"
+               "\"tokens_per_step\":%d,\"steps\":%d,\"ms_per_step\":%.3f,\"share\":{\"attention\":%.3f,\"moe\":%.3f,"
                "\"dense_ffn\":%.3f,\"lm_head_loss\":%.3f,\"embedding\":%.3f,\"optimizer\":%.3f,"
                "\"other\":%.3f}}\n",
-               name, compute, steps, 1e3 * t_total / steps, tm.attention / t_total,
+               name, compute, B * T, steps, 1e3 * t_total / steps, tm.attention / t_total,
                tm.moe / t_total, tm.ffn / t_total, tm.head / t_total, tm.embed / t_total,
                t_opt / t_total, other / t_total);
     moe_gpu_trainer_free(&g);
@@ -249,8 +253,10 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--batch") && i + 1 < argc && atoi(argv[i + 1]) > 0)
+            batch = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: gpu_train [--steps N]\n");
+            fprintf(stderr, "usage: gpu_train [--steps N] [--batch SEQUENCES (16)]\n");
             return 2;
         }
     }

@@ -34,6 +34,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+// Sequences a step (--batch): more tokens a step give the GEMMs more rows
+// against the same launches and host syncs.
+static int batch = 16;
+
 #ifdef MOE_HAVE_CUDA
 #include "gpu_fill.h"
 #include "kernels/cuda/cuda.h"
@@ -85,10 +89,6 @@ static double spec_peak(const char *name, const char *compute) {
     if (strstr(name, "H100") || strstr(name, "H200")) return bf16 ? 989.4 : 66.9;
     return 0.0;
 }
-
-// Sequences a step (--batch): more tokens a step give the GEMMs more rows
-// against the same launches and host syncs.
-static int batch = 16;
 
 // mini_seq > 1: memory.mini_seq with memory.recompute = recompute.
 static void bench_config(moe_config *cfg, const char *compute, int steps, int mini_seq,

@@ -126,6 +126,9 @@ START_TEST(test_plan_equals_router_forward) {
     ck_assert_str_eq(moe_st_meta(f, "router.task_priority"), "1,3,2");
     ck_assert_str_eq(moe_st_meta(f, "router.noise_eps"), "0.01");
     ck_assert_str_eq(moe_st_meta(f, "capacity.mode"), "static");
+    // the project's version (CMake's project()), not the headers' fallback
+    ck_assert_ptr_nonnull(moe_st_meta(f, "moe.version"));
+    ck_assert_str_ne(moe_st_meta(f, "moe.version"), "0.0.0");
     moe_st_close(f);
     ck_assert_int_eq(tu_count_entries(tu_dir), 2); // input and plan, no temp file
 }

@@ -78,6 +78,15 @@ int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *ou
     out->moe = mm.moe;
     out->step = 2 * (size_t)B * T * sizeof(int32_t) + (size_t)B * sizeof(int32_t) +
                 (cfg->train.grad_accum > 1 ? n : 1) * sizeof(float);
+    // A save finds each token-routed layer's task experts (moe_task_route):
+    // one router plan of n_tasks rows at a time, alive with all of the above.
+    size_t route = 0;
+    for (int i = 0; i < cfg->moe.n_task_layers; i++) {
+        const int l = cfg->moe.task_layers[i];
+        const size_t b = moe_plan_bytes(n_tasks, moe_config_experts(cfg, l), cfg->router.top_k);
+        route = b > route ? b : route;
+    }
+    out->step += route;
     out->data = 0; // token files are memory-mapped (page cache), not allocated
     // The all-reduce staging grows to the larger of the dense gradients
     // (summed over the world) and the expert gradients (over the DP group).

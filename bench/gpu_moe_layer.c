@@ -87,8 +87,7 @@ static int run(int T, int D, int H, int E, int k, double capacity, const moe_ops
         "\"dense_tflops\":%.2f,\"ratio_to_dense\":%.3f,\"aux_loss\":%.4f,"
         "\"grouped_fallbacks\":%ld}\n",
         name, ops == &moe_ops_cuda ? "fp32" : "bf16", T, D, H, E, k, capacity, rows, best * 1e3,
-        tflops, dense_tflops, tflops / dense_tflops, a.plan.aux_loss,
-        moe_cuda_grouped_fallbacks());
+        tflops, dense_tflops, tflops / dense_tflops, a.plan.aux_loss, moe_cuda_grouped_fallbacks());
     moe_layer_cuda_acts_free(&a);
     ops->free(par), ops->free(grad), ops->free(x), ops->free(y), ops->free(dy), ops->free(dx);
     return 0;

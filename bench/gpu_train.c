@@ -1,8 +1,8 @@
 // GPU training throughput (DESIGN "Performance targets"): tokens/s of
 // `moe train --device cuda` on a ~100M-parameter Mixtral-style config (6
 // layers, d_model 768, 8 experts of 768 per layer, top-2; seq_len 256, batch
-// 16 or --batch N) on the synthetic corpus, one JSON line per precision. The rate is the
-// trainer's own (mean over the run, first steps included). Each line carries
+// 16 or --batch N) on the synthetic corpus, one JSON line per precision. The
+// rate is the trainer's own (mean over the run, first steps included). Each line carries
 // the model FLOPs utilisation: the kept assignments' FLOPs per token
 // (moe/mfu.h, the CPU path's count) times tokens/s, against the dense GEMM
 // rate the same precision's op table reaches in the same run (8192^3
@@ -234,7 +234,8 @@ static int phases(const char *compute, int steps) {
     const double other = t_total - tm.attention - tm.moe - tm.ffn - tm.head - tm.embed - t_opt;
     if (rc == 0 && t_total > 0)
         printf("{\"bench\":\"gpu_train_phases\",\"device\":\"%s\",\"compute\":\"%s\","
-               "\"tokens_per_step\":%d,\"steps\":%d,\"ms_per_step\":%.3f,\"share\":{\"attention\":%.3f,\"moe\":%.3f,"
+               "\"tokens_per_step\":%d,\"steps\":%d,\"ms_per_step\":%.3f,"
+               "\"share\":{\"attention\":%.3f,\"moe\":%.3f,"
                "\"dense_ffn\":%.3f,\"lm_head_loss\":%.3f,\"embedding\":%.3f,\"optimizer\":%.3f,"
                "\"other\":%.3f}}\n",
                name, compute, B * T, steps, 1e3 * t_total / steps, tm.attention / t_total,

@@ -63,8 +63,8 @@ static inline __m256 step8(__m256 p, __m256 *m, __m256 *v, __m256 grad, const co
     *m = _mm256_fmadd_ps(k->beta1, *m, _mm256_mul_ps(k->c1, g));
     *v = _mm256_fmadd_ps(k->beta2, *v, _mm256_mul_ps(_mm256_mul_ps(k->c2, g), g));
     const __m256 den = _mm256_fmadd_ps(_mm256_sqrt_ps(*v), k->rsqrt_bc2, k->eps);
-    return _mm256_sub_ps(p, _mm256_fmadd_ps(wd, p, _mm256_div_ps(_mm256_mul_ps(k->step_size, *m),
-                                                                 den)));
+    return _mm256_sub_ps(
+        p, _mm256_fmadd_ps(wd, p, _mm256_div_ps(_mm256_mul_ps(k->step_size, *m), den)));
 }
 
 // bf16 <-> float in registers; integer bit operations, so the scalar forms'
@@ -76,10 +76,10 @@ static inline __m256 widen8(const uint16_t *h) {
 
 static inline void narrow8(uint16_t *h, __m256 f) {
     const __m256i u = _mm256_castps_si256(f), hi = _mm256_srli_epi32(u, 16);
-    const __m256i r = _mm256_srli_epi32(
-        _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
-                         _mm256_and_si256(hi, _mm256_set1_epi32(1))),
-        16);
+    const __m256i r =
+        _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                                           _mm256_and_si256(hi, _mm256_set1_epi32(1))),
+                          16);
     const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(f, f, _CMP_UNORD_Q));
     const __m256i out = _mm256_blendv_epi8(r, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
     // values < 2^16: the unsigned saturating pack keeps them

@@ -252,10 +252,11 @@ static void cuda_expert_parallel(moe_comm *world, const char *dir, const char *a
     char name[64];
     snprintf(name, sizeof name, "cuda-ep%d-%s", ep, a2a);
 #ifdef MOE_HAVE_CUDA
-    // every rank's tracked device peak is its plan (moe plan with parallel.ep)
+    // every rank's tracked device peak is its plan (moe plan with parallel.ep);
+    // the plan's cub size query opens a context, so on this rank's device
+    CHECK(moe_cuda_init(moe_gpu_local_device()) == 0, "%s", moe_last_error());
     moe_gpu_mem_plan plan;
     CHECK(moe_plan_device_memory(&c, NULL, &plan) == 0, "plan: %s", moe_last_error());
-    CHECK(moe_cuda_init(moe_gpu_local_device()) == 0, "%s", moe_last_error());
     const size_t base = moe_cuda_mem_in_use();
     moe_cuda_mem_reset_peak();
 #endif

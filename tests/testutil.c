@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -72,11 +73,49 @@ void tu_guarded_free(float *p, size_t n) {
     if (p) free((uint32_t *)p - TU_GUARD);
 }
 
+// Folders from tu_tmpdir, each removed with all it holds when the process
+// that made it exits: a forked test case removes its own, not its parent's.
+// Without this every run of the suite left some GB of checkpoints behind.
+static struct {
+    char path[512];
+    pid_t pid;
+} * tu_made;
+static int tu_n_made;
+
+// Removes path and, for a folder, all it holds (links are not followed);
+// what cannot go stays behind.
+static void tu_remove_tree(const char *path) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0) return;
+    DIR *dp = S_ISDIR(sb.st_mode) ? opendir(path) : NULL;
+    struct dirent *de;
+    char p[1024];
+    while (dp && (de = readdir(dp)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") &&
+            snprintf(p, sizeof p, "%s/%s", path, de->d_name) < (int)sizeof p)
+            tu_remove_tree(p);
+    if (dp) closedir(dp);
+    remove(path);
+}
+
+static void tu_remove_made(void) {
+    const char *keep = getenv("MOE_KEEP_TMP");
+    if (keep && *keep && strcmp(keep, "0")) return;
+    for (int i = 0; i < tu_n_made; i++)
+        if (tu_made[i].pid == getpid()) tu_remove_tree(tu_made[i].path);
+}
+
 const char *tu_tmpdir(void) {
     static char path[512];
     const char *base = getenv("TMPDIR");
     snprintf(path, sizeof path, "%s/moe-test-XXXXXX", base && *base ? base : "/tmp");
     if (!mkdtemp(path)) return NULL;
+    void *grown = realloc(tu_made, sizeof *tu_made * (size_t)(tu_n_made + 1));
+    if (!grown) return path; // the folder stays behind; the test still runs
+    if (!tu_made && atexit(tu_remove_made)) abort();
+    tu_made = grown;
+    snprintf(tu_made[tu_n_made].path, sizeof tu_made[0].path, "%s", path);
+    tu_made[tu_n_made++].pid = getpid();
     return path;
 }
 

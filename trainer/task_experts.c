@@ -9,6 +9,7 @@
 
 #include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,6 +158,8 @@ int moe_task_share_measure(moe_model *m, moe_data *d, int n_batches) {
     for (int b = 0; b < n_batches; b++) {
         MOE_TRY_GOTO(moe_data_batch(d, MOE_SPLIT_VAL, (uint64_t)b, in, tg, task), rc);
         MOE_TRY_GOTO(moe_model_forward(m, in, tg, task, d->B, d->T, false, 0), rc);
+        if (!isfinite(m->loss))
+            MOE_TRY_GOTO(moe_fail(MOE_ENUMERIC, "validation batch %d: loss is %g", b, m->loss), rc);
         tokens += (long)d->B * d->T;
         int idx = 0;
         for (int l = 0; l < m->L; l++) {
@@ -182,11 +185,6 @@ int moe_task_share_measure(moe_model *m, moe_data *d, int n_batches) {
     m->task_share_tokens = tokens;
     share = NULL;
 fail:
-    if (rc == MOE_ENUMERIC) { // non-finite weights: no shares; the trainer names the step
-        free(m->task_share);
-        m->task_share = NULL;
-        rc = 0;
-    }
     free(share);
     free(in);
     free(tg);

@@ -98,18 +98,43 @@ static comm_step comm_now(const moe_parallel *p) {
     return c;
 }
 
+// A JSON number, or null for NaN and the infinities, which JSON cannot hold.
+static void json_number(FILE *f, const char *fmt, double x) {
+    if (isfinite(x))
+        fprintf(f, fmt, x);
+    else
+        fputs("null", f);
+}
+
 // Returns -1 when the stream failed (full disk): metrics that were never
 // written must not look like a finished run.
 static int write_metrics(FILE *f, long step, const moe_model *m, double loss, double ce, double aux,
                          double z, float lr, double gnorm, double tps, double drop, comm_step c,
                          double mfu, double sgemm) {
-    fprintf(
-        f,
-        "{\"step\": %ld, \"time\": %.3f, \"loss\": %.6f, \"ce\": %.6f, \"aux\": %.6f, \"z\": "
-        "%.6f, \"lr\": %.6g, \"grad_norm\": %.6f, \"tokens_per_s\": %.1f, \"drop_rate\": %.6f, ",
-        step, wall_time(), loss, ce, aux, z, lr, gnorm, tps, drop);
-    if (mfu >= 0) fprintf(f, "\"mfu\": %.6f, ", mfu);             // CPU path only
-    if (sgemm > 0) fprintf(f, "\"sgemm_gflops\": %.3f, ", sgemm); // first record of a process
+    const struct {
+        const char *key, *fmt;
+        double x;
+        bool on;
+    } v[] = {
+        {"time", "%.3f", wall_time(), true},
+        {"loss", "%.6f", loss, true},
+        {"ce", "%.6f", ce, true},
+        {"aux", "%.6f", aux, true},
+        {"z", "%.6f", z, true},
+        {"lr", "%.6g", lr, true},
+        {"grad_norm", "%.6f", gnorm, true},
+        {"tokens_per_s", "%.1f", tps, true},
+        {"drop_rate", "%.6f", drop, true},
+        {"mfu", "%.6f", mfu, mfu >= 0},             // CPU path only
+        {"sgemm_gflops", "%.3f", sgemm, sgemm > 0}, // the first record of a process
+    };
+    fprintf(f, "{\"step\": %ld, ", step);
+    for (size_t i = 0; i < sizeof v / sizeof *v; i++)
+        if (v[i].on) {
+            fprintf(f, "\"%s\": ", v[i].key);
+            json_number(f, v[i].fmt, v[i].x);
+            fputs(", ", f);
+        }
     fprintf(f, "\"layers\": [");
     int first = 1;
     for (int l = 0; l < m->L; l++) {
@@ -117,8 +142,11 @@ static int write_metrics(FILE *f, long step, const moe_model *m, double loss, do
         const moe_plan *p = &m->a[l].moe.plan;
         moe_load_stats st;
         moe_plan_stats(p, &st);
-        fprintf(f, "%s{\"layer\": %d, \"drop_rate\": %.6f, \"max_vio\": %.6f, \"load\": [",
-                first ? "" : ", ", l, st.drop_rate, m->max_vio[l]);
+        fprintf(f, "%s{\"layer\": %d, \"drop_rate\": ", first ? "" : ", ", l);
+        json_number(f, "%.6f", st.drop_rate);
+        fputs(", \"max_vio\": ", f);
+        json_number(f, "%.6f", m->max_vio[l]);
+        fputs(", \"load\": [", f);
         for (int e = 0; e < p->E; e++)
             fprintf(f, "%s%d", e ? ", " : "", p->counts[e]);
         fprintf(f, "], \"capacity\": [");
@@ -142,15 +170,16 @@ static int metrics_failed(const char *out_dir) {
 // scored) and each MoE layer's task x expert first-choice counts, rows in the
 // order of "tasks" (the run report draws them). -1 when the stream failed.
 static int write_eval(FILE *f, long step, const moe_eval_result *ev) {
-    fprintf(f, "{\"eval_step\": %ld, \"time\": %.3f, \"val_loss\": %.6f, \"tasks\": [", step,
-            wall_time(), ev->val_loss);
+    fprintf(f, "{\"eval_step\": %ld, \"time\": %.3f, \"val_loss\": ", step, wall_time());
+    json_number(f, "%.6f", ev->val_loss);
+    fputs(", \"tasks\": [", f);
     for (int t = 0; t < ev->n_tasks; t++) {
         json_t *name = json_string(ev->task[t]); // task names of file corpora: escaped
         char *q = name ? json_dumps(name, JSON_ENCODE_ANY) : NULL;
         fprintf(f, "%s{\"name\": %s, \"loss\": ", t ? ", " : "", q ? q : "\"?\"");
         free(q);
         json_decref(name);
-        fprintf(f, isfinite(ev->task_loss[t]) ? "%.6f" : "null", ev->task_loss[t]);
+        json_number(f, "%.6f", ev->task_loss[t]);
         fprintf(f, ev->accuracy[t] >= 0 ? ", \"accuracy\": %.4f}" : ", \"accuracy\": null}",
                 ev->accuracy[t]);
     }
@@ -271,6 +300,21 @@ static int save_after(moe_ckpt_async *ack, const char *run, int keep, const moe_
                       char *saved, size_t cap) {
     MOE_TRY(moe_ckpt_async_wait(ack, par));
     return moe_ckpt_save_run(run, keep, m, opt, st, par, saved, cap);
+}
+
+// Measures the task shares a checkpoint of this step records, on validation
+// batches with the weights it will hold. An update that blew the weights up
+// (finite but huge: only the next forward turns them into NaN) shows there,
+// and its checkpoint is not written: the last one stays the newest.
+static int measure_for_save(moe_model *m, moe_data *d, long step) {
+    int rc = moe_task_share_measure(m, d, SHARE_BATCHES);
+    if (rc != MOE_ENUMERIC) return rc;
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", moe_last_error());
+    return moe_fail(MOE_ENUMERIC,
+                    "step %ld: the weights after this step give a non-finite validation loss "
+                    "(%s); its checkpoint is not written",
+                    step, msg);
 }
 
 int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_result *r) {
@@ -401,7 +445,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 MOE_TRY_GOTO(moe_data_batch(&d, MOE_SPLIT_TRAIN, idx, in, tg, task), rc);
                 rc = moe_gpu_micro_batch(&gpu, in, tg, task, d.B, d.T, (uint64_t)step);
                 if (rc < 0) {
-                    rc = moe_fail(rc, "step %ld: %s", step, moe_last_error());
+                    rc = moe_fail(rc, "step %ld: %s", step + 1, moe_last_error());
                     goto fail;
                 }
                 parts[0] += gpu.m.loss / div, parts[1] += gpu.m.ce / div;
@@ -420,7 +464,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
             // at moe_gpu_trainer_sync, which waits for it)
             rc = moe_gpu_optimizer_step(&gpu, &opt, accum * W, lr, cfg, &gnorm);
             if (rc < 0) {
-                rc = moe_fail(rc, "step %ld: %s", step, moe_last_error());
+                rc = moe_fail(rc, "step %ld: %s", step + 1, moe_last_error());
                 goto fail;
             }
             goto stepped;
@@ -439,7 +483,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
             MOE_TRY_GOTO(moe_data_batch(&d, MOE_SPLIT_TRAIN, idx, in, tg, task), rc);
             rc = moe_model_forward(&m, in, tg, task, d.B, d.T, true, (uint64_t)step);
             if (rc < 0) {
-                rc = moe_fail(rc, "step %ld: %s", step, moe_last_error());
+                rc = moe_fail(rc, "step %ld: %s", step + 1, moe_last_error());
                 goto fail;
             }
             if (!isfinite(m.loss)) {
@@ -448,7 +492,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 rc = moe_fail(MOE_ENUMERIC,
                               "step %ld: loss is %g (ce %g, aux %g, z %g); first "
                               "non-finite output in %s",
-                              step, m.loss, m.ce, m.aux, m.z, where);
+                              step + 1, m.loss, m.ce, m.aux, m.z, where);
                 goto fail;
             }
             MOE_TRY_GOTO(moe_model_backward(&m, in, tg, task), rc);
@@ -476,7 +520,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         MOE_TRY_GOTO(moe_parallel_grad_norm(&par, &m, &gnorm), rc);
         if (!isfinite(gnorm)) { // the global norm: every rank stops here
             shared_fail = true;
-            rc = moe_fail(MOE_ENUMERIC, "step %ld: non-finite gradient in %s", step,
+            rc = moe_fail(MOE_ENUMERIC, "step %ld: non-finite gradient in %s", step + 1,
                           nonfinite_grad(&m));
             goto fail;
         }
@@ -558,7 +602,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
             st.cursor[1] = d.cursor[1];
             moe_ckpt_async_wait_snapshot(ack); // the sync overwrites the host buffers
             if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc);
-            MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
+            MOE_TRY_GOTO(measure_for_save(&m, &d, st.step), rc);
             const double t_save = now();
             if (ack && !stop) // a stop's save is the last: written before returning
                 MOE_TRY_GOTO(moe_ckpt_async_begin(ack, o->out_dir, cfg->train.keep_checkpoints, &m,
@@ -601,7 +645,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         if (saved_step == st.step) { // the last step's periodic save: commit it, not again
             MOE_TRY_GOTO(moe_ckpt_async_wait(ack, &par), rc);
         } else {
-            MOE_TRY_GOTO(moe_task_share_measure(&m, &d, SHARE_BATCHES), rc);
+            MOE_TRY_GOTO(measure_for_save(&m, &d, st.step), rc);
             MOE_TRY_GOTO(save_after(ack, o->out_dir, cfg->train.keep_checkpoints, &m, &opt, &st,
                                     &par, ckpt, sizeof ckpt),
                          rc);

@@ -49,7 +49,9 @@ int moe_task_route(int *set, float *weight, const float *gate, const float *task
 int moe_task_experts_from_model(moe_task_experts *te, const moe_model *m);
 // Measures the token layers' shares on n_batches validation batches into
 // m->task_share (moe_model_free frees it). Collective under expert
-// parallelism: every rank runs the same batches.
+// parallelism: every rank runs the same batches. MOE_ENUMERIC when the
+// weights give a non-finite loss or logit (the trainer then keeps them out
+// of its checkpoint).
 int moe_task_share_measure(moe_model *m, moe_data *d, int n_batches);
 
 int moe_task_experts_write(const char *path, const moe_task_experts *te);

@@ -134,7 +134,7 @@ static const key_def keys[] = {
     {"train.steps", K_INT, F(train.steps), NO, "300", NULL, RI(1, 1000000000), "optimizer steps"},
     {"train.batch_size", K_INT, F(train.batch_size), NO, "16", NULL, RI(1, 1 << 20),
      "sequences per micro-batch"},
-    {"train.lr", K_DBL, F(train.lr), NO, "3e-3", NULL, RD(0, DBL_MAX, LO_OPEN),
+    {"train.lr", K_DBL, F(train.lr), NO, "3e-3", NULL, RD(0, FLT_MAX, LO_OPEN),
      "peak learning rate"},
     {"train.min_lr_ratio", K_DBL, F(train.min_lr_ratio), NO, "0.1", NULL, RD(0, 1, 0),
      "cosine schedule floor as a fraction of lr"},

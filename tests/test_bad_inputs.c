@@ -283,6 +283,11 @@ static void m_inf_embed(const char *p) {
 static void m_nan_expert(const char *p) {
     poke_float(p, EXPERT, 5, -NAN);
 }
+static void o_negative_second_moment(const char *p) {
+    char name[128];
+    snprintf(name, sizeof name, "%s.exp_avg_sq", NORM);
+    poke_float(p, name, 1, -1.0f);
+}
 static void m_fifo(const char *p) {
     ck_assert(unlink(p) == 0 && mkfifo(p, 0644) == 0);
 }
@@ -500,6 +505,7 @@ static const mutation state_mutations[] = {
     {"optimizer_header_not_json", "optimizer.safetensors", m_not_json},
     {"optimizer_missing", "optimizer.safetensors", m_missing},
     {"optimizer_fifo", "optimizer.safetensors", m_fifo},
+    {"optimizer_negative_second_moment", "optimizer.safetensors", o_negative_second_moment},
 };
 
 static const mutation task_expert_mutations[] = {

@@ -134,6 +134,46 @@ START_TEST(test_nonfinite_dense_run_writes_no_checkpoint) {
 }
 END_TEST
 
+// A record cut off by a crash (no final newline) is dropped before a resume
+// appends, so every line stays JSON; a resume with no step left is refused.
+START_TEST(test_resume_drops_cut_record_and_needs_steps) {
+    moe_config c = small();
+    c.train.steps = 2;
+    char out[600], ck[700], p[800];
+    snprintf(out, sizeof out, "%s/run", tu_tmpdir());
+    snprintf(ck, sizeof ck, "%s/checkpoint", out);
+    snprintf(p, sizeof p, "%s/metrics.jsonl", out);
+    moe_train_result r;
+    moe_train_opts o = {.out_dir = out, .quiet = true};
+    ck_assert_msg(moe_train(&c, &o, &r) == 0, "%s", moe_last_error());
+    moe_eval_result_free(&r.eval);
+    long n;
+    free(read_all(p, &n));
+    ck_assert_int_eq(truncate(p, n - 10), 0); // the final eval record, cut
+    c.train.steps = 4;
+    moe_train_opts h = {.out_dir = out, .resume_dir = ck, .quiet = true};
+    ck_assert_msg(moe_train(&c, &h, &r) == 0, "%s", moe_last_error());
+    moe_eval_result_free(&r.eval);
+    FILE *f = fopen(p, "r");
+    char line[1 << 16];
+    int lines = 0, last_step = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_error_t err;
+        json_t *doc = json_loads(line, 0, &err);
+        ck_assert_msg(doc != NULL, "line %d: %s", lines + 1, err.text);
+        if (json_object_get(doc, "step"))
+            last_step = (int)json_integer_value(json_object_get(doc, "step"));
+        json_decref(doc);
+        lines++;
+    }
+    fclose(f);
+    ck_assert_int_eq(lines, 5); // steps 1-4 and the final eval
+    ck_assert_int_eq(last_step, 4);
+    ck_assert_int_eq(moe_train(&c, &h, &r), MOE_EINVAL); // at step 4 of 4 already
+    ck_assert_msg(strstr(moe_last_error(), "nothing to train"), "%s", moe_last_error());
+}
+END_TEST
+
 START_TEST(test_checkpoint_mismatch_and_corruption) {
     moe_config c = small();
     c.train.steps = 2;
@@ -293,6 +333,7 @@ static Suite *train_suite(void) {
     tcase_add_test(tc, test_resume_is_bit_exact);
     tcase_add_test(tc, test_nonfinite_loss_stops_and_keeps_checkpoint);
     tcase_add_test(tc, test_nonfinite_dense_run_writes_no_checkpoint);
+    tcase_add_test(tc, test_resume_drops_cut_record_and_needs_steps);
     tcase_add_test(tc, test_checkpoint_mismatch_and_corruption);
     suite_add_tcase(s, tc);
     return s;

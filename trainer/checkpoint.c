@@ -908,6 +908,14 @@ static int is_bias_of(const moe_model *m, const char *name) {
 // expert-parallel rank.
 // Into buf, or with opt into its moment `which` (rounded to bf16 when it
 // stores bf16: through a scratch buffer as large as the largest tensor).
+// "[128]", "[8, 256]": a shape as the safetensors header writes it.
+static void shape_str(char *b, size_t cap, int ndim, const int64_t *shape) {
+    size_t n = (size_t)snprintf(b, cap, "[");
+    for (int d = 0; d < ndim && n < cap; d++)
+        n += (size_t)snprintf(b + n, cap - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (n < cap) snprintf(b + n, cap - n, "]");
+}
+
 static int load_tensors(const moe_st_set *s, const char *what, moe_model *m, float *buf,
                         moe_adamw *opt, int which, const char *suffix, int extras_allowed) {
     char name[MOE_PARAM_NAME_MAX + 16];
@@ -931,16 +939,23 @@ static int load_tensors(const moe_st_set *s, const char *what, moe_model *m, flo
         int same = t && t->dtype == MOE_ST_F32 && t->ndim == v->ndim;
         for (int d = 0; same && d < v->ndim; d++)
             same = t->shape[d] == v->shape[d];
-        if (rc == 0 && !same)
-            rc = moe_fail(MOE_EFORMAT,
-                          "%s: tensor '%s' is %s with %d dims [%lld, %lld], the config expects "
-                          "F32 [%lld, %lld]",
-                          f->path, name, moe_st_dtype_name(t->dtype), t->ndim,
-                          (long long)(t->ndim > 0 ? t->shape[0] : 0),
-                          (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)v->shape[0],
-                          (long long)(v->ndim > 1 ? v->shape[1] : 0));
-        if (rc == 0)
-            rc = moe_st_read(f, t, scratch ? scratch : buf + v->offset, v->numel * sizeof(float));
+        if (rc == 0 && !same) {
+            char has[96], want[96];
+            shape_str(has, sizeof has, t->ndim, t->shape);
+            shape_str(want, sizeof want, v->ndim, v->shape);
+            rc = moe_fail(MOE_EFORMAT, "%s: tensor '%s' is %s %s, the config expects F32 %s",
+                          f->path, name, moe_st_dtype_name(t->dtype), has, want);
+        }
+        float *x = scratch ? scratch : buf + v->offset;
+        if (rc == 0) rc = moe_st_read(f, t, x, v->numel * sizeof(float));
+        // A second moment is a mean of squares: a negative one would make the
+        // update's square root NaN on the first step after the resume.
+        for (size_t j = 0; rc == 0 && opt && which == 1 && j < v->numel; j++)
+            if (x[j] < 0)
+                rc = moe_fail(MOE_EFORMAT,
+                              "%s: tensor '%s' has %g at element %zu; second moments "
+                              "are never negative",
+                              f->path, name, x[j], j);
         if (rc == 0 && scratch) moe_adamw_moment_set(opt, which, v->offset, v->numel, scratch);
         if (rc < 0) {
             free(scratch);

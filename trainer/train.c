@@ -19,6 +19,7 @@
 #include "trainer/train_gpu.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -293,6 +294,40 @@ static void progress(bool tty, long step, long total, double loss, double ema, f
     fprintf(stderr, "\r  %s\033[K", line);                  // \033[K clears what a longer line left
 }
 
+// A record that a crash or a full disk cut off (metrics.jsonl without a final
+// newline) goes before a resume appends: left there, it would glue onto the
+// first new record and make that line unreadable too.
+static int drop_cut_record(const char *path) {
+    int fd = open(path, O_RDWR);
+    if (fd < 0) return errno == ENOENT ? 0 : moe_fail(MOE_EIO, "%s: %s", path, strerror(errno));
+    const off_t end = lseek(fd, 0, SEEK_END);
+    off_t keep = end < 0 ? 0 : end;
+    char buf[4096];
+    int rc = end < 0 ? moe_fail(MOE_EIO, "%s: %s", path, strerror(errno)) : 0;
+    while (rc == 0 && keep > 0) { // back to the last newline
+        const size_t n = keep < (off_t)sizeof buf ? (size_t)keep : sizeof buf;
+        if (pread(fd, buf, n, keep - (off_t)n) != (ssize_t)n) {
+            rc = moe_fail(MOE_EIO, "%s: read failed: %s", path, strerror(errno));
+            break;
+        }
+        size_t i = n;
+        while (i > 0 && buf[i - 1] != '\n')
+            i--;
+        keep -= (off_t)(n - i);
+        if (i > 0) break;
+    }
+    if (rc == 0 && keep != end) {
+        if (ftruncate(fd, keep) != 0)
+            rc = moe_fail(MOE_EIO, "%s: cannot drop the cut-off last record: %s", path,
+                          strerror(errno));
+        else
+            moe_log(MOE_LOG_WARN, "%s: dropped a cut-off last record (%lld bytes)", path,
+                    (long long)(end - keep));
+    }
+    close(fd);
+    return rc;
+}
+
 // A synchronous save, after the asynchronous one in flight (if any) is
 // committed: the order of the checkpoints on disk is the order of the steps.
 static int save_after(moe_ckpt_async *ack, const char *run, int keep, const moe_model *m,
@@ -365,6 +400,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     // The placement first: moved experts rename the views the load finds by name.
     if (rc == 0 && o->resume_dir) rc = moe_parallel_placement_resume(&par, &m, o->resume_dir);
     if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
+    if (rc == 0 && o->resume_dir && st.step >= cfg->train.steps)
+        rc = moe_fail(MOE_EINVAL, "%s is at step %ld: train.steps = %ld leaves nothing to train",
+                      o->resume_dir, st.step, (long)cfg->train.steps);
     if (rc == 0 && cfg->train.async_checkpoint) rc = moe_ckpt_async_init(&ack, &m, &par);
     if (rc == 0 && on_gpu)
         rc = moe_gpu_trainer_init(&gpu, &m, &opt, cfg, (size_t)d.B * d.T, o->device_ops);
@@ -403,6 +441,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         if (cf && fclose(cf) && rc == 0)
             rc = moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
         snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
+        if (rc == 0 && o->resume_dir) rc = drop_cut_record(path);
         if (rc == 0 && !(metrics = fopen(path, o->resume_dir ? "a" : "w")))
             rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
         if (rc == 0 && cfg->train.tensorboard) rc = moe_tb_open(&tb, o->out_dir);

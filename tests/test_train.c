@@ -135,7 +135,8 @@ START_TEST(test_nonfinite_dense_run_writes_no_checkpoint) {
 END_TEST
 
 // A record cut off by a crash (no final newline) is dropped before a resume
-// appends, so every line stays JSON; a resume with no step left is refused.
+// appends, so every line stays JSON; a resume with no step left, or with
+// the tasks reordered, is refused.
 START_TEST(test_resume_drops_cut_record_and_needs_steps) {
     moe_config c = small();
     c.train.steps = 2;
@@ -171,6 +172,14 @@ START_TEST(test_resume_drops_cut_record_and_needs_steps) {
     ck_assert_int_eq(last_step, 4);
     ck_assert_int_eq(moe_train(&c, &h, &r), MOE_EINVAL); // at step 4 of 4 already
     ck_assert_msg(strstr(moe_last_error(), "nothing to train"), "%s", moe_last_error());
+    c.train.steps = 6; // the same tasks in another order: other task ids
+    ck_assert_int_ge(c.data.n_tasks, 2);
+    char first[MOE_NAME_MAX];
+    memcpy(first, c.data.tasks[0], sizeof first);
+    memcpy(c.data.tasks[0], c.data.tasks[1], sizeof first);
+    memcpy(c.data.tasks[1], first, sizeof first);
+    ck_assert_int_eq(moe_train(&c, &h, &r), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "another order"), "%s", moe_last_error());
 }
 END_TEST
 

@@ -294,6 +294,39 @@ static void progress(bool tty, long step, long total, double loss, double ema, f
     fprintf(stderr, "\r  %s\033[K", line);                  // \033[K clears what a longer line left
 }
 
+// Task ids are positions in data.tasks: a resume that lists the checkpoint's
+// tasks in another order would give each task's tokens another task's id
+// (its marker, its embedding). Other changes of the list are left to the
+// shape checks of the load. Checkpoints without task_experts.json (older
+// ones) record no order.
+static int check_task_order(const moe_config *cfg, const char *resume) {
+    char dir[PATH_MAX], path[PATH_MAX + 32];
+    MOE_TRY(moe_ckpt_resolve(resume, dir, sizeof dir, NULL));
+    snprintf(path, sizeof path, "%s/task_experts.json", dir);
+    moe_task_experts te;
+    int rc = moe_task_experts_read(path, &te);
+    if (rc == MOE_ENOTFOUND) return 0;
+    MOE_TRY(rc);
+    char names[MOE_MAX_TASKS][MOE_NAME_MAX];
+    const int n = moe_config_task_names(cfg, names);
+    bool same_set = n == te.n_tasks;
+    for (int t = 0; same_set && t < n; t++) {
+        bool found = false;
+        for (int u = 0; u < n && !found; u++)
+            found = !strcmp(te.task[t], names[u]);
+        same_set = found;
+    }
+    for (int t = 0; same_set && t < n && rc == 0; t++)
+        if (strcmp(te.task[t], names[t]))
+            rc = moe_fail(MOE_EINVAL,
+                          "data.tasks lists the checkpoint's tasks in another order (task %d is "
+                          "'%s' here, '%s' in %s): task ids are positions in the list, so a "
+                          "resume keeps its order",
+                          t, names[t], te.task[t], path);
+    moe_task_experts_free(&te);
+    return rc;
+}
+
 // A record that a crash or a full disk cut off (metrics.jsonl without a final
 // newline) goes before a resume appends: left there, it would glue onto the
 // first new record and make that line unreadable too.
@@ -399,6 +432,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     moe_train_state st = {0, {0, 0}, 0, 0};
     // The placement first: moved experts rename the views the load finds by name.
     if (rc == 0 && o->resume_dir) rc = moe_parallel_placement_resume(&par, &m, o->resume_dir);
+    if (rc == 0 && o->resume_dir) rc = check_task_order(cfg, o->resume_dir);
     if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
     if (rc == 0 && o->resume_dir && st.step >= cfg->train.steps)
         rc = moe_fail(MOE_EINVAL, "%s is at step %ld: train.steps = %ld leaves nothing to train",

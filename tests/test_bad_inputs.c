@@ -416,6 +416,9 @@ static void s_short(const char *p) {
 static void s_step_neg(const char *p) {
     set_json(p, NULL, "step", json_integer(-4));
 }
+static void s_step_huge(const char *p) { // beyond train.steps' largest value
+    set_json(p, NULL, "step", json_integer(1000000001));
+}
 static void s_step_str(const char *p) {
     set_json(p, NULL, "step", json_string("2"));
 }
@@ -496,6 +499,7 @@ static const mutation state_mutations[] = {
     {"state_capacity_short", "trainer_state.json", s_short},
     {"state_step_negative", "trainer_state.json", s_step_neg},
     {"state_step_string", "trainer_state.json", s_step_str},
+    {"state_step_huge", "trainer_state.json", s_step_huge},
     {"state_cursor_short", "trainer_state.json", s_cursor},
     {"state_cursor_negative", "trainer_state.json", s_cursor_neg},
     {"state_truncated", "trainer_state.json", c_truncated},

@@ -1072,8 +1072,9 @@ static int load_state(const char *path, moe_model *m, moe_adamw *opt, moe_train_
     long steps[MOE_MAX_LAYERS] = {0};
     bool seeded[MOE_MAX_LAYERS] = {0};
     if (!json_is_object(doc)) MOE_TRY_GOTO(bad_field(path, "(top level)", "an object"), rc);
-    MOE_TRY_GOTO(state_int(doc, "step", path, LONG_MAX, &step), rc);
-    MOE_TRY_GOTO(state_int(doc, "adam_step", path, LONG_MAX, &adam_step), rc);
+    // at most train.steps' largest value: a later step could never resume
+    MOE_TRY_GOTO(state_int(doc, "step", path, 1000000000, &step), rc);
+    MOE_TRY_GOTO(state_int(doc, "adam_step", path, 1000000000, &adam_step), rc);
     json_t *jcur = json_object_get(doc, "data_cursor");
     if (!json_is_array(jcur) || json_array_size(jcur) != 2)
         MOE_TRY_GOTO(bad_field(path, "data_cursor", "two non-negative integers (train, val)"), rc);

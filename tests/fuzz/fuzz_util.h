@@ -3,21 +3,44 @@
 #ifndef MOE_FUZZ_UTIL_H
 #define MOE_FUZZ_UTIL_H
 
+#include <dirent.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
-// The fuzzer's private folder (created once, under $TMPDIR or /tmp).
+static char fuzz_dir_path[512];
+
+// Removes path and all it holds (links are not followed).
+static void fuzz_remove_tree(const char *path) {
+    struct stat sb;
+    if (lstat(path, &sb) != 0) return;
+    DIR *dp = S_ISDIR(sb.st_mode) ? opendir(path) : NULL;
+    struct dirent *de;
+    char p[1024];
+    while (dp && (de = readdir(dp)))
+        if (strcmp(de->d_name, ".") && strcmp(de->d_name, "..") &&
+            snprintf(p, sizeof p, "%s/%s", path, de->d_name) < (int)sizeof p)
+            fuzz_remove_tree(p);
+    if (dp) closedir(dp);
+    remove(path);
+}
+
+static void fuzz_remove_dir(void) {
+    fuzz_remove_tree(fuzz_dir_path);
+}
+
+// The fuzzer's private folder (created once, under $TMPDIR or /tmp; removed
+// when the fuzzer exits normally, kept after a crash).
 static const char *fuzz_dir(void) {
-    static char dir[512];
-    if (!dir[0]) {
+    if (!fuzz_dir_path[0]) {
         const char *t = getenv("TMPDIR");
-        snprintf(dir, sizeof dir, "%s/moe-fuzz-XXXXXX", t && *t ? t : "/tmp");
-        if (!mkdtemp(dir)) abort(); // the harness itself cannot run
+        snprintf(fuzz_dir_path, sizeof fuzz_dir_path, "%s/moe-fuzz-XXXXXX", t && *t ? t : "/tmp");
+        if (!mkdtemp(fuzz_dir_path) || atexit(fuzz_remove_dir)) abort(); // the harness cannot run
     }
-    return dir;
+    return fuzz_dir_path;
 }
 
 // "fuzz_dir()/name" in a static buffer.

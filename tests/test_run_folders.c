@@ -8,6 +8,7 @@
 #include "moe/safetensors.h"
 #include "testutil.h"
 
+#include <dirent.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -110,14 +111,34 @@ START_TEST(test_train_refuses_an_out_that_holds_a_run) {
 }
 END_TEST
 
+// Event files in the run folder r.
+static int count_events(void) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/r", dir);
+    DIR *d = opendir(p);
+    ck_assert_ptr_nonnull(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        n += !strncmp(e->d_name, "events.out.tfevents.", 20);
+    closedir(d);
+    return n;
+}
+
 START_TEST(test_overwrite_replaces_the_run) {
     ck_assert_int_eq(run_moe("train %s/tiny.json --steps 5 --quiet --out %s/r "
-                             "--set train.keep_checkpoints=2 --set train.ckpt_every=1",
+                             "--set train.keep_checkpoints=2 --set train.ckpt_every=1 "
+                             "--set train.tensorboard=true",
                              dir, dir),
                      0);
-    ck_assert_int_eq(
-        run_moe("train %s/tiny.json --steps 2 --quiet --out %s/r --overwrite", dir, dir), 0);
-    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 3); // the new run's alone
+    ck_assert_int_eq(count_events(), 1);
+    write_text("r/notes.txt", "mine\n");
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 2 --quiet --out %s/r --overwrite "
+                             "--set train.tensorboard=true",
+                             dir, dir),
+                     0);
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 3);          // the new run's alone
+    ck_assert_int_eq(count_events(), 1);                          // the old curves are gone
+    ck_assert_str_eq(tu_file_text(dir, "r/notes.txt"), "mine\n"); // not the run's: stays
     char p[800];
     struct stat st;
     snprintf(p, sizeof p, "%s/r/checkpoint-5", dir); // the old run's checkpoints are gone

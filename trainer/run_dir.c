@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 enum { SFX_NONE = MOE_CKPT_NAME_PLAIN, SFX_TMP, SFX_OLD, SFX_TRASH };
 
@@ -224,5 +225,17 @@ int moe_run_clear(const char *run) {
             return moe_fail(MOE_EINVAL, "%s: path too long", run);
         MOE_TRY(moe_fs_remove_tree(p));
     }
+    // the TensorBoard event files of train.tensorboard (trainer/tensorboard.c
+    // names them): left, TensorBoard would draw the old run with the new
+    DIR *d = opendir(run);
+    struct dirent *e;
+    int rc = 0;
+    while (rc == 0 && d && (e = readdir(d)) != NULL)
+        if (!strncmp(e->d_name, "events.out.tfevents.", 20) && strstr(e->d_name, ".moe.") &&
+            snprintf(p, sizeof p, "%s/%s", run, e->d_name) < (int)sizeof p && unlink(p) != 0 &&
+            errno != ENOENT)
+            rc = moe_fail(MOE_EIO, "%s: cannot remove: %s", p, strerror(errno));
+    if (d) closedir(d);
+    MOE_TRY(rc);
     return prune(run, 0, LONG_MAX, NULL); // every checkpoint-STEP and its leftovers
 }

@@ -190,7 +190,8 @@ int moe_ckpt_step_name(const char *name, long *step, int *suffix);
 // or latest (or the leftovers of a save of one of them), else 0.
 int moe_run_exists(const char *run);
 // Removes what a run wrote into RUN (metrics.jsonl, config.json, checkpoint*,
-// latest*), for train --overwrite; other files are left alone.
+// latest*, its TensorBoard event files), for train --overwrite; other files
+// are left alone.
 int moe_run_clear(const char *run);
 
 #endif

@@ -590,6 +590,8 @@ static const config_case config_cases[] = {
     {"seq_len_max", NULL, "--set model.seq_len=2147483647"},
     {"seq_len_big_product", NULL, "--set model.seq_len=1000000 --set train.batch_size=100000"},
     {"seq_len_overflow", NULL, "--set model.seq_len=2147483648"},
+    {"seq_len_before_any_answer", NULL, "--set model.seq_len=5"},
+    {"moe_every_beyond_layers", NULL, "--set moe.every=9"},
     {"vocab_0", NULL, "--set model.vocab_size=0"},
     {"vocab_huge", NULL, "--set model.vocab_size=2000000000"},
     {"d_model_odd_head", NULL, "--set model.d_model=36"},

@@ -158,6 +158,12 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
     int n_moe = 0, e_min = 0;
     for (int l = 0; l < c->model.n_layers; l++)
         n_moe += moe_config_is_moe(c, l);
+    if (c->moe.every > 0 && n_moe == 0)
+        return moe_fail(MOE_EINVAL,
+                        "%s: moe.every = %d leaves no MoE layer in model.n_layers = %d "
+                        "(moe.every = 0 makes a dense model)",
+                        src_where2(src, "moe.every", "model.n_layers"), c->moe.every,
+                        c->model.n_layers);
     if (n_moe > 0) {
         if (c->moe.n_num_experts != 1 && c->moe.n_num_experts != n_moe)
             return moe_fail(MOE_EINVAL,
@@ -209,6 +215,14 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
         return moe_fail(MOE_EINVAL, "%s: router.task_priority has %d entries for %d tasks",
                         moe_config_where(src, "router.task_priority"), c->router.n_task_priority,
                         c->data.n_tasks);
+    // A synthetic sample scores nothing before its answer: the task marker, 4
+    // input letters and '=' come first, so shorter sequences of the letter
+    // tasks hold no target and every loss would be 0 / 0.
+    if (!strcmp(c->data.kind, "synthetic") && !c->data.task_paths[0][0] && c->model.seq_len < 6)
+        return moe_fail(MOE_EINVAL,
+                        "%s: model.seq_len = %d is too short for synthetic data: a sample's "
+                        "answer starts at position 6 (task marker, 4 input tokens, '=')",
+                        moe_config_where(src, "model.seq_len"), c->model.seq_len);
     // Synthetic task names: known generators, each once (generate --task and
     // the checkpoint's task records look tasks up by name).
     const bool synth_names = !strcmp(c->data.kind, "synthetic") && !c->data.task_paths[0][0];

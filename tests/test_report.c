@@ -4,6 +4,7 @@
 // truncated last line tolerated, input strings escaped, unknown fields kept.
 #include "moe/ablate.h"
 #include "moe/error.h"
+#include "moe/fsio.h"
 #include "moe/report.h"
 #include "moe/tensorboard.h"
 #include "testutil.h"
@@ -11,10 +12,13 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static char dir[600];
 
@@ -413,7 +417,7 @@ START_TEST(test_report_draws_unknown_per_layer_fields) {
     int n;
     char p[800];
     snprintf(p, sizeof p, "%s/csv", dir);
-    ck_assert_int_eq(moe_report_csv(&m, p, &n), 0);
+    ck_assert_int_eq(moe_report_csv(&m, p, &n, NULL, 0), 0);
     ck_assert_int_eq(n, m.n);
     moe_metrics_free(&m);
     char *html = slurp(in_dir("r.html"));
@@ -444,6 +448,319 @@ START_TEST(test_report_resumed_steps_replace_earlier_rows) {
         ck_assert_double_eq(s->v[i], want[i]);
     }
     moe_metrics_free(&m);
+}
+END_TEST
+
+// ---- outputs: never over an input, all or nothing ------------------------------------
+
+static int files_named(const char *d, const char *part) {
+    DIR *dp = opendir(d);
+    ck_assert_ptr_nonnull(dp);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(dp)))
+        n += strstr(e->d_name, part) != NULL;
+    closedir(dp);
+    return n;
+}
+
+static void metrics_of(int steps) {
+    FILE *f = metrics_file();
+    for (int s = 1; s <= steps; s++)
+        record(f, s, 5.0 - 0.01 * s, 1);
+    fclose(f);
+}
+
+START_TEST(test_report_refuses_to_overwrite_the_runs_inputs) {
+    metrics_of(3);
+    write_file("config.json", "{\"train\": {\"steps\": 3}}\n");
+    write_file("notes.txt", "my notes\n");
+    char *metrics = slurp(in_dir("metrics.jsonl"));
+    char target[800];
+    snprintf(target, sizeof target, "%s", in_dir("metrics.jsonl"));
+    ck_assert_int_eq(link(target, in_dir("hard.html")), 0);
+    const char *bad[] = {"metrics.jsonl", "config.json", "notes.txt", "hard.html", "."};
+    const char *why[] = {"is the run's metrics.jsonl", "is the run's config.json",
+                         "not a report page written by moe report", "is the run's metrics.jsonl",
+                         "is a folder"};
+    char args[2048];
+    for (int i = 0; i < 5; i++) {
+        snprintf(args, sizeof args, "report '%s' --out '%s/%s'", dir, dir, bad[i]);
+        ck_assert_msg(tu_run_moe(dir, args) == 2, "--out %s", bad[i]);
+        ck_assert_msg(strstr(tu_file_text(dir, "err.txt"), why[i]), "%s: %s", bad[i],
+                      tu_file_text(dir, "err.txt"));
+    }
+    char *now = slurp(in_dir("metrics.jsonl"));
+    ck_assert_str_eq(now, metrics);
+    free(now);
+    ck_assert_str_eq(tu_file_text(dir, "notes.txt"), "my notes\n");
+    ck_assert_str_eq(tu_file_text(dir, "config.json"), "{\"train\": {\"steps\": 3}}\n");
+    // a CSV of someone else's in the CSV folder stays too
+    write_file("loss.csv", "my,own\n");
+    snprintf(args, sizeof args, "report '%s' --out '%s/r.html' --csv '%s'", dir, dir, dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 2);
+    ck_assert_ptr_nonnull(
+        strstr(tu_file_text(dir, "err.txt"), "loss.csv: exists and is not a CSV"));
+    ck_assert_str_eq(tu_file_text(dir, "loss.csv"), "my,own\n");
+    snprintf(args, sizeof args, "report '%s' --csv '%s/metrics.jsonl'", dir, dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 2);
+    now = slurp(in_dir("metrics.jsonl"));
+    ck_assert_str_eq(now, metrics);
+    free(now);
+    free(metrics);
+    // our own outputs, and empty files, are replaced
+    remove(in_dir("loss.csv"));
+    write_file("empty.html", "");
+    snprintf(args, sizeof args, "report '%s' --out '%s/empty.html' --csv '%s/csv'", dir, dir, dir);
+    for (int i = 0; i < 2; i++)
+        ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    char *html = slurp(in_dir("empty.html"));
+    ck_assert_ptr_null(well_formed(html));
+    free(html);
+}
+END_TEST
+
+// A full disk (here the file size limit: EFBIG) while the page is written:
+// exit 1, and the report of the earlier call is still whole.
+START_TEST(test_report_failed_write_keeps_the_earlier_report) {
+    metrics_of(3);
+    char args[2048];
+    snprintf(args, sizeof args, "report '%s' --csv '%s/csv'", dir, dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    char *old = slurp(in_dir("report.html"));
+    char p[800];
+    snprintf(p, sizeof p, "%s/csv", dir);
+    char *old_loss = strdup(tu_file_text(p, "loss.csv"));
+    metrics_of(400); // a page far larger than the limit below
+
+    struct rlimit was;
+    ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &was), 0);
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN); // inherited by the moe process
+    struct rlimit lim = {strlen(old) + 100, was.rlim_max};
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    int code = tu_run_moe(dir, args);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &was), 0);
+    signal(SIGXFSZ, prev);
+
+    ck_assert_int_eq(code, 1);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "err.txt"), "report.html: write failed"));
+    char *now = slurp(in_dir("report.html"));
+    ck_assert_str_eq(now, old);
+    ck_assert_int_eq(files_named(dir, ".tmp."), 0);
+    // the CSVs, written after the page, were not touched
+    ck_assert_str_eq(tu_file_text(p, "loss.csv"), old_loss);
+    free(now), free(old), free(old_loss);
+}
+END_TEST
+
+// Every counted file-system call of a page and of the CSVs made to fail in
+// turn (moe/fsio.h): each output is then either the earlier one or the new
+// one, whole, and no temp file is left.
+START_TEST(test_report_every_failed_call_leaves_old_or_new_files) {
+    metrics_of(3);
+    char csv[800];
+    snprintf(csv, sizeof csv, "%s/csv", dir);
+    moe_run_metrics m;
+    int n;
+    ck_assert_int_eq(moe_metrics_read(dir, &m), 0);
+    ck_assert_int_eq(moe_report_html(&m, dir, in_dir("report.html")), 0);
+    ck_assert_int_eq(moe_report_csv(&m, csv, &n, NULL, 0), 0);
+    moe_metrics_free(&m);
+    char *old = slurp(in_dir("report.html")), *old_loss = strdup(tu_file_text(csv, "loss.csv"));
+    metrics_of(5);
+    ck_assert_int_eq(moe_metrics_read(dir, &m), 0);
+    moe_fs_fault_arm(0, MOE_FAULT_OFF); // a dry run counts the calls
+    ck_assert_int_eq(moe_report_html(&m, dir, in_dir("new.html")), 0);
+    long calls = moe_fs_op_count();
+    ck_assert_int_ge(calls, 4); // create, write, fsync, rename (+ the folder's fsync)
+    char *fresh = slurp(in_dir("new.html"));
+    int failed = 0;
+    for (long k = 1; k <= calls; k++) {
+        moe_fs_fault_arm(k, MOE_FAULT_FAIL);
+        int rc = moe_report_html(&m, dir, in_dir("report.html"));
+        moe_fs_fault_arm(0, MOE_FAULT_OFF);
+        char *now = slurp(in_dir("report.html"));
+        ck_assert_msg(!strcmp(now, rc == 0 ? fresh : old), "call %ld (%s), rc %d", k,
+                      moe_fs_fault_op(), rc);
+        free(now);
+        ck_assert_int_eq(files_named(dir, ".tmp."), 0);
+        failed += rc < 0;
+    }
+    ck_assert_int_ge(failed, 4);
+    moe_fs_fault_arm(0, MOE_FAULT_OFF);
+    ck_assert_int_eq(moe_report_csv(&m, in_dir("csv2"), &n, NULL, 0), 0);
+    calls = moe_fs_op_count();
+    char *new_loss = strdup(tu_file_text(in_dir("csv2"), "loss.csv"));
+    for (long k = 1; k <= calls; k++) {
+        moe_fs_fault_arm(k, MOE_FAULT_FAIL);
+        moe_report_csv(&m, csv, &n, NULL, 0);
+        moe_fs_fault_arm(0, MOE_FAULT_OFF);
+        const char *now = tu_file_text(csv, "loss.csv");
+        ck_assert_msg(!strcmp(now, old_loss) || !strcmp(now, new_loss), "call %ld: %s", k, now);
+        ck_assert_int_eq(files_named(csv, ".tmp."), 0);
+    }
+    moe_metrics_free(&m);
+    free(old), free(fresh), free(old_loss), free(new_loss);
+}
+END_TEST
+
+// ---- CSV contents and names ---------------------------------------------------------
+
+START_TEST(test_report_csv_numbers_read_back_exactly) {
+    FILE *f = metrics_file();
+    fputs("{\"step\": 1, \"time\": 1795510912.345, \"loss\": 0.1, \"tiny\": 1e-300, "
+          "\"big\": 123456789.12345678}\n"
+          "{\"step\": 2, \"time\": 1795510922.001, \"loss\": 2.5, \"tiny\": 3, \"big\": 1}\n"
+          "{\"eval_step\": 2, \"time\": 1795510923.999, \"val_loss\": 0.30000000000000004}\n",
+          f);
+    fclose(f);
+    moe_run_metrics m;
+    int n;
+    ck_assert_int_eq(moe_metrics_read(dir, &m), 0);
+    ck_assert_int_eq(moe_report_csv(&m, dir, &n, NULL, 0), 0);
+    moe_metrics_free(&m);
+    ck_assert_str_eq(tu_file_text(dir, "time.csv"),
+                     "step,time\n1,1795510912.345\n2,1795510922.001\n");
+    ck_assert_str_eq(tu_file_text(dir, "eval_time.csv"), "step,eval.time\n2,1795510923.999\n");
+    ck_assert_str_eq(tu_file_text(dir, "loss.csv"), "step,loss\n1,0.1\n2,2.5\n");
+    ck_assert_str_eq(tu_file_text(dir, "tiny.csv"), "step,tiny\n1,1e-300\n2,3\n");
+    ck_assert_str_eq(tu_file_text(dir, "big.csv"), "step,big\n1,123456789.12345678\n2,1\n");
+    ck_assert_str_eq(tu_file_text(dir, "eval_val_loss.csv"),
+                     "step,eval.val_loss\n2,0.30000000000000004\n");
+}
+END_TEST
+
+START_TEST(test_report_csv_names_never_collide) {
+    FILE *f = metrics_file();
+    for (int s = 1; s <= 2; s++)
+        fprintf(f,
+                "{\"step\": %d, \"a/b\": 1, \"a_b\": 2, \"layer0_load\": 7, \"layers\": "
+                "[{\"layer\": 0, \"load\": [%d, 2, 3]}]}\n",
+                s, s);
+    fclose(f);
+    char args[2048], csv[800];
+    snprintf(csv, sizeof csv, "%s/csv", dir);
+    snprintf(args, sizeof args, "report '%s' --csv '%s'", dir, csv);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "out.txt"), "csv: 4 files in"));
+    ck_assert_int_eq(tu_count_entries(csv), 4);
+    ck_assert_str_eq(tu_file_text(csv, "a_b.csv"), "step,a/b\n1,1\n2,1\n");
+    ck_assert_str_eq(tu_file_text(csv, "a_b_2.csv"), "step,a_b\n1,2\n2,2\n");
+    ck_assert_str_eq(tu_file_text(csv, "layer0_load.csv"), "step,layer0_load\n1,7\n2,7\n");
+    ck_assert_str_eq(tu_file_text(csv, "layer0_load_2.csv"), "step,e0,e1,e2\n1,1,2,3\n2,2,2,3\n");
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "err.txt"),
+                                 "'a_b' -> a_b_2.csv, 'layer0.load' -> layer0_load_2.csv"));
+}
+END_TEST
+
+// ---- what the reader skips, it says -------------------------------------------------
+
+START_TEST(test_report_suggests_the_nearest_option) {
+    metrics_of(2);
+    char args[2048];
+    snprintf(args, sizeof args, "report '%s' --cvs x", dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 2);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "err.txt"),
+                                 "unknown option '--cvs' (did you mean --csv? see moe report"));
+}
+END_TEST
+
+START_TEST(test_report_warns_once_about_values_that_are_not_numbers) {
+    FILE *f = metrics_file();
+    record(f, 1, 5, 1);
+    fputs("{\"step\": 2, \"loss\": \"abc\", \"lr\": 0.5}\n", f);
+    record(f, 3, 4, 1);
+    fputs("{\"step\": 4, \"loss\": true, \"lr\": 0.5}\n", f);
+    fclose(f);
+    moe_run_metrics m;
+    ck_assert_int_eq(moe_metrics_read(dir, &m), 0);
+    ck_assert_int_eq(m.n_bad_values, 2);
+    ck_assert_int_eq(moe_metrics_find(&m, "loss")->n, 2);
+    ck_assert_int_eq(moe_metrics_find(&m, "lr")->n, 4);
+    moe_metrics_free(&m);
+    char args[2048];
+    snprintf(args, sizeof args, "report '%s'", dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 0);
+    const char *err = tu_file_text(dir, "err.txt");
+    ck_assert_int_eq(count(err, "warning:"), 1);
+    ck_assert_msg(strstr(err, "metrics.jsonl:2: 'loss' is a string, not a number: skipped (2 such "
+                              "values in all)"),
+                  "%s", err);
+}
+END_TEST
+
+START_TEST(test_report_warns_once_about_records_without_a_step) {
+    FILE *f = metrics_file();
+    record(f, 1, 5, 1);
+    fputs("{\"loss\": 3}\n{\"kind\": \"new\"}\n", f);
+    record(f, 2, 4, 1);
+    fclose(f);
+    char args[2048];
+    snprintf(args, sizeof args, "report '%s'", dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 0);
+    const char *err = tu_file_text(dir, "err.txt");
+    ck_assert_int_eq(count(err, "warning:"), 1);
+    ck_assert_msg(strstr(err, "metrics.jsonl:2: a record with neither 'step' nor 'eval_step': "
+                              "skipped (2 such records in all)"),
+                  "%s", err);
+    char *html = slurp(in_dir("report.html"));
+    ck_assert_ptr_nonnull(strstr(html, "a record with neither"));
+    free(html);
+}
+END_TEST
+
+START_TEST(test_report_says_how_many_records_a_resume_replaced) {
+    FILE *f = metrics_file();
+    for (int s = 1; s <= 5; s++)
+        record(f, s, 10 + s, 1);
+    fputs("{\"eval_step\": 4, \"val_loss\": 3}\n", f);
+    for (int s = 3; s <= 6; s++) // resumed from the checkpoint of step 2
+        record(f, s, 20 + s, 1);
+    fputs("{\"eval_step\": 4, \"val_loss\": 2}\n", f);
+    fclose(f);
+    moe_run_metrics m;
+    ck_assert_int_eq(moe_metrics_read(dir, &m), 0);
+    ck_assert_int_eq(m.n_superseded, 4); // steps 3, 4, 5 and the evaluation at 4
+    moe_metrics_free(&m);
+    char args[2048];
+    snprintf(args, sizeof args, "report '%s'", dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 0);
+    const char *err = tu_file_text(dir, "err.txt");
+    ck_assert_msg(strstr(err, "note: 4 earlier records replaced by steps logged again (a resumed "
+                              "run), first at "),
+                  "%s", err);
+    ck_assert_ptr_nonnull(strstr(err, "metrics.jsonl:7\n"));
+    ck_assert_ptr_null(strstr(err, "warning"));
+}
+END_TEST
+
+// null is how metrics.jsonl writes a non-finite value: a missing value.
+START_TEST(test_report_reads_null_as_a_missing_value) {
+    FILE *f = metrics_file();
+    fputs("{\"step\": 1, \"loss\": 5, \"layers\": [{\"layer\": 0, \"load\": [1, 2, 3]}]}\n"
+          "{\"step\": 2, \"loss\": null, \"layers\": [{\"layer\": 0, \"load\": [1, null, 3]}]}\n"
+          "{\"step\": 3, \"loss\": 4, \"layers\": [{\"layer\": 0, \"load\": null}]}\n",
+          f);
+    fclose(f);
+    moe_run_metrics m;
+    ck_assert_msg(moe_metrics_read(dir, &m) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(m.n_bad_values, 0);
+    moe_series *loss = moe_metrics_find(&m, "loss"), *load = moe_metrics_find(&m, "layer0.load");
+    ck_assert_int_eq(loss->n, 3);
+    ck_assert(isnan(loss->v[1]));
+    ck_assert_int_eq(load->n, 3);
+    ck_assert(isnan(load->v[4]) && load->v[5] == 3 && isnan(load->v[6]));
+    int n;
+    ck_assert_int_eq(moe_report_csv(&m, dir, &n, NULL, 0), 0);
+    ck_assert_int_eq(moe_report_html(&m, dir, in_dir("r.html")), 0);
+    moe_metrics_free(&m);
+    ck_assert_str_eq(tu_file_text(dir, "loss.csv"), "step,loss\n1,5\n2,\n3,4\n");
+    ck_assert_str_eq(tu_file_text(dir, "layer0_load.csv"),
+                     "step,e0,e1,e2\n1,1,2,3\n2,1,,3\n3,,,\n");
+    char *html = slurp(in_dir("r.html"));
+    char *svg = figure(html, "loss", -1, 0);
+    ck_assert_int_eq(points(svg, "training"), 2);
+    free(svg), free(html);
 }
 END_TEST
 
@@ -634,6 +951,16 @@ int main(void) {
     tcase_add_test(tc, test_report_escapes_strings_from_input);
     tcase_add_test(tc, test_report_draws_unknown_per_layer_fields);
     tcase_add_test(tc, test_report_resumed_steps_replace_earlier_rows);
+    tcase_add_test(tc, test_report_refuses_to_overwrite_the_runs_inputs);
+    tcase_add_test(tc, test_report_failed_write_keeps_the_earlier_report);
+    tcase_add_test(tc, test_report_every_failed_call_leaves_old_or_new_files);
+    tcase_add_test(tc, test_report_csv_numbers_read_back_exactly);
+    tcase_add_test(tc, test_report_csv_names_never_collide);
+    tcase_add_test(tc, test_report_suggests_the_nearest_option);
+    tcase_add_test(tc, test_report_warns_once_about_values_that_are_not_numbers);
+    tcase_add_test(tc, test_report_warns_once_about_records_without_a_step);
+    tcase_add_test(tc, test_report_says_how_many_records_a_resume_replaced);
+    tcase_add_test(tc, test_report_reads_null_as_a_missing_value);
     tcase_add_test(tc, test_ablate_writes_a_comparison_report);
     tcase_add_test(tc, test_crc32c_matches_the_check_value);
     tcase_add_test(tc, test_tensorboard_events_verify_and_match_the_metrics);

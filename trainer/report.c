@@ -6,6 +6,9 @@
 #include "moe/error.h"
 #include "moe/file.h"
 
+#include "trainer/report_out.h"
+
+#include <ctype.h>
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -89,17 +92,61 @@ static bool all_numbers(json_t *a) {
     return true;
 }
 
-// A number or an array of numbers under name; anything else is not a series.
+// A list of numbers where null (a non-finite value) may stand for any of them.
+static bool numbers_or_nulls(json_t *a) {
+    if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > 1 << 16) return false;
+    for (size_t i = 0; i < json_array_size(a); i++) {
+        json_t *x = json_array_get(a, i);
+        if (!json_is_number(x) && !json_is_null(x)) return false;
+    }
+    return true;
+}
+
+static const char *kind_of(json_t *v) {
+    if (json_is_string(v)) return "a string";
+    if (json_is_boolean(v)) return "a boolean";
+    if (json_is_object(v)) return "an object";
+    if (json_is_array(v) && json_array_size(v) == 0) return "an empty list";
+    return "a list of other than numbers";
+}
+
+// A value that cannot be charted: skipped, the first one described.
+static void bad_value(moe_run_metrics *m, const char *name, json_t *v, const char *where) {
+    if (m->n_bad_values++ == 0)
+        snprintf(m->bad_values, sizeof m->bad_values, "%.300s: '%.96s' is %s, not a number", where,
+                 name, kind_of(v));
+}
+
+// A number, a list of numbers or null under name. Null (the writer's NaN or
+// Inf) is a missing value: a row of NAN in a series that exists (an empty CSV
+// cell, no point drawn); a series cannot start from one, as its width is
+// not known yet.
 static int add_value(moe_run_metrics *m, const char *name, json_t *v, double step,
                      const char *where) {
     if (json_is_number(v)) return add_scalar(m, name, step, json_number_value(v), where);
-    if (!all_numbers(v)) return 0;
+    moe_series *s = NULL;
+    if (json_is_null(v)) {
+        if (!moe_metrics_find(m, name)) return 0;
+        MOE_TRY(series_get(m, name, moe_metrics_find(m, name)->ncol, where, &s));
+        double *row = malloc(sizeof(double) * s->ncol);
+        if (!row) return moe_fail(MOE_ENOMEM, "%s: out of memory", where);
+        for (int i = 0; i < s->ncol; i++)
+            row[i] = NAN;
+        int rc = series_add(s, step, row, where);
+        free(row);
+        return rc;
+    }
+    if (!numbers_or_nulls(v)) {
+        bad_value(m, name, v, where);
+        return 0;
+    }
     int n = (int)json_array_size(v);
     double *row = malloc(sizeof(double) * n);
     if (!row) return moe_fail(MOE_ENOMEM, "%s: out of memory", where);
-    for (int i = 0; i < n; i++)
-        row[i] = json_number_value(json_array_get(v, i));
-    moe_series *s = NULL;
+    for (int i = 0; i < n; i++) {
+        json_t *x = json_array_get(v, i);
+        row[i] = json_is_number(x) ? json_number_value(x) : NAN;
+    }
     int rc = series_get(m, name, n, where, &s);
     if (rc == 0) rc = series_add(s, step, row, where);
     free(row);
@@ -229,18 +276,66 @@ static int read_eval(moe_run_metrics *m, json_t *rec, double step, const char *w
     return 0;
 }
 
-// One record; "step" makes a train record, "eval_step" an eval record, and
-// any other object (a kind added later) is passed over.
+// Keeps the step of a train (k = 0) or eval (k = 1) record; the earlier
+// records at or after it (a resumed run logs its steps again) are counted as
+// superseded.
+static int keep_step(moe_run_metrics *m, int k, double step, const char *where) {
+    long dropped = 0;
+    while (m->rec_n[k] > 0 && m->rec_step[k][m->rec_n[k] - 1] >= step)
+        m->rec_n[k]--, dropped++;
+    if (dropped && m->n_superseded == 0)
+        snprintf(m->superseded, sizeof m->superseded, "%.400s", where);
+    m->n_superseded += dropped;
+    if (m->rec_n[k] == m->rec_cap[k]) {
+        long cap = m->rec_cap[k] ? 2 * m->rec_cap[k] : 64;
+        double *ns = realloc(m->rec_step[k], sizeof(double) * cap);
+        if (!ns) return moe_fail(MOE_ENOMEM, "%s: out of memory", where);
+        m->rec_step[k] = ns, m->rec_cap[k] = cap;
+    }
+    m->rec_step[k][m->rec_n[k]++] = step;
+    return 0;
+}
+
+// One record; "step" makes a train record, "eval_step" an eval record; any
+// other object (a kind added later) is passed over, the first one described.
 static int read_record(moe_run_metrics *m, json_t *rec, const char *where) {
     if (!json_is_object(rec)) return moe_fail(MOE_EFORMAT, "%s: not a JSON object", where);
     json_t *st = json_object_get(rec, "step"), *ev = json_object_get(rec, "eval_step");
     json_t *which = st ? st : ev;
-    if (!which) return 0;
+    if (!which) {
+        if (m->n_no_step++ == 0)
+            snprintf(m->no_step, sizeof m->no_step,
+                     "%.400s: a record with neither 'step' nor 'eval_step'", where);
+        return 0;
+    }
     if (!json_is_integer(which) || json_integer_value(which) < 0)
         return moe_fail(MOE_EFORMAT, "%s: '%s' is not a non-negative integer", where,
                         st ? "step" : "eval_step");
     double step = (double)json_integer_value(which);
+    MOE_TRY(keep_step(m, st ? 0 : 1, step, where));
     return st ? read_train(m, rec, step, where) : read_eval(m, rec, step, where);
+}
+
+// The counts and first lines of what was skipped or replaced, as messages.
+static void describe_skips(moe_run_metrics *m) {
+    char first[512];
+    if (m->n_bad_values) {
+        snprintf(first, sizeof first, "%s", m->bad_values);
+        snprintf(m->bad_values, sizeof m->bad_values, "%.400s: skipped (%ld such value%s in all)",
+                 first, m->n_bad_values, m->n_bad_values > 1 ? "s" : "");
+    }
+    if (m->n_no_step) {
+        snprintf(first, sizeof first, "%s", m->no_step);
+        snprintf(m->no_step, sizeof m->no_step, "%.400s: skipped (%ld such record%s in all)", first,
+                 m->n_no_step, m->n_no_step > 1 ? "s" : "");
+    }
+    if (m->n_superseded) {
+        snprintf(first, sizeof first, "%s", m->superseded);
+        snprintf(m->superseded, sizeof m->superseded,
+                 "%ld earlier record%s replaced by steps logged again (a resumed run), first at "
+                 "%.400s",
+                 m->n_superseded, m->n_superseded > 1 ? "s" : "", first);
+    }
 }
 
 static int add_cfg(moe_run_metrics *m, const char *key, const char *val) {
@@ -344,6 +439,7 @@ int moe_metrics_read(const char *run_dir, moe_run_metrics *m) {
     fclose(f);
     if (rc == 0 && m->n_train == 0)
         rc = moe_fail(MOE_EFORMAT, "%s: no training steps recorded", path);
+    if (rc == 0) describe_skips(m);
     if (rc == 0) rc = read_config(m, run_dir);
     if (rc < 0) moe_metrics_free(m);
     return rc;
@@ -364,6 +460,8 @@ void moe_metrics_free(moe_run_metrics *m) {
     }
     free(m->cfg_key);
     free(m->cfg_val);
+    free(m->rec_step[0]);
+    free(m->rec_step[1]);
     memset(m, 0, sizeof *m);
 }
 
@@ -392,65 +490,117 @@ static void csv_cell(FILE *f, const char *s) {
     fputc('"', f);
 }
 
+// The shortest of %.15g, %.16g, %.17g that reads back as v: every number
+// round-trips (a Unix time keeps its milliseconds), and 0.1 stays "0.1".
 static void csv_num(FILE *f, double v) {
-    if (isfinite(v))
-        fprintf(f, ",%.9g", v);
-    else
+    if (!isfinite(v)) {
         fputc(',', f); // null: an empty cell
-}
-
-static int csv_close(FILE *f, const char *path) {
-    bool bad = ferror(f) != 0;
-    if (fclose(f) != 0 || bad)
-        return moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
-    return 0;
-}
-
-int moe_report_csv(const moe_run_metrics *m, const char *dir, int *n_files) {
-    *n_files = 0;
-    MOE_TRY(make_dir(dir));
-    char path[PATH_MAX];
-    for (int i = 0; i < m->n; i++) {
-        const moe_series *s = &m->s[i];
-        char file[sizeof s->name];
-        snprintf(file, sizeof file, "%s", s->name);
-        for (char *c = file; *c; c++)
-            if (*c == '.' || *c == '/') *c = '_';
-        snprintf(path, sizeof path, "%s/%s.csv", dir, file);
-        FILE *f = fopen(path, "w");
-        if (!f) return moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
-        fputs("step", f);
-        for (int c = 0; c < s->ncol; c++) {
-            fputc(',', f);
-            csv_cell(f, s->ncol == 1 ? s->name : s->col[c]);
-        }
-        fputc('\n', f);
-        for (long r = 0; r < s->n; r++) {
-            fprintf(f, "%.0f", s->step[r]);
-            for (int c = 0; c < s->ncol; c++)
-                csv_num(f, s->v[r * s->ncol + c]);
-            fputc('\n', f);
-        }
-        MOE_TRY(csv_close(f, path));
-        ++*n_files;
+        return;
     }
-    for (int i = 0; i < m->n_usage; i++) {
-        const moe_usage *u = &m->usage[i];
-        snprintf(path, sizeof path, "%s/layer%d_task_experts.csv", dir, u->layer);
-        FILE *f = fopen(path, "w");
-        if (!f) return moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
-        fputs("task", f);
+    char s[40];
+    for (int p = 15; p <= 17; p++) {
+        snprintf(s, sizeof s, "%.*g", p, v);
+        if (strtod(s, NULL) == v) break;
+    }
+    fprintf(f, ",%s", s);
+}
+
+// File names of the CSVs, one per series and per usage layer: the name with
+// every character other than [A-Za-z0-9_-] as '_' ("layer0.load" ->
+// "layer0_load"); a name already taken gets _2, _3, ... so no file is
+// written twice ("a/b" and "a_b", or a top-level "layer0_load" beside the
+// series "layer0.load"). The usage tables come first: their names are fixed.
+typedef char csv_name[sizeof(((moe_series *)0)->name) + 16];
+
+static bool name_taken(const csv_name *names, int n, const char *s) {
+    for (int i = 0; i < n; i++)
+        if (!strcmp(names[i], s)) return true;
+    return false;
+}
+
+// names[n] = base made safe, with a suffix when taken; true when suffixed.
+static bool unique_name(csv_name *names, int n, const char *base) {
+    char b[sizeof(csv_name) - 16];
+    snprintf(b, sizeof b, "%s", *base ? base : "_");
+    for (char *c = b; *c; c++)
+        if (!(isalnum((unsigned char)*c) || *c == '_' || *c == '-')) *c = '_';
+    snprintf(names[n], sizeof names[n], "%s", b);
+    int k = 1;
+    while (name_taken(names, n, names[n]))
+        snprintf(names[n], sizeof names[n], "%s_%d", b, ++k);
+    return k > 1;
+}
+
+// "'a/b' -> a_b_2.csv, ..." into note (cut with "..." when full).
+static void note_rename(char *note, size_t cap, const char *series, const char *file) {
+    if (!note || cap < 8) return;
+    size_t used = strlen(note);
+    if (used + 4 >= cap) return;
+    int w = snprintf(note + used, cap - used, "%s'%s' -> %s.csv", used ? ", " : "", series, file);
+    if (w < 0 || (size_t)w >= cap - used) memcpy(note + cap - 4, "...", 4);
+}
+
+static int csv_usage(const moe_run_metrics *m, const moe_usage *u, const char *path) {
+    report_out o;
+    MOE_TRY(report_out_open(&o, path));
+    FILE *f = o.f;
+    fputs("task", f);
+    for (int e = 0; e < u->E; e++)
+        fprintf(f, ",e%d", e);
+    fputc('\n', f);
+    for (int t = 0; t < m->n_tasks; t++) {
+        csv_cell(f, m->task[t]);
         for (int e = 0; e < u->E; e++)
-            fprintf(f, ",e%d", e);
+            csv_num(f, u->counts[t * u->E + e]);
         fputc('\n', f);
-        for (int t = 0; t < m->n_tasks; t++) {
-            csv_cell(f, m->task[t]);
-            for (int e = 0; e < u->E; e++)
-                csv_num(f, u->counts[t * u->E + e]);
-            fputc('\n', f);
-        }
-        MOE_TRY(csv_close(f, path));
-        ++*n_files;
     }
-    return 0;
+    return report_out_commit(&o, path, REPORT_OUT_CSV, NULL);
+}
+
+static int csv_series(const moe_series *s, const char *path) {
+    report_out o;
+    MOE_TRY(report_out_open(&o, path));
+    FILE *f = o.f;
+    fputs("step", f);
+    for (int c = 0; c < s->ncol; c++) {
+        fputc(',', f);
+        csv_cell(f, s->ncol == 1 ? s->name : s->col[c]);
+    }
+    fputc('\n', f);
+    for (long r = 0; r < s->n; r++) {
+        fprintf(f, "%.0f", s->step[r]);
+        for (int c = 0; c < s->ncol; c++)
+            csv_num(f, s->v[r * s->ncol + c]);
+        fputc('\n', f);
+    }
+    return report_out_commit(&o, path, REPORT_OUT_CSV, NULL);
+}
+
+int moe_report_csv(const moe_run_metrics *m, const char *dir, int *n_files, char *note,
+                   size_t note_cap) {
+    *n_files = 0;
+    if (note && note_cap) note[0] = 0;
+    MOE_TRY(make_dir(dir));
+    const int n = m->n_usage + m->n;
+    csv_name *names = calloc((size_t)n + 1, sizeof *names);
+    if (!names) return moe_fail(MOE_ENOMEM, "%s: out of memory", dir);
+    char path[PATH_MAX + sizeof(csv_name)];
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (i < m->n_usage) {
+            char base[32];
+            snprintf(base, sizeof base, "layer%d_task_experts", m->usage[i].layer);
+            unique_name(names, i, base);
+        } else {
+            const moe_series *s = &m->s[i - m->n_usage];
+            // a suffix hides which series the file holds: the note says
+            if (unique_name(names, i, s->name)) note_rename(note, note_cap, s->name, names[i]);
+        }
+        snprintf(path, sizeof path, "%s/%s.csv", dir, names[i]);
+        rc = i < m->n_usage ? csv_usage(m, &m->usage[i], path)
+                            : csv_series(&m->s[i - m->n_usage], path);
+        if (rc == 0) ++*n_files;
+    }
+    free(names);
+    return rc;
 }

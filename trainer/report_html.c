@@ -3,6 +3,7 @@
 // fetched. Series come from trainer/report.c; charts from trainer/report_svg.c.
 #include "moe/error.h"
 #include "moe/report.h"
+#include "trainer/report_out.h"
 #include "trainer/report_svg.h"
 
 #include <errno.h>
@@ -25,9 +26,10 @@ static const char *css =
     "text-align:left}th{background:#f6f6f6}td.num{text-align:right;font-variant-numeric:"
     "tabular-nums}.warn{color:#a40}";
 
+// title starts with "moe ": the page then begins with REPORT_HTML_MAGIC.
 static void page_open(FILE *f, const char *title, const char *sub) {
-    fputs("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/><title>", f);
-    svg_esc(f, title);
+    fputs(REPORT_HTML_MAGIC, f);
+    svg_esc(f, title + 4);
     fprintf(f, "</title><style>%s</style></head>\n<body><h1>", css);
     svg_esc(f, title);
     fputs("</h1><p class=\"sub\">", f);
@@ -35,12 +37,8 @@ static void page_open(FILE *f, const char *title, const char *sub) {
     fputs("</p>\n", f);
 }
 
-static int page_close(FILE *f, const char *path) {
+static void page_close(FILE *f) {
     fputs("</body></html>\n", f);
-    bool bad = ferror(f) != 0;
-    if (fclose(f) != 0 || bad)
-        return moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
-    return 0;
 }
 
 static svg_line line_of(const moe_series *s, int col, const char *label) {
@@ -205,11 +203,13 @@ static void summary(FILE *f, moe_run_metrics *m) {
     for (int i = 0; i < n; i++)
         fprintf(f, "<td class=\"num\">%s</td>", c[i].val);
     fputs("</tr></table>\n", f);
-    if (m->warning[0]) {
-        fputs("<p class=\"warn\">", f);
-        svg_esc(f, m->warning);
-        fputs("</p>\n", f);
-    }
+    const char *warn[3] = {m->warning, m->bad_values, m->no_step};
+    for (int i = 0; i < 3; i++)
+        if (warn[i][0]) {
+            fputs("<p class=\"warn\">", f);
+            svg_esc(f, warn[i]);
+            fputs("</p>\n", f);
+        }
 }
 
 static int training_charts(FILE *f, moe_run_metrics *m) {
@@ -395,8 +395,9 @@ static void config_table(FILE *f, const moe_run_metrics *m) {
 }
 
 int moe_report_html(moe_run_metrics *m, const char *run_dir, const char *path) {
-    FILE *f = fopen(path, "w");
-    if (!f) return moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+    report_out o;
+    MOE_TRY(report_out_open(&o, path));
+    FILE *f = o.f;
     for (int i = 0; i < m->n; i++)
         m->s[i].used = false;
     page_open(f, "moe run report", run_dir);
@@ -409,8 +410,12 @@ int moe_report_html(moe_run_metrics *m, const char *run_dir, const char *path) {
     if (rc == 0) rc = comm_charts(f, m);
     if (rc == 0) rc = other_charts(f, m, comm);
     if (rc == 0) config_table(f, m);
-    int rc2 = page_close(f, path);
-    return rc < 0 ? rc : rc2;
+    page_close(f);
+    if (rc < 0) {
+        report_out_discard(&o);
+        return rc;
+    }
+    return report_out_commit(&o, path, REPORT_OUT_HTML, run_dir);
 }
 
 // ---- the comparison page of an ablation grid ------------------------------------------
@@ -483,9 +488,10 @@ int moe_report_compare_html(const char *path, const char *title, const moe_repor
     if (!ms) return moe_fail(MOE_ENOMEM, "report: out of memory");
     for (int i = 0; i < n; i++) // a run with no readable metrics keeps an empty (zeroed) one
         if (moe_metrics_read(runs[i].dir, &ms[i]) < 0) memset(&ms[i], 0, sizeof ms[i]);
-    FILE *f = fopen(path, "w");
-    int rc = f ? 0 : moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+    report_out o;
+    int rc = report_out_open(&o, path);
     if (rc < 0) goto done;
+    FILE *f = o.f;
     page_open(f, "moe ablation report", title);
     fputs("<h2>Runs</h2><table><tr><th>run</th><th>settings</th><th>steps</th>"
           "<th>final loss</th><th>final val loss</th><th>tokens/s</th><th>drop rate</th>"
@@ -511,8 +517,11 @@ int moe_report_compare_html(const char *path, const char *title, const moe_repor
         rc = overlay(f, runs, ms, n, "drop_rate", "drop_rate", "Dropped assignments (all layers)",
                      "%", 100);
     fputs("</div>\n", f);
-    int rc2 = page_close(f, path);
-    if (rc == 0) rc = rc2;
+    page_close(f);
+    if (rc == 0)
+        rc = report_out_commit(&o, path, REPORT_OUT_HTML, NULL);
+    else
+        report_out_discard(&o);
 done:
     for (int i = 0; i < n; i++)
         moe_metrics_free(&ms[i]);

@@ -19,7 +19,11 @@ static const char *help =
     "resolved config.\n"
     "\n"
     "  --out FILE   the page (default RUN_DIR/report.html)\n"
-    "  --csv DIR    also one CSV per series (first column: step)\n";
+    "  --csv DIR    also one CSV per series (first column: step)\n"
+    "\n"
+    "Each file is written to a temp name and renamed into place (a failed write\n"
+    "keeps the earlier one); an existing file that moe report did not write (the\n"
+    "run's metrics.jsonl, a checkpoint, a folder) is refused, never overwritten.\n";
 
 int moe_cli_report(int argc, char **argv) {
     const char *run = NULL, *out = NULL, *csv = NULL;
@@ -32,8 +36,7 @@ int moe_cli_report(int argc, char **argv) {
                    (m = moe_cli_opt_once(argc, argv, &i, "--csv", &csv)) != 0) {
             if (m < 0) return moe_cli_fail("report", MOE_EXIT_USAGE, "%s", moe_last_error());
         } else if (argv[i][0] == '-') {
-            return moe_cli_fail("report", MOE_EXIT_USAGE,
-                                "unknown option '%s' (see moe report --help)", argv[i]);
+            return moe_cli_unknown_option("report", argv[i], help);
         } else if (!run) {
             run = argv[i];
         } else {
@@ -50,11 +53,17 @@ int moe_cli_report(int argc, char **argv) {
     moe_run_metrics m;
     int rc = moe_metrics_read(run, &m);
     if (rc < 0) return moe_cli_fail("report", moe_cli_input_exit_code(rc), "%s", moe_last_error());
-    if (m.warning[0]) fprintf(stderr, "moe report: warning: %s\n", m.warning);
+    const char *warn[3] = {m.warning, m.bad_values, m.no_step};
+    for (int i = 0; i < 3; i++)
+        if (warn[i][0]) fprintf(stderr, "moe report: warning: %s\n", warn[i]);
+    if (m.superseded[0]) fprintf(stderr, "moe report: note: %s\n", m.superseded);
     rc = moe_report_html(&m, run, out);
     int n_csv = 0;
-    if (rc == 0 && csv) rc = moe_report_csv(&m, csv, &n_csv);
+    char renamed[1024] = "";
+    if (rc == 0 && csv) rc = moe_report_csv(&m, csv, &n_csv, renamed, sizeof renamed);
     moe_metrics_free(&m);
+    if (renamed[0])
+        fprintf(stderr, "moe report: note: CSV names taken by an earlier series: %s\n", renamed);
     if (rc < 0) return moe_cli_fail("report", moe_cli_exit_code(rc), "%s", moe_last_error());
     printf("report: %s\n", out);
     if (csv) printf("csv: %d files in %s\n", n_csv, csv);

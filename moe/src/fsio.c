@@ -148,6 +148,44 @@ fail:;
     return moe_fail(MOE_EIO, "%s: %s failed: %s", path, step, strerror(err));
 }
 
+int moe_fs_replace_file(const char *path, const void *buf, size_t len) {
+    size_t plen = strlen(path);
+    if (plen + sizeof ".tmp.XXXXXX" > PATH_MAX)
+        return moe_fail(MOE_EINVAL, "%s: path too long", path);
+    char tmp[PATH_MAX];
+    memcpy(tmp, path, plen);
+    memcpy(tmp + plen, ".tmp.XXXXXX", sizeof ".tmp.XXXXXX");
+    int fd = moe_fs_mkstemp(tmp);
+    if (fd < 0)
+        return moe_fail(MOE_EIO, "%s: cannot create a temp file beside it: %s", path,
+                        strerror(errno));
+    const char *step = "write";
+    if (moe_fs_write(fd, buf, len) != 0) goto fail;
+    step = "chmod"; // mkstemp makes 0600; the file replaced was an ordinary 0644 one
+    if (fchmod(fd, 0644) != 0) goto fail;
+    step = "fsync";
+    if (moe_fs_fsync(fd) != 0) goto fail;
+    step = "close";
+    int cfd = fd;
+    fd = -1;
+    if (close(cfd) != 0) goto fail;
+    step = "rename";
+    if (moe_fs_rename(tmp, path) != 0) goto fail;
+    char dir[PATH_MAX];
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        snprintf(dir, sizeof dir, ".");
+    else
+        snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    moe_fs_fsync_dir(dir);
+    return 0;
+fail:;
+    int err = errno;
+    if (fd >= 0) close(fd);
+    unlink(tmp); // not counted: the failure being handled is the one injected
+    return moe_fail(MOE_EIO, "%s: %s failed: %s", path, step, strerror(err));
+}
+
 int moe_fs_write_json(const char *path, const json_t *doc, size_t flags) {
     char *text = json_dumps(doc, flags);
     if (!text) return moe_fail(MOE_ENOMEM, "%s: out of memory", path);

@@ -15,7 +15,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
             if (!(m.s[i].step[r - 1] < m.s[i].step[r])) abort();
     int n;
     if (moe_report_html(&m, fuzz_dir(), fuzz_path("report.html")) < 0 ||
-        moe_report_csv(&m, fuzz_path("csv"), &n) < 0)
+        moe_report_csv(&m, fuzz_path("csv"), &n, NULL, 0) < 0)
         abort();
     moe_metrics_free(&m);
     return 0;

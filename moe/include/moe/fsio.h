@@ -47,6 +47,11 @@ int moe_fs_fsync_dir(const char *dir);
 // Library-style helpers (0 or MOE_EIO with a message naming path and step):
 // path gets exactly len bytes of buf, fsynced; on failure path is removed.
 int moe_fs_write_file(const char *path, const void *buf, size_t len);
+// path replaced by exactly len bytes of buf, all or nothing: written to a temp
+// file beside it (PATH.tmp.XXXXXX, mode 0644), fsynced, renamed over path,
+// then the folder fsynced (best effort: the new file is in place by then). On
+// failure the temp file is removed and path keeps what it held before.
+int moe_fs_replace_file(const char *path, const void *buf, size_t len);
 // A JSON document dumped with jansson's flags (plus a newline) the same way.
 struct json_t;
 int moe_fs_write_json(const char *path, const struct json_t *doc, size_t flags);

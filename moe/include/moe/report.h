@@ -7,6 +7,7 @@
 #include "moe/config.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 
 // One series over steps: rows of ncol numbers (NAN where a value was null).
 // Names: a train record's top-level number KEY is "KEY" ("loss", "lr"); a
@@ -45,12 +46,27 @@ typedef struct {
     char **cfg_key, **cfg_val;
     long n_train, n_eval; // records read
     char warning[512];    // non-empty: a truncated last line was skipped
+    // Values skipped because they are no number, null or list of them (a
+    // string where a number belongs), and records skipped because they have
+    // neither "step" nor "eval_step": the first one named with its line, and
+    // how many in all (empty / 0 when none).
+    char bad_values[512], no_step[512];
+    long n_bad_values, n_no_step;
+    // Records dropped because a resumed run logged their steps again, and the
+    // line where that first happened (empty / 0 when none).
+    char superseded[512];
+    long n_superseded;
+    double *rec_step[2]; // internal: steps of the train [0] and eval [1] records kept
+    long rec_n[2], rec_cap[2];
 } moe_run_metrics;
 
 // Reads run_dir/metrics.jsonl and run_dir/config.json (optional). A malformed
 // line fails naming the file and line; a last line cut short (no newline: the
-// run was killed mid-write) is skipped and described in m->warning. A step
-// logged again (a resumed run) replaces the rows from that step on.
+// run was killed mid-write) is skipped and described in m->warning. A null
+// where a number belongs (the writer's non-finite value) is a missing value:
+// NAN in the series. Values of another type and records without a step are
+// skipped and described in m->bad_values and m->no_step. A step logged again
+// (a resumed run) replaces the rows from that step on (m->superseded).
 int moe_metrics_read(const char *run_dir, moe_run_metrics *m);
 void moe_metrics_free(moe_run_metrics *m);
 // The series called name, or NULL.
@@ -60,12 +76,21 @@ moe_series *moe_metrics_find(const moe_run_metrics *m, const char *name);
 // (the chart's caption says so). Heatmaps keep at most MOE_REPORT_MAX_COLUMNS.
 enum { MOE_REPORT_MAX_POINTS = 1000, MOE_REPORT_MAX_COLUMNS = 120 };
 
-// One HTML page (inline SVG and CSS, nothing fetched) for the run read into m.
+// One HTML page (inline SVG and CSS, nothing fetched) for the run read into m,
+// written all or nothing (a failed write leaves an earlier page whole). An
+// existing path that is not a page written by moe report (the run's
+// metrics.jsonl, a checkpoint, a folder) is refused with MOE_EINVAL.
 int moe_report_html(moe_run_metrics *m, const char *run_dir, const char *path);
-// One CSV per series into dir (created if missing): NAME.csv with '.' as '_',
-// a header row, the step in the first column; and layerL_task_experts.csv per
-// layer (one row per task). *n_files gets the count written.
-int moe_report_csv(const moe_run_metrics *m, const char *dir, int *n_files);
+// One CSV per series into dir (created if missing): NAME.csv with every
+// character other than [A-Za-z0-9_-] as '_', a header row, the step in the
+// first column; and layerL_task_experts.csv per layer (one row per task). A
+// name already taken gets _2, _3, ...; note (may be NULL) then lists the
+// series so renamed. Numbers are written so that they read back exactly.
+// Every file is written all or nothing (an earlier one stays whole when a
+// write fails), and an existing file that is not a CSV of ours is refused.
+// *n_files gets the count written.
+int moe_report_csv(const moe_run_metrics *m, const char *dir, int *n_files, char *note,
+                   size_t note_cap);
 
 // Runs of a grid for the comparison page: each run folder's metrics are read
 // here; a run that failed (error non-empty) or left no readable metrics gets

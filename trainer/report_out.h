@@ -1,0 +1,33 @@
+// Output files of moe report (the HTML pages and the CSVs): built in memory,
+// then put in place all or nothing, and never over a file that is not one of
+// ours (the run's own metrics.jsonl, config.json or checkpoints above all).
+#ifndef MOE_REPORT_OUT_H
+#define MOE_REPORT_OUT_H
+
+#include <stdio.h>
+
+typedef enum { REPORT_OUT_HTML, REPORT_OUT_CSV } report_out_kind;
+
+// The first bytes of every page moe report and moe ablate write: what tells
+// an earlier report (replaced) from any other file (refused).
+#define REPORT_HTML_MAGIC                                                                          \
+    "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/><title>moe "
+
+// An in-memory stream for one output file.
+typedef struct {
+    FILE *f;
+    char *buf;
+    size_t len;
+} report_out;
+
+int report_out_open(report_out *o, const char *path);
+// Refuses (MOE_EINVAL) a path that exists and is not a regular file, that is
+// one of run_dir's inputs (metrics.jsonl, config.json; run_dir may be NULL)
+// or that holds something other than a report of this kind (an empty file is
+// replaced); else closes the stream and replaces path with its bytes
+// (moe_fs_replace_file). The stream is freed either way.
+int report_out_commit(report_out *o, const char *path, report_out_kind kind, const char *run_dir);
+// Frees the stream without writing (an error came first).
+void report_out_discard(report_out *o);
+
+#endif

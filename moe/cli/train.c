@@ -40,8 +40,10 @@ static const char *train_help =
     "A folder that already holds a run is refused unless --resume continues it or\n"
     "--overwrite replaces it. --resume takes a run folder (its latest checkpoint) or a\n"
     "checkpoint folder and continues bit-exactly; with no CONFIG it takes the config and\n"
-    "the run folder from the run itself. Ctrl-C (or SIGTERM) stops after the current\n"
-    "step, saves a checkpoint, prints the command that continues and exits with 130.\n"
+    "the run folder from the run itself. A resumed run writes into the run it resumes or a\n"
+    "folder that holds no run, never into another run. Ctrl-C (or SIGTERM) stops after\n"
+    "the current step, saves a checkpoint, prints the command that continues and exits\n"
+    "with 130.\n"
     "--dry-run prints the memory plan (as moe plan) and exits; --force starts a run the\n"
     "memory plan says will not fit. Under mpirun or srun every rank trains\n"
     "(parallel.ep experts-parallel ranks x data parallel).\n";
@@ -65,6 +67,39 @@ static bool has_file(const char *dir, const char *name) {
     struct stat st;
     return snprintf(p, sizeof p, "%s/%s", dir, name) < (int)sizeof p && stat(p, &st) == 0 &&
            S_ISREG(st.st_mode);
+}
+
+// The run folder of the checkpoint --resume reads: the folder holding the
+// resolved checkpoint (RUN for RUN, RUN/checkpoint or RUN/checkpoint-STEP).
+static int resume_run_dir(const char *resume, char *run, size_t cap) {
+    char ck[PATH_MAX];
+    MOE_TRY(moe_ckpt_resolve(resume, ck, sizeof ck, NULL));
+    char *slash = strrchr(ck, '/');
+    if (!slash)
+        snprintf(run, cap, ".");
+    else if (slash == ck)
+        snprintf(run, cap, "/");
+    else
+        snprintf(run, cap, "%.*s", (int)(slash - ck), ck);
+    return 0;
+}
+
+// A resumed run writes its checkpoints, config and metrics into --out: that
+// must be the run being resumed (the same folder, however named) or a folder
+// that holds no run, never a second run it would silently replace.
+static int check_resume_out(const char *resume, const char *out) {
+    char run[PATH_MAX];
+    MOE_TRY(resume_run_dir(resume, run, sizeof run));
+    struct stat so, sr;
+    if (stat(out, &so) == 0 && stat(run, &sr) == 0 && so.st_dev == sr.st_dev &&
+        so.st_ino == sr.st_ino)
+        return 0;
+    if (!moe_run_exists(out)) return 0;
+    return moe_fail(MOE_EINVAL,
+                    "--out %s already holds a run other than the one --resume %s continues (run "
+                    "folder %s): continue it there (--out %s), or into a folder that holds no run; "
+                    "--overwrite replaces %s's run only for a new run, without --resume",
+                    out, resume, run, run, out);
 }
 
 // Parses train's options, loads CONFIG (or, with --resume RUN_DIR alone, the
@@ -110,6 +145,11 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, train_args *
             moe_fail(MOE_EINVAL, "more than one config file ('%s', '%s')", config, argv[i]);
             goto usage;
         }
+    }
+    if ((a->out && !*a->out) || (a->resume && !*a->resume)) {
+        moe_fail(MOE_EINVAL, "%s needs a folder name, not an empty string",
+                 a->out && !*a->out ? "--out" : "--resume");
+        goto usage;
     }
     if (a->resume && a->overwrite) {
         moe_fail(MOE_EINVAL, "--resume continues a run and --overwrite replaces it: give one");
@@ -233,6 +273,8 @@ int moe_cli_train(int argc, char **argv) {
     // A checkpoint to resume from is input: unusable is exit 2, as in eval.
     if (a.resume && (rc = moe_cli_check_ckpt(a.resume)) < 0)
         return moe_cli_fail("train", moe_cli_input_exit_code(rc), "--resume: %s", moe_last_error());
+    if (a.resume && (rc = check_resume_out(a.resume, a.out)) < 0)
+        return moe_cli_fail("train", MOE_EXIT_USAGE, "%s", moe_last_error());
     // A second run into a run folder would mix two runs' metrics and replace
     // the first one's checkpoint: the user says which they mean.
     if (!a.resume && !a.overwrite && moe_run_exists(a.out))

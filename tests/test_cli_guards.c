@@ -1,0 +1,182 @@
+// The CLI never writes over what it did not make: train --resume writes only
+// into the run it resumes (or a folder holding no run), eval --dump-logits
+// never lands in a checkpoint or on a file other than a logits dump; empty
+// path options are bad usage (exit 2); option ranges are stated in full.
+#include "moe/error.h"
+#include "testutil.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char dir[600];
+
+// Runs moe with args (printf-style) from dir as working directory, stdout
+// and stderr to dir/out.txt and dir/err.txt; returns the exit status.
+static int run_moe(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int run_moe(const char *fmt, ...) {
+    const char *bin = getenv("MOE_BIN");
+    ck_assert_msg(bin != NULL, "MOE_BIN is not set (run under ctest)");
+    char args[4096], cmd[6000];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s >out.txt 2>err.txt", dir, bin, args);
+    int st = system(cmd);
+    ck_assert(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+static const char *err_text(void) {
+    return tu_file_text(dir, "err.txt");
+}
+
+static void expect_in_err(const char *want) {
+    ck_assert_msg(strstr(err_text(), want), "stderr lacks '%s': %s", want, err_text());
+}
+
+static void write_text(const char *name, const char *text) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+// The bytes of dir/name (malloc'd, *n its size); asserts it exists.
+static char *slurp(const char *name, size_t *n) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "rb");
+    ck_assert_msg(f != NULL, "missing %s", p);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)len + 1);
+    ck_assert_ptr_nonnull(b);
+    ck_assert_uint_eq(fread(b, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    *n = (size_t)len;
+    return b;
+}
+
+// Asserts that dir/name still holds exactly the bytes was[0..n).
+static void assert_unchanged(const char *name, const char *was, size_t n) {
+    size_t m;
+    char *now = slurp(name, &m);
+    ck_assert_msg(m == n && memcmp(now, was, n) == 0, "%s changed", name);
+    free(now);
+}
+
+static bool exists(const char *name) {
+    char p[800];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    return stat(p, &st) == 0;
+}
+
+// One layer, two experts, 16 tokens a sequence: about a millisecond a step.
+static const char *tiny =
+    "{\"model\": {\"d_model\": 16, \"n_layers\": 1, \"n_heads\": 2, \"n_kv_heads\": 1,\n"
+    "  \"d_ff\": 16, \"seq_len\": 16},\n"
+    " \"moe\": {\"num_experts\": 2},\n"
+    " \"train\": {\"batch_size\": 2, \"eval_every\": 0, \"warmup_steps\": 2}}\n";
+
+static void setup(void) {
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    write_text("tiny.json", tiny);
+}
+
+START_TEST(test_resume_into_another_run_is_refused) {
+    ck_assert_int_eq(run_moe("train tiny.json --steps 3 --quiet --out V"), 0);
+    ck_assert_int_eq(run_moe("train tiny.json --steps 4 --quiet --out O"), 0);
+    size_t n, nm;
+    char *model = slurp("V/checkpoint/model.safetensors", &n);
+    char *metrics = slurp("V/metrics.jsonl", &nm);
+    ck_assert_int_eq(run_moe("train --resume O --out V --steps 8 --quiet"), 2);
+    expect_in_err("--out V already holds a run");
+    expect_in_err("--resume O");
+    expect_in_err("--overwrite");
+    ck_assert_int_eq(run_moe("train tiny.json --resume O/checkpoint --out V --steps 8 --quiet"), 2);
+    expect_in_err("already holds a run");
+    assert_unchanged("V/checkpoint/model.safetensors", model, n);
+    assert_unchanged("V/metrics.jsonl", metrics, nm);
+    free(model);
+    free(metrics);
+}
+END_TEST
+
+START_TEST(test_resume_into_the_default_run_folder_of_another_run_is_refused) {
+    ck_assert_int_eq(run_moe("train tiny.json --steps 3 --quiet"), 0); // runs/tiny
+    ck_assert_int_eq(run_moe("train tiny.json --steps 4 --quiet --out O"), 0);
+    size_t n;
+    char *model = slurp("runs/tiny/checkpoint/model.safetensors", &n);
+    ck_assert_int_eq(run_moe("train tiny.json --resume O --steps 8 --quiet"), 2);
+    expect_in_err("--out runs/tiny already holds a run");
+    assert_unchanged("runs/tiny/checkpoint/model.safetensors", model, n);
+    free(model);
+}
+END_TEST
+
+// Every form README gives: the run folder (alone or with its CONFIG), its
+// checkpoint folder, checkpoint-STEP of a rotating run, another name of the
+// same folder, and a fresh folder.
+START_TEST(test_resume_into_its_own_run_or_a_new_folder_works) {
+    ck_assert_int_eq(run_moe("train tiny.json --steps 2 --quiet --out O"), 0);
+    ck_assert_int_eq(run_moe("train --resume O --steps 3 --quiet"), 0);
+    ck_assert_int_eq(run_moe("train tiny.json --resume O --out O --steps 4 --quiet"), 0);
+    ck_assert_int_eq(run_moe("train tiny.json --resume O/checkpoint/ --out ./O/ --steps 5 --quiet"),
+                     0);
+    ck_assert_int_eq(run_moe("train tiny.json --resume O/checkpoint --out N --steps 6 --quiet"), 0);
+    ck_assert(exists("N/checkpoint/model.safetensors"));
+    ck_assert_int_eq(symlink("O", tu_path(dir, "L", "")), 0);
+    ck_assert_int_eq(run_moe("train --resume O --out L --steps 7 --quiet"), 0);
+#define ROTATE "--set train.keep_checkpoints=3 --set train.ckpt_every=2"
+    ck_assert_int_eq(run_moe("train tiny.json --steps 4 --quiet --out K " ROTATE), 0);
+    ck_assert_int_eq(
+        run_moe("train tiny.json --resume K/checkpoint-2 --out K --steps 6 --quiet " ROTATE), 0);
+    ck_assert(exists("K/checkpoint-6"));
+    ck_assert_int_eq(run_moe("train --resume K/checkpoint-6 --out K --steps 7 --quiet"), 2);
+    expect_in_err("without a CONFIG needs a run folder"); // unchanged rule
+    ck_assert_int_eq(run_moe("train --resume K --steps 8 --quiet"), 0);
+    ck_assert(exists("K/checkpoint-8"));
+}
+END_TEST
+
+START_TEST(test_empty_path_options_are_bad_usage) {
+    static const struct {
+        const char *args, *want;
+    } cases[] = {
+        {"train tiny.json --out ''", "--out needs a folder name"},
+        {"train tiny.json --resume ''", "--resume needs a folder name"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ck_assert_msg(run_moe("%s", cases[i].args) == 2, "%s: exit not 2: %s", cases[i].args,
+                      err_text());
+        expect_in_err(cases[i].want);
+    }
+}
+END_TEST
+
+static Suite *suite(void) {
+    Suite *s = suite_create("cli_guards");
+    TCase *tc = tcase_create("guards");
+    tcase_set_timeout(tc, 300);
+    tcase_add_checked_fixture(tc, setup, NULL);
+    tcase_add_test(tc, test_resume_into_another_run_is_refused);
+    tcase_add_test(tc, test_resume_into_the_default_run_folder_of_another_run_is_refused);
+    tcase_add_test(tc, test_resume_into_its_own_run_or_a_new_folder_works);
+    tcase_add_test(tc, test_empty_path_options_are_bad_usage);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    return tu_run(suite());
+}

@@ -149,12 +149,87 @@ START_TEST(test_resume_into_its_own_run_or_a_new_folder_works) {
 }
 END_TEST
 
+START_TEST(test_eval_dump_into_the_checkpoint_is_refused) {
+    ck_assert_int_eq(run_moe("train tiny.json --steps 2 --quiet --out R"), 0);
+    size_t n;
+    char *model = slurp("R/checkpoint/model.safetensors", &n);
+    ck_assert_int_eq(
+        run_moe("eval R --batches 1 --samples 0 --dump-logits R/checkpoint/model.safetensors"), 2);
+    expect_in_err("lies in the checkpoint R/checkpoint");
+    ck_assert_int_eq(
+        run_moe("eval R/checkpoint/ --batches 1 --samples 0 --dump-logits ./R/checkpoint/x.st"), 2);
+    expect_in_err("lies in the checkpoint");
+    assert_unchanged("R/checkpoint/model.safetensors", model, n);
+    ck_assert(!exists("R/checkpoint/x.st"));
+    free(model);
+    // any checkpoint of the run folder read, not only the one that resolves
+    ck_assert_int_eq(run_moe("train tiny.json --steps 4 --quiet --out K "
+                             "--set train.keep_checkpoints=2 --set train.ckpt_every=2"),
+                     0);
+    model = slurp("K/checkpoint-2/model.safetensors", &n);
+    ck_assert_int_eq(
+        run_moe("eval K --batches 1 --samples 0 --dump-logits K/checkpoint-2/model.safetensors"),
+        2);
+    expect_in_err("lies in the checkpoint K/checkpoint-2");
+    assert_unchanged("K/checkpoint-2/model.safetensors", model, n);
+    free(model);
+    ck_assert_int_eq(run_moe("eval K --batches 1 --samples 0 --dump-logits K/logits.st"), 0);
+}
+END_TEST
+
+START_TEST(test_eval_dump_replaces_only_an_earlier_dump) {
+    ck_assert_int_eq(run_moe("train tiny.json --steps 2 --quiet --out R"), 0);
+    size_t n;
+    char *metrics = slurp("R/metrics.jsonl", &n);
+    ck_assert_int_eq(run_moe("eval R --batches 1 --samples 0 --dump-logits R/metrics.jsonl"), 2);
+    expect_in_err("exists and is not an earlier logits dump");
+    assert_unchanged("R/metrics.jsonl", metrics, n);
+    free(metrics);
+    ck_assert_int_eq(run_moe("eval R --batches 1 --samples 0 --dump-logits R"), 2);
+    expect_in_err("exists and is not an earlier logits dump");
+    ck_assert_int_eq(run_moe("eval R --batches 1 --samples 0 --dump-logits d.st"), 0);
+    ck_assert_int_eq(run_moe("eval R --batches 1 --samples 0 --dump-logits d.st"), 0);
+}
+END_TEST
+
+// The dump is written beside its path and renamed over it: a failed write
+// leaves the earlier dump whole and no partial file.
+START_TEST(test_eval_dump_failed_write_leaves_the_earlier_file) {
+    ck_assert_int_eq(run_moe("train tiny.json --steps 2 --quiet --out R"), 0);
+    ck_assert_int_eq(run_moe("eval R --batches 1 --samples 0 --dump-logits d.st"), 0);
+    size_t n;
+    char *was = slurp("d.st", &n);
+    int before = tu_count_entries(dir);
+    // counted calls of the dump: mkstemp, then the writes; the first write fails
+    setenv("MOE_FAULT", "2:fail", 1);
+    int rc = run_moe("eval R --batches 1 --samples 0 --dump-logits d.st");
+    unsetenv("MOE_FAULT");
+    ck_assert_int_eq(rc, 1);
+    expect_in_err("d.st");
+    assert_unchanged("d.st", was, n);
+    ck_assert_int_eq(tu_count_entries(dir), before); // no d.st.tmp.* left
+    free(was);
+}
+END_TEST
+
 START_TEST(test_empty_path_options_are_bad_usage) {
     static const struct {
         const char *args, *want;
     } cases[] = {
-        {"train tiny.json --out ''", "--out needs a folder name"},
-        {"train tiny.json --resume ''", "--resume needs a folder name"},
+        {"train tiny.json --out ''", "--out needs a path"},
+        {"train tiny.json --resume ''", "--resume needs a path"},
+        {"train --resume=", "--resume needs a path"},
+        {"eval ''", "the checkpoint folder name is empty"},
+        {"eval R --dump-logits ''", "--dump-logits needs a path"},
+        {"generate '' --task copy --prompt a", "the checkpoint folder name is empty"},
+        {"generate R --task copy --input ''", "--input needs a path"},
+        {"export '' --hf x", "the checkpoint folder name is empty"},
+        {"export R --hf ''", "--hf needs a path"},
+        // a grid that cannot run: a broken check must not write results into "/"
+        {"ablate tiny.json --out '' --grid router.no_such_key=1,2", "--out needs a path"},
+        {"route --example --out ''", "--out needs a path"},
+        {"route --logits '' --out x", "--logits needs a path"},
+        {"route --logits x --task-ids '' --out x", "--task-ids needs a path"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         ck_assert_msg(run_moe("%s", cases[i].args) == 2, "%s: exit not 2: %s", cases[i].args,
@@ -172,6 +247,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_resume_into_another_run_is_refused);
     tcase_add_test(tc, test_resume_into_the_default_run_folder_of_another_run_is_refused);
     tcase_add_test(tc, test_resume_into_its_own_run_or_a_new_folder_works);
+    tcase_add_test(tc, test_eval_dump_into_the_checkpoint_is_refused);
+    tcase_add_test(tc, test_eval_dump_replaces_only_an_earlier_dump);
+    tcase_add_test(tc, test_eval_dump_failed_write_leaves_the_earlier_file);
     tcase_add_test(tc, test_empty_path_options_are_bad_usage);
     suite_add_tcase(s, tc);
     return s;

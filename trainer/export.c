@@ -345,47 +345,14 @@ static bool is_export(const char *dir) {
 // index) or a config.json it did not write: out must be new, or a folder of
 // other files, or a previous export.
 static int check_out_dir(const char *ckpt, const char *out) {
-    char src[PATH_MAX], dst[PATH_MAX];
     struct stat sb;
     bool exists = stat(out, &sb) == 0;
     if (exists && !S_ISDIR(sb.st_mode))
         return moe_fail(MOE_EINVAL, "%s: exists and is not a folder", out);
-    if (realpath(ckpt, src)) {
-        // where out is or will be: the real path of its nearest existing
-        // ancestor, then the components still to be created
-        char head[PATH_MAX], rp[PATH_MAX];
-        const char *tail = "";
-        bool known = false;
-        snprintf(head, sizeof head, "%s", out);
-        for (;;) {
-            if (realpath(head, rp)) {
-                known = snprintf(dst, sizeof dst, "%s%s%s", rp, *tail ? "/" : "", tail) <
-                        (int)sizeof dst;
-                break;
-            }
-            char *slash = strrchr(head, '/');
-            while (slash && slash > head && slash[1] == 0) { // "a/b/": drop the trailing slash
-                *slash = 0;
-                slash = strrchr(head, '/');
-            }
-            if (!slash) { // a relative name: its parent is the working directory
-                if (realpath(".", rp))
-                    known = snprintf(dst, sizeof dst, "%s/%s%s%s", rp, head, *tail ? "/" : "",
-                                     tail) < (int)sizeof dst;
-                break;
-            }
-            tail = out + (slash + 1 - head);
-            if (slash == head) { // "/name"
-                known = snprintf(dst, sizeof dst, "/%s", tail) < (int)sizeof dst;
-                break;
-            }
-            *slash = 0;
-        }
-        size_t ns = strlen(src);
-        if (known && !strncmp(dst, src, ns) && (dst[ns] == 0 || dst[ns] == '/'))
-            return moe_fail(MOE_EINVAL, "%s: %s the checkpoint %s; export to a folder outside it",
-                            out, dst[ns] ? "is inside" : "is", ckpt);
-    }
+    int within = moe_path_within(out, ckpt);
+    if (within)
+        return moe_fail(MOE_EINVAL, "%s: %s the checkpoint %s; export to a folder outside it", out,
+                        within == 2 ? "is inside" : "is", ckpt);
     if (!exists) return 0;
     // A training checkpoint, single-file or sharded (its optimizer index).
     static const char *const ckpt_files[] = {"trainer_state.json", "optimizer.safetensors",

@@ -139,7 +139,7 @@ static int parse(int argc, char **argv, gen_args *a) {
         int m;
         if ((m = moe_cli_opt_once(argc, argv, &i, "--task", &a->task)) != 0 ||
             (m = moe_cli_opt_once(argc, argv, &i, "--prompt", &a->prompt)) != 0 ||
-            (m = moe_cli_opt_once(argc, argv, &i, "--input", &a->input)) != 0) {
+            (m = moe_cli_opt_path(argc, argv, &i, "--input", &a->input)) != 0) {
             if (m < 0) return -1;
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--max-new", &max_new)) != 0) {
             if (m < 0) return -1;
@@ -184,6 +184,7 @@ static int parse(int argc, char **argv, gen_args *a) {
         }
     }
     if (!a->dir) return moe_fail(MOE_EINVAL, "no checkpoint folder given"), -1;
+    if (!*a->dir) return moe_fail(MOE_EINVAL, "the checkpoint folder name is empty"), -1;
     if (!a->prompt == !a->input)
         return moe_fail(MOE_EINVAL, "give exactly one of --prompt TEXT and --input FILE"), -1;
     if (a->io.full_load && a->io.expert_budget > 0)

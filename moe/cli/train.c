@@ -5,9 +5,12 @@
 #include "moe/cli/cli.h"
 #include "moe/comm.h"
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/infer.h"
 #include "moe/plan.h"
+#include "moe/safetensors.h"
 
+#include <dirent.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -120,8 +123,8 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, train_args *
         if ((m = moe_cli_opt_value(argc, argv, &i, "--set", &v)) != 0) {
             if (m < 0) goto usage;
             sets[n_sets++] = v;
-        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--out", &a->out)) != 0 ||
-                   (m = moe_cli_opt_once(argc, argv, &i, "--resume", &a->resume)) != 0) {
+        } else if ((m = moe_cli_opt_path(argc, argv, &i, "--out", &a->out)) != 0 ||
+                   (m = moe_cli_opt_path(argc, argv, &i, "--resume", &a->resume)) != 0) {
             if (m < 0) goto usage;
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--steps", &steps)) != 0) {
             if (m < 0) goto usage;
@@ -145,11 +148,6 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, train_args *
             moe_fail(MOE_EINVAL, "more than one config file ('%s', '%s')", config, argv[i]);
             goto usage;
         }
-    }
-    if ((a->out && !*a->out) || (a->resume && !*a->resume)) {
-        moe_fail(MOE_EINVAL, "%s needs a folder name, not an empty string",
-                 a->out && !*a->out ? "--out" : "--resume");
-        goto usage;
     }
     if (a->resume && a->overwrite) {
         moe_fail(MOE_EINVAL, "--resume continues a run and --overwrite replaces it: give one");
@@ -351,7 +349,8 @@ static const char *eval_help =
     "(synthetic data) and the expert-usage matrix per task of every MoE layer, for the\n"
     "checkpoint folder CKPT_DIR (it holds config.json and model.safetensors).\n"
     "--dump-logits FILE writes the tokens and logits of validation batch 0 (safetensors:\n"
-    "tokens, task_ids, logits; dropless routing) for scripts/hf_check.py.\n"
+    "tokens, task_ids, logits; dropless routing) for scripts/hf_check.py; FILE may not\n"
+    "lie in a checkpoint folder and replaces only an earlier dump.\n"
     "--expert-budget P and --quantize int8 add a table of the per-task validation loss of\n"
     "the inference engine (moe generate) loaded with that option against its exact task-\n"
     "routed load, with the experts and expert bytes each keeps.\n";
@@ -397,6 +396,51 @@ static int eval_infer_table(const char *dir, const moe_config *cfg, moe_data *d,
     return 0;
 }
 
+// An earlier dump of eval: a safetensors file of exactly tokens, task_ids and
+// logits (the one kind of file --dump-logits may replace).
+static bool is_logits_dump(const char *path) {
+    moe_st_file *f;
+    if (moe_st_open(path, &f) < 0) return false;
+    bool yes = f->n_tensors == 3 && moe_st_find(f, "tokens") && moe_st_find(f, "task_ids") &&
+               moe_st_find(f, "logits");
+    moe_st_close(f);
+    return yes;
+}
+
+// --dump-logits FILE may not land in the checkpoint eval reads nor in any
+// checkpoint of its run folder, and replaces only an earlier logits dump: a
+// slip of the path would otherwise overwrite weights with logits.
+static int check_dump_path(const char *dir, const char *dump) {
+    char ck[PATH_MAX], run[PATH_MAX], p[PATH_MAX];
+    MOE_TRY(moe_ckpt_resolve(dir, ck, sizeof ck, NULL));
+    MOE_TRY(resume_run_dir(dir, run, sizeof run));
+    const char *hit = moe_path_within(dump, ck) ? ck : NULL;
+    DIR *d = !hit && moe_run_exists(run) ? opendir(run) : NULL;
+    struct dirent *e;
+    while (d && !hit && (e = readdir(d)) != NULL) {
+        long step;
+        int sfx;
+        bool ckpt = moe_ckpt_step_name(e->d_name, &step, &sfx) ||
+                    !strncmp(e->d_name, "checkpoint", sizeof "checkpoint" - 1);
+        if (ckpt && snprintf(p, sizeof p, "%s/%s", run, e->d_name) < (int)sizeof p &&
+            moe_path_within(dump, p))
+            hit = p;
+    }
+    if (d) closedir(d);
+    if (hit)
+        return moe_fail(MOE_EINVAL,
+                        "--dump-logits %s: lies in the checkpoint %s; write the dump outside "
+                        "checkpoint folders",
+                        dump, hit);
+    struct stat st;
+    if (stat(dump, &st) == 0 && (!S_ISREG(st.st_mode) || !is_logits_dump(dump)))
+        return moe_fail(MOE_EINVAL,
+                        "--dump-logits %s: exists and is not an earlier logits dump (tokens, "
+                        "task_ids, logits); give a new file name",
+                        dump);
+    return 0;
+}
+
 int moe_cli_eval(int argc, char **argv) {
     const char *dir = NULL, *dump = NULL, *batches_s = NULL, *samples_s = NULL, *budget_s = NULL,
                *quant = NULL;
@@ -416,7 +460,7 @@ int moe_cli_eval(int argc, char **argv) {
             if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
             if (!moe_cli_parse_long(samples_s, 0, 1 << 20, &samples))
                 return moe_cli_fail("eval", MOE_EXIT_USAGE, "--samples needs an integer >= 0");
-        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--dump-logits", &dump)) != 0) {
+        } else if ((m = moe_cli_opt_path(argc, argv, &i, "--dump-logits", &dump)) != 0) {
             if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--expert-budget", &budget_s)) != 0) {
             if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
@@ -444,6 +488,7 @@ int moe_cli_eval(int argc, char **argv) {
     moe_eval_result r;
     int rc = moe_cli_check_ckpt(dir);
     if (rc == 0) rc = moe_ckpt_config(dir, &cfg);
+    if (rc == 0 && dump) rc = check_dump_path(dir, dump);
     if (rc < 0) return moe_cli_fail("eval", moe_cli_input_exit_code(rc), "%s", moe_last_error());
     if ((rc = moe_data_open(&d, &cfg)) < 0)
         return moe_cli_fail("eval", moe_cli_input_exit_code(rc), "%s", moe_last_error());

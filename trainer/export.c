@@ -246,14 +246,6 @@ static int write_config(const char *path, const moe_config *c, const moe_tokeniz
     return dump_json(path, o);
 }
 
-// "F32 [4, 32]": a tensor's dtype and shape for messages.
-static void describe(char *buf, size_t cap, const char *dtype, int ndim, const int64_t *shape) {
-    size_t n = (size_t)snprintf(buf, cap, "%s [", dtype);
-    for (int d = 0; d < ndim && n < cap; d++)
-        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
-    if (n < cap) snprintf(buf + n, cap - n, "]");
-}
-
 // The checkpoint must hold exactly the tensors of the model its config
 // describes, each F32 with the view's shape (what moe_ckpt_load demands): a
 // folder eval refuses, or a config.json edited to fewer layers than the
@@ -272,8 +264,8 @@ static int check_tensors(const char *ckpt, const moe_config *c, const moe_st_set
         for (int d = 0; same && d < v->ndim; d++)
             same = t->shape[d] == v->shape[d];
         if (same) continue;
-        describe(have, sizeof have, moe_st_dtype_name(t->dtype), t->ndim, t->shape);
-        describe(want, sizeof want, "F32", v->ndim, v->shape);
+        moe_st_describe(have, sizeof have, t->dtype, t->ndim, t->shape);
+        moe_st_describe(want, sizeof want, MOE_ST_F32, v->ndim, v->shape);
         MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: tensor '%s' is %s, the config expects %s", f->path,
                               v->name, have, want),
                      rc);

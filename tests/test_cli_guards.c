@@ -1,7 +1,6 @@
-// The CLI never writes over what it did not make: train --resume writes only
-// into the run it resumes (or a folder holding no run), eval --dump-logits
-// never lands in a checkpoint or on a file other than a logits dump; empty
-// path options are bad usage (exit 2); option ranges are stated in full.
+// The CLI writes over nothing it did not make: train --resume only into its own
+// run (or a folder holding no run), eval --dump-logits never into a checkpoint
+// nor over a non-dump; empty paths are exit 2; limits are stated in full.
 #include "moe/error.h"
 #include "testutil.h"
 
@@ -239,6 +238,39 @@ START_TEST(test_empty_path_options_are_bad_usage) {
 }
 END_TEST
 
+// A value out of range gets the whole range, not a lower bound it satisfies.
+START_TEST(test_option_ranges_are_stated_in_full) {
+    static const struct {
+        const char *args, *want;
+    } cases[] = {
+        {"generate ck --task copy --prompt a --max-new 100000000",
+         "--max-new needs an integer in [0, 1048576]"},
+        {"generate ck --task copy --prompt a --top-k 100000000",
+         "--top-k needs an integer in [0, 1048576]"},
+        {"eval ck --batches 1000000000", "--batches needs an integer in [1, 1048576]"},
+        {"eval ck --samples 99999999", "--samples needs an integer in [0, 1048576]"},
+        {"plan tiny.json --nodes 2000000", "--nodes needs an integer in [1, 1048576]"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ck_assert_int_eq(run_moe("%s", cases[i].args), 2);
+        expect_in_err(cases[i].want);
+    }
+}
+END_TEST
+
+START_TEST(test_generate_input_line_limit_is_stated) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/many.txt", dir);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    for (int i = 0; i < 4097; i++)
+        fputs("ab=\n", f);
+    fclose(f);
+    ck_assert_int_eq(run_moe("generate ck --task copy --input many.txt"), 2);
+    expect_in_err("many.txt: more than 4096 lines (--input takes at most 4096 prompts)");
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cli_guards");
     TCase *tc = tcase_create("guards");
@@ -251,6 +283,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_eval_dump_replaces_only_an_earlier_dump);
     tcase_add_test(tc, test_eval_dump_failed_write_leaves_the_earlier_file);
     tcase_add_test(tc, test_empty_path_options_are_bad_usage);
+    tcase_add_test(tc, test_option_ranges_are_stated_in_full);
+    tcase_add_test(tc, test_generate_input_line_limit_is_stated);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -455,11 +455,13 @@ int moe_cli_eval(int argc, char **argv) {
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--batches", &batches_s)) != 0) {
             if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
             if (!moe_cli_parse_long(batches_s, 1, 1 << 20, &batches))
-                return moe_cli_fail("eval", MOE_EXIT_USAGE, "--batches needs a positive integer");
+                return moe_cli_fail("eval", MOE_EXIT_USAGE, "--batches needs an integer in [1, %d]",
+                                    1 << 20);
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--samples", &samples_s)) != 0) {
             if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
             if (!moe_cli_parse_long(samples_s, 0, 1 << 20, &samples))
-                return moe_cli_fail("eval", MOE_EXIT_USAGE, "--samples needs an integer >= 0");
+                return moe_cli_fail("eval", MOE_EXIT_USAGE, "--samples needs an integer in [0, %d]",
+                                    1 << 20);
         } else if ((m = moe_cli_opt_path(argc, argv, &i, "--dump-logits", &dump)) != 0) {
             if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--expert-budget", &budget_s)) != 0) {

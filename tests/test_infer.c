@@ -13,6 +13,8 @@
 #include "moe/task_experts.h"
 #include "testutil.h"
 
+#include <jansson.h>
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +81,9 @@ static void copy_file(const char *from, const char *to) {
     fclose(b);
 }
 
+// A 1-D tensor rewrite_ckpt stores as [n/2, 2] (NULL: none).
+static const char *reshape;
+
 // Copies the checkpoint to dst: config and task_experts.json as they are, the
 // tensors without `skip` (may be NULL), in one file or in two shards with an
 // index.
@@ -103,6 +108,10 @@ static void rewrite_ckpt(const char *dst, const char *skip, bool shards) {
         ck_assert_int_eq(moe_st_load(f, t->name, t->dtype, -1, NULL, &data[n]), 0);
         e[n] = (moe_st_entry){t->name, t->dtype, t->ndim, {0}, data[n]};
         memcpy(e[n].shape, t->shape, sizeof(int64_t) * t->ndim);
+        if (reshape && !strcmp(t->name, reshape) && t->ndim == 1) {
+            e[n].ndim = 2;
+            e[n].shape[0] = t->shape[0] / 2, e[n].shape[1] = 2;
+        }
         n++;
     }
     if (!shards) {
@@ -414,6 +423,80 @@ START_TEST(test_bad_checkpoints_and_tasks_fail_clearly) {
 }
 END_TEST
 
+START_TEST(test_reshaped_vector_is_described_with_its_own_rank) {
+    char dir[800];
+    snprintf(dir, sizeof dir, "%s/reshaped", root);
+    reshape = "model.norm.weight";
+    rewrite_ckpt(dir, NULL, false);
+    reshape = NULL;
+    moe_infer m;
+    moe_infer_opts o = {.task = "copy"};
+    ck_assert_int_eq(moe_infer_open(&m, dir, &o), MOE_EFORMAT);
+    ck_assert_msg(strstr(moe_last_error(), "tensor 'model.norm.weight' is F32 [16, 2], the config "
+                                           "expects F32 [32]"),
+                  "%s", moe_last_error());
+}
+END_TEST
+
+// A copy of the checkpoint whose task_experts.json edit() changed.
+static void edit_task_experts(const char *dst, void (*edit)(json_t *doc)) {
+    char p[900];
+    rewrite_ckpt(dst, NULL, false);
+    snprintf(p, sizeof p, "%s/task_experts.json", dst);
+    json_t *doc = json_load_file(p, 0, NULL);
+    ck_assert_ptr_nonnull(doc);
+    edit(doc);
+    ck_assert_int_eq(json_dump_file(doc, p, JSON_INDENT(1)), 0);
+    json_decref(doc);
+}
+
+static void swap_reverse_and_sort(json_t *doc) {
+    json_t *tasks = json_object_get(doc, "tasks");
+    ck_assert_str_eq(json_string_value(json_array_get(tasks, 1)), "reverse");
+    json_array_set_new(tasks, 1, json_string("sort"));
+    json_array_set_new(tasks, 2, json_string("reverse"));
+}
+
+START_TEST(test_task_experts_with_other_tasks_names_them) {
+    char dir[800];
+    snprintf(dir, sizeof dir, "%s/tasks_swapped", root);
+    edit_task_experts(dir, swap_reverse_and_sort);
+    moe_infer m;
+    moe_infer_opts o = {.task = "copy"}; // its own row is still in place
+    ck_assert_int_eq(moe_infer_open(&m, dir, &o), MOE_EFORMAT);
+    ck_assert_msg(strstr(moe_last_error(), "task 1: 'sort' vs 'reverse'"), "%s", moe_last_error());
+    ck_assert_msg(strstr(moe_last_error(), "[copy, sort, reverse"), "%s", moe_last_error());
+}
+END_TEST
+
+static double bad_share;
+
+// Layer 0 (token-routed) of task 1 (reverse): expert 0's share.
+static void set_bad_share(json_t *doc) {
+    json_t *l0 = json_array_get(json_object_get(doc, "layers"), 0);
+    ck_assert_str_eq(json_string_value(json_object_get(l0, "routing")), "token");
+    json_t *row = json_array_get(json_object_get(l0, "share"), 1);
+    ck_assert_int_eq(json_array_set_new(row, 0, json_real(bad_share)), 0);
+}
+
+START_TEST(test_task_expert_shares_outside_0_1_are_refused) {
+    static const double bad[] = {-5, 5, 1.0000001};
+    for (int i = 0; i < 3; i++) {
+        char dir[800];
+        snprintf(dir, sizeof dir, "%s/bad_share%d", root, i);
+        bad_share = bad[i];
+        edit_task_experts(dir, set_bad_share);
+        moe_infer m;
+        moe_infer_opts o = {.task = "reverse", .expert_budget = 0.2};
+        ck_assert_int_eq(moe_infer_open(&m, dir, &o), MOE_EFORMAT);
+        const char *e = moe_last_error();
+        ck_assert_msg(strstr(e, "task_experts.json: layer 0 task 'reverse'") &&
+                          strstr(e, "not in [0, 1]"),
+                      "%s", e);
+    }
+}
+END_TEST
+
 START_TEST(test_older_checkpoint_without_task_experts_derives_the_sets) {
     char dir[800], p[900];
     snprintf(dir, sizeof dir, "%s/old", root);
@@ -615,6 +698,9 @@ int main(void) {
     tcase_add_test(tc, test_kv_cache_decode_matches_the_training_forward);
     tcase_add_test(tc, test_other_architectures_decode_and_load_exactly);
     tcase_add_test(tc, test_bad_checkpoints_and_tasks_fail_clearly);
+    tcase_add_test(tc, test_reshaped_vector_is_described_with_its_own_rank);
+    tcase_add_test(tc, test_task_experts_with_other_tasks_names_them);
+    tcase_add_test(tc, test_task_expert_shares_outside_0_1_are_refused);
     tcase_add_test(tc, test_older_checkpoint_without_task_experts_derives_the_sets);
     tcase_add_test(tc, test_expert_budget_and_int8_load_less);
     tcase_add_test(tc, test_task_route_with_task_priorities_equals_position_order);

@@ -246,14 +246,6 @@ static int write_config(const char *path, const moe_config *c, const moe_tokeniz
     return dump_json(path, o);
 }
 
-// "F32 [4, 32]": a tensor's dtype and shape for messages.
-static void describe(char *buf, size_t cap, const char *dtype, int ndim, const int64_t *shape) {
-    size_t n = (size_t)snprintf(buf, cap, "%s [", dtype);
-    for (int d = 0; d < ndim && n < cap; d++)
-        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
-    if (n < cap) snprintf(buf + n, cap - n, "]");
-}
-
 // The checkpoint must hold exactly the tensors of the model its config
 // describes, each F32 with the view's shape (what moe_ckpt_load demands): a
 // folder eval refuses, or a config.json edited to fewer layers than the
@@ -272,8 +264,8 @@ static int check_tensors(const char *ckpt, const moe_config *c, const moe_st_set
         for (int d = 0; same && d < v->ndim; d++)
             same = t->shape[d] == v->shape[d];
         if (same) continue;
-        describe(have, sizeof have, moe_st_dtype_name(t->dtype), t->ndim, t->shape);
-        describe(want, sizeof want, "F32", v->ndim, v->shape);
+        moe_st_describe(have, sizeof have, t->dtype, t->ndim, t->shape);
+        moe_st_describe(want, sizeof want, MOE_ST_F32, v->ndim, v->shape);
         MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: tensor '%s' is %s, the config expects %s", f->path,
                               v->name, have, want),
                      rc);
@@ -345,47 +337,14 @@ static bool is_export(const char *dir) {
 // index) or a config.json it did not write: out must be new, or a folder of
 // other files, or a previous export.
 static int check_out_dir(const char *ckpt, const char *out) {
-    char src[PATH_MAX], dst[PATH_MAX];
     struct stat sb;
     bool exists = stat(out, &sb) == 0;
     if (exists && !S_ISDIR(sb.st_mode))
         return moe_fail(MOE_EINVAL, "%s: exists and is not a folder", out);
-    if (realpath(ckpt, src)) {
-        // where out is or will be: the real path of its nearest existing
-        // ancestor, then the components still to be created
-        char head[PATH_MAX], rp[PATH_MAX];
-        const char *tail = "";
-        bool known = false;
-        snprintf(head, sizeof head, "%s", out);
-        for (;;) {
-            if (realpath(head, rp)) {
-                known = snprintf(dst, sizeof dst, "%s%s%s", rp, *tail ? "/" : "", tail) <
-                        (int)sizeof dst;
-                break;
-            }
-            char *slash = strrchr(head, '/');
-            while (slash && slash > head && slash[1] == 0) { // "a/b/": drop the trailing slash
-                *slash = 0;
-                slash = strrchr(head, '/');
-            }
-            if (!slash) { // a relative name: its parent is the working directory
-                if (realpath(".", rp))
-                    known = snprintf(dst, sizeof dst, "%s/%s%s%s", rp, head, *tail ? "/" : "",
-                                     tail) < (int)sizeof dst;
-                break;
-            }
-            tail = out + (slash + 1 - head);
-            if (slash == head) { // "/name"
-                known = snprintf(dst, sizeof dst, "/%s", tail) < (int)sizeof dst;
-                break;
-            }
-            *slash = 0;
-        }
-        size_t ns = strlen(src);
-        if (known && !strncmp(dst, src, ns) && (dst[ns] == 0 || dst[ns] == '/'))
-            return moe_fail(MOE_EINVAL, "%s: %s the checkpoint %s; export to a folder outside it",
-                            out, dst[ns] ? "is inside" : "is", ckpt);
-    }
+    int within = moe_path_within(out, ckpt);
+    if (within)
+        return moe_fail(MOE_EINVAL, "%s: %s the checkpoint %s; export to a folder outside it", out,
+                        within == 2 ? "is inside" : "is", ckpt);
     if (!exists) return 0;
     // A training checkpoint, single-file or sharded (its optimizer index).
     static const char *const ckpt_files[] = {"trainer_state.json", "optimizer.safetensors",

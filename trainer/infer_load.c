@@ -36,12 +36,14 @@ static int load(moe_st_set *s, const char *dir, float *dst, int64_t d0, int64_t 
     if (!t) return moe_fail(MOE_EFORMAT, "%s: missing tensor '%s'", dir, name);
     const int nd = d1 ? 2 : 1;
     if (t->dtype != MOE_ST_F32 || t->ndim != nd || t->shape[0] != d0 ||
-        (nd == 2 && t->shape[1] != d1))
-        return moe_fail(MOE_EFORMAT,
-                        "%s: tensor '%s' is %s with %d dims [%lld, %lld], the config expects F32 "
-                        "[%lld, %lld]",
-                        f->path, name, moe_st_dtype_name(t->dtype), t->ndim, (long long)t->shape[0],
-                        (long long)(t->ndim > 1 ? t->shape[1] : 0), (long long)d0, (long long)d1);
+        (nd == 2 && t->shape[1] != d1)) {
+        const int64_t want_shape[2] = {d0, d1};
+        char have[160], want[160];
+        moe_st_describe(have, sizeof have, t->dtype, t->ndim, t->shape);
+        moe_st_describe(want, sizeof want, MOE_ST_F32, nd, want_shape);
+        return moe_fail(MOE_EFORMAT, "%s: tensor '%s' is %s, the config expects %s", f->path, name,
+                        have, want);
+    }
     return moe_st_read(f, t, dst, (size_t)t->numel * sizeof(float));
 }
 
@@ -212,6 +214,48 @@ static int load_dense(moe_infer *m, moe_st_set *s, const char *dir) {
     return 0;
 }
 
+// "copy, reverse, sort" into buf.
+static void join_names(char *buf, size_t cap, char (*names)[MOE_NAME_MAX], int n) {
+    size_t len = 0;
+    buf[0] = 0;
+    for (int t = 0; t < n && len < cap; t++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s", t ? ", " : "", names[t]);
+}
+
+// task_experts.json must describe this checkpoint's tasks, in config.json's
+// order (rows are indexed by task id), with its top_k; token layers' shares
+// are fractions of the task's assignments, so each lies in [0, 1] (a share
+// outside it would change which experts --expert-budget keeps).
+static int check_task_experts(moe_task_experts *te, const char *path, const moe_infer *m) {
+    char names[MOE_MAX_TASKS][MOE_NAME_MAX];
+    int n = moe_config_task_names(&m->cfg, names), t = 0;
+    while (t < n && t < te->n_tasks && !strcmp(te->task[t], names[t]))
+        t++;
+    if (t < n || te->n_tasks != n) {
+        char have[512], want[512];
+        join_names(have, sizeof have, te->task, te->n_tasks);
+        join_names(want, sizeof want, names, n);
+        return moe_fail(MOE_EFORMAT,
+                        "%s: lists the tasks [%s] but config.json has [%s] (task %d: %s%s%s vs "
+                        "%s%s%s)",
+                        path, have, want, t, t < te->n_tasks ? "'" : "",
+                        t < te->n_tasks ? te->task[t] : "none", t < te->n_tasks ? "'" : "",
+                        t < n ? "'" : "", t < n ? names[t] : "none", t < n ? "'" : "");
+    }
+    if (te->top_k != m->k)
+        return moe_fail(MOE_EFORMAT, "%s: top_k %d but config.json has router.top_k %d", path,
+                        te->top_k, m->k);
+    for (int l = 0; l < te->L; l++)
+        for (int i = 0; te->share[l] && i < n * te->E[l]; i++) {
+            double v = te->share[l][i];
+            if (!(v >= 0 && v <= 1))
+                return moe_fail(MOE_EFORMAT,
+                                "%s: layer %d task '%s': share %g of expert %d is not in [0, 1]",
+                                path, l, te->task[i / te->E[l]], v, i % te->E[l]);
+        }
+    return 0;
+}
+
 // Which experts each MoE layer keeps: y->slot, y->n_loaded, and y->allowed
 // (the router's mask) when an expert budget leaves experts out.
 static int choose_experts(moe_infer *m, const char *dir, const moe_infer_opts *o) {
@@ -228,12 +272,7 @@ static int choose_experts(moe_infer *m, const char *dir, const moe_infer_opts *o
         rc = 0;
     }
     if (rc < 0) return rc;
-    if (have && (te.n_tasks != m->n_tasks || te.top_k != m->k || strcmp(te.task[m->task], o->task)))
-        MOE_TRY_GOTO(moe_fail(MOE_EFORMAT,
-                              "%s: lists %d tasks with top_k %d; config.json has %d "
-                              "and %d",
-                              path, te.n_tasks, te.top_k, m->n_tasks, m->k),
-                     rc);
+    if (have) MOE_TRY_GOTO(check_task_experts(&te, path, m), rc);
     for (int l = 0; l < m->L; l++) {
         moe_infer_layer *y = &m->layer[l];
         if (!y->is_moe) continue;

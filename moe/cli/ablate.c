@@ -61,7 +61,7 @@ int moe_cli_ablate(int argc, char **argv) {
                 snprintf(steps_set, len, "train.steps=%s", steps);
                 sets[n_sets++] = steps_set;
             }
-        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--out", &out)) != 0) {
+        } else if ((m = moe_cli_opt_path(argc, argv, &i, "--out", &out)) != 0) {
             if (m < 0) code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
         } else if (argv[i][0] == '-') {
             code = moe_cli_unknown_option("ablate", argv[i], help);

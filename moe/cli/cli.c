@@ -91,6 +91,13 @@ int moe_cli_opt_once(int argc, char **argv, int *i, const char *name, const char
     return m;
 }
 
+int moe_cli_opt_path(int argc, char **argv, int *i, const char *name, const char **value) {
+    int m = moe_cli_opt_once(argc, argv, i, name, value);
+    if (m > 0 && !**value)
+        return moe_fail(MOE_EINVAL, "%s needs a path, not an empty string", name), -1;
+    return m;
+}
+
 int moe_cli_flag(const char *arg, const char *name, bool *on) {
     if (strcmp(arg, name) != 0) return 0;
     if (*on) return moe_fail(MOE_EINVAL, "%s given twice", name), -1;
@@ -129,6 +136,7 @@ int moe_cli_load_config(moe_config *cfg, const char *path, const char *const *se
 }
 
 int moe_cli_check_ckpt(const char *dir) {
+    if (!*dir) return moe_fail(MOE_EINVAL, "the checkpoint folder name is empty");
     char rdir[PATH_MAX];
     MOE_TRY(moe_ckpt_resolve(dir, rdir, sizeof rdir, NULL)); // the readers' resolver
     moe_config cfg;

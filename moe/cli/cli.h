@@ -66,6 +66,10 @@ int moe_cli_opt_value(int argc, char **argv, int *i, const char *name, const cha
 // --grid repeat). Like moe_cli_opt_value, but -1 with "NAME given twice" when
 // *value is already set (callers start it at NULL).
 int moe_cli_opt_once(int argc, char **argv, int *i, const char *name, const char **value);
+// moe_cli_opt_once for an option naming a file or folder: an empty value is
+// refused too (-1, "NAME needs a path, not an empty string"), since "" would
+// otherwise fail later as a runtime error or, joined as "%s/file", name "/".
+int moe_cli_opt_path(int argc, char **argv, int *i, const char *name, const char **value);
 // A flag without value: 1 when arg is name (sets *on), 0 when it is not, -1
 // (message recorded) when *on was already set.
 int moe_cli_flag(const char *arg, const char *name, bool *on);

@@ -48,7 +48,7 @@ int moe_cli_export(int argc, char **argv) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(export_help, stdout);
             return MOE_EXIT_OK;
-        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--hf", &out)) != 0 ||
+        } else if ((m = moe_cli_opt_path(argc, argv, &i, "--hf", &out)) != 0 ||
                    (m = moe_cli_opt_once(argc, argv, &i, "--task", &task)) != 0) {
             if (m < 0) return moe_cli_fail("export", MOE_EXIT_USAGE, "%s", moe_last_error());
         } else if (argv[i][0] == '-') {

@@ -21,15 +21,15 @@ static const char *generate_help =
     "                    [--max-new N] [--temperature T] [--top-k K] [--seed S]\n"
     "                    [--full-load] [--expert-budget P] [--quantize int8] [--raw] [--quiet]\n"
     "\n"
-    "Generates the continuation of TEXT (or of every line of FILE, one answer per line,\n"
-    "decoded as one batch) for task NAME, loading from the checkpoint only the experts\n"
-    "the task needs: in task-routed layers (moe.task_layers) the task's top_k experts\n"
-    "recorded in task_experts.json, in token-routed layers every expert unless\n"
-    "--expert-budget P keeps only the experts that carried at least the share P of the\n"
-    "task's routed tokens on validation data (an approximation: moe eval CKPT\n"
-    "--expert-budget P reports its loss). --full-load reads every expert (same output\n"
-    "bit for bit when no budget is set). --quantize int8 keeps experts as int8 with one\n"
-    "scale per output row.\n"
+    "Generates the continuation of TEXT (or of every line of FILE, at most 4096, one\n"
+    "answer per line, decoded in batches of 64) for task NAME, loading from the\n"
+    "checkpoint only the experts the task needs: in task-routed layers\n"
+    "(moe.task_layers) the task's top_k experts recorded in task_experts.json, in\n"
+    "token-routed layers every expert unless --expert-budget P keeps only the experts\n"
+    "that carried at least the share P of the task's routed tokens on validation data\n"
+    "(an approximation: moe eval CKPT --expert-budget P reports its loss). --full-load\n"
+    "reads every expert (same output bit for bit when no budget is set). --quantize\n"
+    "int8 keeps experts as int8 with one scale per output row.\n"
     "\n"
     "With model.tokenizer = bytes tokens are bytes. With the synthetic tasks the task's marker "
     "byte is put before the\n"
@@ -108,7 +108,8 @@ static int read_lines(const char *path, char **lines, int cap) {
             len--;
         buf[len] = '\0';
         if (n == cap)
-            rc = moe_fail(MOE_EINVAL, "%s: more than %d lines", path, cap);
+            rc = moe_fail(MOE_EINVAL, "%s: more than %d lines (--input takes at most %d prompts)",
+                          path, cap, cap);
         else if (!(lines[n] = strdup(buf)))
             rc = moe_fail(MOE_ENOMEM, "%s: out of memory", path);
         else
@@ -139,22 +140,24 @@ static int parse(int argc, char **argv, gen_args *a) {
         int m;
         if ((m = moe_cli_opt_once(argc, argv, &i, "--task", &a->task)) != 0 ||
             (m = moe_cli_opt_once(argc, argv, &i, "--prompt", &a->prompt)) != 0 ||
-            (m = moe_cli_opt_once(argc, argv, &i, "--input", &a->input)) != 0) {
+            (m = moe_cli_opt_path(argc, argv, &i, "--input", &a->input)) != 0) {
             if (m < 0) return -1;
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--max-new", &max_new)) != 0) {
             if (m < 0) return -1;
             if (!moe_cli_parse_long(max_new, 0, 1 << 20, &v))
-                return moe_fail(MOE_EINVAL, "--max-new needs an integer >= 0"), -1;
+                return moe_fail(MOE_EINVAL, "--max-new needs an integer in [0, %d]", 1 << 20), -1;
             a->go.max_new = (int)v;
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--top-k", &top_k)) != 0) {
             if (m < 0) return -1;
             if (!moe_cli_parse_long(top_k, 0, 1 << 20, &v))
-                return moe_fail(MOE_EINVAL, "--top-k needs an integer >= 0"), -1;
+                return moe_fail(MOE_EINVAL, "--top-k needs an integer in [0, %d]", 1 << 20), -1;
             a->go.top_k = (int)v;
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--seed", &seed)) != 0) {
             if (m < 0) return -1;
             if (!moe_cli_parse_long(seed, 0, INT64_MAX, &v))
-                return moe_fail(MOE_EINVAL, "--seed needs an integer >= 0"), -1;
+                return moe_fail(MOE_EINVAL, "--seed needs an integer in [0, %lld]",
+                                (long long)INT64_MAX),
+                       -1;
             a->go.seed = (uint64_t)v;
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--temperature", &temp)) != 0) {
             if (m < 0) return -1;
@@ -184,6 +187,7 @@ static int parse(int argc, char **argv, gen_args *a) {
         }
     }
     if (!a->dir) return moe_fail(MOE_EINVAL, "no checkpoint folder given"), -1;
+    if (!*a->dir) return moe_fail(MOE_EINVAL, "the checkpoint folder name is empty"), -1;
     if (!a->prompt == !a->input)
         return moe_fail(MOE_EINVAL, "give exactly one of --prompt TEXT and --input FILE"), -1;
     if (a->io.full_load && a->io.expert_budget > 0)

@@ -56,12 +56,13 @@ int moe_cli_plan(int argc, char **argv) {
             return MOE_EXIT_OK;
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--nodes", &nodes_s)) != 0) {
             if (m < 0 || !moe_cli_parse_long(nodes_s, 1, 1 << 20, &nodes))
-                code = moe_cli_fail("plan", MOE_EXIT_USAGE, "--nodes needs a positive integer%s%s",
-                                    m < 0 ? ": " : "", m < 0 ? moe_last_error() : "");
+                code =
+                    moe_cli_fail("plan", MOE_EXIT_USAGE, "--nodes needs an integer in [1, %d]%s%s",
+                                 1 << 20, m < 0 ? ": " : "", m < 0 ? moe_last_error() : "");
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--ranks-per-node", &rpn_s)) != 0) {
             if (m < 0 || !moe_cli_parse_long(rpn_s, 1, 1 << 20, &rpn))
                 code = moe_cli_fail("plan", MOE_EXIT_USAGE,
-                                    "--ranks-per-node needs a positive integer%s%s",
+                                    "--ranks-per-node needs an integer in [1, %d]%s%s", 1 << 20,
                                     m < 0 ? ": " : "", m < 0 ? moe_last_error() : "");
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--link-gbps", &gbps_s)) != 0) {
             if (m < 0 || pair(gbps_s, mc.gbps))

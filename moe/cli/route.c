@@ -90,9 +90,9 @@ static int parse_args(int argc, char **argv, route_args *a) {
         } else if ((m = moe_cli_flag(arg, "--train", &a->train)) != 0 ||
                    (m = moe_cli_flag(arg, "--example", &a->example)) != 0) {
             if (m < 0) return fail_last(MOE_EXIT_USAGE);
-        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--logits", &a->logits_path)) != 0 ||
-                   (m = moe_cli_opt_once(argc, argv, &i, "--task-ids", &a->task_path)) != 0 ||
-                   (m = moe_cli_opt_once(argc, argv, &i, "--out", &a->out_path)) != 0) {
+        } else if ((m = moe_cli_opt_path(argc, argv, &i, "--logits", &a->logits_path)) != 0 ||
+                   (m = moe_cli_opt_path(argc, argv, &i, "--task-ids", &a->task_path)) != 0 ||
+                   (m = moe_cli_opt_path(argc, argv, &i, "--out", &a->out_path)) != 0) {
             if (m < 0) return fail_last(MOE_EXIT_USAGE);
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--step", &a->step_s)) != 0) {
             if (m < 0) return fail_last(MOE_EXIT_USAGE);

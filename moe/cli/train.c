@@ -5,9 +5,12 @@
 #include "moe/cli/cli.h"
 #include "moe/comm.h"
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/infer.h"
 #include "moe/plan.h"
+#include "moe/safetensors.h"
 
+#include <dirent.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -40,8 +43,10 @@ static const char *train_help =
     "A folder that already holds a run is refused unless --resume continues it or\n"
     "--overwrite replaces it. --resume takes a run folder (its latest checkpoint) or a\n"
     "checkpoint folder and continues bit-exactly; with no CONFIG it takes the config and\n"
-    "the run folder from the run itself. Ctrl-C (or SIGTERM) stops after the current\n"
-    "step, saves a checkpoint, prints the command that continues and exits with 130.\n"
+    "the run folder from the run itself. A resumed run writes into the run it resumes or a\n"
+    "folder that holds no run, never into another run. Ctrl-C (or SIGTERM) stops after\n"
+    "the current step, saves a checkpoint, prints the command that continues and exits\n"
+    "with 130.\n"
     "--dry-run prints the memory plan (as moe plan) and exits; --force starts a run the\n"
     "memory plan says will not fit. Under mpirun or srun every rank trains\n"
     "(parallel.ep experts-parallel ranks x data parallel).\n";
@@ -67,6 +72,39 @@ static bool has_file(const char *dir, const char *name) {
            S_ISREG(st.st_mode);
 }
 
+// The run folder of the checkpoint --resume reads: the folder holding the
+// resolved checkpoint (RUN for RUN, RUN/checkpoint or RUN/checkpoint-STEP).
+static int resume_run_dir(const char *resume, char *run, size_t cap) {
+    char ck[PATH_MAX];
+    MOE_TRY(moe_ckpt_resolve(resume, ck, sizeof ck, NULL));
+    char *slash = strrchr(ck, '/');
+    if (!slash)
+        snprintf(run, cap, ".");
+    else if (slash == ck)
+        snprintf(run, cap, "/");
+    else
+        snprintf(run, cap, "%.*s", (int)(slash - ck), ck);
+    return 0;
+}
+
+// A resumed run writes its checkpoints, config and metrics into --out: that
+// must be the run being resumed (the same folder, however named) or a folder
+// that holds no run, never a second run it would silently replace.
+static int check_resume_out(const char *resume, const char *out) {
+    char run[PATH_MAX];
+    MOE_TRY(resume_run_dir(resume, run, sizeof run));
+    struct stat so, sr;
+    if (stat(out, &so) == 0 && stat(run, &sr) == 0 && so.st_dev == sr.st_dev &&
+        so.st_ino == sr.st_ino)
+        return 0;
+    if (!moe_run_exists(out)) return 0;
+    return moe_fail(MOE_EINVAL,
+                    "--out %s already holds a run other than the one --resume %s continues (run "
+                    "folder %s): continue it there (--out %s), or into a folder that holds no run; "
+                    "--overwrite replaces %s's run only for a new run, without --resume",
+                    out, resume, run, run, out);
+}
+
 // Parses train's options, loads CONFIG (or, with --resume RUN_DIR alone, the
 // run's config.json) with the --set, --steps and --device overrides (applied
 // in command-line order) into cfg, and fills a (out defaults to runs/<config
@@ -85,8 +123,8 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, train_args *
         if ((m = moe_cli_opt_value(argc, argv, &i, "--set", &v)) != 0) {
             if (m < 0) goto usage;
             sets[n_sets++] = v;
-        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--out", &a->out)) != 0 ||
-                   (m = moe_cli_opt_once(argc, argv, &i, "--resume", &a->resume)) != 0) {
+        } else if ((m = moe_cli_opt_path(argc, argv, &i, "--out", &a->out)) != 0 ||
+                   (m = moe_cli_opt_path(argc, argv, &i, "--resume", &a->resume)) != 0) {
             if (m < 0) goto usage;
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--steps", &steps)) != 0) {
             if (m < 0) goto usage;
@@ -233,6 +271,8 @@ int moe_cli_train(int argc, char **argv) {
     // A checkpoint to resume from is input: unusable is exit 2, as in eval.
     if (a.resume && (rc = moe_cli_check_ckpt(a.resume)) < 0)
         return moe_cli_fail("train", moe_cli_input_exit_code(rc), "--resume: %s", moe_last_error());
+    if (a.resume && (rc = check_resume_out(a.resume, a.out)) < 0)
+        return moe_cli_fail("train", MOE_EXIT_USAGE, "%s", moe_last_error());
     // A second run into a run folder would mix two runs' metrics and replace
     // the first one's checkpoint: the user says which they mean.
     if (!a.resume && !a.overwrite && moe_run_exists(a.out))
@@ -309,7 +349,8 @@ static const char *eval_help =
     "(synthetic data) and the expert-usage matrix per task of every MoE layer, for the\n"
     "checkpoint folder CKPT_DIR (it holds config.json and model.safetensors).\n"
     "--dump-logits FILE writes the tokens and logits of validation batch 0 (safetensors:\n"
-    "tokens, task_ids, logits; dropless routing) for scripts/hf_check.py.\n"
+    "tokens, task_ids, logits; dropless routing) for scripts/hf_check.py; FILE may not\n"
+    "lie in a checkpoint folder and replaces only an earlier dump.\n"
     "--expert-budget P and --quantize int8 add a table of the per-task validation loss of\n"
     "the inference engine (moe generate) loaded with that option against its exact task-\n"
     "routed load, with the experts and expert bytes each keeps.\n";
@@ -355,6 +396,51 @@ static int eval_infer_table(const char *dir, const moe_config *cfg, moe_data *d,
     return 0;
 }
 
+// An earlier dump of eval: a safetensors file of exactly tokens, task_ids and
+// logits (the one kind of file --dump-logits may replace).
+static bool is_logits_dump(const char *path) {
+    moe_st_file *f;
+    if (moe_st_open(path, &f) < 0) return false;
+    bool yes = f->n_tensors == 3 && moe_st_find(f, "tokens") && moe_st_find(f, "task_ids") &&
+               moe_st_find(f, "logits");
+    moe_st_close(f);
+    return yes;
+}
+
+// --dump-logits FILE may not land in the checkpoint eval reads nor in any
+// checkpoint of its run folder, and replaces only an earlier logits dump: a
+// slip of the path would otherwise overwrite weights with logits.
+static int check_dump_path(const char *dir, const char *dump) {
+    char ck[PATH_MAX], run[PATH_MAX], p[PATH_MAX];
+    MOE_TRY(moe_ckpt_resolve(dir, ck, sizeof ck, NULL));
+    MOE_TRY(resume_run_dir(dir, run, sizeof run));
+    const char *hit = moe_path_within(dump, ck) ? ck : NULL;
+    DIR *d = !hit && moe_run_exists(run) ? opendir(run) : NULL;
+    struct dirent *e;
+    while (d && !hit && (e = readdir(d)) != NULL) {
+        long step;
+        int sfx;
+        bool ckpt = moe_ckpt_step_name(e->d_name, &step, &sfx) ||
+                    !strncmp(e->d_name, "checkpoint", sizeof "checkpoint" - 1);
+        if (ckpt && snprintf(p, sizeof p, "%s/%s", run, e->d_name) < (int)sizeof p &&
+            moe_path_within(dump, p))
+            hit = p;
+    }
+    if (d) closedir(d);
+    if (hit)
+        return moe_fail(MOE_EINVAL,
+                        "--dump-logits %s: lies in the checkpoint %s; write the dump outside "
+                        "checkpoint folders",
+                        dump, hit);
+    struct stat st;
+    if (stat(dump, &st) == 0 && (!S_ISREG(st.st_mode) || !is_logits_dump(dump)))
+        return moe_fail(MOE_EINVAL,
+                        "--dump-logits %s: exists and is not an earlier logits dump (tokens, "
+                        "task_ids, logits); give a new file name",
+                        dump);
+    return 0;
+}
+
 int moe_cli_eval(int argc, char **argv) {
     const char *dir = NULL, *dump = NULL, *batches_s = NULL, *samples_s = NULL, *budget_s = NULL,
                *quant = NULL;
@@ -369,12 +455,14 @@ int moe_cli_eval(int argc, char **argv) {
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--batches", &batches_s)) != 0) {
             if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
             if (!moe_cli_parse_long(batches_s, 1, 1 << 20, &batches))
-                return moe_cli_fail("eval", MOE_EXIT_USAGE, "--batches needs a positive integer");
+                return moe_cli_fail("eval", MOE_EXIT_USAGE, "--batches needs an integer in [1, %d]",
+                                    1 << 20);
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--samples", &samples_s)) != 0) {
             if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
             if (!moe_cli_parse_long(samples_s, 0, 1 << 20, &samples))
-                return moe_cli_fail("eval", MOE_EXIT_USAGE, "--samples needs an integer >= 0");
-        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--dump-logits", &dump)) != 0) {
+                return moe_cli_fail("eval", MOE_EXIT_USAGE, "--samples needs an integer in [0, %d]",
+                                    1 << 20);
+        } else if ((m = moe_cli_opt_path(argc, argv, &i, "--dump-logits", &dump)) != 0) {
             if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--expert-budget", &budget_s)) != 0) {
             if (m < 0) return moe_cli_fail("eval", MOE_EXIT_USAGE, "%s", moe_last_error());
@@ -402,6 +490,7 @@ int moe_cli_eval(int argc, char **argv) {
     moe_eval_result r;
     int rc = moe_cli_check_ckpt(dir);
     if (rc == 0) rc = moe_ckpt_config(dir, &cfg);
+    if (rc == 0 && dump) rc = check_dump_path(dir, dump);
     if (rc < 0) return moe_cli_fail("eval", moe_cli_input_exit_code(rc), "%s", moe_last_error());
     if ((rc = moe_data_open(&d, &cfg)) < 0)
         return moe_cli_fail("eval", moe_cli_input_exit_code(rc), "%s", moe_last_error());

@@ -8,6 +8,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -95,4 +97,35 @@ int moe_make_dirs(const char *dir) {
         if (err) return moe_fail(MOE_EIO, "%s: cannot create: %s", p, strerror(err));
         if (!(*s = c)) return 0;
     }
+}
+
+bool moe_path_where(const char *path, char *out, size_t cap) {
+    char head[PATH_MAX], rp[PATH_MAX];
+    const char *tail = "";
+    if (!*path || snprintf(head, sizeof head, "%s", path) >= (int)sizeof head) return false;
+    for (;;) {
+        if (realpath(head, rp))
+            return snprintf(out, cap, "%s%s%s", rp, *tail ? "/" : "", tail) < (int)cap;
+        char *slash = strrchr(head, '/');
+        while (slash && slash > head && slash[1] == 0) { // "a/b/": drop the trailing slash
+            *slash = 0;
+            slash = strrchr(head, '/');
+        }
+        if (!slash) // a relative name: its parent is the working directory
+            return realpath(".", rp) &&
+                   snprintf(out, cap, "%s/%s%s%s", rp, head, *tail ? "/" : "", tail) < (int)cap;
+        tail = path + (slash + 1 - head);
+        if (slash == head) // "/name"
+            return snprintf(out, cap, "/%s", tail) < (int)cap;
+        *slash = 0;
+    }
+}
+
+int moe_path_within(const char *path, const char *dir) {
+    char src[PATH_MAX], dst[PATH_MAX];
+    if (!realpath(dir, src) || !moe_path_where(path, dst, sizeof dst)) return 0;
+    size_t n = strlen(src);
+    if (n == 1) n = 0; // "/": every path lies inside it
+    if (strncmp(dst, src, n) || (dst[n] != 0 && dst[n] != '/')) return 0;
+    return dst[n] ? 2 : 1;
 }

@@ -37,6 +37,14 @@ const char *moe_st_dtype_name(moe_st_dtype dt) {
     return (unsigned)dt < MOE_ST_NDTYPES ? dtypes[dt].name : "?";
 }
 
+void moe_st_describe(char *buf, size_t cap, moe_st_dtype dt, int ndim, const int64_t *shape) {
+    if (!cap) return;
+    size_t n = (size_t)snprintf(buf, cap, "%s [", moe_st_dtype_name(dt));
+    for (int d = 0; d < ndim && n < cap; d++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
+    if (n < cap) snprintf(buf + n, cap - n, "]");
+}
+
 size_t moe_st_dtype_size(moe_st_dtype dt) {
     return (unsigned)dt < MOE_ST_NDTYPES ? dtypes[dt].size : 0;
 }

@@ -4,6 +4,7 @@
 #ifndef MOE_FILE_H
 #define MOE_FILE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 
@@ -26,5 +27,13 @@ void moe_unmap(const void *data, size_t len);
 // mkdir -p: creates dir and its missing parents (0755). MOE_EINVAL when a
 // file stands where a folder goes, MOE_EIO otherwise, naming the path.
 int moe_make_dirs(const char *dir);
+// Where path is, or would be once created: the real path of its nearest
+// existing ancestor followed by the names still to be created, into out (cap
+// bytes). false when no ancestor resolves or out is too small.
+bool moe_path_where(const char *path, char *out, size_t cap);
+// 1 when path (existing or to be created) is folder dir itself, 2 when it
+// lies inside dir, 0 when outside it or either cannot be resolved: an output
+// must not land in the input it is made from, whatever the path's spelling.
+int moe_path_within(const char *path, const char *dir);
 
 #endif

@@ -34,6 +34,9 @@ typedef enum {
 
 // "F32", "BF16", ...; "?" for a value outside the enum.
 const char *moe_st_dtype_name(moe_st_dtype dt);
+// "F32 [64, 2]": dtype and shape as messages print them (ndim dims, none
+// invented for a lower rank), into buf (cap bytes, truncated if short).
+void moe_st_describe(char *buf, size_t cap, moe_st_dtype dt, int ndim, const int64_t *shape);
 // Bytes per element (0 for a value outside the enum).
 size_t moe_st_dtype_size(moe_st_dtype dt);
 // Parses a header dtype string; 0 on success, MOE_EINVAL if unknown.

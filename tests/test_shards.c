@@ -370,6 +370,60 @@ START_TEST(test_bad_files_are_refused) {
 }
 END_TEST
 
+// RFC 3629's table of well-formed sequences, by hand: each boundary of each
+// row, and the forms a bit-pattern check lets through (overlong, surrogate,
+// above U+10FFFF, leads F5..FF). at: the offset reported, -1 for good text.
+START_TEST(test_utf8_exact_well_formed_table) {
+    static const struct {
+        const char *s;
+        long at;
+    } cases[] = {
+        {"plain ascii \x7f", -1},
+        {"\xc2\x80", -1},         // U+0080, the smallest two-byte form
+        {"\xdf\xbf", -1},         // U+07FF
+        {"\xe0\xa0\x80", -1},     // U+0800
+        {"\xed\x9f\xbf", -1},     // U+D7FF, below the surrogates
+        {"\xee\x80\x80", -1},     // U+E000, above them
+        {"\xef\xbf\xbf", -1},     // U+FFFF
+        {"\xf0\x90\x80\x80", -1}, // U+10000
+        {"\xf4\x8f\xbf\xbf", -1}, // U+10FFFF, the last code point
+        {"\xc3\xa9t\xc3\xa9", -1},
+        {"\xc0\xaf", 0},             // overlong '/'
+        {"\xc1\xbf", 0},             // overlong U+007F
+        {"ab\xe0\x80\xaf", 3},       // overlong '/' in three bytes
+        {"\xe0\x9f\xbf", 1},         // overlong U+07FF
+        {"\xf0\x80\x80\xaf", 1},     // overlong '/' in four bytes
+        {"\xf0\x8f\xbf\xbf", 1},     // overlong U+FFFF
+        {"\xed\xa0\x80", 1},         // U+D800, a surrogate
+        {"\xed\xbf\xbf", 1},         // U+DFFF
+        {"\xf4\x90\x80\x80", 1},     // U+110000
+        {"\xf5\x80\x80\x80", 0},     // leads F5..FF never start a sequence
+        {"\xf8\x88\x80\x80\x80", 0}, //
+        {"\xff", 0},                 //
+        {"\xfe", 0},                 //
+        {"\x80", 0},                 // a lone continuation byte
+        {"a\xc3(", 2},               // a lead then ASCII
+        {"\xe2\x82", 0},             // cut by the end of the text
+        {"\xe2\x82\xac\xe2\x28\xac", 4},
+        {"\xf0\x9f\x98\x80\xf0\x9f\x98", 4},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        long n = (long)strlen(cases[i].s);
+        long got = moe_utf8_bad((const unsigned char *)cases[i].s, n);
+        ck_assert_msg(got == cases[i].at, "case %zu: offset %ld, expected %ld", i, got,
+                      cases[i].at);
+    }
+    // data.kind = text uses the same check
+    char text[600];
+    memset(text, 'a', sizeof text);
+    memcpy(text + 300, "\xed\xa0\x80", 3);
+    FILE *f = fopen(tu_in_dir("sur.txt"), "wb");
+    ck_assert_int_eq(fwrite(text, sizeof text, 1, f), 1);
+    fclose(f);
+    expect_bad(tu_in_dir("sur.txt"), "text", 256, "byte 301: invalid UTF-8");
+}
+END_TEST
+
 static Suite *shards_suite(void) {
     Suite *s = suite_create("shards");
     TCase *tc = tcase_create("shards");
@@ -384,6 +438,7 @@ static Suite *shards_suite(void) {
     tcase_add_test(tc, test_task_sampling_frequencies);
     tcase_add_test(tc, test_file_tasks_config_round_trip);
     tcase_add_test(tc, test_bad_files_are_refused);
+    tcase_add_test(tc, test_utf8_exact_well_formed_table);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -116,8 +116,109 @@ static void list_free(path_list *l) {
     memset(l, 0, sizeof *l);
 }
 
-// Regular files under dir, sorted by name, hidden entries skipped.
-static int walk(path_list *l, const char *dir, int depth) {
+// The input files with the identity (device, inode) of what each path names,
+// so that one file reached by two paths is caught.
+typedef struct {
+    path_list paths;
+    struct file_id {
+        dev_t dev;
+        ino_t ino;
+        int at; // index into paths
+    } * id;
+} input_list;
+
+static int input_add(input_list *in, const char *p, const struct stat *st) {
+    struct file_id *a = realloc(in->id, sizeof *a * (size_t)(in->paths.n + 1));
+    if (!a) return moe_fail(MOE_ENOMEM, "prepare: out of memory");
+    in->id = a;
+    a[in->paths.n] = (struct file_id){st->st_dev, st->st_ino, in->paths.n};
+    return list_add(&in->paths, p);
+}
+
+static void input_free(input_list *in) {
+    list_free(&in->paths);
+    free(in->id);
+    in->id = NULL;
+}
+
+static int by_id(const void *a, const void *b) {
+    const struct file_id *x = a, *y = b;
+    if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
+    if (x->ino != y->ino) return x->ino < y->ino ? -1 : 1;
+    return x->at - y->at;
+}
+
+// A file included twice would be trained on twice and could land in both
+// splits: the same (device, inode) under two paths is refused.
+static int refuse_duplicates(const input_list *in) {
+    int n = in->paths.n;
+    struct file_id *s = malloc(sizeof *s * (size_t)(n ? n : 1));
+    if (!s) return moe_fail(MOE_ENOMEM, "prepare: out of memory");
+    memcpy(s, in->id, sizeof *s * (size_t)n);
+    qsort(s, (size_t)n, sizeof *s, by_id);
+    int rc = 0;
+    for (int i = 1; i < n && rc == 0; i++) {
+        if (s[i].dev != s[i - 1].dev || s[i].ino != s[i - 1].ino) continue;
+        const char *a = in->paths.path[s[i - 1].at], *b = in->paths.path[s[i].at];
+        if (!strcmp(a, b))
+            rc = moe_fail(MOE_EINVAL,
+                          "%s: included twice (an input given twice, or a file inside a folder "
+                          "also given): give each file once",
+                          a);
+        else
+            rc = moe_fail(MOE_EINVAL,
+                          "%s and %s are the same file (a link, or the same file by two paths): "
+                          "give each file once",
+                          a, b);
+    }
+    free(s);
+    return rc;
+}
+
+// The folders a walk has entered, as (device, inode) in an open-addressing
+// set: a folder reached again through a symbolic link (a loop such as
+// `ln -s . a`, or two links to one folder) is not entered twice.
+typedef struct {
+    struct dir_id {
+        dev_t dev;
+        ino_t ino;
+        bool used;
+    } * slot;
+    size_t cap, n;
+} dir_set;
+
+static size_t dir_hash(dev_t dev, ino_t ino, size_t cap) {
+    uint64_t h = ((uint64_t)dev * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)ino * 0xC2B2AE3D27D4EB4Full);
+    return (size_t)(h ^ (h >> 29)) & (cap - 1);
+}
+
+// 1 when (dev, ino) was new (now added), 0 when already in the set.
+static int dir_set_add(dir_set *d, dev_t dev, ino_t ino) {
+    if (2 * (d->n + 1) > d->cap) {
+        size_t cap = d->cap ? 2 * d->cap : 64;
+        struct dir_id *s = calloc(cap, sizeof *s);
+        if (!s) return moe_fail(MOE_ENOMEM, "prepare: out of memory");
+        for (size_t i = 0; i < d->cap; i++)
+            if (d->slot[i].used) {
+                size_t h = dir_hash(d->slot[i].dev, d->slot[i].ino, cap);
+                while (s[h].used)
+                    h = (h + 1) & (cap - 1);
+                s[h] = d->slot[i];
+            }
+        free(d->slot);
+        d->slot = s, d->cap = cap;
+    }
+    size_t h = dir_hash(dev, ino, d->cap);
+    for (; d->slot[h].used; h = (h + 1) & (d->cap - 1))
+        if (d->slot[h].dev == dev && d->slot[h].ino == ino) return 0;
+    d->slot[h] = (struct dir_id){dev, ino, true};
+    d->n++;
+    return 1;
+}
+
+// Regular files under dir, sorted by name, hidden entries skipped; links are
+// followed, but a folder already entered is skipped.
+static int walk(input_list *l, dir_set *seen, const char *dir, int depth) {
     if (depth > 64) return moe_fail(MOE_EINVAL, "%s: folders nested deeper than 64", dir);
     struct dirent **ents;
     int n = scandir(dir, &ents, NULL, alphasort);
@@ -130,10 +231,11 @@ static int walk(path_list *l, const char *dir, int depth) {
         if (rc == 0 && name[0] != '.') {
             if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p)
                 rc = moe_fail(MOE_EINVAL, "%s/%s: path too long", dir, name);
-            else if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
-                rc = walk(l, p, depth + 1);
-            else if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
-                rc = list_add(l, p);
+            else if (stat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
+                if ((rc = dir_set_add(seen, st.st_dev, st.st_ino)) > 0)
+                    rc = walk(l, seen, p, depth + 1);
+            } else if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
+                rc = input_add(l, p, &st);
         }
         free(ents[i]);
     }
@@ -298,7 +400,8 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
     if (o->n_inputs < 1) return moe_fail(MOE_EINVAL, "no input files or folders");
     const moe_prepare_tokenizer *tk = o->tokenizer;
     r->version = tk->vocab_size <= 65536 ? 1 : 2;
-    path_list in = {0};
+    input_list inl = {0};
+    const path_list *in = &inl.paths;
     file_stat *fs = NULL;
     moe_tokens toks = {0};
     shard_writer w[2];
@@ -313,21 +416,29 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
     // Pass 1: every input is a readable regular file of UTF-8 text.
     for (int i = 0; rc == 0 && i < o->n_inputs; i++) {
         struct stat st;
-        if (stat(o->inputs[i], &st) == 0 && S_ISDIR(st.st_mode))
-            rc = walk(&in, o->inputs[i], 0);
-        else
-            rc = list_add(&in, o->inputs[i]);
+        if (stat(o->inputs[i], &st) != 0) { // map_text names what is wrong
+            rc = input_add(&inl, o->inputs[i], &(struct stat){.st_ino = 0});
+            continue;
+        }
+        if (S_ISDIR(st.st_mode)) {
+            dir_set seen = {0};
+            rc = dir_set_add(&seen, st.st_dev, st.st_ino);
+            if (rc >= 0) rc = walk(&inl, &seen, o->inputs[i], 0);
+            free(seen.slot);
+        } else
+            rc = input_add(&inl, o->inputs[i], &st);
     }
     size_t total = 0;
-    for (int i = 0; rc == 0 && i < in.n; i++) {
+    for (int i = 0; rc == 0 && i < in->n; i++) {
         text_map m;
-        if ((rc = map_text(in.path[i], &m)) < 0) break;
+        if ((rc = map_text(in->path[i], &m)) < 0) break;
         long bad = moe_utf8_bad((const unsigned char *)m.data, (long)m.len);
-        if (bad >= 0) rc = moe_fail(MOE_EFORMAT, "%s: byte %ld: invalid UTF-8", in.path[i], bad);
+        if (bad >= 0) rc = moe_fail(MOE_EFORMAT, "%s: byte %ld: invalid UTF-8", in->path[i], bad);
         total += m.len;
         unmap_text(&m);
     }
-    if (rc == 0 && in.n == 0) rc = moe_fail(MOE_EINVAL, "no files in the inputs given");
+    if (rc == 0 && in->n == 0) rc = moe_fail(MOE_EINVAL, "no files in the inputs given");
+    if (rc == 0) rc = refuse_duplicates(&inl);
     if (rc == 0 && total == 0) rc = moe_fail(MOE_EFORMAT, "the inputs hold no text (all empty)");
     if (rc < 0) goto fail;
     snprintf(p, sizeof p, "%s/manifest.json", o->out_dir);
@@ -336,16 +447,16 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
         goto fail;
     }
     if ((rc = moe_make_dirs(o->out_dir)) < 0) goto fail;
-    fs = calloc((size_t)in.n, sizeof *fs);
+    fs = calloc((size_t)in->n, sizeof *fs);
     if (!fs) {
         rc = moe_fail(MOE_ENOMEM, "prepare: out of memory");
         goto fail;
     }
     // Pass 2: documents -> tokens -> shards.
-    moe_prepare_progress pr = {0, total, 0, in.n};
-    for (int i = 0; i < in.n; i++) {
+    moe_prepare_progress pr = {0, total, 0, in->n};
+    for (int i = 0; i < in->n; i++) {
         text_map m;
-        MOE_TRY_GOTO(map_text(in.path[i], &m), rc);
+        MOE_TRY_GOTO(map_text(in->path[i], &m), rc);
         fs[i].bytes = m.len;
         for (size_t at = 0; at < m.len && rc == 0;) {
             size_t n = doc_len(m.data + at, m.len - at, o->doc);
@@ -355,7 +466,7 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
             for (size_t k = 0; k < toks.n && rc == 0; k++)
                 if (toks.tok[k] >= (uint32_t)tk->vocab_size)
                     rc = moe_fail(MOE_EINVAL, "%s: tokenizer %s gave token %u >= its vocabulary %d",
-                                  in.path[i], tk->name, toks.tok[k], tk->vocab_size);
+                                  in->path[i], tk->name, toks.tok[k], tk->vocab_size);
             if (rc == 0) rc = shard_write(&w[s], toks.tok, toks.n);
             fs[i].docs[s]++, fs[i].tokens[s] += (long)toks.n;
             r->documents[s]++, r->tokens[s] += (long)toks.n, r->split_bytes[s] += n;
@@ -385,10 +496,10 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
         rc = moe_fail(MOE_EINVAL, "no training tokens: every document went to validation");
         goto fail;
     }
-    r->files = in.n;
+    r->files = in->n;
     r->bytes = total;
     r->shards[0] = w[0].done.n, r->shards[1] = w[1].done.n;
-    rc = write_manifest(o, &in, fs, r, w);
+    rc = write_manifest(o, in, fs, r, w);
 fail:
     for (int s = 0; s < 2; s++) {
         if (w[s].f) fclose(w[s].f);
@@ -401,6 +512,6 @@ fail:
     }
     moe_tokens_free(&toks);
     free(fs);
-    list_free(&in);
+    input_free(&inl);
     return rc;
 }

@@ -17,7 +17,8 @@ static const char *prepare_help =
     "                   [--doc file|paragraph|line] [--shard-tokens N] [--seed N] [--quiet]\n"
     "\n"
     "Tokenizes UTF-8 text files and folders (walked recursively in name order, hidden\n"
-    "entries skipped) into llm.c shards DIR/train_000000.bin, DIR/val_000000.bin, ...\n"
+    "entries skipped, a folder reached again through a link not entered twice) into llm.c shards "
+    "DIR/train_000000.bin, DIR/val_000000.bin, ...\n"
     "(256 x int32 header: magic 20240520, version 1 = uint16 tokens, 2 = uint32 when\n"
     "the vocabulary exceeds 65536; token count; then the tokens) and DIR/manifest.json\n"
     "(files, bytes, documents and tokens per split). A document (--doc: a whole file,\n"
@@ -36,7 +37,7 @@ static const char *prepare_help =
     "  --quiet             no progress display\n"
     "\n"
     "Invalid UTF-8 is refused naming the file and the byte offset, before anything\n"
-    "is written; DIR must not already hold a manifest.json.\n"
+    "is written, and so is a file included twice; DIR must not already hold a manifest.json.\n"
     "\n"
     "exit status: 0 ok, 1 runtime failure, 2 bad usage or input\n";
 

@@ -44,7 +44,8 @@ typedef struct {
 
 typedef struct {
     const char *out_dir;       // created if missing; must not hold a manifest.json
-    const char *const *inputs; // files or folders (walked recursively, sorted)
+    const char *const *inputs; // files or folders (walked recursively, sorted; a folder
+                               // entered once; one file twice is refused)
     int n_inputs;
     const moe_prepare_tokenizer *tokenizer;
     double val_fraction; // [0, 1): share of documents held out (by a hash of their bytes)

@@ -8,6 +8,8 @@
 #include "moe/shards.h"
 #include "testutil.h"
 
+#include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -213,6 +215,95 @@ START_TEST(test_prepare_refuses_a_file_included_twice) {
 }
 END_TEST
 
+// Names in dir (sorted, joined by spaces), hidden ones included.
+static void dir_names(const char *dir, char *out, size_t cap) {
+    struct dirent **e;
+    int n = scandir(dir, &e, NULL, alphasort);
+    ck_assert_int_ge(n, 0);
+    out[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(e[i]->d_name, ".") && strcmp(e[i]->d_name, ".."))
+            snprintf(out + strlen(out), cap - strlen(out), "%s ", e[i]->d_name);
+        free(e[i]);
+    }
+    free(e);
+}
+
+// Old shards left in --out would be overwritten in part and the rest trained
+// on by DIR/train_*.bin: a folder holding shard-like files is refused, and
+// the user's other files there stay untouched.
+START_TEST(test_prepare_refuses_an_out_folder_with_old_shards) {
+    char dir[600], f[700], out[700], p[900], names[2000];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(f, sizeof f, "%s/f.txt", dir);
+    write_text(f, "line one\nline two\n");
+    snprintf(out, sizeof out, "%s/out", dir);
+    ck_assert_int_eq(mkdir(out, 0755), 0);
+    snprintf(p, sizeof p, "%s/notes.txt", out);
+    write_text(p, "mine");
+    const char *in[] = {f};
+    moe_prepare_result r;
+    const char *old[] = {"train_000007.bin", "val_000000.bin", "train_000000.bin.tmp",
+                         "manifest.json"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", out, old[i]);
+        write_text(p, "old");
+        ck_assert_int_eq(prepare(out, in, 1, 0, MOE_DOC_LINE, 4, &r), MOE_EINVAL);
+        ck_assert_msg(strstr(moe_last_error(), old[i]) && strstr(moe_last_error(), "--out"), "%s",
+                      moe_last_error());
+        ck_assert_str_eq(tu_file_text(out, old[i]), "old");
+        unlink(p);
+    }
+    ck_assert_msg(prepare(out, in, 1, 0, MOE_DOC_LINE, 4, &r) == 0, "%s", moe_last_error());
+    ck_assert_str_eq(tu_file_text(out, "notes.txt"), "mine");
+    dir_names(out, names, sizeof names); // no .tmp is left behind
+    ck_assert_str_eq(names, "manifest.json notes.txt train_000000.bin train_000001.bin "
+                            "train_000002.bin train_000003.bin train_000004.bin ");
+}
+END_TEST
+
+static volatile sig_atomic_t stop_flag;
+static void stop_after_first_file(void *ctx, const moe_prepare_progress *p) {
+    (void)ctx;
+    if (p->files_done >= 1) stop_flag = 1;
+}
+
+// A stop request (the CLI's SIGINT/SIGTERM) between documents removes every
+// shard written so far, complete or not, and the user's files stay.
+START_TEST(test_prepare_stopped_leaves_no_shard) {
+    char dir[600], in_dir[700], out[700], p[900], names[2000];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(in_dir, sizeof in_dir, "%s/in", dir);
+    ck_assert_int_eq(mkdir(in_dir, 0755), 0);
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%d.txt", in_dir, i);
+        write_text(p, "some words on a line\nand more\n");
+    }
+    snprintf(out, sizeof out, "%s/out", dir);
+    ck_assert_int_eq(mkdir(out, 0755), 0);
+    snprintf(p, sizeof p, "%s/keep.txt", out);
+    write_text(p, "mine");
+    moe_prepare_tokenizer tk;
+    ck_assert_int_eq(moe_prepare_tokenizer_open(&tk, "bytes"), 0);
+    const char *in[] = {in_dir};
+    stop_flag = 0;
+    moe_prepare_opts o = {.out_dir = out,
+                          .inputs = in,
+                          .n_inputs = 1,
+                          .tokenizer = &tk,
+                          .doc = MOE_DOC_LINE,
+                          .shard_tokens = 8,
+                          .progress = stop_after_first_file,
+                          .stop = &stop_flag};
+    moe_prepare_result r;
+    ck_assert_int_eq(moe_prepare(&o, &r), MOE_EIO);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "interrupted"));
+    ck_assert_int_eq(stop_flag, 1);
+    dir_names(out, names, sizeof names);
+    ck_assert_str_eq(names, "keep.txt ");
+}
+END_TEST
+
 // The CLI end to end: prepare, train on the shards by glob with val_path,
 // generate without --task (one corpus), then two file tasks and --task.
 START_TEST(test_prepare_train_generate_cli) {
@@ -271,6 +362,8 @@ static Suite *prepare_suite(void) {
     tcase_add_test(tc, test_prepare_train_generate_cli);
     tcase_add_test(tc, test_prepare_walk_enters_each_folder_once);
     tcase_add_test(tc, test_prepare_refuses_a_file_included_twice);
+    tcase_add_test(tc, test_prepare_refuses_an_out_folder_with_old_shards);
+    tcase_add_test(tc, test_prepare_stopped_leaves_no_shard);
     suite_add_tcase(s, tc);
     return s;
 }

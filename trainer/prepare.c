@@ -13,6 +13,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -267,8 +268,17 @@ typedef struct {
     FILE *f;
     long n;         // tokens in the open shard
     int count;      // shards started
-    path_list done; // every shard file started (removed on failure)
+    int renamed;    // shards moved from NAME.tmp to NAME
+    path_list done; // every shard started, by its final name
 } shard_writer;
+
+// Shards are written as NAME.tmp and renamed to NAME only when all of them and
+// the manifest are complete: a killed prepare leaves no file that the glob
+// DIR/train_*.bin picks up, and a run that maps an old shard is never hit by
+// a shard rewritten under it (SIGBUS).
+static void tmp_name(char *out, size_t cap, const char *path) {
+    snprintf(out, cap, "%s.tmp", path);
+}
 
 static int shard_close(shard_writer *w) {
     if (!w->f) return 0;
@@ -290,10 +300,12 @@ static int shard_write(shard_writer *w, const uint32_t *tok, size_t n) {
             char p[4096];
             snprintf(p, sizeof p, "%s/%s_%06d.bin", w->dir, w->split, w->count++);
             MOE_TRY(list_add(&w->done, p));
+            char t[4200];
+            tmp_name(t, sizeof t, p);
             unsigned char hdr[MOE_LLMC_HEADER];
             moe_llmc_header_fill(hdr, w->version, 0); // rewritten with the count at close
-            if (!(w->f = fopen(p, "wb")) || fwrite(hdr, sizeof hdr, 1, w->f) != 1)
-                return moe_fail(MOE_EIO, "%s: cannot write: %s", p, strerror(errno));
+            if (!(w->f = fopen(t, "wb")) || fwrite(hdr, sizeof hdr, 1, w->f) != 1)
+                return moe_fail(MOE_EIO, "%s: cannot write: %s", t, strerror(errno));
             w->n = 0;
         }
         size_t room = (size_t)(w->per_shard - w->n), take = n < room ? n : room;
@@ -384,10 +396,33 @@ static int write_manifest(const moe_prepare_opts *o, const path_list *in, const 
     }
     json_object_set_new(root, "files", files);
     json_object_set_new(root, "splits", splits);
+    char t[4200];
+    tmp_name(t, sizeof t, p);
     int rc =
-        json_dump_file(root, p, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+        json_dump_file(root, t, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     json_decref(root);
-    return rc ? moe_fail(MOE_EIO, "%s: cannot write", p) : 0;
+    return rc ? moe_fail(MOE_EIO, "%s: cannot write", t) : 0;
+}
+
+// The names prepare writes, and those of a prepare that was killed: a folder
+// holding any of them is refused, since an old shard left beside new ones
+// would be trained on by DIR/train_*.bin. Other files are left alone.
+static int check_out_dir(const char *dir) {
+    static const char *const ours[] = {"manifest.json", "manifest.json.tmp", "train_*.bin",
+                                       "val_*.bin",     "train_*.bin.tmp",   "val_*.bin.tmp"};
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : moe_make_dirs(dir); // its message for a non-folder
+    int rc = 0;
+    for (struct dirent *e; rc == 0 && (e = readdir(d)) != NULL;)
+        for (size_t k = 0; rc == 0 && k < sizeof ours / sizeof ours[0]; k++)
+            if (fnmatch(ours[k], e->d_name, 0) == 0)
+                rc = moe_fail(MOE_EINVAL,
+                              "%s/%s exists: %s already holds shards or a manifest (of an earlier "
+                              "moe prepare; .tmp: of one that was stopped): choose another --out "
+                              "or remove them",
+                              dir, e->d_name, dir);
+    closedir(d);
+    return rc;
 }
 
 int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
@@ -412,7 +447,7 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
                               .version = r->version,
                               .per_shard = o->shard_tokens};
     int rc = 0;
-    char p[4096];
+    char p[4200], manifest[4096] = "";
     // Pass 1: every input is a readable regular file of UTF-8 text.
     for (int i = 0; rc == 0 && i < o->n_inputs; i++) {
         struct stat st;
@@ -441,11 +476,7 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
     if (rc == 0) rc = refuse_duplicates(&inl);
     if (rc == 0 && total == 0) rc = moe_fail(MOE_EFORMAT, "the inputs hold no text (all empty)");
     if (rc < 0) goto fail;
-    snprintf(p, sizeof p, "%s/manifest.json", o->out_dir);
-    if (access(p, F_OK) == 0) {
-        rc = moe_fail(MOE_EINVAL, "%s exists: %s already holds prepared shards", p, o->out_dir);
-        goto fail;
-    }
+    if ((rc = check_out_dir(o->out_dir)) < 0) goto fail;
     if ((rc = moe_make_dirs(o->out_dir)) < 0) goto fail;
     fs = calloc((size_t)in->n, sizeof *fs);
     if (!fs) {
@@ -459,6 +490,10 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
         MOE_TRY_GOTO(map_text(in->path[i], &m), rc);
         fs[i].bytes = m.len;
         for (size_t at = 0; at < m.len && rc == 0;) {
+            if (o->stop && *o->stop) {
+                rc = moe_fail(MOE_EIO, "interrupted: the shards written so far are removed");
+                break;
+            }
             size_t n = doc_len(m.data + at, m.len - at, o->doc);
             int s = doc_split(m.data + at, n, o->seed, o->val_fraction);
             toks.n = 0;
@@ -500,12 +535,30 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
     r->bytes = total;
     r->shards[0] = w[0].done.n, r->shards[1] = w[1].done.n;
     rc = write_manifest(o, in, fs, r, w);
+    // Every shard into place, then the manifest (what marks DIR as complete).
+    for (int s = 0; s < 2 && rc == 0; s++)
+        for (; w[s].renamed < w[s].done.n && rc == 0; w[s].renamed++) {
+            const char *fin = w[s].done.path[w[s].renamed];
+            tmp_name(p, sizeof p, fin);
+            if (rename(p, fin) != 0)
+                rc = moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", p, fin, strerror(errno));
+        }
+    snprintf(manifest, sizeof manifest, "%s/manifest.json", o->out_dir);
+    tmp_name(p, sizeof p, manifest);
+    if (rc == 0 && rename(p, manifest) != 0)
+        rc = moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", p, manifest, strerror(errno));
 fail:
     for (int s = 0; s < 2; s++) {
         if (w[s].f) fclose(w[s].f);
-        for (int i = 0; rc < 0 && i < w[s].done.n; i++)
-            unlink(w[s].done.path[i]);
+        for (int i = 0; rc < 0 && i < w[s].done.n; i++) {
+            tmp_name(p, sizeof p, w[s].done.path[i]);
+            unlink(i < w[s].renamed ? w[s].done.path[i] : p);
+        }
         list_free(&w[s].done);
+    }
+    if (rc < 0 && manifest[0]) {
+        tmp_name(p, sizeof p, manifest);
+        unlink(p);
     }
     if (rc < 0 && fs) { // the folder goes too when prepare created it and it is empty now
         rmdir(o->out_dir);

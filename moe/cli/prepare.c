@@ -5,6 +5,7 @@
 #include "moe/cli/cli.h"
 #include "moe/error.h"
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,13 +38,25 @@ static const char *prepare_help =
     "  --quiet             no progress display\n"
     "\n"
     "Invalid UTF-8 is refused naming the file and the byte offset, before anything\n"
-    "is written, and so is a file included twice; DIR must not already hold a manifest.json.\n"
+    "is written, and so is a file included twice. DIR may hold other files but not a\n"
+    "manifest.json or train_*.bin / val_*.bin files (nor their .tmp): shards are written\n"
+    "as NAME.tmp and renamed into place with the manifest once all are complete.\n"
+    "Ctrl-C or SIGTERM stops prepare and removes what it wrote (exit status 130).\n"
     "\n"
-    "exit status: 0 ok, 1 runtime failure, 2 bad usage or input\n";
+    "exit status: 0 ok, 1 runtime failure, 2 bad usage or input, 130 stopped by a signal\n";
 
 typedef struct {
     int tty, last_tenth;
 } bar_state;
+
+static volatile sig_atomic_t interrupted;
+
+// The first Ctrl-C or SIGTERM asks prepare to stop and clean up; a second one
+// ends the process at once (the default action).
+static void on_stop_signal(int sig) {
+    interrupted = 1;
+    signal(sig, SIG_DFL);
+}
 
 static int term_width(void) {
     struct winsize ws;
@@ -153,12 +166,19 @@ int moe_cli_prepare(int argc, char **argv) {
     o.tokenizer = &tk;
     if (!quiet) o.progress = progress, o.progress_ctx = &b;
     moe_prepare_result r;
+    interrupted = 0;
+    o.stop = &interrupted;
+    void (*old_int)(int) = signal(SIGINT, on_stop_signal);
+    void (*old_term)(int) = signal(SIGTERM, on_stop_signal);
     rc = moe_prepare(&o, &r);
+    signal(SIGINT, old_int);
+    signal(SIGTERM, old_term);
     if (!quiet && b.tty) fputc('\n', stderr);
     moe_prepare_tokenizer_close(&tk);
     free(inputs);
     // A missing, non-regular or non-UTF-8 input is bad input (2); a failed
     // write, a failed mapping or no memory is a runtime failure (1).
+    if (rc < 0 && interrupted) return moe_cli_fail("prepare", 130, "%s", moe_last_error());
     if (rc < 0) return moe_cli_fail("prepare", moe_cli_exit_code(rc), "%s", moe_last_error());
     printf("prepared %d files (%zu bytes, tokenizer %s): train %ld documents, %ld tokens in %d "
            "shards; validation %ld documents, %ld tokens in %d shards; %s/manifest.json\n",

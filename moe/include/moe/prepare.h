@@ -4,6 +4,7 @@
 #ifndef MOE_PREPARE_H
 #define MOE_PREPARE_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,6 +55,9 @@ typedef struct {
     long shard_tokens; // tokens per shard (the last one holds the rest)
     void (*progress)(void *ctx, const moe_prepare_progress *p); // NULL: none
     void *progress_ctx;
+    // NULL, or a flag a signal handler sets: prepare then stops between
+    // documents, removes what it wrote and returns MOE_EIO ("interrupted").
+    const volatile sig_atomic_t *stop;
 } moe_prepare_opts;
 
 typedef struct {
@@ -70,7 +74,10 @@ typedef struct {
 // out_dir/train_NNNNNN.bin, out_dir/val_NNNNNN.bin and out_dir/manifest.json.
 // A document goes to validation when a hash of (seed, its bytes) falls below
 // val_fraction: deterministic, and independent of the order of the inputs.
-// On failure the shards written so far are removed.
+// Shards are written as NAME.tmp and renamed into place, then the manifest,
+// once all are complete; on failure what was written so far is removed. An
+// out_dir holding a manifest.json or train_*.bin / val_*.bin files (or their
+// .tmp) is refused.
 int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r);
 
 #endif

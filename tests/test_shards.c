@@ -40,6 +40,9 @@ static uint32_t tok_mod200(long i) {
 static uint32_t tok_pos(long i) { // unique per position: identifies the window
     return (uint32_t)i;
 }
+static uint32_t tok_ff(long i) {
+    return i == 7 ? 0xFFFFFFFFu : 5;
+}
 static uint32_t tok_big(long i) {
     return 70000u + (uint32_t)(i % 1000);
 }
@@ -359,6 +362,20 @@ START_TEST(test_bad_files_are_refused) {
     expect_bad(write_llmc("o.bin", M, 2, 500, 500, tok_big), "llmc", 70200,
                "byte 1824: token 70200 >= model.vocab_size 70200 (the largest token in the file "
                "is 70499: set model.vocab_size to at least 70500)");
+    // no model.vocab_size can hold 0xFFFFFFFF: no advice to raise it past its maximum
+    expect_bad(write_llmc("ff.bin", M, 2, 500, 500, tok_ff), "llmc", 256,
+               "token 4294967295 >= model.vocab_size 256, and the largest token in the file, "
+               "4294967295, is out of any valid range (model.vocab_size is at most 16777216)");
+    // a validation file too short for one window names its own token count
+    write_llmc("big.bin", M, 1, 5000, 5000, tok_mod200);
+    moe_config c = file_cfg("llmc", tu_in_dir("big.bin"), 256);
+    snprintf(c.data.val_path, sizeof c.data.val_path, "%s",
+             write_llmc("tiny.bin", M, 1, 3, 3, tok_mod200));
+    moe_data d;
+    ck_assert_int_eq(moe_data_open(&d, &c), MOE_EFORMAT);
+    ck_assert_msg(strstr(moe_last_error(),
+                         "tiny.bin: 3 tokens are too few for validation windows of 17 tokens"),
+                  "%s", moe_last_error());
     FILE *f = fopen(tu_in_dir("empty.bin"), "wb");
     fclose(f);
     expect_bad(tu_in_dir("empty.bin"), "llmc", 256, "empty file");

@@ -78,7 +78,13 @@ int moe_prepare_tokenizer_open(moe_prepare_tokenizer *t, const char *spec) {
         return moe_fail(MOE_EINVAL, "--tokenizer: path longer than %zu characters",
                         sizeof t->name - 1);
     moe_tokenizer *tk;
-    MOE_TRY(moe_tok_open(spec, &tk));
+    int rc = moe_tok_open(spec, &tk);
+    if (rc == MOE_ENOTFOUND) // "byte: cannot open" says nothing of what was expected
+        return moe_fail(rc,
+                        "--tokenizer %s: no such file (--tokenizer takes bytes or the path of a "
+                        "SentencePiece .model): %s",
+                        spec, moe_last_error());
+    if (rc < 0) return rc;
     snprintf(t->name, sizeof t->name, "%s", spec);
     t->vocab_size = moe_tok_vocab_size(tk);
     t->encode = encode_spm;
@@ -359,17 +365,18 @@ typedef struct {
     long docs[2], tokens[2];
 } file_stat;
 
+static const char *const doc_names[] = {"file", "paragraph", "line"};
+
 static int write_manifest(const moe_prepare_opts *o, const path_list *in, const file_stat *fs,
                           const moe_prepare_result *r, shard_writer w[2]) {
     char p[4096];
     snprintf(p, sizeof p, "%s/manifest.json", o->out_dir);
-    static const char *const docs[] = {"file", "paragraph", "line"};
     json_t *root = json_object(), *files = json_array(), *splits = json_object();
     json_object_set_new(root, "format", json_string("llm.c"));
     json_object_set_new(root, "version", json_integer(r->version));
     json_object_set_new(root, "tokenizer", json_string(o->tokenizer->name));
     json_object_set_new(root, "vocab_size", json_integer(o->tokenizer->vocab_size));
-    json_object_set_new(root, "document", json_string(docs[o->doc]));
+    json_object_set_new(root, "document", json_string(doc_names[o->doc]));
     json_object_set_new(root, "val_fraction", json_real(o->val_fraction));
     json_object_set_new(root, "seed", json_integer((json_int_t)o->seed));
     for (int i = 0; i < in->n; i++) {
@@ -521,10 +528,14 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
     for (int s = 0; s < 2; s++)
         MOE_TRY_GOTO(shard_close(&w[s]), rc);
     if (o->val_fraction > 0 && r->documents[MOE_SPLIT_VAL] == 0) {
+        // What helps: smaller documents while there are any, else more of them,
+        // a larger fraction or another seed (the split is a hash of both).
+        static const char *const smaller[] = {"--doc paragraph or line, ", "--doc line, ", ""};
         rc = moe_fail(MOE_EINVAL,
-                      "no document went to validation (%ld documents, --val-fraction %g): "
-                      "use --doc paragraph or line, more documents, or --val-fraction 0",
-                      r->documents[0], o->val_fraction);
+                      "no document went to validation (%ld documents, --doc %s, --val-fraction "
+                      "%g): use %smore text, a larger --val-fraction, another --seed, or "
+                      "--val-fraction 0 (no validation shards)",
+                      r->documents[0], doc_names[o->doc], o->val_fraction, smaller[o->doc]);
         goto fail;
     }
     if (r->tokens[MOE_SPLIT_TRAIN] == 0) {

@@ -88,6 +88,9 @@ long moe_utf8_bad(const unsigned char *s, long n) {
     return -1;
 }
 
+// model.vocab_size's upper bound (its range in trainer/config.c's key table).
+#define MOE_VOCAB_LIMIT (1 << 24)
+
 // One pass over the tokens: the first out-of-vocabulary one and the largest.
 static int check_vocab(const moe_token_file *f, long header, int vocab) {
     if (f->width == 2 && vocab >= 65536) return 0; // no uint16 can exceed it
@@ -100,6 +103,13 @@ static int check_vocab(const moe_token_file *f, long header, int vocab) {
         if (first < 0 && t >= (uint32_t)vocab) first = i, first_tok = (int32_t)t;
     }
     if (first < 0) return 0;
+    if (max >= MOE_VOCAB_LIMIT) // no vocab_size would do: advice to raise it would mislead
+        return moe_fail(MOE_EFORMAT,
+                        "%s: byte %ld: token %u >= model.vocab_size %d, and the largest token in "
+                        "the file, %u, is out of any valid range (model.vocab_size is at most %d): "
+                        "a corrupt file, or not a token file of this data.kind",
+                        f->path, header + first * f->width, (uint32_t)first_tok, vocab, max,
+                        MOE_VOCAB_LIMIT);
     return moe_fail(MOE_EFORMAT,
                     "%s: byte %ld: token %u >= model.vocab_size %d (the largest token in the "
                     "file is %u: set model.vocab_size to at least %lu)",

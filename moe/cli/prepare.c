@@ -120,8 +120,7 @@ int moe_cli_prepare(int argc, char **argv) {
             }
         } else if (argv[i][0] == '-' && argv[i][1]) {
             free(inputs);
-            return moe_cli_fail("prepare", MOE_EXIT_USAGE,
-                                "unknown option '%s' (see moe prepare --help)", argv[i]);
+            return moe_cli_unknown_option("prepare", argv[i], prepare_help);
         } else {
             inputs[n_in++] = argv[i];
         }
@@ -141,8 +140,23 @@ int moe_cli_prepare(int argc, char **argv) {
     if (shard && !bad) o.shard_tokens = (long)v;
     if (seed && !moe_cli_parse_long(seed, 0, INT64_MAX, &v)) bad = "--seed";
     if (seed && !bad) o.seed = (uint64_t)v;
-    if (doc && strcmp(doc, "file") && strcmp(doc, "paragraph") && strcmp(doc, "line"))
-        bad = "--doc";
+    if (doc && strcmp(doc, "file") && strcmp(doc, "paragraph") && strcmp(doc, "line")) {
+        free(inputs);
+        return moe_cli_fail("prepare", MOE_EXIT_USAGE, "--doc %s: expected file, paragraph or line",
+                            doc);
+    }
+    // "--out --quiet" would make a folder named --quiet: a path option takes
+    // no option-looking value (./-name still names one).
+    const char *path_opt[][2] = {{"--out", out}, {"--tokenizer", tok}};
+    for (int k = 0; k < 2; k++)
+        if (path_opt[k][1] && path_opt[k][1][0] == '-') {
+            free(inputs);
+            return moe_cli_fail("prepare", MOE_EXIT_USAGE,
+                                "%s needs a value, got the option '%s' (write ./%s for a path "
+                                "starting with '-')",
+                                path_opt[k][0], path_opt[k][1], path_opt[k][1]);
+        }
+    if (out && !out[0]) bad = "--out";
     if (bad) {
         free(inputs);
         return moe_cli_fail("prepare", MOE_EXIT_USAGE, "%s: bad value (see moe prepare --help)",

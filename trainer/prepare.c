@@ -37,8 +37,8 @@ void moe_tokens_free(moe_tokens *t) {
     memset(t, 0, sizeof *t);
 }
 
-static int encode_bytes(void *ctx, const char *text, size_t len, moe_tokens *out) {
-    (void)ctx;
+static int encode_bytes(void *ctx, const char *text, size_t len, int first, moe_tokens *out) {
+    (void)ctx, (void)first;
     MOE_TRY(moe_tokens_reserve(out, len));
     for (size_t i = 0; i < len; i++)
         out->tok[out->n++] = (unsigned char)text[i];
@@ -47,14 +47,14 @@ static int encode_bytes(void *ctx, const char *text, size_t len, moe_tokens *out
 
 // A SentencePiece document starts with BOS: what moe generate and
 // transformers put before a prompt, so training sees the same context.
-static int encode_spm(void *ctx, const char *text, size_t len, moe_tokens *out) {
+static int encode_spm(void *ctx, const char *text, size_t len, int first, moe_tokens *out) {
     const moe_tokenizer *tk = ctx;
     int32_t *ids = NULL;
     size_t n = 0;
-    MOE_TRY(moe_tok_encode(tk, text, len, &ids, &n));
+    MOE_TRY(moe_tok_encode_part(tk, text, len, first, &ids, &n));
     int rc = moe_tokens_reserve(out, n + 1);
     if (rc == 0) {
-        if (moe_tok_bos_id(tk) >= 0) out->tok[out->n++] = (uint32_t)moe_tok_bos_id(tk);
+        if (first && moe_tok_bos_id(tk) >= 0) out->tok[out->n++] = (uint32_t)moe_tok_bos_id(tk);
         for (size_t i = 0; i < n; i++)
             out->tok[out->n++] = (uint32_t)ids[i];
     }
@@ -353,6 +353,26 @@ static size_t doc_len(const char *s, size_t n, moe_doc_unit unit) {
     return n;
 }
 
+// Bytes of the next part of a document s[0, n) to encode, at most max (>= 1):
+// through the last newline, else up to the last space that follows a
+// non-space, else up to the last character boundary. Tokens at a newline or
+// space cut equal those of the whole document for the usual SentencePiece
+// models (moe/tokenizer.h, moe_tok_encode_part); a cut inside a word may
+// split a token there.
+static size_t part_len(const char *s, size_t n, size_t max) {
+    if (n <= max) return n;
+    for (size_t k = max; k > 0; k--)
+        if (s[k - 1] == '\n') return k;
+    for (size_t k = max; k > 1; k--)
+        if (s[k] == ' ' && s[k - 1] != ' ') return k;
+    size_t k = max;
+    while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80)
+        k--;
+    while (k == 0 && ++max < n) // max inside the first character: past it
+        if (((unsigned char)s[max] & 0xC0) != 0x80) k = max;
+    return k ? k : n;
+}
+
 static int doc_split(const char *s, size_t n, uint64_t seed, double val_fraction) {
     uint64_t h = 0xCBF29CE484222325ull; // FNV-1a, then mixed with the seed
     for (size_t i = 0; i < n; i++)
@@ -491,6 +511,7 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
         goto fail;
     }
     // Pass 2: documents -> tokens -> shards.
+    const size_t part_max = o->part_bytes ? o->part_bytes : MOE_PREPARE_PART_BYTES;
     moe_prepare_progress pr = {0, total, 0, in->n};
     for (int i = 0; i < in->n; i++) {
         text_map m;
@@ -503,15 +524,22 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
             }
             size_t n = doc_len(m.data + at, m.len - at, o->doc);
             int s = doc_split(m.data + at, n, o->seed, o->val_fraction);
-            toks.n = 0;
-            if ((rc = tk->encode(tk->ctx, m.data + at, n, &toks)) < 0) break;
-            for (size_t k = 0; k < toks.n && rc == 0; k++)
-                if (toks.tok[k] >= (uint32_t)tk->vocab_size)
-                    rc = moe_fail(MOE_EINVAL, "%s: tokenizer %s gave token %u >= its vocabulary %d",
-                                  in->path[i], tk->name, toks.tok[k], tk->vocab_size);
-            if (rc == 0) rc = shard_write(&w[s], toks.tok, toks.n);
-            fs[i].docs[s]++, fs[i].tokens[s] += (long)toks.n;
-            r->documents[s]++, r->tokens[s] += (long)toks.n, r->split_bytes[s] += n;
+            long doc_tokens = 0;
+            for (size_t off = 0, len; off < n && rc == 0; off += len) {
+                len = part_len(m.data + at + off, n - off, part_max);
+                toks.n = 0;
+                if ((rc = tk->encode(tk->ctx, m.data + at + off, len, off == 0, &toks)) < 0) break;
+                for (size_t k = 0; k < toks.n && rc == 0; k++)
+                    if (toks.tok[k] >= (uint32_t)tk->vocab_size)
+                        rc = moe_fail(MOE_EINVAL,
+                                      "%s: tokenizer %s gave token %u >= its vocabulary %d",
+                                      in->path[i], tk->name, toks.tok[k], tk->vocab_size);
+                if (rc == 0) rc = shard_write(&w[s], toks.tok, toks.n);
+                doc_tokens += (long)toks.n;
+            }
+            if (rc < 0) break;
+            fs[i].docs[s]++, fs[i].tokens[s] += doc_tokens;
+            r->documents[s]++, r->tokens[s] += doc_tokens, r->split_bytes[s] += n;
             // progress about every MiB inside large files
             if (o->progress && (at >> 20) != ((at + n) >> 20)) {
                 pr.bytes_done += n;

@@ -18,12 +18,13 @@ int moe_tokens_reserve(moe_tokens *t, size_t extra);
 void moe_tokens_free(moe_tokens *t);
 
 // The tokenizer interface: encode appends the tokens of text[0, len) (valid
-// UTF-8, one document) to out, each below vocab_size, and returns 0 or a
-// negative MOE_E* code with a message. ctx is the tokenizer's own state.
+// UTF-8, a document or, first = 0, a later part of one) to out, each below
+// vocab_size, and returns 0 or a negative MOE_E* code with a message. ctx is
+// the tokenizer's own state.
 typedef struct {
     char name[512]; // "bytes" or the model file (recorded in the manifest)
     int vocab_size;
-    int (*encode)(void *ctx, const char *text, size_t len, moe_tokens *out);
+    int (*encode)(void *ctx, const char *text, size_t len, int first, moe_tokens *out);
     void (*free)(void *ctx); // NULL: nothing to free
     void *ctx;
 } moe_prepare_tokenizer;
@@ -58,7 +59,14 @@ typedef struct {
     // NULL, or a flag a signal handler sets: prepare then stops between
     // documents, removes what it wrote and returns MOE_EIO ("interrupted").
     const volatile sig_atomic_t *stop;
+    // A document longer than this is encoded in parts of at most this many
+    // bytes, cut after a newline, else before a space, else between two
+    // characters (0: MOE_PREPARE_PART_BYTES): SentencePiece needs about 220
+    // times the bytes it encodes at once.
+    size_t part_bytes;
 } moe_prepare_opts;
+
+#define MOE_PREPARE_PART_BYTES (256 * 1024)
 
 typedef struct {
     int files;

@@ -79,8 +79,8 @@ START_TEST(test_cli_extra_positional_is_refused) {
 END_TEST
 
 START_TEST(test_cli_unknown_option_and_missing_value_are_refused) {
-    static const char *cmds[] = {"train " TINY, "eval ck", "generate ck", "export ck",
-                                 "ablate " TINY, "plan " TINY, "route"};
+    static const char *cmds[] = {"train " TINY,  "eval ck",    "generate ck", "export ck",
+                                 "ablate " TINY, "plan " TINY, "route",       "prepare x"};
     for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
         char args[256], name[16];
         snprintf(args, sizeof args, "%s --bogus", cmds[i]);
@@ -93,12 +93,50 @@ START_TEST(test_cli_unknown_option_and_missing_value_are_refused) {
 }
 END_TEST
 
+// moe prepare's usage errors say what was expected: did-you-mean for an
+// unknown option, the --doc values, what --tokenizer takes, an option where a
+// path belongs (no folder named --quiet), and validation advice that fits.
+static int prepare_a(const char *opts) { // prepare DIR/a.txt OPTS
+    char args[2000];
+    snprintf(args, sizeof args, "prepare '%s/a.txt' %s", dir, opts);
+    return run_moe(args);
+}
+
+START_TEST(test_cli_prepare_messages_say_what_is_expected) {
+    write_file("a.txt", "one line\nanother\n", 17);
+    char out[800], opts[1000];
+    snprintf(out, sizeof out, "--out '%s/o'", dir);
+    snprintf(opts, sizeof opts, "%s --quite", out);
+    ck_assert_int_eq(prepare_a(opts), 2);
+    assert_one_line_error("prepare", "did you mean --quiet?");
+    snprintf(opts, sizeof opts, "%s --doc para", out);
+    ck_assert_int_eq(prepare_a(opts), 2);
+    assert_one_line_error("prepare", "--doc para: expected file, paragraph or line");
+    snprintf(opts, sizeof opts, "%s --tokenizer byte", out);
+    ck_assert_int_eq(prepare_a(opts), 2);
+    assert_one_line_error("prepare", "--tokenizer takes bytes or the path of a SentencePiece");
+    ck_assert_int_eq(prepare_a("--out --quiet"), 2);
+    assert_one_line_error("prepare", "--out needs a value, got the option '--quiet'");
+    ck_assert_int_ne(access("--quiet", F_OK), 0); // no folder made where moe ran
+    snprintf(opts, sizeof opts, "%s --quiet", out);
+    ck_assert_int_eq(prepare_a(opts), 2);
+    assert_one_line_error("prepare", "use --doc paragraph or line, more text");
+    snprintf(opts, sizeof opts, "%s --doc line --quiet --seed 3", out);
+    ck_assert_int_eq(prepare_a(opts), 2);
+    assert_one_line_error("prepare", "--doc line, --val-fraction 0.1): use more text");
+    snprintf(opts, sizeof opts, "%s --doc line --quiet --val-fraction 0", out);
+    ck_assert_int_eq(prepare_a(opts), 0);
+}
+END_TEST
+
 START_TEST(test_cli_non_finite_and_negative_numbers_are_refused) {
-    static const char *args[] = {
-        "plan " TINY " --latency-us nan,5", "plan " TINY " --latency-us 2,inf",
-        "plan " TINY " --link-gbps -1,100", "plan " TINY " --link-gbps 0x1p3,1e999",
-        "eval ck --expert-budget nan",      "generate ck --task copy --prompt x --temperature nan",
-        "generate ck --task copy --prompt x --temperature -1"};
+    static const char *args[] = {"plan " TINY " --latency-us nan,5",
+                                 "plan " TINY " --latency-us 2,inf",
+                                 "plan " TINY " --link-gbps -1,100",
+                                 "plan " TINY " --link-gbps 0x1p3,1e999",
+                                 "eval ck --expert-budget nan",
+                                 "generate ck --task copy --prompt x --temperature nan",
+                                 "generate ck --task copy --prompt x --temperature -1"};
     for (size_t i = 0; i < sizeof args / sizeof *args; i++) {
         ck_assert_int_eq(run_moe(args[i]), 2);
         ck_assert_ptr_null(strstr(tu_file_text(dir, "out.txt"), "nan"));
@@ -231,6 +269,7 @@ static Suite *cli_errors_suite(void) {
     tcase_add_test(tc, test_cli_option_given_twice_is_refused);
     tcase_add_test(tc, test_cli_extra_positional_is_refused);
     tcase_add_test(tc, test_cli_unknown_option_and_missing_value_are_refused);
+    tcase_add_test(tc, test_cli_prepare_messages_say_what_is_expected);
     tcase_add_test(tc, test_cli_non_finite_and_negative_numbers_are_refused);
     tcase_add_test(tc, test_cli_plan_placement_options_are_checked);
     tcase_add_test(tc, test_cli_missing_checkpoint_is_exit_2_in_every_command);

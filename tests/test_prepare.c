@@ -8,6 +8,8 @@
 #include "moe/shards.h"
 #include "testutil.h"
 
+#include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,7 +114,7 @@ START_TEST(test_prepare_splits_whole_documents_order_free) {
     ck_assert_int_gt(r1.documents[1], 0);
     ck_assert_int_gt(r1.documents[0], 0);
     ck_assert_int_eq(r1.documents[0] + r1.documents[1], 9); // lines, the empty one included
-    ck_assert_int_eq(r1.documents[1], r2.documents[1]);      // the same lines, whatever the order
+    ck_assert_int_eq(r1.documents[1], r2.documents[1]);     // the same lines, whatever the order
     char t[4096], v[4096];
     int s;
     size_t nt = read_split(o1, "train", t, sizeof t, &s);
@@ -140,6 +142,165 @@ START_TEST(test_prepare_bad_utf8_names_file_and_offset) {
     moe_prepare_tokenizer tk;
     ck_assert_int_eq(moe_prepare_tokenizer_open(&tk, "no-such.model"), MOE_ENOTFOUND);
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "no-such.model"));
+}
+END_TEST
+
+// Symbolic links to folders are followed, but a folder already entered is
+// not entered again: a self-link (`ln -s . a`) once gave 41 copies of every
+// file, and two of them 2^40 paths (a hang).
+START_TEST(test_prepare_walk_enters_each_folder_once) {
+    char dir[600], L[700], p[900], out[700];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(L, sizeof L, "%s/L", dir);
+    ck_assert_int_eq(mkdir(L, 0755), 0);
+    snprintf(p, sizeof p, "%s/f.txt", L);
+    write_text(p, "x y\n");
+    snprintf(p, sizeof p, "%s/sub", L);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/sub/g.txt", L);
+    write_text(p, "g\n");
+    const char *links[][2] = {{".", "a"}, {".", "b"}, {"sub", "sub2"}, {"..", "sub/up"}};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", L, links[i][1]);
+        ck_assert_int_eq(symlink(links[i][0], p), 0);
+    }
+    const char *in[] = {L};
+    moe_prepare_result r;
+    snprintf(out, sizeof out, "%s/out", dir);
+    ck_assert_msg(prepare(out, in, 1, 0, MOE_DOC_FILE, 100, &r) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(r.files, 2);
+    ck_assert_int_eq(r.tokens[0], 6);
+    char buf[64];
+    int shards;
+    ck_assert_int_eq(read_split(out, "train", buf, sizeof buf, &shards), 6);
+    ck_assert(memcmp(buf, "x y\ng\n", 6) == 0); // f.txt, then sub/g.txt
+    // a folder given through a link is walked as well
+    snprintf(p, sizeof p, "%s/linked", dir);
+    ck_assert_int_eq(symlink(L, p), 0);
+    snprintf(out, sizeof out, "%s/out2", dir);
+    const char *in2[] = {p};
+    ck_assert_msg(prepare(out, in2, 1, 0, MOE_DOC_FILE, 100, &r) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(r.files, 2);
+}
+END_TEST
+
+// One file reached twice would be trained on twice (and could sit in both
+// splits): refused whether given twice, inside a folder also given, or
+// through a link; a link given alone is read as its file.
+START_TEST(test_prepare_refuses_a_file_included_twice) {
+    char dir[600], f[700], g[700], link[700], out[700];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(f, sizeof f, "%s/f.txt", dir);
+    write_text(f, "some text\n");
+    snprintf(g, sizeof g, "%s/g.txt", dir);
+    write_text(g, "other text\n");
+    snprintf(link, sizeof link, "%s/.hidden-link.txt", dir); // hidden: not in the walk
+    ck_assert_int_eq(symlink(f, link), 0);
+    snprintf(out, sizeof out, "%s/out", dir);
+    moe_prepare_result r;
+    const char *twice[] = {f, g, f};
+    ck_assert_int_eq(prepare(out, twice, 3, 0, MOE_DOC_FILE, 100, &r), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "f.txt: included twice"), "%s", moe_last_error());
+    const char *inside[] = {dir, g};
+    ck_assert_int_eq(prepare(out, inside, 2, 0, MOE_DOC_FILE, 100, &r), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "g.txt: included twice"), "%s", moe_last_error());
+    const char *linked[] = {link, f};
+    ck_assert_int_eq(prepare(out, linked, 2, 0, MOE_DOC_FILE, 100, &r), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "are the same file"), "%s", moe_last_error());
+    ck_assert_int_ne(access(out, F_OK), 0); // nothing written
+    const char *alone[] = {link, g};
+    ck_assert_msg(prepare(out, alone, 2, 0, MOE_DOC_FILE, 100, &r) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(r.files, 2);
+    ck_assert_int_eq(r.tokens[0], 21);
+}
+END_TEST
+
+// Names in dir (sorted, joined by spaces), hidden ones included.
+static void dir_names(const char *dir, char *out, size_t cap) {
+    struct dirent **e;
+    int n = scandir(dir, &e, NULL, alphasort);
+    ck_assert_int_ge(n, 0);
+    out[0] = 0;
+    for (int i = 0; i < n; i++) {
+        if (strcmp(e[i]->d_name, ".") && strcmp(e[i]->d_name, ".."))
+            snprintf(out + strlen(out), cap - strlen(out), "%s ", e[i]->d_name);
+        free(e[i]);
+    }
+    free(e);
+}
+
+// Old shards left in --out would be overwritten in part and the rest trained
+// on by DIR/train_*.bin: a folder holding shard-like files is refused, and
+// the user's other files there stay untouched.
+START_TEST(test_prepare_refuses_an_out_folder_with_old_shards) {
+    char dir[600], f[700], out[700], p[900], names[2000];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(f, sizeof f, "%s/f.txt", dir);
+    write_text(f, "line one\nline two\n");
+    snprintf(out, sizeof out, "%s/out", dir);
+    ck_assert_int_eq(mkdir(out, 0755), 0);
+    snprintf(p, sizeof p, "%s/notes.txt", out);
+    write_text(p, "mine");
+    const char *in[] = {f};
+    moe_prepare_result r;
+    const char *old[] = {"train_000007.bin", "val_000000.bin", "train_000000.bin.tmp",
+                         "manifest.json"};
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/%s", out, old[i]);
+        write_text(p, "old");
+        ck_assert_int_eq(prepare(out, in, 1, 0, MOE_DOC_LINE, 4, &r), MOE_EINVAL);
+        ck_assert_msg(strstr(moe_last_error(), old[i]) && strstr(moe_last_error(), "--out"), "%s",
+                      moe_last_error());
+        ck_assert_str_eq(tu_file_text(out, old[i]), "old");
+        unlink(p);
+    }
+    ck_assert_msg(prepare(out, in, 1, 0, MOE_DOC_LINE, 4, &r) == 0, "%s", moe_last_error());
+    ck_assert_str_eq(tu_file_text(out, "notes.txt"), "mine");
+    dir_names(out, names, sizeof names); // no .tmp is left behind
+    ck_assert_str_eq(names, "manifest.json notes.txt train_000000.bin train_000001.bin "
+                            "train_000002.bin train_000003.bin train_000004.bin ");
+}
+END_TEST
+
+static volatile sig_atomic_t stop_flag;
+static void stop_after_first_file(void *ctx, const moe_prepare_progress *p) {
+    (void)ctx;
+    if (p->files_done >= 1) stop_flag = 1;
+}
+
+// A stop request (the CLI's SIGINT/SIGTERM) between documents removes every
+// shard written so far, complete or not, and the user's files stay.
+START_TEST(test_prepare_stopped_leaves_no_shard) {
+    char dir[600], in_dir[700], out[700], p[900], names[2000];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(in_dir, sizeof in_dir, "%s/in", dir);
+    ck_assert_int_eq(mkdir(in_dir, 0755), 0);
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%d.txt", in_dir, i);
+        write_text(p, "some words on a line\nand more\n");
+    }
+    snprintf(out, sizeof out, "%s/out", dir);
+    ck_assert_int_eq(mkdir(out, 0755), 0);
+    snprintf(p, sizeof p, "%s/keep.txt", out);
+    write_text(p, "mine");
+    moe_prepare_tokenizer tk;
+    ck_assert_int_eq(moe_prepare_tokenizer_open(&tk, "bytes"), 0);
+    const char *in[] = {in_dir};
+    stop_flag = 0;
+    moe_prepare_opts o = {.out_dir = out,
+                          .inputs = in,
+                          .n_inputs = 1,
+                          .tokenizer = &tk,
+                          .doc = MOE_DOC_LINE,
+                          .shard_tokens = 8,
+                          .progress = stop_after_first_file,
+                          .stop = &stop_flag};
+    moe_prepare_result r;
+    ck_assert_int_eq(moe_prepare(&o, &r), MOE_EIO);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "interrupted"));
+    ck_assert_int_eq(stop_flag, 1);
+    dir_names(out, names, sizeof names);
+    ck_assert_str_eq(names, "keep.txt ");
 }
 END_TEST
 
@@ -199,6 +360,10 @@ static Suite *prepare_suite(void) {
     tcase_add_test(tc, test_prepare_splits_whole_documents_order_free);
     tcase_add_test(tc, test_prepare_bad_utf8_names_file_and_offset);
     tcase_add_test(tc, test_prepare_train_generate_cli);
+    tcase_add_test(tc, test_prepare_walk_enters_each_folder_once);
+    tcase_add_test(tc, test_prepare_refuses_a_file_included_twice);
+    tcase_add_test(tc, test_prepare_refuses_an_out_folder_with_old_shards);
+    tcase_add_test(tc, test_prepare_stopped_leaves_no_shard);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -40,6 +40,9 @@ static uint32_t tok_mod200(long i) {
 static uint32_t tok_pos(long i) { // unique per position: identifies the window
     return (uint32_t)i;
 }
+static uint32_t tok_ff(long i) {
+    return i == 7 ? 0xFFFFFFFFu : 5;
+}
 static uint32_t tok_big(long i) {
     return 70000u + (uint32_t)(i % 1000);
 }
@@ -359,6 +362,20 @@ START_TEST(test_bad_files_are_refused) {
     expect_bad(write_llmc("o.bin", M, 2, 500, 500, tok_big), "llmc", 70200,
                "byte 1824: token 70200 >= model.vocab_size 70200 (the largest token in the file "
                "is 70499: set model.vocab_size to at least 70500)");
+    // no model.vocab_size can hold 0xFFFFFFFF: no advice to raise it past its maximum
+    expect_bad(write_llmc("ff.bin", M, 2, 500, 500, tok_ff), "llmc", 256,
+               "token 4294967295 >= model.vocab_size 256, and the largest token in the file, "
+               "4294967295, is out of any valid range (model.vocab_size is at most 16777216)");
+    // a validation file too short for one window names its own token count
+    write_llmc("big.bin", M, 1, 5000, 5000, tok_mod200);
+    moe_config c = file_cfg("llmc", tu_in_dir("big.bin"), 256);
+    snprintf(c.data.val_path, sizeof c.data.val_path, "%s",
+             write_llmc("tiny.bin", M, 1, 3, 3, tok_mod200));
+    moe_data d;
+    ck_assert_int_eq(moe_data_open(&d, &c), MOE_EFORMAT);
+    ck_assert_msg(strstr(moe_last_error(),
+                         "tiny.bin: 3 tokens are too few for validation windows of 17 tokens"),
+                  "%s", moe_last_error());
     FILE *f = fopen(tu_in_dir("empty.bin"), "wb");
     fclose(f);
     expect_bad(tu_in_dir("empty.bin"), "llmc", 256, "empty file");
@@ -367,6 +384,60 @@ START_TEST(test_bad_files_are_refused) {
     fwrite("\x28\xd6\x34\x01\x01\x00", 6, 1, f);
     fclose(f);
     expect_bad(tu_in_dir("short.bin"), "llmc", 256, "truncated header: 6 bytes");
+}
+END_TEST
+
+// RFC 3629's table of well-formed sequences, by hand: each boundary of each
+// row, and the forms a bit-pattern check lets through (overlong, surrogate,
+// above U+10FFFF, leads F5..FF). at: the offset reported, -1 for good text.
+START_TEST(test_utf8_exact_well_formed_table) {
+    static const struct {
+        const char *s;
+        long at;
+    } cases[] = {
+        {"plain ascii \x7f", -1},
+        {"\xc2\x80", -1},         // U+0080, the smallest two-byte form
+        {"\xdf\xbf", -1},         // U+07FF
+        {"\xe0\xa0\x80", -1},     // U+0800
+        {"\xed\x9f\xbf", -1},     // U+D7FF, below the surrogates
+        {"\xee\x80\x80", -1},     // U+E000, above them
+        {"\xef\xbf\xbf", -1},     // U+FFFF
+        {"\xf0\x90\x80\x80", -1}, // U+10000
+        {"\xf4\x8f\xbf\xbf", -1}, // U+10FFFF, the last code point
+        {"\xc3\xa9t\xc3\xa9", -1},
+        {"\xc0\xaf", 0},             // overlong '/'
+        {"\xc1\xbf", 0},             // overlong U+007F
+        {"ab\xe0\x80\xaf", 3},       // overlong '/' in three bytes
+        {"\xe0\x9f\xbf", 1},         // overlong U+07FF
+        {"\xf0\x80\x80\xaf", 1},     // overlong '/' in four bytes
+        {"\xf0\x8f\xbf\xbf", 1},     // overlong U+FFFF
+        {"\xed\xa0\x80", 1},         // U+D800, a surrogate
+        {"\xed\xbf\xbf", 1},         // U+DFFF
+        {"\xf4\x90\x80\x80", 1},     // U+110000
+        {"\xf5\x80\x80\x80", 0},     // leads F5..FF never start a sequence
+        {"\xf8\x88\x80\x80\x80", 0}, //
+        {"\xff", 0},                 //
+        {"\xfe", 0},                 //
+        {"\x80", 0},                 // a lone continuation byte
+        {"a\xc3(", 2},               // a lead then ASCII
+        {"\xe2\x82", 0},             // cut by the end of the text
+        {"\xe2\x82\xac\xe2\x28\xac", 4},
+        {"\xf0\x9f\x98\x80\xf0\x9f\x98", 4},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        long n = (long)strlen(cases[i].s);
+        long got = moe_utf8_bad((const unsigned char *)cases[i].s, n);
+        ck_assert_msg(got == cases[i].at, "case %zu: offset %ld, expected %ld", i, got,
+                      cases[i].at);
+    }
+    // data.kind = text uses the same check
+    char text[600];
+    memset(text, 'a', sizeof text);
+    memcpy(text + 300, "\xed\xa0\x80", 3);
+    FILE *f = fopen(tu_in_dir("sur.txt"), "wb");
+    ck_assert_int_eq(fwrite(text, sizeof text, 1, f), 1);
+    fclose(f);
+    expect_bad(tu_in_dir("sur.txt"), "text", 256, "byte 301: invalid UTF-8");
 }
 END_TEST
 
@@ -384,6 +455,7 @@ static Suite *shards_suite(void) {
     tcase_add_test(tc, test_task_sampling_frequencies);
     tcase_add_test(tc, test_file_tasks_config_round_trip);
     tcase_add_test(tc, test_bad_files_are_refused);
+    tcase_add_test(tc, test_utf8_exact_well_formed_table);
     suite_add_tcase(s, tc);
     return s;
 }

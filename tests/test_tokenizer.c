@@ -287,6 +287,79 @@ START_TEST(test_prepare_with_spm_writes_bos_and_ids_that_decode_to_the_text) {
 }
 END_TEST
 
+// The shards of prepare with --tokenizer MODEL, as their raw bytes.
+static char *spm_shards(const char *input, moe_doc_unit doc, size_t part_bytes, const char *name,
+                        size_t *len) {
+    moe_prepare_tokenizer ptk;
+    ck_assert_msg(moe_prepare_tokenizer_open(&ptk, model_path) == 0, "%s", moe_last_error());
+    char out[600], shard[700];
+    snprintf(out, sizeof out, "%s/%s", root, name);
+    const char *inputs[] = {input};
+    moe_prepare_opts o = {.out_dir = out,
+                          .inputs = inputs,
+                          .n_inputs = 1,
+                          .tokenizer = &ptk,
+                          .doc = doc,
+                          .shard_tokens = 100000000,
+                          .part_bytes = part_bytes};
+    moe_prepare_result r;
+    ck_assert_msg(moe_prepare(&o, &r) == 0, "%s", moe_last_error());
+    moe_prepare_tokenizer_close(&ptk);
+    ck_assert_int_eq(r.shards[0], 1);
+    snprintf(shard, sizeof shard, "%s/train_000000.bin", out);
+    return slurp(shard, len);
+}
+
+// A long document is encoded in parts (SentencePiece takes ~220x the bytes
+// it encodes at once); cut after a newline or before a space, the tokens
+// equal those of the whole document: README in one piece and in parts of at
+// most 4096 bytes (cuts at newlines) or 200 (11 cuts at spaces); README as one
+// line in parts of 200 (cuts at spaces).
+START_TEST(test_prepare_spm_parts_equal_whole_document_encoding) {
+    train_tokenizer();
+    const char *readme = MOE_SOURCE_DIR "/README.md";
+    size_t n_whole, n_nl, n_sp;
+    char *whole = spm_shards(readme, MOE_DOC_FILE, (size_t)1 << 30, "whole", &n_whole);
+    char *nl = spm_shards(readme, MOE_DOC_FILE, 4096, "parts4096", &n_nl);
+    char *sp = spm_shards(readme, MOE_DOC_FILE, 200, "parts200", &n_sp);
+    ck_assert_uint_gt(n_whole, 1024 + 2 * 10000);
+    ck_assert_uint_eq(n_nl, n_whole);
+    ck_assert(memcmp(nl, whole, n_whole) == 0);
+    ck_assert_uint_eq(n_sp, n_whole);
+    ck_assert(memcmp(sp, whole, n_whole) == 0);
+    // one line of 118 KB: every cut at 200 bytes is before a space
+    size_t tlen;
+    char *text = slurp(readme, &tlen), line[600];
+    for (size_t i = 0; i < tlen; i++)
+        if (text[i] == '\n') text[i] = ' ';
+    snprintf(line, sizeof line, "%s/oneline.txt", root);
+    write_bytes(line, text, tlen);
+    free(text);
+    size_t n_l1, n_l2;
+    char *l1 = spm_shards(line, MOE_DOC_FILE, (size_t)1 << 30, "line_whole", &n_l1);
+    char *l2 = spm_shards(line, MOE_DOC_FILE, 200, "line_parts", &n_l2);
+    ck_assert_uint_eq(n_l1, n_l2);
+    ck_assert(memcmp(l1, l2, n_l1) == 0);
+    free(l1);
+    free(l2);
+    // the model without the dummy prefix is what makes this hold: a later
+    // part encoded as a document of its own starts with "▁" instead
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open(model_path, &t), 0);
+    int32_t *a, *b;
+    size_t na, nb;
+    ck_assert_int_eq(moe_tok_encode_part(t, "model", 5, 1, &a, &na), 0);
+    ck_assert_int_eq(moe_tok_encode_part(t, "model", 5, 0, &b, &nb), 0);
+    ck_assert(na != nb || memcmp(a, b, na * sizeof *a) != 0);
+    free(a);
+    free(b);
+    moe_tok_free(t);
+    free(whole);
+    free(nl);
+    free(sp);
+}
+END_TEST
+
 static void refused(const char *path, int code, const char *what) {
     moe_tokenizer *t = (moe_tokenizer *)1;
     int rc = moe_tok_open(path, &t);
@@ -670,6 +743,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_spm_round_trips_text_through_libsentencepiece);
     tcase_add_test(tc, test_spm_ids_equal_spm_encode);
     tcase_add_test(tc, test_prepare_with_spm_writes_bos_and_ids_that_decode_to_the_text);
+    tcase_add_test(tc, test_prepare_spm_parts_equal_whole_document_encoding);
     tcase_add_test(tc, test_bad_model_files_are_refused);
     tcase_add_test(tc, test_vocab_size_below_the_tokenizer_is_refused);
     tcase_add_test(tc, test_save_with_tokenizer_survives_a_failed_call_at_every_point);

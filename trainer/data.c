@@ -217,6 +217,7 @@ int moe_data_next(moe_data *d, int split, int32_t *inputs, int32_t *targets, int
 }
 
 static int add_seg(moe_data_part *p, int file, long start, long len, int T) {
+    p->n_tokens += len;
     long w = windows_of(len, T);
     if (w == 0) return 0;
     moe_data_seg *seg = realloc(p->seg, sizeof *seg * (size_t)(p->n_seg + 1));
@@ -307,7 +308,7 @@ static int open_files(moe_data *d, const moe_config *cfg) {
                 return moe_fail(MOE_EFORMAT,
                                 "%s: %ld tokens are too few for %s windows of %d tokens%s",
                                 s == MOE_SPLIT_VAL && val_files ? cfg->data.val_path : pattern,
-                                d->n_tokens, s ? "validation" : "training", d->T + 1,
+                                d->part[t][s].n_tokens, s ? "validation" : "training", d->T + 1,
                                 s && !val_files ? " (data.val_fraction of each file)" : "");
             MOE_TRY(finish_part(&d->part[t][s]));
         }

@@ -13,6 +13,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,8 +37,8 @@ void moe_tokens_free(moe_tokens *t) {
     memset(t, 0, sizeof *t);
 }
 
-static int encode_bytes(void *ctx, const char *text, size_t len, moe_tokens *out) {
-    (void)ctx;
+static int encode_bytes(void *ctx, const char *text, size_t len, int first, moe_tokens *out) {
+    (void)ctx, (void)first;
     MOE_TRY(moe_tokens_reserve(out, len));
     for (size_t i = 0; i < len; i++)
         out->tok[out->n++] = (unsigned char)text[i];
@@ -46,14 +47,14 @@ static int encode_bytes(void *ctx, const char *text, size_t len, moe_tokens *out
 
 // A SentencePiece document starts with BOS: what moe generate and
 // transformers put before a prompt, so training sees the same context.
-static int encode_spm(void *ctx, const char *text, size_t len, moe_tokens *out) {
+static int encode_spm(void *ctx, const char *text, size_t len, int first, moe_tokens *out) {
     const moe_tokenizer *tk = ctx;
     int32_t *ids = NULL;
     size_t n = 0;
-    MOE_TRY(moe_tok_encode(tk, text, len, &ids, &n));
+    MOE_TRY(moe_tok_encode_part(tk, text, len, first, &ids, &n));
     int rc = moe_tokens_reserve(out, n + 1);
     if (rc == 0) {
-        if (moe_tok_bos_id(tk) >= 0) out->tok[out->n++] = (uint32_t)moe_tok_bos_id(tk);
+        if (first && moe_tok_bos_id(tk) >= 0) out->tok[out->n++] = (uint32_t)moe_tok_bos_id(tk);
         for (size_t i = 0; i < n; i++)
             out->tok[out->n++] = (uint32_t)ids[i];
     }
@@ -77,7 +78,13 @@ int moe_prepare_tokenizer_open(moe_prepare_tokenizer *t, const char *spec) {
         return moe_fail(MOE_EINVAL, "--tokenizer: path longer than %zu characters",
                         sizeof t->name - 1);
     moe_tokenizer *tk;
-    MOE_TRY(moe_tok_open(spec, &tk));
+    int rc = moe_tok_open(spec, &tk);
+    if (rc == MOE_ENOTFOUND) // "byte: cannot open" says nothing of what was expected
+        return moe_fail(rc,
+                        "--tokenizer %s: no such file (--tokenizer takes bytes or the path of a "
+                        "SentencePiece .model): %s",
+                        spec, moe_last_error());
+    if (rc < 0) return rc;
     snprintf(t->name, sizeof t->name, "%s", spec);
     t->vocab_size = moe_tok_vocab_size(tk);
     t->encode = encode_spm;
@@ -116,8 +123,109 @@ static void list_free(path_list *l) {
     memset(l, 0, sizeof *l);
 }
 
-// Regular files under dir, sorted by name, hidden entries skipped.
-static int walk(path_list *l, const char *dir, int depth) {
+// The input files with the identity (device, inode) of what each path names,
+// so that one file reached by two paths is caught.
+typedef struct {
+    path_list paths;
+    struct file_id {
+        dev_t dev;
+        ino_t ino;
+        int at; // index into paths
+    } * id;
+} input_list;
+
+static int input_add(input_list *in, const char *p, const struct stat *st) {
+    struct file_id *a = realloc(in->id, sizeof *a * (size_t)(in->paths.n + 1));
+    if (!a) return moe_fail(MOE_ENOMEM, "prepare: out of memory");
+    in->id = a;
+    a[in->paths.n] = (struct file_id){st->st_dev, st->st_ino, in->paths.n};
+    return list_add(&in->paths, p);
+}
+
+static void input_free(input_list *in) {
+    list_free(&in->paths);
+    free(in->id);
+    in->id = NULL;
+}
+
+static int by_id(const void *a, const void *b) {
+    const struct file_id *x = a, *y = b;
+    if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
+    if (x->ino != y->ino) return x->ino < y->ino ? -1 : 1;
+    return x->at - y->at;
+}
+
+// A file included twice would be trained on twice and could land in both
+// splits: the same (device, inode) under two paths is refused.
+static int refuse_duplicates(const input_list *in) {
+    int n = in->paths.n;
+    struct file_id *s = malloc(sizeof *s * (size_t)(n ? n : 1));
+    if (!s) return moe_fail(MOE_ENOMEM, "prepare: out of memory");
+    memcpy(s, in->id, sizeof *s * (size_t)n);
+    qsort(s, (size_t)n, sizeof *s, by_id);
+    int rc = 0;
+    for (int i = 1; i < n && rc == 0; i++) {
+        if (s[i].dev != s[i - 1].dev || s[i].ino != s[i - 1].ino) continue;
+        const char *a = in->paths.path[s[i - 1].at], *b = in->paths.path[s[i].at];
+        if (!strcmp(a, b))
+            rc = moe_fail(MOE_EINVAL,
+                          "%s: included twice (an input given twice, or a file inside a folder "
+                          "also given): give each file once",
+                          a);
+        else
+            rc = moe_fail(MOE_EINVAL,
+                          "%s and %s are the same file (a link, or the same file by two paths): "
+                          "give each file once",
+                          a, b);
+    }
+    free(s);
+    return rc;
+}
+
+// The folders a walk has entered, as (device, inode) in an open-addressing
+// set: a folder reached again through a symbolic link (a loop such as
+// `ln -s . a`, or two links to one folder) is not entered twice.
+typedef struct {
+    struct dir_id {
+        dev_t dev;
+        ino_t ino;
+        bool used;
+    } * slot;
+    size_t cap, n;
+} dir_set;
+
+static size_t dir_hash(dev_t dev, ino_t ino, size_t cap) {
+    uint64_t h = ((uint64_t)dev * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)ino * 0xC2B2AE3D27D4EB4Full);
+    return (size_t)(h ^ (h >> 29)) & (cap - 1);
+}
+
+// 1 when (dev, ino) was new (now added), 0 when already in the set.
+static int dir_set_add(dir_set *d, dev_t dev, ino_t ino) {
+    if (2 * (d->n + 1) > d->cap) {
+        size_t cap = d->cap ? 2 * d->cap : 64;
+        struct dir_id *s = calloc(cap, sizeof *s);
+        if (!s) return moe_fail(MOE_ENOMEM, "prepare: out of memory");
+        for (size_t i = 0; i < d->cap; i++)
+            if (d->slot[i].used) {
+                size_t h = dir_hash(d->slot[i].dev, d->slot[i].ino, cap);
+                while (s[h].used)
+                    h = (h + 1) & (cap - 1);
+                s[h] = d->slot[i];
+            }
+        free(d->slot);
+        d->slot = s, d->cap = cap;
+    }
+    size_t h = dir_hash(dev, ino, d->cap);
+    for (; d->slot[h].used; h = (h + 1) & (d->cap - 1))
+        if (d->slot[h].dev == dev && d->slot[h].ino == ino) return 0;
+    d->slot[h] = (struct dir_id){dev, ino, true};
+    d->n++;
+    return 1;
+}
+
+// Regular files under dir, sorted by name, hidden entries skipped; links are
+// followed, but a folder already entered is skipped.
+static int walk(input_list *l, dir_set *seen, const char *dir, int depth) {
     if (depth > 64) return moe_fail(MOE_EINVAL, "%s: folders nested deeper than 64", dir);
     struct dirent **ents;
     int n = scandir(dir, &ents, NULL, alphasort);
@@ -130,10 +238,11 @@ static int walk(path_list *l, const char *dir, int depth) {
         if (rc == 0 && name[0] != '.') {
             if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p)
                 rc = moe_fail(MOE_EINVAL, "%s/%s: path too long", dir, name);
-            else if (stat(p, &st) == 0 && S_ISDIR(st.st_mode))
-                rc = walk(l, p, depth + 1);
-            else if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
-                rc = list_add(l, p);
+            else if (stat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
+                if ((rc = dir_set_add(seen, st.st_dev, st.st_ino)) > 0)
+                    rc = walk(l, seen, p, depth + 1);
+            } else if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
+                rc = input_add(l, p, &st);
         }
         free(ents[i]);
     }
@@ -165,8 +274,17 @@ typedef struct {
     FILE *f;
     long n;         // tokens in the open shard
     int count;      // shards started
-    path_list done; // every shard file started (removed on failure)
+    int renamed;    // shards moved from NAME.tmp to NAME
+    path_list done; // every shard started, by its final name
 } shard_writer;
+
+// Shards are written as NAME.tmp and renamed to NAME only when all of them and
+// the manifest are complete: a killed prepare leaves no file that the glob
+// DIR/train_*.bin picks up, and a run that maps an old shard is never hit by
+// a shard rewritten under it (SIGBUS).
+static void tmp_name(char *out, size_t cap, const char *path) {
+    snprintf(out, cap, "%s.tmp", path);
+}
 
 static int shard_close(shard_writer *w) {
     if (!w->f) return 0;
@@ -188,10 +306,12 @@ static int shard_write(shard_writer *w, const uint32_t *tok, size_t n) {
             char p[4096];
             snprintf(p, sizeof p, "%s/%s_%06d.bin", w->dir, w->split, w->count++);
             MOE_TRY(list_add(&w->done, p));
+            char t[4200];
+            tmp_name(t, sizeof t, p);
             unsigned char hdr[MOE_LLMC_HEADER];
             moe_llmc_header_fill(hdr, w->version, 0); // rewritten with the count at close
-            if (!(w->f = fopen(p, "wb")) || fwrite(hdr, sizeof hdr, 1, w->f) != 1)
-                return moe_fail(MOE_EIO, "%s: cannot write: %s", p, strerror(errno));
+            if (!(w->f = fopen(t, "wb")) || fwrite(hdr, sizeof hdr, 1, w->f) != 1)
+                return moe_fail(MOE_EIO, "%s: cannot write: %s", t, strerror(errno));
             w->n = 0;
         }
         size_t room = (size_t)(w->per_shard - w->n), take = n < room ? n : room;
@@ -233,6 +353,26 @@ static size_t doc_len(const char *s, size_t n, moe_doc_unit unit) {
     return n;
 }
 
+// Bytes of the next part of a document s[0, n) to encode, at most max (>= 1):
+// through the last newline, else up to the last space that follows a
+// non-space, else up to the last character boundary. Tokens at a newline or
+// space cut equal those of the whole document for the usual SentencePiece
+// models (moe/tokenizer.h, moe_tok_encode_part); a cut inside a word may
+// split a token there.
+static size_t part_len(const char *s, size_t n, size_t max) {
+    if (n <= max) return n;
+    for (size_t k = max; k > 0; k--)
+        if (s[k - 1] == '\n') return k;
+    for (size_t k = max; k > 1; k--)
+        if (s[k] == ' ' && s[k - 1] != ' ') return k;
+    size_t k = max;
+    while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80)
+        k--;
+    while (k == 0 && ++max < n) // max inside the first character: past it
+        if (((unsigned char)s[max] & 0xC0) != 0x80) k = max;
+    return k ? k : n;
+}
+
 static int doc_split(const char *s, size_t n, uint64_t seed, double val_fraction) {
     uint64_t h = 0xCBF29CE484222325ull; // FNV-1a, then mixed with the seed
     for (size_t i = 0; i < n; i++)
@@ -245,17 +385,18 @@ typedef struct {
     long docs[2], tokens[2];
 } file_stat;
 
+static const char *const doc_names[] = {"file", "paragraph", "line"};
+
 static int write_manifest(const moe_prepare_opts *o, const path_list *in, const file_stat *fs,
                           const moe_prepare_result *r, shard_writer w[2]) {
     char p[4096];
     snprintf(p, sizeof p, "%s/manifest.json", o->out_dir);
-    static const char *const docs[] = {"file", "paragraph", "line"};
     json_t *root = json_object(), *files = json_array(), *splits = json_object();
     json_object_set_new(root, "format", json_string("llm.c"));
     json_object_set_new(root, "version", json_integer(r->version));
     json_object_set_new(root, "tokenizer", json_string(o->tokenizer->name));
     json_object_set_new(root, "vocab_size", json_integer(o->tokenizer->vocab_size));
-    json_object_set_new(root, "document", json_string(docs[o->doc]));
+    json_object_set_new(root, "document", json_string(doc_names[o->doc]));
     json_object_set_new(root, "val_fraction", json_real(o->val_fraction));
     json_object_set_new(root, "seed", json_integer((json_int_t)o->seed));
     for (int i = 0; i < in->n; i++) {
@@ -282,10 +423,33 @@ static int write_manifest(const moe_prepare_opts *o, const path_list *in, const 
     }
     json_object_set_new(root, "files", files);
     json_object_set_new(root, "splits", splits);
+    char t[4200];
+    tmp_name(t, sizeof t, p);
     int rc =
-        json_dump_file(root, p, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+        json_dump_file(root, t, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     json_decref(root);
-    return rc ? moe_fail(MOE_EIO, "%s: cannot write", p) : 0;
+    return rc ? moe_fail(MOE_EIO, "%s: cannot write", t) : 0;
+}
+
+// The names prepare writes, and those of a prepare that was killed: a folder
+// holding any of them is refused, since an old shard left beside new ones
+// would be trained on by DIR/train_*.bin. Other files are left alone.
+static int check_out_dir(const char *dir) {
+    static const char *const ours[] = {"manifest.json", "manifest.json.tmp", "train_*.bin",
+                                       "val_*.bin",     "train_*.bin.tmp",   "val_*.bin.tmp"};
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? 0 : moe_make_dirs(dir); // its message for a non-folder
+    int rc = 0;
+    for (struct dirent *e; rc == 0 && (e = readdir(d)) != NULL;)
+        for (size_t k = 0; rc == 0 && k < sizeof ours / sizeof ours[0]; k++)
+            if (fnmatch(ours[k], e->d_name, 0) == 0)
+                rc = moe_fail(MOE_EINVAL,
+                              "%s/%s exists: %s already holds shards or a manifest (of an earlier "
+                              "moe prepare; .tmp: of one that was stopped): choose another --out "
+                              "or remove them",
+                              dir, e->d_name, dir);
+    closedir(d);
+    return rc;
 }
 
 int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
@@ -298,7 +462,8 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
     if (o->n_inputs < 1) return moe_fail(MOE_EINVAL, "no input files or folders");
     const moe_prepare_tokenizer *tk = o->tokenizer;
     r->version = tk->vocab_size <= 65536 ? 1 : 2;
-    path_list in = {0};
+    input_list inl = {0};
+    const path_list *in = &inl.paths;
     file_stat *fs = NULL;
     moe_tokens toks = {0};
     shard_writer w[2];
@@ -309,56 +474,72 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
                               .version = r->version,
                               .per_shard = o->shard_tokens};
     int rc = 0;
-    char p[4096];
+    char p[4200], manifest[4096] = "";
     // Pass 1: every input is a readable regular file of UTF-8 text.
     for (int i = 0; rc == 0 && i < o->n_inputs; i++) {
         struct stat st;
-        if (stat(o->inputs[i], &st) == 0 && S_ISDIR(st.st_mode))
-            rc = walk(&in, o->inputs[i], 0);
-        else
-            rc = list_add(&in, o->inputs[i]);
+        if (stat(o->inputs[i], &st) != 0) { // map_text names what is wrong
+            rc = input_add(&inl, o->inputs[i], &(struct stat){.st_ino = 0});
+            continue;
+        }
+        if (S_ISDIR(st.st_mode)) {
+            dir_set seen = {0};
+            rc = dir_set_add(&seen, st.st_dev, st.st_ino);
+            if (rc >= 0) rc = walk(&inl, &seen, o->inputs[i], 0);
+            free(seen.slot);
+        } else
+            rc = input_add(&inl, o->inputs[i], &st);
     }
     size_t total = 0;
-    for (int i = 0; rc == 0 && i < in.n; i++) {
+    for (int i = 0; rc == 0 && i < in->n; i++) {
         text_map m;
-        if ((rc = map_text(in.path[i], &m)) < 0) break;
+        if ((rc = map_text(in->path[i], &m)) < 0) break;
         long bad = moe_utf8_bad((const unsigned char *)m.data, (long)m.len);
-        if (bad >= 0) rc = moe_fail(MOE_EFORMAT, "%s: byte %ld: invalid UTF-8", in.path[i], bad);
+        if (bad >= 0) rc = moe_fail(MOE_EFORMAT, "%s: byte %ld: invalid UTF-8", in->path[i], bad);
         total += m.len;
         unmap_text(&m);
     }
-    if (rc == 0 && in.n == 0) rc = moe_fail(MOE_EINVAL, "no files in the inputs given");
+    if (rc == 0 && in->n == 0) rc = moe_fail(MOE_EINVAL, "no files in the inputs given");
+    if (rc == 0) rc = refuse_duplicates(&inl);
     if (rc == 0 && total == 0) rc = moe_fail(MOE_EFORMAT, "the inputs hold no text (all empty)");
     if (rc < 0) goto fail;
-    snprintf(p, sizeof p, "%s/manifest.json", o->out_dir);
-    if (access(p, F_OK) == 0) {
-        rc = moe_fail(MOE_EINVAL, "%s exists: %s already holds prepared shards", p, o->out_dir);
-        goto fail;
-    }
+    if ((rc = check_out_dir(o->out_dir)) < 0) goto fail;
     if ((rc = moe_make_dirs(o->out_dir)) < 0) goto fail;
-    fs = calloc((size_t)in.n, sizeof *fs);
+    fs = calloc((size_t)in->n, sizeof *fs);
     if (!fs) {
         rc = moe_fail(MOE_ENOMEM, "prepare: out of memory");
         goto fail;
     }
     // Pass 2: documents -> tokens -> shards.
-    moe_prepare_progress pr = {0, total, 0, in.n};
-    for (int i = 0; i < in.n; i++) {
+    const size_t part_max = o->part_bytes ? o->part_bytes : MOE_PREPARE_PART_BYTES;
+    moe_prepare_progress pr = {0, total, 0, in->n};
+    for (int i = 0; i < in->n; i++) {
         text_map m;
-        MOE_TRY_GOTO(map_text(in.path[i], &m), rc);
+        MOE_TRY_GOTO(map_text(in->path[i], &m), rc);
         fs[i].bytes = m.len;
         for (size_t at = 0; at < m.len && rc == 0;) {
+            if (o->stop && *o->stop) {
+                rc = moe_fail(MOE_EIO, "interrupted: the shards written so far are removed");
+                break;
+            }
             size_t n = doc_len(m.data + at, m.len - at, o->doc);
             int s = doc_split(m.data + at, n, o->seed, o->val_fraction);
-            toks.n = 0;
-            if ((rc = tk->encode(tk->ctx, m.data + at, n, &toks)) < 0) break;
-            for (size_t k = 0; k < toks.n && rc == 0; k++)
-                if (toks.tok[k] >= (uint32_t)tk->vocab_size)
-                    rc = moe_fail(MOE_EINVAL, "%s: tokenizer %s gave token %u >= its vocabulary %d",
-                                  in.path[i], tk->name, toks.tok[k], tk->vocab_size);
-            if (rc == 0) rc = shard_write(&w[s], toks.tok, toks.n);
-            fs[i].docs[s]++, fs[i].tokens[s] += (long)toks.n;
-            r->documents[s]++, r->tokens[s] += (long)toks.n, r->split_bytes[s] += n;
+            long doc_tokens = 0;
+            for (size_t off = 0, len; off < n && rc == 0; off += len) {
+                len = part_len(m.data + at + off, n - off, part_max);
+                toks.n = 0;
+                if ((rc = tk->encode(tk->ctx, m.data + at + off, len, off == 0, &toks)) < 0) break;
+                for (size_t k = 0; k < toks.n && rc == 0; k++)
+                    if (toks.tok[k] >= (uint32_t)tk->vocab_size)
+                        rc = moe_fail(MOE_EINVAL,
+                                      "%s: tokenizer %s gave token %u >= its vocabulary %d",
+                                      in->path[i], tk->name, toks.tok[k], tk->vocab_size);
+                if (rc == 0) rc = shard_write(&w[s], toks.tok, toks.n);
+                doc_tokens += (long)toks.n;
+            }
+            if (rc < 0) break;
+            fs[i].docs[s]++, fs[i].tokens[s] += doc_tokens;
+            r->documents[s]++, r->tokens[s] += doc_tokens, r->split_bytes[s] += n;
             // progress about every MiB inside large files
             if (o->progress && (at >> 20) != ((at + n) >> 20)) {
                 pr.bytes_done += n;
@@ -375,32 +556,54 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
     for (int s = 0; s < 2; s++)
         MOE_TRY_GOTO(shard_close(&w[s]), rc);
     if (o->val_fraction > 0 && r->documents[MOE_SPLIT_VAL] == 0) {
+        // What helps: smaller documents while there are any, else more of them,
+        // a larger fraction or another seed (the split is a hash of both).
+        static const char *const smaller[] = {"--doc paragraph or line, ", "--doc line, ", ""};
         rc = moe_fail(MOE_EINVAL,
-                      "no document went to validation (%ld documents, --val-fraction %g): "
-                      "use --doc paragraph or line, more documents, or --val-fraction 0",
-                      r->documents[0], o->val_fraction);
+                      "no document went to validation (%ld documents, --doc %s, --val-fraction "
+                      "%g): use %smore text, a larger --val-fraction, another --seed, or "
+                      "--val-fraction 0 (no validation shards)",
+                      r->documents[0], doc_names[o->doc], o->val_fraction, smaller[o->doc]);
         goto fail;
     }
     if (r->tokens[MOE_SPLIT_TRAIN] == 0) {
         rc = moe_fail(MOE_EINVAL, "no training tokens: every document went to validation");
         goto fail;
     }
-    r->files = in.n;
+    r->files = in->n;
     r->bytes = total;
     r->shards[0] = w[0].done.n, r->shards[1] = w[1].done.n;
-    rc = write_manifest(o, &in, fs, r, w);
+    rc = write_manifest(o, in, fs, r, w);
+    // Every shard into place, then the manifest (what marks DIR as complete).
+    for (int s = 0; s < 2 && rc == 0; s++)
+        for (; w[s].renamed < w[s].done.n && rc == 0; w[s].renamed++) {
+            const char *fin = w[s].done.path[w[s].renamed];
+            tmp_name(p, sizeof p, fin);
+            if (rename(p, fin) != 0)
+                rc = moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", p, fin, strerror(errno));
+        }
+    snprintf(manifest, sizeof manifest, "%s/manifest.json", o->out_dir);
+    tmp_name(p, sizeof p, manifest);
+    if (rc == 0 && rename(p, manifest) != 0)
+        rc = moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", p, manifest, strerror(errno));
 fail:
     for (int s = 0; s < 2; s++) {
         if (w[s].f) fclose(w[s].f);
-        for (int i = 0; rc < 0 && i < w[s].done.n; i++)
-            unlink(w[s].done.path[i]);
+        for (int i = 0; rc < 0 && i < w[s].done.n; i++) {
+            tmp_name(p, sizeof p, w[s].done.path[i]);
+            unlink(i < w[s].renamed ? w[s].done.path[i] : p);
+        }
         list_free(&w[s].done);
+    }
+    if (rc < 0 && manifest[0]) {
+        tmp_name(p, sizeof p, manifest);
+        unlink(p);
     }
     if (rc < 0 && fs) { // the folder goes too when prepare created it and it is empty now
         rmdir(o->out_dir);
     }
     moe_tokens_free(&toks);
     free(fs);
-    list_free(&in);
+    input_free(&inl);
     return rc;
 }

@@ -58,20 +58,38 @@ void moe_llmc_header_fill(unsigned char hdr[MOE_LLMC_HEADER], int version, long 
             hdr[4 * i + b] = (unsigned char)(v[i] >> (8 * b));
 }
 
+// Well-formed UTF-8 as RFC 3629 §4 defines it: no overlong forms (C0, C1,
+// E0 80..9F, F0 80..8F), no surrogates (ED A0..BF), nothing above U+10FFFF
+// (F4 90..BF, F5..FF). The second byte's range depends on the lead; the
+// others are always 80..BF.
 long moe_utf8_bad(const unsigned char *s, long n) {
     for (long i = 0; i < n;) {
-        if (s[i] < 0x80) { // ASCII runs dominate text: no table lookups
+        unsigned c = s[i];
+        if (c < 0x80) { // ASCII runs dominate text: no table lookups
             i++;
             continue;
         }
-        int len = (s[i] >> 5) == 6 ? 2 : (s[i] >> 4) == 14 ? 3 : (s[i] >> 3) == 30 ? 4 : 0;
-        if (!len || i + len > n) return i;
-        for (int j = 1; j < len; j++)
-            if ((s[i + j] & 0xC0) != 0x80) return i + j;
+        int len;
+        unsigned lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF)
+            len = 2;
+        else if (c >= 0xE0 && c <= 0xEF)
+            len = 3, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+        else if (c >= 0xF0 && c <= 0xF4)
+            len = 4, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+        else
+            return i;
+        for (int j = 1; j < len; j++) {
+            if (i + j >= n) return i; // truncated at the end of the text
+            if (s[i + j] < (j == 1 ? lo : 0x80) || s[i + j] > (j == 1 ? hi : 0xBF)) return i + j;
+        }
         i += len;
     }
     return -1;
 }
+
+// model.vocab_size's upper bound (its range in trainer/config.c's key table).
+#define MOE_VOCAB_LIMIT (1 << 24)
 
 // One pass over the tokens: the first out-of-vocabulary one and the largest.
 static int check_vocab(const moe_token_file *f, long header, int vocab) {
@@ -85,6 +103,13 @@ static int check_vocab(const moe_token_file *f, long header, int vocab) {
         if (first < 0 && t >= (uint32_t)vocab) first = i, first_tok = (int32_t)t;
     }
     if (first < 0) return 0;
+    if (max >= MOE_VOCAB_LIMIT) // no vocab_size would do: advice to raise it would mislead
+        return moe_fail(MOE_EFORMAT,
+                        "%s: byte %ld: token %u >= model.vocab_size %d, and the largest token in "
+                        "the file, %u, is out of any valid range (model.vocab_size is at most %d): "
+                        "a corrupt file, or not a token file of this data.kind",
+                        f->path, header + first * f->width, (uint32_t)first_tok, vocab, max,
+                        MOE_VOCAB_LIMIT);
     return moe_fail(MOE_EFORMAT,
                     "%s: byte %ld: token %u >= model.vocab_size %d (the largest token in the "
                     "file is %u: set model.vocab_size to at least %lu)",

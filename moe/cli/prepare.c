@@ -5,6 +5,7 @@
 #include "moe/cli/cli.h"
 #include "moe/error.h"
 
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,7 +18,8 @@ static const char *prepare_help =
     "                   [--doc file|paragraph|line] [--shard-tokens N] [--seed N] [--quiet]\n"
     "\n"
     "Tokenizes UTF-8 text files and folders (walked recursively in name order, hidden\n"
-    "entries skipped) into llm.c shards DIR/train_000000.bin, DIR/val_000000.bin, ...\n"
+    "entries skipped, a folder reached again through a link not entered twice) into llm.c shards "
+    "DIR/train_000000.bin, DIR/val_000000.bin, ...\n"
     "(256 x int32 header: magic 20240520, version 1 = uint16 tokens, 2 = uint32 when\n"
     "the vocabulary exceeds 65536; token count; then the tokens) and DIR/manifest.json\n"
     "(files, bytes, documents and tokens per split). A document (--doc: a whole file,\n"
@@ -36,13 +38,25 @@ static const char *prepare_help =
     "  --quiet             no progress display\n"
     "\n"
     "Invalid UTF-8 is refused naming the file and the byte offset, before anything\n"
-    "is written; DIR must not already hold a manifest.json.\n"
+    "is written, and so is a file included twice. DIR may hold other files but not a\n"
+    "manifest.json or train_*.bin / val_*.bin files (nor their .tmp): shards are written\n"
+    "as NAME.tmp and renamed into place with the manifest once all are complete.\n"
+    "Ctrl-C or SIGTERM stops prepare and removes what it wrote (exit status 130).\n"
     "\n"
-    "exit status: 0 ok, 1 runtime failure, 2 bad usage or input\n";
+    "exit status: 0 ok, 1 runtime failure, 2 bad usage or input, 130 stopped by a signal\n";
 
 typedef struct {
     int tty, last_tenth;
 } bar_state;
+
+static volatile sig_atomic_t interrupted;
+
+// The first Ctrl-C or SIGTERM asks prepare to stop and clean up; a second one
+// ends the process at once (the default action).
+static void on_stop_signal(int sig) {
+    interrupted = 1;
+    signal(sig, SIG_DFL);
+}
 
 static int term_width(void) {
     struct winsize ws;
@@ -106,8 +120,7 @@ int moe_cli_prepare(int argc, char **argv) {
             }
         } else if (argv[i][0] == '-' && argv[i][1]) {
             free(inputs);
-            return moe_cli_fail("prepare", MOE_EXIT_USAGE,
-                                "unknown option '%s' (see moe prepare --help)", argv[i]);
+            return moe_cli_unknown_option("prepare", argv[i], prepare_help);
         } else {
             inputs[n_in++] = argv[i];
         }
@@ -127,8 +140,23 @@ int moe_cli_prepare(int argc, char **argv) {
     if (shard && !bad) o.shard_tokens = (long)v;
     if (seed && !moe_cli_parse_long(seed, 0, INT64_MAX, &v)) bad = "--seed";
     if (seed && !bad) o.seed = (uint64_t)v;
-    if (doc && strcmp(doc, "file") && strcmp(doc, "paragraph") && strcmp(doc, "line"))
-        bad = "--doc";
+    if (doc && strcmp(doc, "file") && strcmp(doc, "paragraph") && strcmp(doc, "line")) {
+        free(inputs);
+        return moe_cli_fail("prepare", MOE_EXIT_USAGE, "--doc %s: expected file, paragraph or line",
+                            doc);
+    }
+    // "--out --quiet" would make a folder named --quiet: a path option takes
+    // no option-looking value (./-name still names one).
+    const char *path_opt[][2] = {{"--out", out}, {"--tokenizer", tok}};
+    for (int k = 0; k < 2; k++)
+        if (path_opt[k][1] && path_opt[k][1][0] == '-') {
+            free(inputs);
+            return moe_cli_fail("prepare", MOE_EXIT_USAGE,
+                                "%s needs a value, got the option '%s' (write ./%s for a path "
+                                "starting with '-')",
+                                path_opt[k][0], path_opt[k][1], path_opt[k][1]);
+        }
+    if (out && !out[0]) bad = "--out";
     if (bad) {
         free(inputs);
         return moe_cli_fail("prepare", MOE_EXIT_USAGE, "%s: bad value (see moe prepare --help)",
@@ -152,12 +180,19 @@ int moe_cli_prepare(int argc, char **argv) {
     o.tokenizer = &tk;
     if (!quiet) o.progress = progress, o.progress_ctx = &b;
     moe_prepare_result r;
+    interrupted = 0;
+    o.stop = &interrupted;
+    void (*old_int)(int) = signal(SIGINT, on_stop_signal);
+    void (*old_term)(int) = signal(SIGTERM, on_stop_signal);
     rc = moe_prepare(&o, &r);
+    signal(SIGINT, old_int);
+    signal(SIGTERM, old_term);
     if (!quiet && b.tty) fputc('\n', stderr);
     moe_prepare_tokenizer_close(&tk);
     free(inputs);
     // A missing, non-regular or non-UTF-8 input is bad input (2); a failed
     // write, a failed mapping or no memory is a runtime failure (1).
+    if (rc < 0 && interrupted) return moe_cli_fail("prepare", 130, "%s", moe_last_error());
     if (rc < 0) return moe_cli_fail("prepare", moe_cli_exit_code(rc), "%s", moe_last_error());
     printf("prepared %d files (%zu bytes, tokenizer %s): train %ld documents, %ld tokens in %d "
            "shards; validation %ld documents, %ld tokens in %d shards; %s/manifest.json\n",

@@ -39,6 +39,10 @@ int moe_spm_eos_id(const moe_spm *s) {
 int moe_spm_encode(const moe_spm *s, const char *text, size_t len, int32_t **ids, size_t *n) {
     return moe_fail(MOE_EINVAL, "tokenizer: built without libsentencepiece");
 }
+int moe_spm_encode_part(const moe_spm *s, const char *text, size_t len, int first, int32_t **ids,
+                        size_t *n) {
+    return moe_fail(MOE_EINVAL, "tokenizer: built without libsentencepiece");
+}
 int moe_spm_decode(const moe_spm *s, const int32_t *ids, size_t n, char **text, size_t *len) {
     return moe_fail(MOE_EINVAL, "tokenizer: built without libsentencepiece");
 }
@@ -152,7 +156,12 @@ const void *moe_tok_model_bytes(const moe_tokenizer *t, size_t *len) {
 }
 
 int moe_tok_encode(const moe_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n) {
-    if (t->spm) return moe_spm_encode(t->spm, text, len, ids, n);
+    return moe_tok_encode_part(t, text, len, 1, ids, n);
+}
+
+int moe_tok_encode_part(const moe_tokenizer *t, const char *text, size_t len, int first,
+                        int32_t **ids, size_t *n) {
+    if (t->spm) return moe_spm_encode_part(t->spm, text, len, first, ids, n);
     *n = 0;
     if (!(*ids = malloc(sizeof(int32_t) * (len ? len : 1))))
         return moe_fail(MOE_ENOMEM, "tokenizer: %zu bytes: out of memory", len);

@@ -25,6 +25,10 @@ void SetMinLogLevel(int v);
 
 struct moe_spm {
     sentencepiece::SentencePieceProcessor sp;
+    // The same model without the dummy prefix (normalizer_spec.add_dummy_prefix
+    // off), for text that continues a document: "▁" starts the document only.
+    sentencepiece::SentencePieceProcessor sp_cont;
+    bool have_cont = false;
 };
 
 namespace {
@@ -40,6 +44,72 @@ std::string explain(const sentencepiece::util::Status &st) {
     if (m.find("ParseFromArray") != std::string::npos)
         return "not a SentencePiece model (protobuf parse failed; truncated or another format?)";
     return "not a usable SentencePiece model (" + m + ")";
+}
+
+// Protobuf wire format, as much as the patch below needs.
+bool get_varint(const std::string &b, size_t &i, uint64_t &v) {
+    v = 0;
+    for (int sh = 0; sh < 64; sh += 7) {
+        if (i >= b.size()) return false;
+        uint8_t c = static_cast<uint8_t>(b[i++]);
+        v |= static_cast<uint64_t>(c & 0x7f) << sh;
+        if (!(c & 0x80)) return true;
+    }
+    return false;
+}
+
+void put_varint(std::string &o, uint64_t v) {
+    for (; v >= 0x80; v >>= 7)
+        o.push_back(static_cast<char>(v | 0x80));
+    o.push_back(static_cast<char>(v));
+}
+
+// Field at b[i] -> its number, and i past it; false when malformed.
+bool next_field(const std::string &b, size_t &i, uint64_t &field, std::string *payload) {
+    uint64_t tag, v;
+    if (!get_varint(b, i, tag)) return false;
+    field = tag >> 3;
+    switch (tag & 7) {
+    case 0:
+        return get_varint(b, i, v);
+    case 1:
+        return (i += 8) <= b.size();
+    case 5:
+        return (i += 4) <= b.size();
+    case 2:
+        if (!get_varint(b, i, v) || v > b.size() - i) return false;
+        if (payload) *payload = b.substr(i, v);
+        i += v;
+        return true;
+    }
+    return false;
+}
+
+// The serialized ModelProto with normalizer_spec (field 3).add_dummy_prefix
+// (field 3, bool) set to false; every other byte kept. Empty when malformed.
+std::string without_dummy_prefix(const std::string &m) {
+    std::string out, spec;
+    for (size_t i = 0; i < m.size();) {
+        size_t start = i;
+        uint64_t field;
+        std::string payload;
+        if (!next_field(m, i, field, &payload)) return "";
+        if (field != 3 || (m[start] & 7) != 2) {
+            out.append(m, start, i - start);
+            continue;
+        }
+        for (size_t k = 0; k < payload.size();) { // drop add_dummy_prefix, keep the rest
+            size_t s = k;
+            uint64_t f;
+            if (!next_field(payload, k, f, nullptr)) return "";
+            if (f != 3) spec.append(payload, s, k - s);
+        }
+    }
+    // (an absent normalizer_spec means its defaults: written here, but for this)
+    spec += std::string("\x18\x00", 2);
+    out.push_back(0x1a);
+    put_varint(out, spec.size());
+    return out + spec;
 }
 
 } // namespace
@@ -60,6 +130,9 @@ extern "C" int moe_spm_load(const void *bytes, size_t len, const char *name, moe
             delete s;
             return moe_fail(MOE_EFORMAT, "%s: SentencePiece model with no pieces", name);
         }
+        std::string cont = without_dummy_prefix(std::string(static_cast<const char *>(bytes), len));
+        s->have_cont = !cont.empty() && s->sp_cont.LoadFromSerializedProto(cont).ok() &&
+                       s->sp_cont.GetPieceSize() == s->sp.GetPieceSize();
         *out = s;
         return 0;
     } catch (const std::bad_alloc &) {
@@ -89,11 +162,19 @@ extern "C" int moe_spm_eos_id(const moe_spm *s) {
 
 extern "C" int moe_spm_encode(const moe_spm *s, const char *text, size_t len, int32_t **ids,
                               size_t *n) {
+    return moe_spm_encode_part(s, text, len, 1, ids, n);
+}
+
+extern "C" int moe_spm_encode_part(const moe_spm *s, const char *text, size_t len, int first,
+                                   int32_t **ids, size_t *n) {
     *ids = nullptr;
     *n = 0;
+    if (!first && !s->have_cont)
+        return moe_fail(MOE_EINVAL, "tokenizer: this SentencePiece model cannot encode text "
+                                    "that continues a document (its normalizer spec)");
     try {
         std::vector<int> v;
-        auto st = s->sp.Encode(std::string(text, len), &v);
+        auto st = (first ? s->sp : s->sp_cont).Encode(std::string(text, len), &v);
         if (!st.ok())
             return moe_fail(MOE_EINVAL, "tokenizer: cannot encode: %s", st.ToString().c_str());
         int32_t *o = static_cast<int32_t *>(malloc(sizeof(int32_t) * (v.size() ? v.size() : 1)));

@@ -22,6 +22,9 @@ int moe_spm_bos_id(const moe_spm *s);
 int moe_spm_eos_id(const moe_spm *s);
 // As moe_tok_encode / moe_tok_decode / moe_tok_piece (ids already range-checked).
 int moe_spm_encode(const moe_spm *s, const char *text, size_t len, int32_t **ids, size_t *n);
+// As moe_tok_encode_part.
+int moe_spm_encode_part(const moe_spm *s, const char *text, size_t len, int first, int32_t **ids,
+                        size_t *n);
 int moe_spm_decode(const moe_spm *s, const int32_t *ids, size_t n, char **text, size_t *len);
 int moe_spm_piece(const moe_spm *s, int32_t id, char *buf, size_t cap);
 float moe_spm_score(const moe_spm *s, int32_t id);

@@ -36,6 +36,7 @@ typedef struct {
     long *cum; // [n_seg + 1]: windows before each piece
     int n_seg;
     long n_windows;
+    long n_tokens; // of the pieces given to this part, whole windows or not
 } moe_data_part;
 
 struct moe_token_file;

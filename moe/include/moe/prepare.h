@@ -4,6 +4,7 @@
 #ifndef MOE_PREPARE_H
 #define MOE_PREPARE_H
 
+#include <signal.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,12 +18,13 @@ int moe_tokens_reserve(moe_tokens *t, size_t extra);
 void moe_tokens_free(moe_tokens *t);
 
 // The tokenizer interface: encode appends the tokens of text[0, len) (valid
-// UTF-8, one document) to out, each below vocab_size, and returns 0 or a
-// negative MOE_E* code with a message. ctx is the tokenizer's own state.
+// UTF-8, a document or, first = 0, a later part of one) to out, each below
+// vocab_size, and returns 0 or a negative MOE_E* code with a message. ctx is
+// the tokenizer's own state.
 typedef struct {
     char name[512]; // "bytes" or the model file (recorded in the manifest)
     int vocab_size;
-    int (*encode)(void *ctx, const char *text, size_t len, moe_tokens *out);
+    int (*encode)(void *ctx, const char *text, size_t len, int first, moe_tokens *out);
     void (*free)(void *ctx); // NULL: nothing to free
     void *ctx;
 } moe_prepare_tokenizer;
@@ -44,7 +46,8 @@ typedef struct {
 
 typedef struct {
     const char *out_dir;       // created if missing; must not hold a manifest.json
-    const char *const *inputs; // files or folders (walked recursively, sorted)
+    const char *const *inputs; // files or folders (walked recursively, sorted; a folder
+                               // entered once; one file twice is refused)
     int n_inputs;
     const moe_prepare_tokenizer *tokenizer;
     double val_fraction; // [0, 1): share of documents held out (by a hash of their bytes)
@@ -53,7 +56,17 @@ typedef struct {
     long shard_tokens; // tokens per shard (the last one holds the rest)
     void (*progress)(void *ctx, const moe_prepare_progress *p); // NULL: none
     void *progress_ctx;
+    // NULL, or a flag a signal handler sets: prepare then stops between
+    // documents, removes what it wrote and returns MOE_EIO ("interrupted").
+    const volatile sig_atomic_t *stop;
+    // A document longer than this is encoded in parts of at most this many
+    // bytes, cut after a newline, else before a space, else between two
+    // characters (0: MOE_PREPARE_PART_BYTES): SentencePiece needs about 220
+    // times the bytes it encodes at once.
+    size_t part_bytes;
 } moe_prepare_opts;
+
+#define MOE_PREPARE_PART_BYTES (256 * 1024)
 
 typedef struct {
     int files;
@@ -69,7 +82,10 @@ typedef struct {
 // out_dir/train_NNNNNN.bin, out_dir/val_NNNNNN.bin and out_dir/manifest.json.
 // A document goes to validation when a hash of (seed, its bytes) falls below
 // val_fraction: deterministic, and independent of the order of the inputs.
-// On failure the shards written so far are removed.
+// Shards are written as NAME.tmp and renamed into place, then the manifest,
+// once all are complete; on failure what was written so far is removed. An
+// out_dir holding a manifest.json or train_*.bin / val_*.bin files (or their
+// .tmp) is refused.
 int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r);
 
 #endif

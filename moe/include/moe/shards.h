@@ -60,7 +60,9 @@ static inline int32_t moe_token_at(const moe_token_file *f, long i) {
 int moe_glob_paths(const char *key, const char *pattern, char ***paths, int *n);
 void moe_glob_free(char **paths, int n);
 
-// Offset of the first byte that breaks UTF-8 in s[0, n), or -1.
+// Offset of the first byte that breaks well-formed UTF-8 (RFC 3629: no
+// overlong forms, surrogates or code points above U+10FFFF) in s[0, n), or -1;
+// a sequence cut by the end of s is reported at its lead byte.
 long moe_utf8_bad(const unsigned char *s, long n);
 
 #endif

@@ -43,6 +43,14 @@ int moe_tok_eos_id(const moe_tokenizer *t);
 // as transformers' add_bos_token does). *ids is malloc'ed (free it), *n its
 // length (0 for empty text; *ids is then still a valid allocation).
 int moe_tok_encode(const moe_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n);
+// As moe_tok_encode, for a document encoded in parts: first = 0 marks text
+// that continues one, which SentencePiece encodes without its dummy prefix
+// ("▁" before the first word of the document only). The parts' ids equal
+// the whole text's when each cut is before a space or after a newline, for
+// models with the identity normalizer, remove_extra_whitespaces off,
+// split_by_whitespace on and byte fallback (README "Tokenizers").
+int moe_tok_encode_part(const moe_tokenizer *t, const char *text, size_t len, int first,
+                        int32_t **ids, size_t *n);
 // Decodes n ids to text: *text malloc'ed and NUL-terminated, *len bytes before
 // the NUL. Control ids (BOS, EOS, pad) decode to nothing, as transformers'
 // skip_special_tokens. An id outside 0 .. vocab_size - 1 is refused (MOE_EINVAL).

@@ -4,9 +4,11 @@
 #include "moe/error.h"
 #include "testutil.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int count_lines(const char *path, const char *needle) {
@@ -143,6 +145,234 @@ START_TEST(test_grid_over_config_files) {
 }
 END_TEST
 
+static void small_config(moe_config *c) {
+    moe_config_default(c);
+    const char *sets[] = {"model.d_model=32", "model.n_layers=1",  "model.d_ff=32",
+                          "model.seq_len=16", "moe.num_experts=4", "train.batch_size=2",
+                          "train.steps=1",    "train.eval_every=0"};
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(moe_config_set(c, NULL, sets[i]), 0);
+}
+
+static const char *text_of(const char *path) {
+    static char buf[16384];
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "%s missing", path);
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+// A second grid into the folder of a first: refused before any training
+// (its run_000 .. run_002 would be replaced in part and run_002 left over);
+// with overwrite the first ablation's files go, other files stay.
+START_TEST(test_ablate_refuses_an_out_holding_an_ablation) {
+    moe_config c;
+    small_config(&c);
+    moe_grid_axis ax;
+    char out[700], p[800];
+    snprintf(out, sizeof out, "%s/grid", tu_tmpdir());
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "router.top_k=1,2,3"), 0);
+    ck_assert_msg(moe_ablate(&c, &ax, 1, NULL, 0, out, NULL) == 0, "%s", moe_last_error());
+    snprintf(p, sizeof p, "%s/notes.txt", out);
+    FILE *f = fopen(p, "w");
+    fputs("mine\n", f);
+    fclose(f);
+    snprintf(p, sizeof p, "%s/run_000/config.json", out);
+    const long before = strlen(text_of(p));
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "router.top_k=2,1"), 0);
+    ck_assert_int_eq(moe_ablate(&c, &ax, 1, NULL, 0, out, NULL), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "already holds an ablation"));
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "--overwrite"));
+    ck_assert_int_eq((long)strlen(text_of(p)), before); // untouched
+    // Only the tables (no run folder yet) are an ablation too.
+    char out2[700];
+    snprintf(out2, sizeof out2, "%s/tables", tu_tmpdir());
+    ck_assert_int_eq(mkdir(out2, 0755), 0);
+    snprintf(p, sizeof p, "%s/results.csv", out2);
+    fclose(fopen(p, "w"));
+    ck_assert_int_eq(moe_ablate(&c, &ax, 1, NULL, 0, out2, NULL), MOE_EINVAL);
+    // overwrite: the two new runs, no run_002, the table has two rows
+    ck_assert_msg(moe_ablate_overwrite(&c, &ax, 1, NULL, 0, out, NULL) == 0, "%s",
+                  moe_last_error());
+    snprintf(p, sizeof p, "%s/run_002", out);
+    ck_assert_int_eq(access(p, F_OK), -1);
+    snprintf(p, sizeof p, "%s/results.csv", out);
+    ck_assert_int_eq(count_lines(p, NULL), 3);
+    snprintf(p, sizeof p, "%s/notes.txt", out);
+    ck_assert_str_eq(text_of(p), "mine\n");
+    moe_config r;
+    moe_config_default(&r);
+    snprintf(p, sizeof p, "%s/run_000/config.json", out);
+    ck_assert_msg(moe_config_load(&r, NULL, p) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(r.router.top_k, 2);
+}
+END_TEST
+
+// The failure summary names the run that failed first in grid order (the
+// tables sort the rows; the summary must not follow them), and a run failing
+// at run time makes the ablation a runtime failure.
+START_TEST(test_ablate_summary_names_the_first_failed_run) {
+    moe_config c;
+    small_config(&c);
+    moe_grid_axis ax;
+    char out[700];
+    snprintf(out, sizeof out, "%s/fail", tu_tmpdir());
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "train.lr=1e-2,1e30,1e-2"), 0);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "train.steps=3"), 0);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "train.grad_clip=0"), 0);
+    ck_assert_int_eq(moe_ablate(&c, &ax, 1, NULL, 0, out, NULL), MOE_ENUMERIC);
+    ck_assert_msg(strstr(moe_last_error(), "1 of 3 runs failed (first: ") != NULL, "%s",
+                  moe_last_error());
+    ck_assert_msg(strstr(moe_last_error(), "/run_001: ") != NULL, "%s", moe_last_error());
+}
+END_TEST
+
+// Every run that fails, whatever its error (here a corrupt token file:
+// MOE_EFORMAT), makes the ablation a runtime failure; the folder holds the
+// tables even though no run made its folder.
+START_TEST(test_ablate_failed_runs_are_a_runtime_failure) {
+    moe_config c;
+    small_config(&c);
+    char bad[700], out[700], p[800], spec[800];
+    snprintf(bad, sizeof bad, "%s/bad.bin", tu_tmpdir());
+    FILE *f = fopen(bad, "w");
+    for (int i = 0; i < 300; i++)
+        fputs("garbage", f);
+    fclose(f);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "data.kind=llmc"), 0);
+    snprintf(spec, sizeof spec, "data.path=%s", bad);
+    ck_assert_int_eq(moe_config_set(&c, NULL, spec), 0);
+    moe_grid_axis ax;
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "router.top_k=1,2"), 0);
+    snprintf(out, sizeof out, "%s/corrupt", tu_tmpdir());
+    const int rc = moe_ablate(&c, &ax, 1, NULL, 0, out, NULL);
+    ck_assert_msg(rc == MOE_ENUMERIC, "%d: %s", rc, moe_last_error());
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "2 of 2 runs failed"));
+    snprintf(p, sizeof p, "%s/results.csv", out);
+    ck_assert_int_eq(count_lines(p, ",failed,"), 2);
+}
+END_TEST
+
+// A key given twice would label one cell with both values and train the last.
+START_TEST(test_ablate_refuses_a_grid_key_given_twice) {
+    moe_config c;
+    small_config(&c);
+    moe_grid_axis ax[2];
+    char out[700];
+    snprintf(out, sizeof out, "%s/twice", tu_tmpdir());
+    ck_assert_int_eq(moe_grid_axis_parse(&ax[0], "train.lr=1e-3"), 0);
+    ck_assert_int_eq(moe_grid_axis_parse(&ax[1], "train.lr=2e-3"), 0);
+    ck_assert_int_eq(moe_ablate(&c, ax, 2, NULL, 0, out, NULL), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "--grid train.lr given twice"));
+    ck_assert_int_eq(moe_grid_axis_parse(&ax[0], "config=a.json"), 0);
+    ck_assert_int_eq(moe_grid_axis_parse(&ax[1], "config=b.json"), 0);
+    ck_assert_int_eq(moe_ablate(&c, ax, 2, NULL, 0, out, NULL), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "--grid config given twice"));
+    ck_assert_int_eq(access(out, F_OK), -1);
+}
+END_TEST
+
+static moe_ablate_row row(int idx, int ok, double loss, int n_tasks, const char *const *tasks,
+                          const double *acc) {
+    moe_ablate_row r;
+    memset(&r, 0, sizeof r);
+    r.idx[0] = idx, r.ok = ok, r.val_loss = loss, r.n_tasks = n_tasks;
+    for (int t = 0; t < n_tasks; t++) {
+        snprintf(r.task[t], sizeof r.task[t], "%s", tasks[t]);
+        r.accuracy[t] = acc[t];
+    }
+    if (!ok) snprintf(r.error, sizeof r.error, "boom");
+    return r;
+}
+
+// The line of results.md whose first axis cell is value (" | v |").
+static const char *md_line(const char *md, const char *value, char *line, size_t n) {
+    char needle[64];
+    snprintf(needle, sizeof needle, "| %s |", value);
+    for (const char *p = md; *p;) {
+        const char *e = strchr(p, '\n');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        snprintf(line, n, "%.*s", (int)len, p);
+        const char *c = strchr(line + 1, '|'); // after the rank cell
+        if (c && !strncmp(c, needle, strlen(needle))) return line;
+        p += len + (e != NULL);
+    }
+    return NULL;
+}
+
+// A run whose loss is NaN or Inf ranks after every finite loss, marked
+// "nan", before the failed runs; the CSV leaves missing figures empty where
+// the table says n/a.
+START_TEST(test_ablate_tables_rank_non_finite_losses_last) {
+    moe_grid_axis ax;
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "model.seq_len=a,b,c,d,e"), 0);
+    const char *tasks[] = {"copy"};
+    const double acc[] = {0.5}, none[] = {-1};
+    moe_ablate_row rows[5] = {row(0, 1, 2.0, 1, tasks, acc), row(1, 1, NAN, 1, tasks, none),
+                              row(2, 0, 0, 0, NULL, NULL), row(3, 1, INFINITY, 1, tasks, acc),
+                              row(4, 1, 1.0, 1, tasks, acc)};
+    char out[700], p[800], line[512];
+    snprintf(out, sizeof out, "%s", tu_tmpdir());
+    ck_assert_int_eq(moe_ablate_write_results(out, &ax, 1, rows, 5), 0);
+    snprintf(p, sizeof p, "%s/results.md", out);
+    const char *md = text_of(p);
+    static const char *const want[] = {"| 1 | e |", "| 2 | a |", "| 3 | b |", "| 4 | d |",
+                                       "| 5 | c |"};
+    for (int i = 0; i < 5; i++)
+        ck_assert_msg(strstr(md, want[i]) != NULL, "no '%s' in\n%s", want[i], md);
+    ck_assert_ptr_nonnull(md_line(md, "b", line, sizeof line));
+    ck_assert_ptr_nonnull(strstr(line, "nan (not finite)"));
+    ck_assert_ptr_nonnull(strstr(line, "n/a"));
+    ck_assert_ptr_nonnull(md_line(md, "d", line, sizeof line));
+    ck_assert_ptr_nonnull(strstr(line, "inf (not finite)"));
+    snprintf(p, sizeof p, "%s/results.csv", out);
+    ck_assert_int_eq(count_lines(p, ",nan,"), 2); // status of b and d
+    ck_assert_int_eq(count_lines(p, "-1.0000"), 0);
+    const char *csv = text_of(p);
+    ck_assert_ptr_nonnull(strstr(csv, "\n1,\"b\",nan,nan,"));
+    ck_assert_ptr_nonnull(strstr(csv, ",0.0,,\"\"\n")); // b: seconds, then an empty acc_copy
+    ck_assert_ptr_nonnull(strstr(csv, "\n2,\"c\",failed,,"));
+}
+END_TEST
+
+// Runs with different task sets: one column per task of any run, each
+// figure under its own task, empty (n/a) where a run lacks the task.
+START_TEST(test_ablate_tables_use_the_union_of_tasks) {
+    moe_grid_axis ax;
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "data.tasks=[copy,sort],[add]"), 0);
+    const char *t0[] = {"copy", "sort"}, *t1[] = {"add"};
+    const double a0[] = {0.25, 0.5}, a1[] = {0.75};
+    moe_ablate_row rows[2] = {row(0, 1, 2.0, 2, t0, a0), row(1, 1, 1.0, 1, t1, a1)};
+    char out[700], p[800], line[512];
+    snprintf(out, sizeof out, "%s", tu_tmpdir());
+    ck_assert_int_eq(moe_ablate_write_results(out, &ax, 1, rows, 2), 0);
+    snprintf(p, sizeof p, "%s/results.csv", out);
+    const char *csv = text_of(p);
+    ck_assert_ptr_nonnull(strstr(csv, ",seconds,acc_copy,acc_sort,acc_add,error\n"));
+    ck_assert_ptr_nonnull(strstr(csv, ",0.2500,0.5000,,\"\"\n"));
+    ck_assert_ptr_nonnull(strstr(csv, ",,,0.7500,\"\"\n"));
+    snprintf(p, sizeof p, "%s/results.md", out);
+    const char *md = text_of(p);
+    ck_assert_ptr_nonnull(strstr(md, "| acc copy | acc sort | acc add | tokens/s |"));
+    ck_assert_ptr_nonnull(md_line(md, "[add]", line, sizeof line));
+    ck_assert_msg(strstr(line, "| n/a | n/a | 75.0% |") != NULL, "%s", line);
+    ck_assert_ptr_nonnull(md_line(md, "[copy,sort]", line, sizeof line));
+    ck_assert_msg(strstr(line, "| 25.0% | 50.0% | n/a |") != NULL, "%s", line);
+    // every row has as many cells as the header
+    int cells_header = -1;
+    for (const char *q = md; *q;) {
+        int cells = 0;
+        for (; *q && *q != '\n'; q++)
+            cells += *q == '|';
+        if (*q) q++;
+        if (cells_header < 0) cells_header = cells;
+        ck_assert_int_eq(cells, cells_header);
+    }
+}
+END_TEST
+
 static Suite *ablate_suite(void) {
     Suite *s = suite_create("ablate");
     TCase *tc = tcase_create("ablate");
@@ -150,6 +380,12 @@ static Suite *ablate_suite(void) {
     tcase_add_test(tc, test_grid_runs_every_combination);
     tcase_add_test(tc, test_grid_parse_and_bad_values);
     tcase_add_test(tc, test_grid_over_config_files);
+    tcase_add_test(tc, test_ablate_refuses_an_out_holding_an_ablation);
+    tcase_add_test(tc, test_ablate_summary_names_the_first_failed_run);
+    tcase_add_test(tc, test_ablate_failed_runs_are_a_runtime_failure);
+    tcase_add_test(tc, test_ablate_refuses_a_grid_key_given_twice);
+    tcase_add_test(tc, test_ablate_tables_rank_non_finite_losses_last);
+    tcase_add_test(tc, test_ablate_tables_use_the_union_of_tasks);
     suite_add_tcase(s, tc);
     return s;
 }

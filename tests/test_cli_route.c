@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int run_cli(const char **args) {
@@ -409,6 +410,101 @@ START_TEST(test_dispatch_help_and_version) {
 }
 END_TEST
 
+static long file_size(const char *path) {
+    struct stat st;
+    ck_assert_int_eq(stat(path, &st), 0);
+    return (long)st.st_size;
+}
+
+// --out is replaced by a rename: a FIFO or folder there is refused (it would
+// become a regular file), and so is an --out that is one of the inputs (by
+// device and inode, whatever the path), which would be lost.
+START_TEST(test_out_not_a_regular_file_or_an_input_is_refused) {
+    make_batch(6);
+    const char *in = tu_in_dir("in.safetensors"), *ids = tu_in_dir("ids.safetensors");
+    const char *fifo = tu_in_dir("fifo"), *sub = tu_in_dir("sub"), *link = tu_in_dir("link");
+    write_logits(in, false);
+    moe_st_entry te = {"task_ids", MOE_ST_I32, 1, {T}, task};
+    ck_assert_int_eq(moe_st_write(ids, &te, 1, NULL), 0);
+    ck_assert_int_eq(mkfifo(fifo, 0644), 0);
+    ck_assert_int_eq(mkdir(sub, 0755), 0);
+    ck_assert_int_eq(symlink(in, link), 0);
+    const long in_size = file_size(in), ids_size = file_size(ids);
+    ck_assert_int_eq(MOE("route", "--logits", in, "--out", fifo), 2);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "not a regular file"));
+    struct stat st;
+    ck_assert_int_eq(lstat(fifo, &st), 0);
+    ck_assert(S_ISFIFO(st.st_mode));
+    ck_assert_int_eq(MOE("route", "--example", "--out", sub), 2);
+    ck_assert_int_eq(lstat(sub, &st), 0);
+    ck_assert(S_ISDIR(st.st_mode));
+    ck_assert_int_eq(MOE("route", "--logits", in, "--out", in), 2);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "same file as --logits"));
+    ck_assert_int_eq(MOE("route", "--logits", link, "--out", in), 2);
+    ck_assert_int_eq(MOE("route", "--logits", in, "--task-ids", ids, "--out", ids), 2);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "same file as --task-ids"));
+    ck_assert_int_eq(file_size(in), in_size);
+    ck_assert_int_eq(file_size(ids), ids_size);
+    ck_assert_int_eq(tu_count_entries(tu_dir), 5); // no plan, no temp file
+    // an existing regular file that is no input is replaced, as before
+    const char *out = tu_in_dir("plan.safetensors");
+    FILE *f = fopen(out, "w");
+    fputs("old", f);
+    fclose(f);
+    ck_assert_int_eq(MOE("route", "--logits", in, "--out", out), 0);
+    ck_assert_int_gt(file_size(out), 3);
+}
+END_TEST
+
+// Finite logits near the F32 limit square past it in the z-loss: refused
+// (exit 2, no file), not a plan with z_loss = inf.
+START_TEST(test_logits_whose_z_loss_overflows_are_refused) {
+    make_batch(7);
+    logits[3 * E + 1] = 3e38f;
+    const char *in = tu_in_dir("in.safetensors"), *out = tu_in_dir("plan.safetensors");
+    write_logits(in, false);
+    expect_fails(MOE("route", "--logits", in, "--out", out), 2, out, 1, "z_loss");
+    // 1e19 squares to 1e38, still an F32: routed, finite losses
+    logits[3 * E + 1] = 1e19f;
+    write_logits(in, false);
+    ck_assert_int_eq(MOE("route", "--logits", in, "--out", out), 0);
+    moe_st_file *f;
+    ck_assert_int_eq(moe_st_open(out, &f), 0);
+    float *z;
+    int64_t shape[1];
+    ck_assert_int_eq(moe_st_load(f, "z_loss", MOE_ST_F32, 1, shape, (void **)&z), 0);
+    ck_assert(isfinite(z[0]) && z[0] > 1e36f);
+    free(z);
+    moe_st_close(f);
+}
+END_TEST
+
+// Keys that cannot change a route are named in one note on stderr; --help
+// counts the keys --example fixes as it refuses them.
+START_TEST(test_ignored_keys_are_noted_once) {
+    make_batch(8);
+    const char *in = tu_in_dir("in.safetensors");
+    write_logits(in, false);
+    char args[2048];
+    snprintf(args, sizeof args,
+             "route --logits '%s' --out '%s/p.st' --set router.noise=jitter "
+             "--set router.bias_update_rate=0.01 --set router.ec_fallback=token_choice",
+             in, tu_dir);
+    ck_assert_int_eq(tu_run_moe(tu_dir, args), 0);
+    const char *err = tu_file_text(tu_dir, "err.txt");
+    ck_assert_msg(!strncmp(err, "moe route: note: ignored: router.noise", 38), "%s", err);
+    ck_assert_ptr_nonnull(strstr(err, "router.bias_update_rate"));
+    ck_assert_ptr_nonnull(strstr(err, "router.ec_fallback"));
+    ck_assert_ptr_eq(strchr(err, '\n'), err + strlen(err) - 1);
+    snprintf(args, sizeof args,
+             "route --logits '%s' --out '%s/p.st' --set router.noise=jitter --train", in, tu_dir);
+    ck_assert_int_eq(tu_run_moe(tu_dir, args), 0);
+    ck_assert_str_eq(tu_file_text(tu_dir, "err.txt"), "");
+    ck_assert_int_eq(tu_run_moe(tu_dir, "route --help"), 0);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(tu_dir, "out.txt"), "the five it fixes"));
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cli_route");
     TCase *tc = tcase_create("core");
@@ -422,6 +518,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_write_failure_exits_1);
     tcase_add_test(tc, test_example_writes_position_plan);
     tcase_add_test(tc, test_dispatch_help_and_version);
+    tcase_add_test(tc, test_out_not_a_regular_file_or_an_input_is_refused);
+    tcase_add_test(tc, test_logits_whose_z_loss_overflows_are_refused);
+    tcase_add_test(tc, test_ignored_keys_are_noted_once);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -247,6 +247,69 @@ START_TEST(test_placement_properties_on_random_loads) {
 }
 END_TEST
 
+// The deal by its definition (moe/placement.h), to check the closed forms
+// the library uses so a plan of P ranks stays O(P^2): dest, capacity and the
+// rank loads of tables with random replicas equal these.
+static int ref_dest(const moe_placement *t, int e, int s) {
+    const int n = t->n_hold[e], *h = t->hold + e * t->P;
+    int below = 0;
+    for (int r = 0; r < s; r++) {
+        int held = 0;
+        for (int i = 0; i < n; i++)
+            held |= h[i] == r;
+        below += !held;
+    }
+    for (int i = 0; i < n; i++)
+        if (h[i] == s) return s;
+    return h[below % n];
+}
+
+static int ref_capacity(const moe_placement *t, int e, int s, int c) {
+    if (t->n_hold[e] == 1 || c <= 0) return c;
+    const int h = ref_dest(t, e, s);
+    int m = 0, idx = 0;
+    for (int r = 0; r < t->P; r++)
+        if (ref_dest(t, e, r) == h) idx += r < s, m++;
+    const long budget = (long)t->P * c;
+    return (int)(budget / m + (idx < budget % m));
+}
+
+START_TEST(test_placement_closed_forms_match_the_deal) {
+    tu_rng r;
+    tu_seed(&r, 7);
+    for (int it = 0; it < 300; it++) {
+        const int P = 2 + it % 11, El = 1 + it % 3, E = P * El, S = El + 1 + it % 3;
+        moe_placement t;
+        ck_assert_int_eq(moe_placement_init(&t, E, P, S), 0);
+        for (int k = 0; k < P * (S - El); k++) { // random replicas in free spare slots
+            const int e = (int)(tu_uniform(&r) * E) % E, q = (int)(tu_uniform(&r) * P) % P;
+            if (moe_placement_slot_of(&t, q, e) >= 0) continue;
+            const int j = moe_placement_slot_of(&t, q, -1);
+            if (j < 0) continue;
+            t.slot[q * S + j] = e;
+            t.hold[e * P + t.n_hold[e]++] = q;
+        }
+        double load[E], tok[P], want[P];
+        for (int p = 0; p < P; p++)
+            want[p] = 0;
+        for (int e = 0; e < E; e++)
+            load[e] = tu_uniform(&r);
+        for (int s = 0; s < P; s++)
+            for (int e = 0; e < E; e++) {
+                ck_assert_int_eq(moe_placement_dest(&t, e, s), ref_dest(&t, e, s));
+                for (int c = 0; c < 5; c++)
+                    ck_assert_int_eq(moe_placement_capacity(&t, e, s, c * 3 + 1),
+                                     ref_capacity(&t, e, s, c * 3 + 1));
+                want[ref_dest(&t, e, s)] += load[e] / P;
+            }
+        moe_placement_rank_tokens(&t, load, tok);
+        for (int p = 0; p < P; p++)
+            ck_assert_double_eq_tol(tok[p], want[p], 1e-12 * (1 + want[p]));
+        moe_placement_free(&t);
+    }
+}
+END_TEST
+
 static void expect_refused(const char *const *sets, int n, const char *key) {
     moe_config c;
     moe_config_default(&c);
@@ -384,6 +447,7 @@ static Suite *placement_suite(void) {
     tcase_add_test(tc, test_placement_dest_deals_non_holders_by_source_rank);
     tcase_add_test(tc, test_placement_capacity_splits_each_holders_budget);
     tcase_add_test(tc, test_placement_properties_on_random_loads);
+    tcase_add_test(tc, test_placement_closed_forms_match_the_deal);
     tcase_add_test(tc, test_placement_keys_refuse_bad_combinations);
     tcase_add_test(tc, test_plan_models_placement_for_any_ranks);
     tcase_add_test(tc, test_plan_drops_fall_with_replica_capacity);

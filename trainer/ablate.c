@@ -3,10 +3,15 @@
 // finished ones by final validation loss. A run that fails is reported in its
 // row and the grid goes on.
 #include "moe/ablate.h"
+#include "moe/checkpoint.h"
 #include "moe/error.h"
+#include "moe/file.h"
+#include "moe/fsio.h"
 #include "moe/report.h"
 #include "moe/train.h"
 
+#include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -15,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 int moe_grid_axis_parse(moe_grid_axis *ax, const char *spec) {
     memset(ax, 0, sizeof *ax);
@@ -90,22 +96,38 @@ static int run_config(moe_config *c, const moe_config *base, const moe_grid_axis
     return 0;
 }
 
-typedef struct {
-    int idx[MOE_GRID_MAX_AXES];
-    int ok;
-    char error[256];
-    double val_loss, tokens_per_s, drop_rate, max_vio, seconds;
-    int rc; // the run's status (0: trained)
-    int n_tasks;
-    char task[MOE_MAX_TASKS][MOE_NAME_MAX];
-    double accuracy[MOE_MAX_TASKS];
-} run_row;
+// results.md's order: finished runs with a finite loss, ascending; then
+// finished runs whose loss is NaN or Inf (status "nan"); then failed runs.
+// Ties keep the run order (qsort is not stable: the index decides).
+static int rank_class(const moe_ablate_row *r) {
+    return !r->ok ? 2 : isfinite(r->val_loss) ? 0 : 1;
+}
 
 static int by_loss(const void *a, const void *b) {
-    const run_row *x = a, *y = b;
-    if (x->ok != y->ok) return y->ok - x->ok; // finished runs first
-    if (!x->ok) return 0;
-    return (x->val_loss > y->val_loss) - (x->val_loss < y->val_loss);
+    const moe_ablate_row *x = *(const moe_ablate_row *const *)a,
+                         *y = *(const moe_ablate_row *const *)b;
+    const int cx = rank_class(x), cy = rank_class(y);
+    if (cx != cy) return cx - cy;
+    if (cx == 0 && x->val_loss != y->val_loss) return x->val_loss < y->val_loss ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+static const char *status_of(const moe_ablate_row *r) {
+    return !r->ok ? "failed" : isfinite(r->val_loss) ? "ok" : "nan";
+}
+
+// Column of task name in cols (the union over every run, first seen first).
+static int task_col(char (*cols)[MOE_NAME_MAX], int n_cols, const char *name) {
+    for (int c = 0; c < n_cols; c++)
+        if (!strcmp(cols[c], name)) return c;
+    return -1;
+}
+
+// Run r's accuracy in column c: -1 when r has no such task or no figure for it.
+static double acc_in(const moe_ablate_row *r, char (*cols)[MOE_NAME_MAX], int c) {
+    for (int t = 0; r->ok && t < r->n_tasks; t++)
+        if (!strcmp(r->task[t], cols[c])) return r->accuracy[t];
+    return -1;
 }
 
 // Closes f; true when a write or the close failed (full disk, I/O error).
@@ -114,76 +136,119 @@ static bool closed_bad(FILE *f) {
     return fclose(f) != 0 || bad;
 }
 
-static int write_results(const char *out, const moe_grid_axis *axes, int n_axes, run_row *rows,
-                         int n) {
+// results.csv in run order, results.md in rank order. Task columns are the
+// union of every run's tasks (grids over data.tasks give runs different
+// sets); a run without a figure leaves its cell empty in both files.
+int moe_ablate_write_results(const char *out, const moe_grid_axis *axes, int n_axes,
+                             const moe_ablate_row *rows, int n) {
+    char(*cols)[MOE_NAME_MAX] = calloc((size_t)n * MOE_MAX_TASKS + 1, sizeof *cols);
+    const moe_ablate_row **order = calloc((size_t)n, sizeof *order);
+    if (!cols || !order) {
+        free(cols);
+        free(order);
+        return moe_fail(MOE_ENOMEM, "ablate: out of memory");
+    }
+    int n_cols = 0;
+    for (int i = 0; i < n; i++) {
+        order[i] = &rows[i];
+        for (int t = 0; t < rows[i].n_tasks; t++)
+            if (task_col(cols, n_cols, rows[i].task[t]) < 0)
+                snprintf(cols[n_cols++], MOE_NAME_MAX, "%s", rows[i].task[t]);
+    }
+    int rc = 0;
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/results.csv", out);
     FILE *f = fopen(path, "w");
-    if (!f) return moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
-    if (f) {
-        fprintf(f, "run");
-        for (int a = 0; a < n_axes; a++)
-            fprintf(f, ",%s", axes[a].key);
-        fprintf(f, ",status,val_loss,tokens_per_s,drop_rate,max_vio,seconds");
-        for (int t = 0; t < rows[0].n_tasks; t++)
-            fprintf(f, ",acc_%s", rows[0].task[t]);
-        fprintf(f, ",error\n");
-        for (int i = 0; i < n; i++) {
-            run_row *r = &rows[i];
-            fprintf(f, "%d", i);
-            for (int a = 0; a < n_axes; a++)
-                fprintf(f, ",\"%s\"", axes[a].values[r->idx[a]]);
-            fprintf(f, ",%s,%.6f,%.1f,%.6f,%.4f,%.1f", r->ok ? "ok" : "failed",
-                    r->ok ? r->val_loss : NAN, r->tokens_per_s, r->drop_rate,
-                    r->ok ? r->max_vio : NAN, r->seconds);
-            for (int t = 0; t < rows[0].n_tasks; t++)
-                fprintf(f, ",%.4f", r->ok ? r->accuracy[t] : NAN);
-            fprintf(f, ",\"%s\"\n", r->error);
-        }
-        if (closed_bad(f)) return moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
+    if (!f) {
+        rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+        goto done;
     }
-    qsort(rows, n, sizeof *rows, by_loss);
+    fprintf(f, "run");
+    for (int a = 0; a < n_axes; a++)
+        fprintf(f, ",%s", axes[a].key);
+    fprintf(f, ",status,val_loss,tokens_per_s,drop_rate,max_vio,seconds");
+    for (int c = 0; c < n_cols; c++)
+        fprintf(f, ",acc_%s", cols[c]);
+    fprintf(f, ",error\n");
+    for (int i = 0; i < n; i++) {
+        const moe_ablate_row *r = &rows[i];
+        fprintf(f, "%d", i);
+        for (int a = 0; a < n_axes; a++)
+            fprintf(f, ",\"%s\"", axes[a].values[r->idx[a]]);
+        fprintf(f, ",%s,", status_of(r)); // a failed run has no loss nor MaxVio: empty cells
+        if (r->ok) fprintf(f, "%.6f", r->val_loss);
+        fprintf(f, ",%.1f,%.6f,", r->tokens_per_s, r->drop_rate);
+        if (r->ok) fprintf(f, "%.4f", r->max_vio);
+        fprintf(f, ",%.1f", r->seconds);
+        for (int c = 0; c < n_cols; c++) {
+            const double acc = acc_in(r, cols, c);
+            if (acc >= 0)
+                fprintf(f, ",%.4f", acc);
+            else
+                fputc(',', f);
+        }
+        fprintf(f, ",\"%s\"\n", r->error);
+    }
+    if (closed_bad(f)) {
+        rc = moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
+        goto done;
+    }
+    qsort(order, n, sizeof *order, by_loss);
     snprintf(path, sizeof path, "%s/results.md", out);
     f = fopen(path, "w");
-    if (!f) return moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+    if (!f) {
+        rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+        goto done;
+    }
     fprintf(f, "| rank |");
     for (int a = 0; a < n_axes; a++)
         fprintf(f, " %s |", axes[a].key);
     fprintf(f, " val loss |");
-    for (int t = 0; t < rows[0].n_tasks; t++)
-        fprintf(f, " acc %s |", rows[0].task[t]);
+    for (int c = 0; c < n_cols; c++)
+        fprintf(f, " acc %s |", cols[c]);
     fprintf(f, " tokens/s | drop rate | MaxVio |\n|---|");
-    for (int a = 0; a < n_axes + 4 + rows[0].n_tasks; a++)
+    for (int a = 0; a < n_axes + 4 + n_cols; a++)
         fprintf(f, "---|");
     fputc('\n', f);
     for (int i = 0; i < n; i++) {
-        run_row *r = &rows[i];
+        const moe_ablate_row *r = order[i];
         fprintf(f, "| %d |", i + 1);
         for (int a = 0; a < n_axes; a++)
             fprintf(f, " %s |", axes[a].values[r->idx[a]]);
         if (!r->ok) {
             fprintf(f, " failed: %s |", r->error);
-            for (int t = 0; t < rows[0].n_tasks + 3; t++)
+            for (int t = 0; t < n_cols + 3; t++)
                 fprintf(f, " |");
             fputc('\n', f);
             continue;
         }
-        fprintf(f, " %.4f |", r->val_loss);
-        for (int t = 0; t < r->n_tasks; t++) {
-            if (r->accuracy[t] < 0)
+        if (isfinite(r->val_loss))
+            fprintf(f, " %.4f |", r->val_loss);
+        else // ranked after every finite loss
+            fprintf(f, " %s (not finite) |",
+                    isnan(r->val_loss) ? "nan"
+                    : r->val_loss > 0  ? "inf"
+                                       : "-inf");
+        for (int c = 0; c < n_cols; c++) {
+            const double acc = acc_in(r, cols, c);
+            if (acc < 0)
                 fprintf(f, " n/a |");
             else
-                fprintf(f, " %.1f%% |", 100 * r->accuracy[t]);
+                fprintf(f, " %.1f%% |", 100 * acc);
         }
         fprintf(f, " %.0f | %.2f%% | %.3f |\n", r->tokens_per_s, 100 * r->drop_rate, r->max_vio);
     }
-    return closed_bad(f) ? moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno)) : 0;
+    if (closed_bad(f)) rc = moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
+done:
+    free(cols);
+    free(order);
+    return rc;
 }
 
 // report.html beside the tables: the runs' loss curves overlaid and their
 // final figures (moe/report.h).
-static int write_report(const char *out, const moe_grid_axis *axes, int n_axes, const run_row *rows,
-                        int n) {
+static int write_report(const char *out, const moe_grid_axis *axes, int n_axes,
+                        const moe_ablate_row *rows, int n) {
     typedef struct {
         char dir[PATH_MAX], name[16], label[MOE_GRID_MAX_AXES * 200];
     } names;
@@ -206,16 +271,81 @@ static int write_report(const char *out, const moe_grid_axis *axes, int n_axes, 
     return rc;
 }
 
-int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes,
-               const char *const *sets, int n_sets, const char *out, FILE *log) {
+// "run_" and three or more digits: a run folder of an ablation.
+static bool is_run_name(const char *name) {
+    if (strncmp(name, "run_", 4)) return false;
+    size_t d = 0;
+    while (isdigit((unsigned char)name[4 + d]))
+        d++;
+    return d >= 3 && !name[4 + d];
+}
+
+// The files of an ablation in out: its tables and report, and run_NNN folders.
+static const char *const ablate_files[] = {"results.csv", "results.md", "report.html", NULL};
+
+// 1 when out holds an earlier ablation's files, else 0.
+static int holds_ablation(const char *out) {
+    char p[PATH_MAX];
+    struct stat st;
+    for (int i = 0; ablate_files[i]; i++)
+        if (snprintf(p, sizeof p, "%s/%s", out, ablate_files[i]) < (int)sizeof p &&
+            lstat(p, &st) == 0)
+            return 1;
+    DIR *d = opendir(out);
+    if (!d) return 0;
+    struct dirent *e;
+    int found = 0;
+    while (!found && (e = readdir(d)) != NULL)
+        found = is_run_name(e->d_name);
+    closedir(d);
+    return found;
+}
+
+// --overwrite: removes what an earlier ablation wrote into out (its tables,
+// report, and in every run_NNN folder what moe train writes, then the folder
+// when that leaves it empty); files of anyone else stay.
+static int clear_ablation(const char *out) {
+    char p[PATH_MAX];
+    for (int i = 0; ablate_files[i]; i++) {
+        snprintf(p, sizeof p, "%s/%s", out, ablate_files[i]);
+        if (unlink(p) < 0 && errno != ENOENT)
+            return moe_fail(MOE_EIO, "%s: cannot remove: %s", p, strerror(errno));
+    }
+    DIR *d = opendir(out);
+    if (!d) return 0;
+    struct dirent *e;
+    int rc = 0;
+    while (rc == 0 && (e = readdir(d)) != NULL) {
+        if (!is_run_name(e->d_name)) continue;
+        if (snprintf(p, sizeof p, "%s/%s", out, e->d_name) >= (int)sizeof p) continue;
+        struct stat st;
+        if (lstat(p, &st) < 0 || !S_ISDIR(st.st_mode)) continue;
+        rc = moe_run_clear(p);
+        if (rc == 0 && rmdir(p) < 0 && errno != ENOTEMPTY && errno != EEXIST)
+            rc = moe_fail(MOE_EIO, "%s: cannot remove: %s", p, strerror(errno));
+    }
+    closedir(d);
+    return rc;
+}
+
+static int ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes,
+                  const char *const *sets, int n_sets, const char *out, bool overwrite, FILE *log) {
     if (n_axes < 1 || n_axes > MOE_GRID_MAX_AXES)
         return moe_fail(MOE_EINVAL, "ablate: %d grid axes (1..%d)", n_axes, MOE_GRID_MAX_AXES);
+    // A key twice would train one cell labelled with both values but run with the last.
+    for (int a = 0; a < n_axes; a++)
+        for (int b = 0; b < a; b++)
+            if (!strcmp(axes[a].key, axes[b].key))
+                return moe_fail(MOE_EINVAL,
+                                "--grid %s given twice (list every value in one: "
+                                "--grid %s=v1,v2,...)",
+                                axes[a].key, axes[a].key);
     int n = 1;
     for (int a = 0; a < n_axes; a++) {
         n *= axes[a].n;
         if (n > 4096) return moe_fail(MOE_EINVAL, "ablate: more than 4096 runs");
     }
-    run_row *rows = calloc(n, sizeof *rows);
+    moe_ablate_row *rows = calloc(n, sizeof *rows);
     if (!rows) return moe_fail(MOE_ENOMEM, "ablate: out of memory");
     // Validate every combination before training anything: each run's whole
     // config too, since a value valid alone can clash with the base
@@ -241,8 +371,25 @@ int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes,
         free(rows);
         return moe_fail(MOE_EINVAL, "--out %s: exists and is not a folder", out);
     }
+    // Runs of an earlier grid would be replaced one by one, and those beyond this
+    // grid's size left matching nothing in the new tables.
+    if (!overwrite && holds_ablation(out)) {
+        free(rows);
+        return moe_fail(MOE_EINVAL,
+                        "--out %s already holds an ablation (results.csv or run_NNN folders); "
+                        "replace it with --overwrite, or choose another --out",
+                        out);
+    }
+    { // the tables land here even when every run fails before making its folder
+        int rc = overwrite ? clear_ablation(out) : 0;
+        if (rc == 0) rc = moe_make_dirs(out);
+        if (rc < 0) {
+            free(rows);
+            return rc;
+        }
+    }
     for (int i = 0; i < n; i++) {
-        run_row *r = &rows[i];
+        moe_ablate_row *r = &rows[i];
         moe_config c;
         char dir[PATH_MAX];
         if (log) fprintf(log, "[%d/%d]", i + 1, n);
@@ -279,27 +426,32 @@ int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes,
                         r->seconds);
         }
     }
-    // Failed rows take their task names from a finished one for the header.
-    for (int i = 0; i < n; i++)
-        if (rows[i].ok) {
-            for (int j = 0; j < n; j++)
-                if (!rows[j].ok) {
-                    rows[j].n_tasks = rows[i].n_tasks;
-                    memcpy(rows[j].task, rows[i].task, sizeof rows[i].task);
-                }
-            break;
-        }
-    int rc = write_report(out, axes, n_axes, rows, n); // before the tables sort the rows
-    if (rc == 0) rc = write_results(out, axes, n_axes, rows, n);
     int failed = 0, first = -1;
     for (int i = 0; i < n; i++)
         if (!rows[i].ok && failed++ == 0) first = i;
-    // A grid with a failed run is a failed ablation (exit 1), the table written all the same.
-    if (rc == 0 && failed)
-        rc = moe_fail(first >= 0 && rows[first].rc != MOE_EINVAL ? rows[first].rc : MOE_ENUMERIC,
+    int rc = write_report(out, axes, n_axes, rows, n);
+    if (rc == 0) rc = moe_ablate_write_results(out, axes, n_axes, rows, n);
+    // A grid with a failed run is a failed ablation, the table written all the
+    // same: a runtime failure (exit 1) whatever the run's own code, since every
+    // config was checked before the first run.
+    if (rc == 0 && failed) {
+        const int code = rows[first].rc == MOE_ENOMEM || rows[first].rc == MOE_EIO ? rows[first].rc
+                                                                                   : MOE_ENUMERIC;
+        rc = moe_fail(code,
                       "%d of %d runs failed (first: %s/run_%03d: %s); the table of all runs is in "
                       "%s/results.md",
                       failed, n, out, first, rows[first].error, out);
+    }
     free(rows);
     return rc;
+}
+
+int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes,
+               const char *const *sets, int n_sets, const char *out, FILE *log) {
+    return ablate(base, axes, n_axes, sets, n_sets, out, false, log);
+}
+
+int moe_ablate_overwrite(const moe_config *base, const moe_grid_axis *axes, int n_axes,
+                         const char *const *sets, int n_sets, const char *out, FILE *log) {
+    return ablate(base, axes, n_axes, sets, n_sets, out, true, log);
 }

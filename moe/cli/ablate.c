@@ -1,6 +1,8 @@
-// `moe ablate [CONFIG] --grid key=v1,v2 [--grid ...] [--steps N] [--set k=v] [--out DIR]`
+// `moe ablate [CONFIG] --grid key=v1,v2 [--grid ...] [--steps N] [--set k=v] [--out DIR]
+// [--overwrite]`: one process trains the runs one after another (never under mpirun).
 #include "moe/ablate.h"
 #include "moe/cli/cli.h"
+#include "moe/comm.h"
 #include "moe/error.h"
 
 #include <limits.h>
@@ -10,7 +12,7 @@
 
 static const char *help =
     "usage: moe ablate [CONFIG.json] --grid key=v1,v2[,...] [--grid ...] [--steps N]\n"
-    "                  [--set key=value]... [--out DIR]\n"
+    "                  [--set key=value]... [--out DIR] [--overwrite]\n"
     "\n"
     "Trains every combination of the grid values (same seed and data), then writes\n"
     "results.csv (every run) and results.md (sorted by final validation loss: per-task\n"
@@ -18,7 +20,11 @@ static const char *help =
     "report.html: the runs' loss curves overlaid and a table of their final figures.\n"
     "The grid key `config` takes config files: each run loads its file over CONFIG (or\n"
     "the defaults), then the --set values again, then the other grid values, so whole\n"
-    "families of settings compare in one grid.\n"
+    "families of settings compare in one grid. A key may be given to --grid once.\n"
+    "An --out that holds an earlier ablation (results.csv, results.md, report.html or\n"
+    "run_NNN folders) is refused; --overwrite removes those files first (in run_NNN,\n"
+    "what moe train writes). Exit 1 when a run fails (its row says why), 2 when the\n"
+    "grid is bad. One process trains every run: ablate does not run under mpirun.\n"
     "Examples: moe ablate configs/tiny.json --grid router.slot_order=position,priority \\\n"
     "            --grid router.capacity_factor=0.5,1.0,2.0 --steps 200\n"
     "          moe ablate --grid "
@@ -29,6 +35,7 @@ int moe_cli_ablate(int argc, char **argv) {
     const char **sets = malloc(sizeof *sets * (size_t)argc); // one per argument at most
     char *steps_set = NULL;
     int n_sets = 0, n_axes = 0, code = MOE_EXIT_OK;
+    bool overwrite = false;
     moe_grid_axis axes[MOE_GRID_MAX_AXES];
     if (!sets) return moe_cli_fail("ablate", MOE_EXIT_RUNTIME, "out of memory");
     for (int i = 1; i < argc && code == MOE_EXIT_OK; i++) {
@@ -61,6 +68,8 @@ int moe_cli_ablate(int argc, char **argv) {
                 snprintf(steps_set, len, "train.steps=%s", steps);
                 sets[n_sets++] = steps_set;
             }
+        } else if ((m = moe_cli_flag(argv[i], "--overwrite", &overwrite)) != 0) {
+            if (m < 0) code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
         } else if ((m = moe_cli_opt_path(argc, argv, &i, "--out", &out)) != 0) {
             if (m < 0) code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
         } else if (argv[i][0] == '-') {
@@ -71,6 +80,24 @@ int moe_cli_ablate(int argc, char **argv) {
             code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "more than one config file ('%s', '%s')",
                                 config, argv[i]);
         }
+    }
+    // Every rank of a job would train every run into the same folders: refused
+    // (the runs are sequential; train a config over ranks with moe train).
+    if (code == MOE_EXIT_OK && moe_cli_mpi_launched()) {
+        moe_comm *world = NULL;
+        int rc = moe_cli_mpi_world(&world, 0);
+        if (rc < 0) {
+            code = moe_cli_fail("ablate", moe_cli_exit_code(rc), "%s", moe_last_error());
+        } else if (moe_comm_size(world) > 1) {
+            if (moe_comm_rank(world) == 0)
+                moe_cli_fail("ablate", MOE_EXIT_USAGE,
+                             "runs its grid in one process, one run after another; launched on "
+                             "%d MPI ranks, every rank would train every run into the same "
+                             "folders: run moe ablate without mpirun/srun",
+                             moe_comm_size(world));
+            code = MOE_EXIT_USAGE;
+        }
+        moe_cli_mpi_finalize(world);
     }
     bool config_axis = false; // --grid config=a.json,b.json: each run's own file
     for (int a = 0; a < n_axes; a++)
@@ -98,7 +125,9 @@ int moe_cli_ablate(int argc, char **argv) {
         out = def;
     }
     // The runs' folders are created by the trainer; results land next to them.
-    int rc = code == MOE_EXIT_OK ? moe_ablate(&cfg, axes, n_axes, sets, n_sets, out, stderr) : 0;
+    int rc = code != MOE_EXIT_OK ? 0
+             : overwrite ? moe_ablate_overwrite(&cfg, axes, n_axes, sets, n_sets, out, stderr)
+                         : moe_ablate(&cfg, axes, n_axes, sets, n_sets, out, stderr);
     free(steps_set);
     free(sets);
     if (code != MOE_EXIT_OK) return code;

@@ -22,7 +22,8 @@ static const char *help =
     "With --skew F (expert 0 takes the share F of the assignments, the rest evenly),\n"
     "--load (one weight per expert), or placement.mode = replicate or move: the tokens each\n"
     "rank of the EP group computes with the static placement and with replicas of\n"
-    "the hot experts in placement.slots_per_rank slots, max/mean and bytes.\n";
+    "the hot experts in placement.slots_per_rank slots (move: homes swapped first),\n"
+    "max/mean and bytes. A refused plan prints nothing (exit 2).\n";
 
 // "A,B": two finite numbers > 0.
 static int pair(const char *v, double *out) {
@@ -35,6 +36,13 @@ static int pair(const char *v, double *out) {
                    moe_cli_parse_double(comma + 1, 0, 1e12, true, &out[1])
                ? 0
                : -1;
+}
+
+// A library failure as one line: its messages start "plan: ", which
+// moe_cli_fail's "moe plan: " already says.
+static int plan_fail(void) {
+    const char *msg = moe_last_error();
+    return moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", msg + (strncmp(msg, "plan: ", 6) ? 0 : 6));
 }
 
 int moe_cli_plan(int argc, char **argv) {
@@ -55,30 +63,35 @@ int moe_cli_plan(int argc, char **argv) {
             free(sets);
             return MOE_EXIT_OK;
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--nodes", &nodes_s)) != 0) {
-            if (m < 0 || !moe_cli_parse_long(nodes_s, 1, 1 << 20, &nodes))
-                code =
-                    moe_cli_fail("plan", MOE_EXIT_USAGE, "--nodes needs an integer in [1, %d]%s%s",
-                                 1 << 20, m < 0 ? ": " : "", m < 0 ? moe_last_error() : "");
+            if (m < 0)
+                code = moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
+            else if (!moe_cli_parse_long(nodes_s, 1, 1 << 20, &nodes))
+                code = moe_cli_fail("plan", MOE_EXIT_USAGE, "--nodes needs an integer in [1, %d]",
+                                    1 << 20);
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--ranks-per-node", &rpn_s)) != 0) {
-            if (m < 0 || !moe_cli_parse_long(rpn_s, 1, 1 << 20, &rpn))
+            if (m < 0)
+                code = moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
+            else if (!moe_cli_parse_long(rpn_s, 1, 1 << 20, &rpn))
                 code = moe_cli_fail("plan", MOE_EXIT_USAGE,
-                                    "--ranks-per-node needs an integer in [1, %d]%s%s", 1 << 20,
-                                    m < 0 ? ": " : "", m < 0 ? moe_last_error() : "");
+                                    "--ranks-per-node needs an integer in [1, %d]", 1 << 20);
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--link-gbps", &gbps_s)) != 0) {
-            if (m < 0 || pair(gbps_s, mc.gbps))
+            if (m < 0)
+                code = moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
+            else if (pair(gbps_s, mc.gbps))
                 code = moe_cli_fail("plan", MOE_EXIT_USAGE,
-                                    "--link-gbps needs INTRA,INTER, finite numbers > 0%s%s",
-                                    m < 0 ? ": " : "", m < 0 ? moe_last_error() : "");
+                                    "--link-gbps needs INTRA,INTER, finite numbers > 0");
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--latency-us", &lat_s)) != 0) {
-            if (m < 0 || pair(lat_s, mc.latency_us))
+            if (m < 0)
+                code = moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
+            else if (pair(lat_s, mc.latency_us))
                 code = moe_cli_fail("plan", MOE_EXIT_USAGE,
-                                    "--latency-us needs INTRA,INTER, finite numbers > 0%s%s",
-                                    m < 0 ? ": " : "", m < 0 ? moe_last_error() : "");
+                                    "--latency-us needs INTRA,INTER, finite numbers > 0");
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--skew", &skew_s)) != 0) {
-            if (m < 0 || !moe_cli_parse_double(skew_s, 0, 1, false, &skew) || skew >= 1)
+            if (m < 0)
+                code = moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
+            else if (!moe_cli_parse_double(skew_s, 0, 1, false, &skew) || skew >= 1)
                 code = moe_cli_fail("plan", MOE_EXIT_USAGE,
-                                    "--skew needs a share of the assignments in [0, 1)%s%s",
-                                    m < 0 ? ": " : "", m < 0 ? moe_last_error() : "");
+                                    "--skew needs a share of the assignments in [0, 1)");
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--load", &load_s)) != 0) {
             for (const char *q = m < 0 ? NULL : load_s; q && code == MOE_EXIT_OK;) {
                 char item[64];
@@ -92,7 +105,7 @@ int moe_cli_plan(int argc, char **argv) {
                                         load_s);
                 q = q[len] ? q + len + 1 : NULL;
             }
-            if (m < 0) code = moe_cli_fail("plan", MOE_EXIT_USAGE, "--load: %s", moe_last_error());
+            if (m < 0) code = moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
         } else if ((m = moe_cli_opt_value(argc, argv, &i, "--set", &v)) != 0) {
             if (m < 0)
                 code = moe_cli_fail("plan", MOE_EXIT_USAGE, "--set needs key=value");
@@ -127,10 +140,22 @@ int moe_cli_plan(int argc, char **argv) {
     if (load_s && n_load != E)
         return moe_cli_fail("plan", MOE_EXIT_USAGE, "--load has %d weights for %d experts", n_load,
                             E);
-    if (moe_plan_print(&cfg, &mc, stdout) < 0)
-        return moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
-    if ((skew_s || load_s || !strcmp(cfg.placement.mode, "replicate")) && E &&
-        moe_plan_placement_print(&cfg, skew, load_s ? load : NULL, stdout) < 0)
-        return moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
+    double sum = 0;
+    for (int e = 0; e < n_load; e++)
+        sum += load[e];
+    if (load_s && !(sum > 0)) // whatever parallel.ep: a load of nothing models nothing
+        return moe_cli_fail("plan", MOE_EXIT_USAGE,
+                            "--load: the weights sum to 0; give some expert a weight > 0");
+    // Everything is checked before the first line: a refused plan prints nothing.
+    const bool placement = (skew_s || load_s || strcmp(cfg.placement.mode, "static")) && E;
+    moe_mem_plan mp;
+    if (moe_plan_memory(&cfg, mc.world, 0, &mp) < 0) return plan_fail();
+    if (placement && cfg.parallel.ep > 1) {
+        moe_place_plan pp = {0};
+        if (moe_plan_placement(&cfg, skew, load_s ? load : NULL, &pp) < 0) return plan_fail();
+    }
+    if (moe_plan_print(&cfg, &mc, stdout) < 0) return plan_fail();
+    if (placement && moe_plan_placement_print(&cfg, skew, load_s ? load : NULL, stdout) < 0)
+        return plan_fail();
     return MOE_EXIT_OK;
 }

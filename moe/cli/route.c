@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 _Static_assert(sizeof(int) == 4, "plan int arrays are written as I32");
 _Static_assert(sizeof(float) == 4, "plan float arrays are written as F32");
@@ -54,8 +55,14 @@ static const char *const route_help =
     "  --example        route a built-in batch (T=16, E=4, k=2, two tasks) with\n"
     "                   capacity_factor 1 under position and priority slot order and\n"
     "                   dropless, and show which tokens each drops; --out writes the\n"
-    "                   position plan. Other --set keys apply; the four it fixes are\n"
-    "                   refused\n"
+    "                   position plan. Other --set keys apply; the five it fixes\n"
+    "                   (router.top_k, task_priority, slot_order, capacity_factor,\n"
+    "                   type) are refused\n"
+    "\n"
+    "An --out that exists must be a regular file other than every input (it is\n"
+    "replaced). router.noise without --train, router.bias_update_rate (training\n"
+    "updates the bias: give it as 'bias' in --logits) and router.ec_fallback\n"
+    "(inference) do not change a route: one note on stderr names those set.\n"
     "\n"
     "exit status: 0 ok, 1 runtime failure (e.g. cannot write), 2 bad usage or input\n";
 
@@ -161,6 +168,60 @@ static int parse_args(int argc, char **argv, route_args *a) {
     if (!a->out_path)
         return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--out FILE is required (see moe route --help)");
     return 0;
+}
+
+// The plan replaces --out by a rename: a device, FIFO or folder there would
+// become a regular file, and an input there would be lost. Both are refused.
+static int check_out(const route_args *a) {
+    struct stat so, si;
+    if (!a->out_path || stat(a->out_path, &so) != 0) return 0; // new file: fine
+    if (!S_ISREG(so.st_mode))
+        return moe_cli_fail(CMD, MOE_EXIT_USAGE,
+                            "--out %s exists and is not a regular file (a device, FIFO or "
+                            "folder); the plan would replace it: name a file",
+                            a->out_path);
+    const char *const inputs[][2] = {{"--logits", a->logits_path}, {"--task-ids", a->task_path}};
+    for (int i = 0; i < 2; i++)
+        if (inputs[i][1] && stat(inputs[i][1], &si) == 0 && si.st_dev == so.st_dev &&
+            si.st_ino == so.st_ino)
+            return moe_cli_fail(CMD, MOE_EXIT_USAGE,
+                                "--out %s is the same file as %s %s: the plan would replace its "
+                                "input; name another file",
+                                a->out_path, inputs[i][0], inputs[i][1]);
+    return 0;
+}
+
+// One stderr line naming the keys set that cannot change a route (the plan's
+// metadata still records them).
+static void note_ignored(const route_args *a) {
+    moe_config def;
+    moe_config_default(&def);
+    char keys[256] = "";
+    size_t n = 0;
+    if (a->cfg.noise != MOE_NOISE_NONE && !a->train)
+        n += snprintf(keys + n, sizeof keys - n, "%srouter.noise (applies with --train)",
+                      n ? ", " : "");
+    if (a->cfg.bias_update_rate != def.router.bias_update_rate)
+        n += snprintf(keys + n, sizeof keys - n,
+                      "%srouter.bias_update_rate (training updates the bias; give it as 'bias' "
+                      "in --logits)",
+                      n ? ", " : "");
+    if (a->cfg.ec_fallback != def.router.ec_fallback)
+        n += snprintf(keys + n, sizeof keys - n, "%srouter.ec_fallback (inference only)",
+                      n ? ", " : "");
+    if (n) fprintf(stderr, "moe %s: note: ignored: %s\n", CMD, keys);
+}
+
+// The losses are F32 in the plan: logits near the F32 limit square past it.
+static int check_losses(const moe_plan *p, const float *logits, size_t n, const char *path) {
+    if (isfinite(p->z_loss) && isfinite(p->aux_loss)) return 0;
+    float mx = 0;
+    for (size_t i = 0; i < n; i++)
+        mx = fabsf(logits[i]) > mx ? fabsf(logits[i]) : mx;
+    return moe_fail(MOE_ENUMERIC,
+                    "%s: logits up to %g in magnitude make z_loss (the mean squared "
+                    "logsumexp) %g, beyond F32: the router needs logits below about 1e19",
+                    path, mx, isfinite(p->z_loss) ? p->aux_loss : p->z_loss);
 }
 
 // --- plan file ------------------------------------------------------------------------
@@ -383,6 +444,7 @@ static int route_file(const route_args *a) {
     plan.bias = bias;
     if ((rc = moe_router_forward(&plan, logits, task, NULL, T, E, &cfg, a->train, a->step)) < 0)
         goto fail;
+    if ((rc = check_losses(&plan, logits, (size_t)T * E, a->logits_path)) < 0) goto fail;
     ex = MOE_EXIT_RUNTIME; // from here on, failures are not the input's fault
     if ((rc = write_plan(a->out_path, &plan, &cfg, a->train, a->step)) < 0) goto fail;
     if (bias)
@@ -523,5 +585,7 @@ int moe_cli_route(int argc, char **argv) {
         fputs(route_help, stdout);
         return MOE_EXIT_OK;
     }
+    if ((rc = check_out(&a)) != 0) return rc;
+    note_ignored(&a);
     return a.example ? route_example(&a) : route_file(&a);
 }

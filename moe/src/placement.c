@@ -86,12 +86,27 @@ static void swap_homes(moe_placement *t, const double *load) {
     }
 }
 
-// Largest modelled rank load of the table for load.
-static double max_rank(const moe_placement *t, const double *load, double *tok) {
-    moe_placement_rank_tokens(t, load, tok);
+// Sources the deal sends to holder i of an expert with n holders over P ranks:
+// itself (every source when n = 1) and the non-holders k = i, i + n, ...
+static int dealt(int P, int n, int i) {
+    return 1 + (P - n) / n + (i < (P - n) % n);
+}
+
+// Rank r's modelled load: per slot, the sources dealt to it times load / P.
+// pos [P * S]: each slot's index in its expert's holder list.
+static double rank_load(const moe_placement *t, const double *load, const int *pos, int r) {
+    double sum = 0;
+    for (int j = 0; j < t->S; j++) {
+        const int e = t->slot[r * t->S + j];
+        if (e >= 0) sum += dealt(t->P, t->n_hold[e], pos[r * t->S + j]) * (load[e] / t->P);
+    }
+    return sum;
+}
+
+static double max_of(const double *x, int n) {
     double mx = 0;
-    for (int r = 0; r < t->P; r++)
-        mx = tok[r] > mx ? tok[r] : mx;
+    for (int i = 0; i < n; i++)
+        mx = x[i] > mx ? x[i] : mx;
     return mx;
 }
 
@@ -106,8 +121,16 @@ int moe_placement_update(moe_placement *t, const double *load) {
     // Fill every spare slot the rule can, then keep the prefix of additions
     // with the lowest largest rank load (the fewest on ties): one replica
     // alone may not lower the maximum where two do.
+    // A replica changes only its expert's deal, so only that expert's holders'
+    // loads are summed again: O(S (E + P S)) per added replica, not O(P E).
     double tok[P];
-    double best_max = max_rank(t, load, tok);
+    int *pos = moe_malloc(sizeof(int) * (size_t)P * S);
+    if (!pos) return moe_fail(MOE_ENOMEM, "placement: scratch for %d x %d slots", P, S);
+    for (int j = 0; j < P * S; j++)
+        pos[j] = 0; // homes lead their holder lists; spare slots are empty
+    for (int r = 0; r < P; r++)
+        tok[r] = rank_load(t, load, pos, r);
+    double best_max = max_of(tok, P);
     int n_add = 0, keep = 0, add_r[P * (S - t->El)], add_j[P * (S - t->El)], add_e[P * (S - t->El)];
     for (int spare = P * (S - t->El); spare > 0; spare--) {
         int best = -1;
@@ -129,9 +152,13 @@ int moe_placement_update(moe_placement *t, const double *load) {
         }
         if (to < 0) break;
         t->slot[to * S + to_j] = best;
+        pos[to * S + to_j] = t->n_hold[best];
         t->hold[(size_t)best * P + t->n_hold[best]++] = to;
         add_r[n_add] = to, add_j[n_add] = to_j, add_e[n_add++] = best;
-        double mx = max_rank(t, load, tok);
+        for (int i = 0; i < t->n_hold[best]; i++)
+            tok[t->hold[(size_t)best * P + i]] =
+                rank_load(t, load, pos, t->hold[(size_t)best * P + i]);
+        double mx = max_of(tok, P);
         if (mx < best_max) best_max = mx, keep = n_add;
     }
     while (n_add > keep) { // undo, newest first
@@ -139,23 +166,34 @@ int moe_placement_update(moe_placement *t, const double *load) {
         t->slot[add_r[n_add] * S + add_j[n_add]] = -1;
         t->n_hold[add_e[n_add]]--;
     }
+    moe_mfree(pos);
     return 0;
+}
+
+// Index of rank r in expert e's holder list, -1 when r does not hold e.
+static int holder_index(const moe_placement *t, int e, int r) {
+    const int *h = t->hold + (size_t)e * t->P;
+    for (int i = 0; i < t->n_hold[e]; i++)
+        if (h[i] == r) return i;
+    return -1;
+}
+
+// Non-holders of e among ranks 0 .. s-1: s minus the holders below s. O(n_hold), so
+// that the plan and the update, which ask for every (source, expert), stay O(P E).
+static int non_holders_below(const moe_placement *t, int e, int s) {
+    const int *h = t->hold + (size_t)e * t->P;
+    int below = s;
+    for (int i = 0; i < t->n_hold[e]; i++)
+        below -= h[i] < s;
+    return below;
 }
 
 int moe_placement_dest(const moe_placement *t, int e, int s) {
     const int n = t->n_hold[e];
     const int *h = t->hold + (size_t)e * t->P;
     if (n == 1) return h[0];
-    int below = 0; // non-holders ranked before s
-    for (int r = 0; r < s; r++) {
-        int held = 0;
-        for (int i = 0; i < n; i++)
-            held |= h[i] == r;
-        below += !held;
-    }
-    for (int i = 0; i < n; i++)
-        if (h[i] == s) return s;
-    return h[below % n];
+    if (holder_index(t, e, s) >= 0) return s;
+    return h[non_holders_below(t, e, s) % n];
 }
 
 int moe_placement_slot_of(const moe_placement *t, int r, int e) {
@@ -165,21 +203,32 @@ int moe_placement_slot_of(const moe_placement *t, int r, int e) {
 }
 
 int moe_placement_capacity(const moe_placement *t, int e, int s, int c) {
-    if (t->n_hold[e] == 1 || c <= 0) return c;
-    const int h = moe_placement_dest(t, e, s);
-    int m = 0, idx = 0; // sources dealt to h, and those before s
-    for (int r = 0; r < t->P; r++)
-        if (moe_placement_dest(t, e, r) == h) idx += r < s, m++;
+    const int n = t->n_hold[e];
+    if (n == 1 || c <= 0) return c;
+    // The deal in closed form: holder h[i] serves itself and the non-holders
+    // k = i, i + n, ... (k counts non-holders in rank order), so m sources in
+    // all, and idx of them rank before s: h[i] itself when below s, and the
+    // non-holders k < (non-holders below s) with k % n == i.
+    const int h = moe_placement_dest(t, e, s), i = holder_index(t, e, h);
+    const int rest = t->P - n, below = non_holders_below(t, e, s);
+    const int m = 1 + rest / n + (i < rest % n);
+    const int idx = (h < s) + below / n + (i < below % n);
     const long budget = (long)t->P * c, share = budget / m + (idx < budget % m);
     return share > INT_MAX ? INT_MAX : (int)share;
 }
 
 void moe_placement_rank_tokens(const moe_placement *t, const double *load, double *rank_tokens) {
-    for (int r = 0; r < t->P; r++)
+    // the closed form moe_placement_update compares (rank_load), each slot's
+    // holder index looked up
+    for (int r = 0; r < t->P; r++) {
         rank_tokens[r] = 0;
-    for (int s = 0; s < t->P; s++)
-        for (int e = 0; e < t->E; e++)
-            rank_tokens[moe_placement_dest(t, e, s)] += load[e] / t->P;
+        for (int j = 0; j < t->S; j++) {
+            const int e = t->slot[r * t->S + j];
+            if (e >= 0)
+                rank_tokens[r] +=
+                    dealt(t->P, t->n_hold[e], holder_index(t, e, r)) * (load[e] / t->P);
+        }
+    }
 }
 
 int moe_place_layer_init(moe_place_layer *pl, int E, int P, int S, size_t numel, size_t rows_max,

@@ -6,6 +6,7 @@
 
 #include "moe/config.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 
 #define MOE_GRID_MAX_AXES 8
@@ -21,13 +22,39 @@ typedef struct {
 // the base config (a grid over router families, each a whole configs/ entry).
 #define MOE_GRID_CONFIG "config"
 
+// One run of a grid as the tables show it: its value of each axis, whether it
+// trained (ok) and its final figures, or why it failed.
+typedef struct {
+    int idx[MOE_GRID_MAX_AXES]; // value index per axis
+    int ok;                     // 1: trained (its loss may still be NaN or Inf)
+    char error[256];            // why it failed ('"' and '|' replaced)
+    double val_loss, tokens_per_s, drop_rate, max_vio, seconds;
+    int rc; // the run's status (0: trained)
+    int n_tasks;
+    char task[MOE_MAX_TASKS][MOE_NAME_MAX];
+    double accuracy[MOE_MAX_TASKS]; // < 0: no figure for the task
+} moe_ablate_row;
+
 // Parses "key=v1,v2,..." (commas inside [...] belong to the value).
 int moe_grid_axis_parse(moe_grid_axis *ax, const char *spec);
-// Runs the grid into out/run_NNN; a failing run is recorded, not fatal. Bad
-// grid keys or values fail before any training. sets: the --set assignments
-// already in base, applied again after a `config` axis file. Progress lines
-// go to log.
+// Runs the grid into out/run_NNN; a failing run is recorded, not fatal (the
+// call then returns a runtime code: MOE_ENUMERIC, or MOE_EIO / MOE_ENOMEM when
+// the first failed run's was). Bad grid keys or values, a key given twice,
+// and an out holding an earlier ablation (results.csv, results.md,
+// report.html or run_NNN folders) fail with MOE_EINVAL before any training.
+// sets: the --set assignments already in base, applied again after a `config`
+// axis file. Progress lines go to log.
 int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes,
                const char *const *sets, int n_sets, const char *out, FILE *log);
+// Writes out/results.csv (rows in run order) and out/results.md (finite losses
+// ascending, then runs with a NaN or Inf loss, status "nan", then failed runs).
+// Task columns are the union of the rows' tasks, first seen first; a row
+// without a figure for a task leaves the cell empty (CSV) or n/a (md).
+int moe_ablate_write_results(const char *out, const moe_grid_axis *axes, int n_axes,
+                             const moe_ablate_row *rows, int n);
+// moe_ablate after removing what an earlier ablation wrote into out (its
+// tables, report.html, and in each run_NNN what moe train writes): --overwrite.
+int moe_ablate_overwrite(const moe_config *base, const moe_grid_axis *axes, int n_axes,
+                         const char *const *sets, int n_sets, const char *out, FILE *log);
 
 #endif

@@ -1,0 +1,94 @@
+// `moe plan` as a user runs it: a refused plan prints nothing and one line
+// naming the fault once ("moe plan: ..."), whatever parallel.ep; the
+// placement table follows placement.mode = replicate and move alike.
+#include "testutil.h"
+
+#include <stdio.h>
+#include <string.h>
+
+static char dir[600];
+
+#define TINY MOE_SOURCE_DIR "/configs/tiny.json"
+
+static int plan(const char *args) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "plan " TINY " %s", args);
+    return tu_run_moe(dir, cmd);
+}
+
+// stderr, whole: one line, the prefix once.
+static void assert_error(const char *want) {
+    ck_assert_str_eq(tu_file_text(dir, "err.txt"), want);
+    ck_assert_str_eq(tu_file_text(dir, "out.txt"), "");
+}
+
+START_TEST(test_cli_plan_zero_load_is_refused_before_printing_for_every_ep) {
+    static const char *const eps[] = {"1", "2", "4"};
+    for (int i = 0; i < 3; i++) {
+        char args[256];
+        snprintf(args, sizeof args, "--load 0,0,0,0,0,0,0,0 --set parallel.ep=%s", eps[i]);
+        ck_assert_int_eq(plan(args), 2);
+        assert_error("moe plan: --load: the weights sum to 0; give some expert a weight > 0\n");
+    }
+}
+END_TEST
+
+START_TEST(test_cli_plan_library_refusal_is_named_once) {
+    // 3 ranks cannot hold groups of parallel.ep = 2
+    ck_assert_int_eq(plan("--set parallel.ep=2 --ranks-per-node 3"), 2);
+    assert_error("moe plan: 3 ranks cannot hold expert-parallel groups of 2\n");
+}
+END_TEST
+
+START_TEST(test_cli_plan_option_given_twice_says_only_that) {
+    static const char *const cases[][2] = {
+        {"--nodes 1 --nodes 2", "moe plan: --nodes given twice\n"},
+        {"--ranks-per-node 1 --ranks-per-node 2", "moe plan: --ranks-per-node given twice\n"},
+        {"--skew 0.1 --skew 0.2", "moe plan: --skew given twice\n"},
+        {"--link-gbps 1,2 --link-gbps 1,2", "moe plan: --link-gbps given twice\n"},
+        {"--latency-us 1,2 --latency-us 1,2", "moe plan: --latency-us given twice\n"},
+        {"--load 1 --load 1", "moe plan: --load given twice\n"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        ck_assert_int_eq(plan(cases[i][0]), 2);
+        assert_error(cases[i][1]);
+    }
+}
+END_TEST
+
+// --help promises the table for placement.mode = replicate or move.
+START_TEST(test_cli_plan_prints_placement_for_replicate_and_move) {
+    static const char *const modes[][2] = {{"replicate", "replicate"}, {"move", "move"}};
+    for (int i = 0; i < 2; i++) {
+        char args[256], head[128];
+        snprintf(args, sizeof args,
+                 "--set parallel.ep=4 --set placement.mode=%s --set placement.slots_per_rank=3",
+                 modes[i][0]);
+        ck_assert_int_eq(plan(args), 0);
+        const char *out = tu_file_text(dir, "out.txt");
+        ck_assert_msg(strstr(out, "expert placement over the EP group of 4 ranks") != NULL, "%s",
+                      out);
+        snprintf(head, sizeof head, "static %14s", modes[i][1]);
+        ck_assert_msg(strstr(out, head) != NULL, "no '%s' in %s", head, out);
+    }
+    ck_assert_int_eq(plan("--set parallel.ep=4"), 0); // static: no table unless asked
+    ck_assert_ptr_null(strstr(tu_file_text(dir, "out.txt"), "expert placement"));
+}
+END_TEST
+
+static Suite *cli_plan_suite(void) {
+    Suite *s = suite_create("cli_plan");
+    TCase *tc = tcase_create("cli_plan");
+    tcase_set_timeout(tc, 120);
+    tcase_add_test(tc, test_cli_plan_zero_load_is_refused_before_printing_for_every_ep);
+    tcase_add_test(tc, test_cli_plan_library_refusal_is_named_once);
+    tcase_add_test(tc, test_cli_plan_option_given_twice_says_only_that);
+    tcase_add_test(tc, test_cli_plan_prints_placement_for_replicate_and_move);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void) {
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    return tu_run(cli_plan_suite());
+}

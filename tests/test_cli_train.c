@@ -140,12 +140,25 @@ START_TEST(test_cli_ctrl_c_saves_checkpoint) {
     ck_assert(WIFEXITED(status));
     ck_assert_int_eq(WEXITSTATUS(status), 130);
     ck_assert_int_eq(stat(ck, &st), 0);
+    // the step it stopped after, then one more by --resume
+    const char *state = file_text("run/checkpoint/trainer_state.json");
+    const char *at = strstr(state, "\"step\": ");
+    ck_assert_ptr_nonnull(at);
+    const long stopped = atol(at + 8);
+    ck_assert_int_ge(stopped, 1);
     char args[4096];
-    snprintf(args, sizeof args, "train '%s' --resume '%s/checkpoint' --steps 1 --quiet --out '%s'",
-             cfg, out, out);
-    // the interrupted run is past step 1 already: resuming with fewer steps
-    // total just finishes (no steps left) and reports
+    snprintf(args, sizeof args,
+             "train '%s' --resume '%s/checkpoint' --steps %ld --quiet --out '%s'", cfg, out,
+             stopped + 1, out);
     ck_assert_int_eq(run_moe(args), 0);
+    snprintf(args, sizeof args, "\"step\": %ld,", stopped + 1);
+    ck_assert_msg(strstr(file_text("run/metrics.jsonl"), args), "no step %ld", stopped + 1);
+    // fewer steps in all than it has trained: nothing to train, said so
+    snprintf(args, sizeof args,
+             "train '%s' --resume '%s/checkpoint' --steps %ld --quiet --out '%s'", cfg, out,
+             stopped, out);
+    ck_assert_int_eq(run_moe(args), 2);
+    ck_assert_msg(strstr(file_text("err.txt"), "nothing to train"), "%s", file_text("err.txt"));
 }
 END_TEST
 

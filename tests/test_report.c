@@ -782,7 +782,7 @@ START_TEST(test_ablate_writes_a_comparison_report) {
     ck_assert_int_eq(points(svg, "run_001"), 1); // step 1 is finite, step 2 diverges
     free(svg);
     ck_assert_ptr_nonnull(strstr(html, "<td>train.lr=1e-2</td>"));
-    ck_assert_ptr_nonnull(strstr(html, "<td>step 1: ")); // the failure, in its row
+    ck_assert_ptr_nonnull(strstr(html, "<td>step 2: ")); // the failure, in its row
     free(html);
 }
 END_TEST

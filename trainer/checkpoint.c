@@ -908,14 +908,6 @@ static int is_bias_of(const moe_model *m, const char *name) {
 // expert-parallel rank.
 // Into buf, or with opt into its moment `which` (rounded to bf16 when it
 // stores bf16: through a scratch buffer as large as the largest tensor).
-// "[128]", "[8, 256]": a shape as the safetensors header writes it.
-static void shape_str(char *b, size_t cap, int ndim, const int64_t *shape) {
-    size_t n = (size_t)snprintf(b, cap, "[");
-    for (int d = 0; d < ndim && n < cap; d++)
-        n += (size_t)snprintf(b + n, cap - n, "%s%lld", d ? ", " : "", (long long)shape[d]);
-    if (n < cap) snprintf(b + n, cap - n, "]");
-}
-
 static int load_tensors(const moe_st_set *s, const char *what, moe_model *m, float *buf,
                         moe_adamw *opt, int which, const char *suffix, int extras_allowed) {
     char name[MOE_PARAM_NAME_MAX + 16];
@@ -940,11 +932,11 @@ static int load_tensors(const moe_st_set *s, const char *what, moe_model *m, flo
         for (int d = 0; same && d < v->ndim; d++)
             same = t->shape[d] == v->shape[d];
         if (rc == 0 && !same) {
-            char has[96], want[96];
-            shape_str(has, sizeof has, t->ndim, t->shape);
-            shape_str(want, sizeof want, v->ndim, v->shape);
-            rc = moe_fail(MOE_EFORMAT, "%s: tensor '%s' is %s %s, the config expects F32 %s",
-                          f->path, name, moe_st_dtype_name(t->dtype), has, want);
+            char has[160], want[160];
+            moe_st_describe(has, sizeof has, t->dtype, t->ndim, t->shape);
+            moe_st_describe(want, sizeof want, MOE_ST_F32, v->ndim, v->shape);
+            rc = moe_fail(MOE_EFORMAT, "%s: tensor '%s' is %s, the config expects %s", f->path,
+                          name, has, want);
         }
         float *x = scratch ? scratch : buf + v->offset;
         if (rc == 0) rc = moe_st_read(f, t, x, v->numel * sizeof(float));

@@ -223,9 +223,8 @@ static void join_names(char *buf, size_t cap, char (*names)[MOE_NAME_MAX], int n
 }
 
 // task_experts.json must describe this checkpoint's tasks, in config.json's
-// order (rows are indexed by task id), with its top_k; token layers' shares
-// are fractions of the task's assignments, so each lies in [0, 1] (a share
-// outside it would change which experts --expert-budget keeps).
+// order (rows are indexed by task id), with its top_k (the reader checks that
+// every share lies in [0, 1]).
 static int check_task_experts(moe_task_experts *te, const char *path, const moe_infer *m) {
     char names[MOE_MAX_TASKS][MOE_NAME_MAX];
     int n = moe_config_task_names(&m->cfg, names), t = 0;
@@ -245,14 +244,6 @@ static int check_task_experts(moe_task_experts *te, const char *path, const moe_
     if (te->top_k != m->k)
         return moe_fail(MOE_EFORMAT, "%s: top_k %d but config.json has router.top_k %d", path,
                         te->top_k, m->k);
-    for (int l = 0; l < te->L; l++)
-        for (int i = 0; te->share[l] && i < n * te->E[l]; i++) {
-            double v = te->share[l][i];
-            if (!(v >= 0 && v <= 1))
-                return moe_fail(MOE_EFORMAT,
-                                "%s: layer %d task '%s': share %g of expert %d is not in [0, 1]",
-                                path, l, te->task[i / te->E[l]], v, i % te->E[l]);
-        }
     return 0;
 }
 

@@ -278,6 +278,10 @@ static int read_layer(const char *path, json_t *o, moe_task_experts *te) {
                 if (!json_is_number(v))
                     return moe_fail(MOE_EFORMAT, "%s: layer %d task '%s': share is not a number",
                                     path, l, te->task[t]);
+                if (!(json_number_value(v) >= 0 && json_number_value(v) <= 1))
+                    return moe_fail(MOE_EFORMAT,
+                                    "%s: layer %d task '%s': share %g is not in [0, 1]", path, l,
+                                    te->task[t], json_number_value(v));
                 te->share[l][(size_t)t * width + j] = json_number_value(v);
             }
         }

@@ -370,11 +370,54 @@ static int save_after(moe_ckpt_async *ack, const char *run, int keep, const moe_
     return moe_ckpt_save_run(run, keep, m, opt, st, par, saved, cap);
 }
 
-// Measures the task shares a checkpoint of this step records, on validation
-// batches with the weights it will hold. An update that blew the weights up
-// (finite but huge: only the next forward turns them into NaN) shows there,
-// and its checkpoint is not written: the last one stays the newest.
-static int measure_for_save(moe_model *m, moe_data *d, long step) {
+// Whether n bf16 values are all finite (exponent bits not all ones).
+static bool bf16_finite(const uint16_t *h, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if ((h[i] & 0x7f80) == 0x7f80) return false;
+    return true;
+}
+
+// The first tensor of the parameters or either moment with a non-finite
+// value ("NAME" or "NAME.exp_avg_sq"), or NULL: a checkpoint holding one is
+// refused by every reader, --resume included.
+static const char *nonfinite_state(const moe_model *m, const moe_adamw *opt, char *buf,
+                                   size_t cap) {
+    static const char *const sfx[] = {".exp_avg", ".exp_avg_sq"};
+    for (int i = 0; i < m->table.count; i++) {
+        const moe_param_view *v = &m->table.views[i];
+        bool ok = all_finite(m->params + v->offset, v->numel);
+        int bad = -1;
+        for (int w = 0; ok && w < 2; w++) {
+            const void *x = moe_adamw_moment(opt, w);
+            ok = opt->state == MOE_ADAMW_BF16
+                     ? bf16_finite((const uint16_t *)x + v->offset, v->numel)
+                     : all_finite((const float *)x + v->offset, v->numel);
+            if (!ok) bad = w;
+        }
+        if (!ok) {
+            snprintf(buf, cap, "%s%s", v->name, bad < 0 ? "" : sfx[bad]);
+            return buf;
+        }
+    }
+    return NULL;
+}
+
+// Before a checkpoint of this step: the state it will hold must be finite,
+// and its weights must give a finite loss on the validation batches its
+// task shares are measured on. An update that blew the weights up (finite
+// but huge: only the next forward turns them into NaN) shows there, and its
+// checkpoint is not written: the last one stays the newest. Collective.
+static int check_and_measure(moe_model *m, const moe_adamw *opt, moe_data *d, moe_comm *world,
+                             long step) {
+    char name[MOE_PARAM_NAME_MAX + 16];
+    const char *bad = nonfinite_state(m, opt, name, sizeof name);
+    int64_t any = bad != NULL; // expert tensors differ by rank: every rank must know
+    MOE_TRY(moe_comm_allreduce_i64(world, &any, 1));
+    if (any)
+        return moe_fail(MOE_ENUMERIC,
+                        "step %ld: the update left a non-finite value in %s; its checkpoint is "
+                        "not written",
+                        step, bad ? bad : "another rank's tensors");
     int rc = moe_task_share_measure(m, d, SHARE_BATCHES);
     if (rc != MOE_ENUMERIC) return rc;
     char msg[512];
@@ -434,8 +477,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     if (rc == 0 && o->resume_dir) rc = moe_parallel_placement_resume(&par, &m, o->resume_dir);
     if (rc == 0 && o->resume_dir) rc = check_task_order(cfg, o->resume_dir);
     if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
-    if (rc == 0 && o->resume_dir && st.step >= cfg->train.steps)
-        rc = moe_fail(MOE_EINVAL, "%s is at step %ld: train.steps = %ld leaves nothing to train",
+    // (at train.steps exactly it only finishes: a stop during the last step)
+    if (rc == 0 && o->resume_dir && st.step > cfg->train.steps)
+        rc = moe_fail(MOE_EINVAL, "%s is at step %ld, past train.steps = %ld: nothing to train",
                       o->resume_dir, st.step, (long)cfg->train.steps);
     if (rc == 0 && cfg->train.async_checkpoint) rc = moe_ckpt_async_init(&ack, &m, &par);
     if (rc == 0 && on_gpu)
@@ -675,7 +719,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
             st.cursor[1] = d.cursor[1];
             moe_ckpt_async_wait_snapshot(ack); // the sync overwrites the host buffers
             if (on_gpu) MOE_TRY_GOTO(moe_gpu_trainer_sync(&gpu, &m, &opt), rc);
-            MOE_TRY_GOTO(measure_for_save(&m, &d, st.step), rc);
+            MOE_TRY_GOTO(check_and_measure(&m, &opt, &d, world, st.step), rc);
             const double t_save = now();
             if (ack && !stop) // a stop's save is the last: written before returning
                 MOE_TRY_GOTO(moe_ckpt_async_begin(ack, o->out_dir, cfg->train.keep_checkpoints, &m,
@@ -718,7 +762,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         if (saved_step == st.step) { // the last step's periodic save: commit it, not again
             MOE_TRY_GOTO(moe_ckpt_async_wait(ack, &par), rc);
         } else {
-            MOE_TRY_GOTO(measure_for_save(&m, &d, st.step), rc);
+            MOE_TRY_GOTO(check_and_measure(&m, &opt, &d, world, st.step), rc);
             MOE_TRY_GOTO(save_after(ack, o->out_dir, cfg->train.keep_checkpoints, &m, &opt, &st,
                                     &par, ckpt, sizeof ckpt),
                          rc);

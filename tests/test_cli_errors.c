@@ -75,6 +75,15 @@ START_TEST(test_cli_extra_positional_is_refused) {
     assert_one_line_error("plan", "more than one config file");
     ck_assert_int_eq(run_moe("route --example stray"), 2);
     assert_one_line_error("route", "unknown argument 'stray'");
+    ck_assert_int_eq(run_moe("--version stray"), 2);
+    ck_assert_str_eq(err_text(), "moe: --version takes no argument ('stray')\n");
+    // a config file named ".json" names no run: runs/ itself would be the folder
+    char p[700];
+    snprintf(p, sizeof p, "cp " TINY " '%s/.json'", dir);
+    ck_assert_int_eq(system(p), 0);
+    snprintf(p, sizeof p, "train '%s/.json' --steps 1", dir);
+    ck_assert_int_eq(run_moe(p), 2);
+    assert_one_line_error("train", "no run name in the file name: give --out DIR");
 }
 END_TEST
 

@@ -114,6 +114,11 @@ START_TEST(test_set_is_typed_by_key) {
     ck_assert(c.router.capacity_factor == 0.5);
     ck_assert_int_eq(moe_config_set(&c, src, "router.top_k=x"), MOE_EINVAL);
     ck_assert_int_eq(moe_config_set(&c, src, "train.lr=fast"), MOE_EINVAL);
+    // a blank on either side of a number is refused alike
+    ck_assert_int_eq(moe_config_set(&c, src, "model.d_model= 32"), MOE_EINVAL);
+    ck_assert_int_eq(moe_config_set(&c, src, "model.d_model=32 "), MOE_EINVAL);
+    ck_assert_int_eq(moe_config_set(&c, src, "train.lr= 1e-3"), MOE_EINVAL);
+    ck_assert_int_eq(moe_config_set(&c, src, "train.seed= 7"), MOE_EINVAL);
     ck_assert_int_eq(moe_config_set(&c, src, "nokey=1"), MOE_EINVAL);
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "unknown key 'nokey'"));
     ck_assert_int_eq(moe_config_set(&c, src, "router.top_k"), MOE_EINVAL);

@@ -124,6 +124,19 @@ static int count_events(void) {
     return n;
 }
 
+// A run that fails before its first step leaves an empty metrics.jsonl and no
+// checkpoint: nothing to resume, so the next run may use the folder.
+START_TEST(test_a_run_failed_before_any_step_does_not_hold_the_folder) {
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r "
+                             "--set model.rope_theta=1e-300",
+                             dir, dir),
+                     1);
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 0);
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r", dir, dir), 0);
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 4);
+}
+END_TEST
+
 START_TEST(test_overwrite_replaces_the_run) {
     ck_assert_int_eq(run_moe("train %s/tiny.json --steps 5 --quiet --out %s/r "
                              "--set train.keep_checkpoints=2 --set train.ckpt_every=1 "
@@ -354,6 +367,7 @@ int main(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_train_refuses_an_out_that_holds_a_run);
     tcase_add_test(tc, test_overwrite_replaces_the_run);
+    tcase_add_test(tc, test_a_run_failed_before_any_step_does_not_hold_the_folder);
     tcase_add_test(tc, test_resume_run_dir_alone_continues_the_run);
     tcase_add_test(tc, test_sigint_stops_with_a_checkpoint_and_a_working_resume_command);
     tcase_add_test(tc, test_keep_checkpoints_rotation_and_readers_take_the_run_folder);

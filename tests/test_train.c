@@ -184,6 +184,26 @@ START_TEST(test_resume_drops_cut_record_and_needs_steps) {
 }
 END_TEST
 
+// A resume with capacity.mode switched names the switch, not a corrupt file.
+START_TEST(test_resume_with_another_capacity_mode_names_it) {
+    moe_config c = small();
+    c.train.steps = 1;
+    c.router.capacity_mode = MOE_CAPACITY_STATIC;
+    char out[600], ck[700];
+    snprintf(out, sizeof out, "%s/run", tu_tmpdir());
+    snprintf(ck, sizeof ck, "%s/checkpoint", out);
+    moe_train_result r;
+    moe_train_opts o = {.out_dir = out, .quiet = true};
+    ck_assert_msg(moe_train(&c, &o, &r) == 0, "%s", moe_last_error());
+    moe_eval_result_free(&r.eval);
+    c.train.steps = 2;
+    c.router.capacity_mode = MOE_CAPACITY_DYNAMIC;
+    moe_train_opts h = {.out_dir = out, .resume_dir = ck, .quiet = true};
+    ck_assert_int_eq(moe_train(&c, &h, &r), MOE_EFORMAT);
+    ck_assert_msg(strstr(moe_last_error(), "capacity.mode"), "%s", moe_last_error());
+}
+END_TEST
+
 START_TEST(test_checkpoint_mismatch_and_corruption) {
     moe_config c = small();
     c.train.steps = 2;
@@ -344,6 +364,7 @@ static Suite *train_suite(void) {
     tcase_add_test(tc, test_nonfinite_loss_stops_and_keeps_checkpoint);
     tcase_add_test(tc, test_nonfinite_dense_run_writes_no_checkpoint);
     tcase_add_test(tc, test_resume_drops_cut_record_and_needs_steps);
+    tcase_add_test(tc, test_resume_with_another_capacity_mode_names_it);
     tcase_add_test(tc, test_checkpoint_mismatch_and_corruption);
     suite_add_tcase(s, tc);
     return s;

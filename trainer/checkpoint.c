@@ -1091,7 +1091,14 @@ static int load_state(const char *path, moe_model *m, moe_adamw *opt, moe_train_
     json_t *caps = json_object_get(doc, "capacity");
     for (int l = 0; l < m->L; l++)
         n_dyn += m->cap[l].capacity != NULL;
-    if (!json_is_array(caps) || json_array_size(caps) != (size_t)n_dyn) {
+    if (json_is_array(caps) && json_array_size(caps) != (size_t)n_dyn)
+        MOE_TRY_GOTO(moe_fail(MOE_EFORMAT,
+                              "%s: 'capacity' holds the state of %zu dynamic-capacity layers, this "
+                              "config has %d: capacity.mode (or the MoE layers) changed since the "
+                              "checkpoint was written",
+                              path, json_array_size(caps), n_dyn),
+                     rc);
+    if (!json_is_array(caps)) {
         char want[96];
         snprintf(want, sizeof want, "an array with the state of the %d dynamic-capacity layers",
                  n_dyn);

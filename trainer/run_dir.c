@@ -199,8 +199,11 @@ int moe_run_exists(const char *run) {
                                         "checkpoint.old", "latest",     NULL};
     char p[PATH_MAX];
     struct stat st;
+    // An empty metrics.jsonl alone is a run that failed before its first
+    // step: nothing to resume or lose, so a new run may take the folder.
     for (int i = 0; names[i]; i++)
-        if (snprintf(p, sizeof p, "%s/%s", run, names[i]) < (int)sizeof p && lstat(p, &st) == 0)
+        if (snprintf(p, sizeof p, "%s/%s", run, names[i]) < (int)sizeof p && lstat(p, &st) == 0 &&
+            (i > 0 || !S_ISREG(st.st_mode) || st.st_size > 0))
             return 1;
     DIR *d = opendir(run);
     if (!d) return 0;

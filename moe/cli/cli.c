@@ -242,6 +242,10 @@ int moe_cli_main(int argc, char **argv) {
         return MOE_EXIT_OK;
     }
     if (!strcmp(cmd, "--version")) {
+        if (argc > 2) {
+            fprintf(stderr, "moe: --version takes no argument ('%.64s')\n", argv[2]);
+            return MOE_EXIT_USAGE;
+        }
         printf("moe %s%s%s\n", MOE_VERSION, MOE_GIT_DESCRIBE[0] ? " (git " : "",
                MOE_GIT_DESCRIBE[0] ? MOE_GIT_DESCRIBE ")" : "");
         return MOE_EXIT_OK;

@@ -174,7 +174,12 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, train_args *
     MOE_TRY_GOTO(moe_cli_load_config(cfg, config, sets, n_sets), rc);
     if (!a->out) {
         const char *base = strrchr(config, '/') ? strrchr(config, '/') + 1 : config;
-        snprintf(default_out, cap, "runs/%.*s", (int)strcspn(base, "."), base);
+        const int len = (int)strcspn(base, ".");
+        if (len == 0) { // ".json": the run would be runs/ itself
+            moe_fail(MOE_EINVAL, "%s: no run name in the file name: give --out DIR", config);
+            goto usage;
+        }
+        snprintf(default_out, cap, "runs/%.*s", len, base);
         a->out = default_out;
     }
     goto fail; // rc == 0: done

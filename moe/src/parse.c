@@ -3,6 +3,7 @@
 #include "moe/parse.h"
 #include "moe/error.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <float.h>
 #include <math.h>
@@ -13,11 +14,16 @@
 #define QUOTE_MAX 64
 #define QUOTE(v) QUOTE_MAX, (v), strlen(v) > QUOTE_MAX ? "..." : ""
 
+// strto* skip leading blanks; a trailing one is refused, so both are.
+static bool blank_first(const char *v) {
+    return isspace((unsigned char)v[0]);
+}
+
 int moe_parse_double(const char *key, const char *v, double *out) {
     char *end;
     errno = 0;
     double d = strtod(v, &end);
-    if (end == v || *end || errno || !isfinite(d))
+    if (end == v || *end || blank_first(v) || errno || !isfinite(d))
         return moe_fail(MOE_EINVAL, "%s = '%.*s%s': expected a finite number", key, QUOTE(v));
     *out = d;
     return 0;
@@ -27,7 +33,7 @@ int moe_parse_int(const char *key, const char *v, long lo, long hi, int *out) {
     char *end;
     errno = 0;
     long n = strtol(v, &end, 10);
-    if (end == v || *end)
+    if (end == v || *end || blank_first(v))
         return moe_fail(MOE_EINVAL, "%s = '%.*s%s': expected an integer", key, QUOTE(v));
     if (errno || n < lo || n > hi)
         return moe_fail(MOE_EINVAL, "%s = %.*s%s: expected %ld..%ld", key, QUOTE(v), lo, hi);
@@ -39,7 +45,7 @@ int moe_parse_u64(const char *key, const char *v, uint64_t *out) {
     char *end;
     errno = 0;
     unsigned long long u = strtoull(v, &end, 10);
-    if (end == v || *end || errno || strchr(v, '-'))
+    if (end == v || *end || blank_first(v) || errno || strchr(v, '-'))
         return moe_fail(MOE_EINVAL, "%s = '%.*s%s': expected a non-negative integer", key,
                         QUOTE(v));
     *out = u;

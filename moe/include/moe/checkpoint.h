@@ -186,7 +186,7 @@ int moe_ckpt_save_run(const char *run, int keep, const moe_model *m, const moe_a
 // MOE_CKPT_NAME_PLAIN, _TMP, _OLD, _TRASH): 1 with *step and *suffix set, else 0.
 enum { MOE_CKPT_NAME_PLAIN, MOE_CKPT_NAME_TMP, MOE_CKPT_NAME_OLD, MOE_CKPT_NAME_TRASH };
 int moe_ckpt_step_name(const char *name, long *step, int *suffix);
-// 1 when folder RUN holds a run: metrics.jsonl, a checkpoint, checkpoint-STEP
+// 1 when folder RUN holds a run: a non-empty metrics.jsonl, a checkpoint, checkpoint-STEP
 // or latest (or the leftovers of a save of one of them), else 0.
 int moe_run_exists(const char *run);
 // Removes what a run wrote into RUN (metrics.jsonl, config.json, checkpoint*,

@@ -111,8 +111,10 @@ START_TEST(test_nonfinite_loss_stops_and_keeps_checkpoint) {
     ck_assert_int_eq(moe_train(&c, &o, &r), MOE_ENUMERIC);
     const char *msg = moe_last_error();
     ck_assert_msg(strstr(msg, "step 3: ") && strstr(msg, "not written"), "message: %s", msg);
-    // the checkpoint of step 2 stays as it was, bit for bit
+    // the checkpoint of step 2 stays as it was, bit for bit, and so does the
+    // run's config.json (a plain --resume would take the diverging lr)
     tu_assert_same_checkpoint(ck_good, ck);
+    tu_assert_same_file(tu_path(good, "config.json", ""), tu_path(run, "config.json", ""));
 }
 END_TEST
 
@@ -170,6 +172,20 @@ START_TEST(test_resume_drops_cut_record_and_needs_steps) {
     fclose(f);
     ck_assert_int_eq(lines, 5); // steps 1-4 and the final eval
     ck_assert_int_eq(last_step, 4);
+    // a whole last record that lost only its newline is kept
+    free(read_all(p, &n));
+    ck_assert_int_eq(truncate(p, n - 1), 0);
+    c.train.steps = 5;
+    ck_assert_msg(moe_train(&c, &h, &r) == 0, "%s", moe_last_error());
+    moe_eval_result_free(&r.eval);
+    f = fopen(p, "r");
+    for (lines = 0; fgets(line, sizeof line, f); lines++) {
+        json_t *doc = json_loads(line, 0, NULL);
+        ck_assert_msg(doc != NULL, "line %d is not JSON", lines + 1);
+        json_decref(doc);
+    }
+    fclose(f);
+    ck_assert_int_eq(lines, 7); // the eval of step 4 kept, step 5 and its eval
     c.train.steps = 3;
     ck_assert_int_eq(moe_train(&c, &h, &r), MOE_EINVAL); // at step 4 already
     ck_assert_msg(strstr(moe_last_error(), "nothing to train"), "%s", moe_last_error());

@@ -327,6 +327,20 @@ static int check_task_order(const moe_config *cfg, const char *resume) {
     return rc;
 }
 
+// The run folder's config.json. A resume writes it with its first checkpoint,
+// not at the start: a resume that fails first (say, with a diverging --set)
+// must not leave its settings for the next plain --resume of the run.
+static int write_run_config(const moe_config *cfg, const char *out_dir) {
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s/config.json", out_dir);
+    FILE *cf = fopen(path, "w");
+    int rc = cf ? moe_config_write(cfg, cf)
+                : moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
+    if (cf && fclose(cf) && rc == 0)
+        rc = moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
+    return rc;
+}
+
 // A record that a crash or a full disk cut off (metrics.jsonl without a final
 // newline) goes before a resume appends: left there, it would glue onto the
 // first new record and make that line unreadable too.
@@ -349,6 +363,19 @@ static int drop_cut_record(const char *path) {
         keep -= (off_t)(n - i);
         if (i > 0) break;
     }
+    // A whole record that only lost its newline is kept: the newline is added.
+    char *tail =
+        rc == 0 && keep != end && end - keep < (1 << 20) ? malloc((size_t)(end - keep)) : NULL;
+    if (tail && pread(fd, tail, (size_t)(end - keep), keep) == (ssize_t)(end - keep)) {
+        json_t *rec = json_loadb(tail, (size_t)(end - keep), 0, NULL);
+        if (rec && json_is_object(rec)) {
+            if (pwrite(fd, "\n", 1, end) != 1)
+                rc = moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
+            keep = end;
+        }
+        json_decref(rec);
+    }
+    free(tail);
     if (rc == 0 && keep != end) {
         if (ftruncate(fd, keep) != 0)
             rc = moe_fail(MOE_EIO, "%s: cannot drop the cut-off last record: %s", path,
@@ -512,12 +539,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     if (rc == 0 && lead && o->overwrite) rc = moe_run_clear(o->out_dir);
     if (rc == 0 && lead) rc = moe_make_dirs(o->out_dir);
     if (rc == 0 && lead) { // only rank 0 writes the run folder
-        snprintf(path, sizeof path, "%s/config.json", o->out_dir);
-        FILE *cf = fopen(path, "w");
-        rc = cf ? moe_config_write(cfg, cf)
-                : moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
-        if (cf && fclose(cf) && rc == 0)
-            rc = moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
+        if (!o->resume_dir) rc = write_run_config(cfg, o->out_dir);
         snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
         if (rc == 0 && o->resume_dir) rc = drop_cut_record(path);
         if (rc == 0 && !(metrics = fopen(path, o->resume_dir ? "a" : "w")))
@@ -731,6 +753,8 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                              rc);
             saved_step = st.step;
             r->checkpoints++;
+            if (lead && o->resume_dir && r->checkpoints == 1)
+                MOE_TRY_GOTO(write_run_config(cfg, o->out_dir), rc);
             moe_log(MOE_LOG_DEBUG,
                     "step %ld: checkpoint %s took %.3f s on the training thread (and %.3f s "
                     "measuring the task shares)",
@@ -767,6 +791,8 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                                     &par, ckpt, sizeof ckpt),
                          rc);
             r->checkpoints++;
+            if (lead && o->resume_dir && r->checkpoints == 1)
+                MOE_TRY_GOTO(write_run_config(cfg, o->out_dir), rc);
         }
         MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &r->eval), rc);
         if (metrics && write_eval(metrics, st.step, &r->eval) < 0) {

@@ -40,12 +40,7 @@ static void expect_in_err(const char *want) {
 }
 
 static void write_text(const char *name, const char *text) {
-    char p[800];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *f = fopen(p, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
+    tu_write_text(dir, name, text);
 }
 
 // The bytes of dir/name (malloc'd, *n its size); asserts it exists.

@@ -35,12 +35,7 @@ static const char *err_text(void) {
 }
 
 static void write_text(const char *name, const char *text) {
-    char p[800];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *f = fopen(p, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
+    tu_write_text(dir, name, text);
 }
 
 // Bytes of file dir/a equal to those of dir/b (both must exist).

@@ -327,6 +327,15 @@ int tu_st_dirs_differ(const char *a, const char *b, char *why, size_t cap) {
     return differ;
 }
 
+void tu_write_text(const char *dir, const char *name, const char *text) {
+    char p[1200];
+    snprintf(p, sizeof p, "%s/%s", dir, name);
+    FILE *f = fopen(p, "w");
+    ck_assert_msg(f != NULL, "%s: cannot create", p);
+    fputs(text, f);
+    ck_assert_int_eq(fclose(f), 0);
+}
+
 const char *tu_path(const char *dir, const char *a, const char *b) {
     static char p[4][1200];
     static int k;

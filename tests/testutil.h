@@ -39,6 +39,8 @@ const char *tu_in_dir(const char *name);
 int tu_count_entries(const char *dir);
 // dir/a/b (dir/a when b is ""), in one of 4 rotating static buffers.
 const char *tu_path(const char *dir, const char *a, const char *b);
+// Writes text to the file dir/name (the test fails if it cannot).
+void tu_write_text(const char *dir, const char *name, const char *text);
 // moe_train of c into out (resume: NULL or a run to resume), quietly; losses
 // (NULL: none) gets each step's loss; stop_after 0: every step. Asserts success
 // and returns the number of checkpoints written.

@@ -203,13 +203,13 @@ START_TEST(test_load_checks_dtype_and_rank) {
 END_TEST
 
 // Written the way Python tools write it: spaces, keys in another order,
-// __metadata__ last, a hole after the tensors is not an error.
+// __metadata__ last, tensors not in offset order.
 START_TEST(test_reads_foreign_header_layout) {
-    const char *json = "{ \"b\" : { \"shape\" : [ 2 ], \"data_offsets\" : [ 8, 16 ], "
+    const char *json = "{ \"b\" : { \"shape\" : [ 2 ], \"data_offsets\" : [ 3, 11 ], "
                        "\"dtype\" : \"F32\" }, \"a\": {\"dtype\":\"U8\",\"shape\":[3,1],"
                        "\"data_offsets\":[0,3]}, \"__metadata__\": {\"format\": \"pt\"} }";
     const char *p = tu_in_dir("hf.safetensors");
-    write_raw(p, json, ~0ull, 20);
+    write_raw(p, json, ~0ull, 11);
     moe_st_file *f;
     ck_assert_msg(moe_st_open(p, &f) == 0, "%s", moe_last_error());
     ck_assert_int_eq(f->n_tensors, 2);
@@ -219,8 +219,8 @@ START_TEST(test_reads_foreign_header_layout) {
     ck_assert_int_eq(moe_st_read(f, moe_st_find(f, "a"), a, sizeof a), 0);
     ck_assert_int_eq(moe_st_read(f, moe_st_find(f, "b"), b, sizeof b), 0);
     ck_assert_int_eq(a[2], 2); // write_raw fills data byte i with i
-    ck_assert_int_eq(b[0], 8);
-    ck_assert_int_eq(b[7], 15);
+    ck_assert_int_eq(b[0], 3);
+    ck_assert_int_eq(b[7], 10);
     moe_st_close(f);
 }
 END_TEST
@@ -327,6 +327,30 @@ START_TEST(test_overlapping_tensors_are_refused) {
     moe_st_file *f;
     ck_assert_msg(moe_st_open(p, &f) == 0, "%s", moe_last_error());
     moe_st_close(f);
+}
+END_TEST
+
+// The reference reader refuses data bytes that belong to no tensor, and so do
+// we: a hole between tensors, bytes appended after the last one.
+START_TEST(test_bytes_outside_every_tensor_are_refused) {
+    expect_raw_fails("{\"a\": {\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
+                     "\"b\": {\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[6,10]}}",
+                     10, "data bytes [4, 6) before tensor 'b' belong to no tensor");
+    expect_raw_fails("{\"a\": {\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[2,6]}}", 6,
+                     "data bytes [0, 2) before tensor 'a'");
+    expect_raw_fails("{\"a\": {\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]}}", 5,
+                     "data bytes [4, 5) after the last tensor");
+    expect_raw_fails("{}", 3, "data bytes [0, 3) after the last tensor");
+    // A file our writer made, with one byte appended.
+    moe_st_entry e[8];
+    int n = fixture(e);
+    const char *p = tu_in_dir("grown.safetensors");
+    ck_assert_int_eq(moe_st_write(p, e, n, meta), 0);
+    FILE *fp = fopen(p, "ab");
+    ck_assert_ptr_nonnull(fp);
+    ck_assert_int_eq(fputc(0, fp), 0);
+    ck_assert_int_eq(fclose(fp), 0);
+    expect_open_fails(p, MOE_EFORMAT, "after the last tensor belong to no tensor");
 }
 END_TEST
 
@@ -533,6 +557,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_bad_entries_each_have_a_message);
     tcase_add_test(tc, test_header_lying_about_sizes);
     tcase_add_test(tc, test_overlapping_tensors_are_refused);
+    tcase_add_test(tc, test_bytes_outside_every_tensor_are_refused);
     tcase_add_test(tc, test_missing_file_or_folder_is_refused_with_reason);
     tcase_add_test(tc, test_writer_into_missing_dir_leaves_nothing);
     tcase_add_test(tc, test_writer_rejects_bad_entries_and_keeps_old_file);

@@ -205,30 +205,47 @@ static int cmp_offset(const void *a, const void *b) {
     return x->nbytes < y->nbytes ? -1 : x->nbytes > y->nbytes;
 }
 
-// Two non-empty byte ranges may not share a byte (empty tensors own none).
-static int check_overlaps(const moe_st_file *f) {
+// The tensors' bytes must tile the data section, as the reference reader
+// (huggingface/safetensors) demands: no byte shared by two tensors, none that
+// belongs to no tensor, none after the last one (bytes appended to a file or a
+// hole left by a bad writer are refused, not ignored). Empty tensors own no
+// byte and may sit anywhere.
+static int check_tiling(const moe_st_file *f) {
     int n = f->n_tensors;
-    if (n < 2) return 0;
-    const moe_st_tensor **by = malloc((size_t)n * sizeof *by);
+    const moe_st_tensor **by = malloc((size_t)(n ? n : 1) * sizeof *by);
     if (!by) return moe_fail(MOE_ENOMEM, "%s: out of memory", f->path);
     for (int i = 0; i < n; i++)
         by[i] = &f->tensors[i];
     qsort(by, (size_t)n, sizeof *by, cmp_offset);
     const moe_st_tensor *prev = NULL; // the non-empty tensor reaching furthest so far
+    uint64_t covered = 0;             // data-section bytes [0, covered) belong to tensors
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++) {
         const moe_st_tensor *t = by[i];
         if (t->nbytes == 0) continue;
-        if (prev && prev->offset + prev->nbytes > t->offset)
+        uint64_t begin = t->offset - f->data_start;
+        if (prev && covered > begin)
             rc =
                 moe_fail(MOE_EFORMAT, "%s: tensors '%s' [%llu, %llu) and '%s' [%llu, %llu) overlap",
                          f->path, prev->name, (unsigned long long)(prev->offset - f->data_start),
-                         (unsigned long long)(prev->offset + prev->nbytes - f->data_start), t->name,
-                         (unsigned long long)(t->offset - f->data_start),
-                         (unsigned long long)(t->offset + t->nbytes - f->data_start));
-        if (!prev || t->offset + t->nbytes > prev->offset + prev->nbytes) prev = t;
+                         (unsigned long long)covered, t->name, (unsigned long long)begin,
+                         (unsigned long long)(begin + t->nbytes));
+        else if (begin > covered)
+            rc = moe_fail(MOE_EFORMAT,
+                          "%s: data bytes [%llu, %llu) before tensor '%s' belong to no tensor "
+                          "(a hole the safetensors format does not allow)",
+                          f->path, (unsigned long long)covered, (unsigned long long)begin, t->name);
+        if (begin + t->nbytes > covered) {
+            covered = begin + t->nbytes;
+            prev = t;
+        }
     }
     free(by);
+    if (rc == 0 && covered != f->data_size)
+        rc = moe_fail(MOE_EFORMAT,
+                      "%s: data bytes [%llu, %llu) after the last tensor belong to no tensor "
+                      "(bytes appended to the file, or a damaged header)",
+                      f->path, (unsigned long long)covered, (unsigned long long)f->data_size);
     return rc;
 }
 
@@ -316,7 +333,7 @@ int moe_st_open(const char *path, moe_st_file **out) {
         f->n_tensors++;
         MOE_TRY_GOTO(parse_entry(f, t, v), rc);
     }
-    MOE_TRY_GOTO(check_overlaps(f), rc);
+    MOE_TRY_GOTO(check_tiling(f), rc);
     MOE_TRY_GOTO(index_names(f), rc);
 
     json_decref(root);

@@ -592,6 +592,8 @@ static const config_case config_cases[] = {
     {"seq_len_overflow", NULL, "--set model.seq_len=2147483648"},
     {"seq_len_before_any_answer", NULL, "--set model.seq_len=5"},
     {"moe_every_beyond_layers", NULL, "--set moe.every=9"},
+    {"synthetic_without_tasks", NULL, "--set data.tasks=[]"},
+    {"vocab_below_task_markers", NULL, "--set model.vocab_size=129"},
     {"vocab_0", NULL, "--set model.vocab_size=0"},
     {"vocab_huge", NULL, "--set model.vocab_size=2000000000"},
     {"d_model_odd_head", NULL, "--set model.d_model=36"},
@@ -682,6 +684,8 @@ START_TEST(test_bad_configs_are_refused_before_anything_is_written) {
         snprintf(name, sizeof name, "train/%s", c->name);
         snprintf(out, sizeof out, "%s", in_w("run_%s", c->name));
         expect(name, 2, out, "train '%s' %s --quiet --out '%s'", cfg, c->sets, out);
+        snprintf(name, sizeof name, "dry-run/%s", c->name);
+        expect(name, 2, NULL, "train '%s' %s --dry-run", cfg, c->sets);
         snprintf(name, sizeof name, "plan/%s", c->name);
         expect(name, 2, NULL, "plan '%s' %s", cfg, c->sets);
         snprintf(name, sizeof name, "ablate/%s", c->name);

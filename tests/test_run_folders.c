@@ -106,6 +106,38 @@ START_TEST(test_train_refuses_an_out_that_holds_a_run) {
 }
 END_TEST
 
+// A run whose checkpoint is gone has nothing for --resume: the refusal offers
+// only --overwrite.
+START_TEST(test_a_run_without_checkpoint_is_not_offered_to_resume) {
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r", dir, dir), 0);
+    char cmd[800];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s/r/checkpoint'", dir);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r", dir, dir), 2);
+    expect_in_err("no checkpoint to resume");
+    expect_in_err("--overwrite");
+    ck_assert_msg(!strstr(err_text(), "--resume"), "offers --resume: %s", err_text());
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 4); // untouched
+}
+END_TEST
+
+// Every file a resume reads is named with the option that gave it, the
+// optimizer's moments as the model's weights, and the run is left as it was.
+START_TEST(test_resume_errors_name_the_option_and_the_file) {
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r", dir, dir), 0);
+    char p[800];
+    snprintf(p, sizeof p, "%s/r/checkpoint/optimizer.safetensors", dir);
+    FILE *f = fopen(p, "ab");
+    ck_assert_ptr_nonnull(f);
+    ck_assert_int_eq(fputc(0, f), 0);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_int_eq(run_moe("train --resume %s/r --steps 4 --quiet", dir), 2);
+    expect_in_err("--resume: ");
+    expect_in_err("optimizer.safetensors");
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 4);
+}
+END_TEST
+
 // Event files in the run folder r.
 static int count_events(void) {
     char p[800];
@@ -361,6 +393,8 @@ int main(void) {
     tcase_add_checked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_train_refuses_an_out_that_holds_a_run);
+    tcase_add_test(tc, test_a_run_without_checkpoint_is_not_offered_to_resume);
+    tcase_add_test(tc, test_resume_errors_name_the_option_and_the_file);
     tcase_add_test(tc, test_overwrite_replaces_the_run);
     tcase_add_test(tc, test_a_run_failed_before_any_step_does_not_hold_the_folder);
     tcase_add_test(tc, test_resume_run_dir_alone_continues_the_run);

@@ -501,13 +501,17 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     if (rc == 0) rc = moe_parallel_placement_init(&par, &m, cfg);
     moe_train_state st = {0, {0, 0}, 0, 0};
     // The placement first: moved experts rename the views the load finds by name.
-    if (rc == 0 && o->resume_dir) rc = moe_parallel_placement_resume(&par, &m, o->resume_dir);
-    if (rc == 0 && o->resume_dir) rc = check_task_order(cfg, o->resume_dir);
-    if (rc == 0 && o->resume_dir) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
-    // (at train.steps exactly it only finishes: a stop during the last step)
-    if (rc == 0 && o->resume_dir && st.step > cfg->train.steps)
-        rc = moe_fail(MOE_EINVAL, "%s is at step %ld, past train.steps = %ld: nothing to train",
-                      o->resume_dir, st.step, (long)cfg->train.steps);
+    if (rc == 0 && o->resume_dir) {
+        rc = moe_parallel_placement_resume(&par, &m, o->resume_dir);
+        if (rc == 0) rc = check_task_order(cfg, o->resume_dir);
+        if (rc == 0) rc = moe_ckpt_load(o->resume_dir, &m, &opt, &st);
+        // (at train.steps exactly it only finishes: a stop during the last step)
+        if (rc == 0 && st.step > cfg->train.steps)
+            rc = moe_fail(MOE_EINVAL, "%s is at step %ld, past train.steps = %ld: nothing to train",
+                          o->resume_dir, st.step, (long)cfg->train.steps);
+        // Named like the CLI's own checks of the model file, which ran before.
+        if (rc < 0) moe_fail(rc, "--resume: %s", moe_last_error());
+    }
     if (rc == 0 && cfg->train.async_checkpoint) rc = moe_ckpt_async_init(&ack, &m, &par);
     if (rc == 0 && on_gpu)
         rc = moe_gpu_trainer_init(&gpu, &m, &opt, cfg, (size_t)d.B * d.T, o->device_ops);

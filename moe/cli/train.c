@@ -280,11 +280,19 @@ int moe_cli_train(int argc, char **argv) {
         return moe_cli_fail("train", MOE_EXIT_USAGE, "%s", moe_last_error());
     // A second run into a run folder would mix two runs' metrics and replace
     // the first one's checkpoint: the user says which they mean.
-    if (!a.resume && !a.overwrite && moe_run_exists(a.out))
+    char ckpt[PATH_MAX];
+    if (!a.resume && !a.overwrite && moe_run_exists(a.out)) {
+        if (moe_ckpt_resolve(a.out, ckpt, sizeof ckpt, NULL) < 0) // nothing --resume could take
+            return moe_cli_fail("train", MOE_EXIT_USAGE,
+                                "--out %s already holds a run with no checkpoint to resume "
+                                "(metrics.jsonl or an unfinished save); replace it with "
+                                "--overwrite, or give another --out",
+                                a.out);
         return moe_cli_fail("train", MOE_EXIT_USAGE,
                             "--out %s already holds a run (metrics.jsonl or a checkpoint); "
                             "continue it with --resume %s, or replace it with --overwrite",
                             a.out, a.out);
+    }
     moe_comm *world = NULL;
     int rank = 0, size = 1;
     if (moe_cli_mpi_launched()) {

@@ -4,14 +4,18 @@
 // sampling frequencies, and every kind of bad file refused with its reason.
 #include "moe/data.h"
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/shards.h"
 #include "moe/train.h"
 #include "testutil.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 // An llm.c file: header (magic, version, count) then n tokens tok(i).
 static const char *write_llmc(const char *name, int32_t magic, int32_t version, int32_t count,
@@ -390,6 +394,63 @@ END_TEST
 // RFC 3629's table of well-formed sequences, by hand: each boundary of each
 // row, and the forms a bit-pattern check lets through (overlong, surrogate,
 // above U+10FFFF, leads F5..FF). at: the offset reported, -1 for good text.
+// A child process reads token `at` of the mapped file after shrinking it to
+// keep bytes; its exit status, and its stderr in out (cap bytes).
+static int read_after_shrink(const char *path, long keep, long at, char *out, size_t cap) {
+    moe_token_file f;
+    ck_assert_msg(moe_token_file_open(&f, path, MOE_TOKENS_LLMC, 65536) == 0, "%s",
+                  moe_last_error());
+    const char *err = tu_in_dir("child_err.txt");
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        if (!freopen(err, "w", stderr) || moe_map_guard_install() < 0 || truncate(path, keep) != 0)
+            _exit(3);
+        volatile int32_t t = moe_token_at(&f, at);
+        (void)t;
+        _exit(0);
+    }
+    int st;
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    moe_token_file_close(&f);
+    FILE *e = fopen(err, "r");
+    ck_assert_ptr_nonnull(e);
+    size_t n = fread(out, 1, cap - 1, e);
+    out[n] = 0;
+    fclose(e);
+    return st;
+}
+
+static uint32_t tok_mod(long i) {
+    return (uint32_t)(i % 50000);
+}
+
+// A token file truncated by another program under a run: the next read past
+// the new end is a clear message naming the file and exit 1, not a SIGBUS
+// core; reads inside what is left, and faults nowhere near a mapping, are as
+// before.
+START_TEST(test_file_truncated_under_the_reader_is_named) {
+    const char *p = write_llmc("big.bin", MOE_LLMC_MAGIC, 1, 100000, 100000, tok_mod);
+    char err[1024];
+    int st = read_after_shrink(p, 4096, 99999, err, sizeof err);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 1, "status %#x, stderr: %s", st, err);
+    ck_assert_msg(strstr(err, p) && strstr(err, "shrank"), "stderr: %s", err);
+    p = write_llmc("big.bin", MOE_LLMC_MAGIC, 1, 100000, 100000, tok_mod);
+    st = read_after_shrink(p, 200000, 10, err, sizeof err); // token 10 is still there
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "status %#x, stderr: %s", st, err);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        moe_map_guard_install();
+        raise(SIGBUS);
+        _exit(0);
+    }
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGBUS, "status %#x", st);
+}
+END_TEST
+
 START_TEST(test_utf8_exact_well_formed_table) {
     static const struct {
         const char *s;
@@ -456,6 +517,7 @@ static Suite *shards_suite(void) {
     tcase_add_test(tc, test_file_tasks_config_round_trip);
     tcase_add_test(tc, test_bad_files_are_refused);
     tcase_add_test(tc, test_utf8_exact_well_formed_table);
+    tcase_add_test(tc, test_file_truncated_under_the_reader_is_named);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -4,6 +4,7 @@
 #include "moe/cli/cli.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/parse.h"
 #include "moe/safetensors.h"
 
@@ -252,6 +253,8 @@ int moe_cli_main(int argc, char **argv) {
     }
     const command *c = find_command(cmd);
     if (!c) return unknown_command(cmd);
+    if (moe_map_guard_install() < 0)
+        return moe_cli_fail(cmd, MOE_EXIT_RUNTIME, "%s", moe_last_error());
     int rc = c->run(argc - 1, argv + 1);
     // Results on stdout are output too: a full disk or a closed pipe there is
     // a failure, not a silent exit 0.

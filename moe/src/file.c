@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,27 +59,94 @@ int moe_check_regular_file(const char *path) {
     return 0;
 }
 
+// The live mappings, for the SIGBUS handler to name the file a fault lies
+// in. Nodes are linked in complete and unlinked before munmap, by the thread
+// that maps and unmaps; a fault is raised in the thread that reads, which the
+// handler then runs on.
+typedef struct map_node {
+    struct map_node *next;
+    const char *start;
+    size_t len;
+    char path[];
+} map_node;
+static map_node *volatile live_maps;
+
 int moe_map_regular(const char *path, const void **data, size_t *len) {
     *data = NULL, *len = 0;
     int fd;
     MOE_TRY(moe_open_regular(path, &fd));
     struct stat st;
     int rc = 0;
+    map_node *n = NULL;
     if (fstat(fd, &st)) {
         rc = moe_fail(MOE_EIO, "%s: cannot stat: %s", path, strerror(errno));
+    } else if (st.st_size > 0 && !(n = malloc(sizeof *n + strlen(path) + 1))) {
+        rc = moe_fail(MOE_ENOMEM, "%s: out of memory", path);
     } else if (st.st_size > 0) {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (p == MAP_FAILED)
+        if (p == MAP_FAILED) {
             rc = moe_fail(MOE_EIO, "%s: cannot map: %s", path, strerror(errno));
-        else
+        } else {
             *data = p, *len = (size_t)st.st_size;
+            n->start = p, n->len = *len;
+            strcpy(n->path, path);
+            n->next = live_maps;
+            live_maps = n;
+            n = NULL;
+        }
     }
+    free(n);
     close(fd); // the mapping keeps the file
     return rc;
 }
 
 void moe_unmap(const void *data, size_t len) {
-    if (data) munmap((void *)data, len);
+    if (!data) return;
+    for (map_node *volatile *at = &live_maps; *at; at = &(*at)->next)
+        if ((*at)->start == data) {
+            map_node *n = *at;
+            *at = n->next;
+            free(n);
+            break;
+        }
+    munmap((void *)data, len);
+}
+
+static void write_str(const char *s) {
+    for (size_t n = strlen(s); n > 0;) {
+        ssize_t w = write(STDERR_FILENO, s, n);
+        if (w <= 0) return;
+        s += w, n -= (size_t)w;
+    }
+}
+
+// Async-signal-safe: strlen, write, signal, raise and _exit only. A SIGBUS
+// outside every mapping (or sent by kill) is not ours to explain: the default
+// action (a core) runs once the handler returns.
+static void on_sigbus(int sig, siginfo_t *si, void *uctx) {
+    (void)uctx;
+    const char *a = si->si_addr;
+    for (const map_node *n = live_maps; n; n = n->next)
+        if (a >= n->start && a < n->start + n->len) {
+            write_str("moe: ");
+            write_str(n->path);
+            write_str(": the file shrank while this process read it (another program truncated "
+                      "or rewrote it in place): stopping; files being read must not change\n");
+            _exit(1);
+        }
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+int moe_map_guard_install(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_sigbus;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGBUS, &sa, NULL) != 0)
+        return moe_fail(MOE_EIO, "cannot install the SIGBUS handler: %s", strerror(errno));
+    return 0;
 }
 
 int moe_make_dirs(const char *dir) {

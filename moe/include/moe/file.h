@@ -24,6 +24,11 @@ int moe_check_regular_file(const char *path);
 // outlives the descriptor; release it with moe_unmap.
 int moe_map_regular(const char *path, const void **data, size_t *len);
 void moe_unmap(const void *data, size_t len);
+// A mapped file that another program truncates raises SIGBUS at the next read
+// past its new end. After this call (the CLI makes it at start) such a fault
+// prints "moe: PATH: the file shrank ..." and exits 1 instead of dumping
+// core; a SIGBUS outside every moe_map_regular mapping keeps the default.
+int moe_map_guard_install(void);
 // mkdir -p: creates dir and its missing parents (0755). MOE_EINVAL when a
 // file stands where a folder goes, MOE_EIO otherwise, naming the path.
 int moe_make_dirs(const char *dir);

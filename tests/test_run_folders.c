@@ -138,6 +138,37 @@ START_TEST(test_resume_errors_name_the_option_and_the_file) {
 }
 END_TEST
 
+// The "loss" value of step's record in r/metrics.jsonl, into out.
+static void loss_of_step(int step, char *out, size_t cap) {
+    char key[32];
+    snprintf(key, sizeof key, "{\"step\": %d,", step);
+    const char *rec = strstr(tu_file_text(dir, "r/metrics.jsonl"), key);
+    ck_assert_msg(rec, "no record of step %d", step);
+    const char *v = strstr(rec, "\"loss\": ");
+    ck_assert_ptr_nonnull(v);
+    snprintf(out, cap, "%.*s", (int)strcspn(v, ","), v);
+}
+
+// A resume from an earlier checkpoint of the run (it went on to step 5, the
+// resume starts at 4) redoes step 5: its old records go, so the file holds
+// one record per step, and the redone step equals the first one bit for bit.
+START_TEST(test_resume_from_an_earlier_checkpoint_keeps_one_record_per_step) {
+    const char *keep = "--set train.ckpt_every=2 --set train.keep_checkpoints=5 --quiet";
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 5 %s --out %s/r", dir, keep, dir), 0);
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 6); // 5 steps, the final eval
+    char before[64], after[64];
+    loss_of_step(5, before, sizeof before);
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --resume %s/r/checkpoint-4 --out %s/r --steps 5 %s", dir, dir,
+                dir, keep),
+        0);
+    expect_in_err("dropped 2 records after step 4");
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 6);
+    loss_of_step(5, after, sizeof after);
+    ck_assert_str_eq(before, after);
+}
+END_TEST
+
 // Event files in the run folder r.
 static int count_events(void) {
     char p[800];
@@ -395,6 +426,7 @@ int main(void) {
     tcase_add_test(tc, test_train_refuses_an_out_that_holds_a_run);
     tcase_add_test(tc, test_a_run_without_checkpoint_is_not_offered_to_resume);
     tcase_add_test(tc, test_resume_errors_name_the_option_and_the_file);
+    tcase_add_test(tc, test_resume_from_an_earlier_checkpoint_keeps_one_record_per_step);
     tcase_add_test(tc, test_overwrite_replaces_the_run);
     tcase_add_test(tc, test_a_run_failed_before_any_step_does_not_hold_the_folder);
     tcase_add_test(tc, test_resume_run_dir_alone_continues_the_run);

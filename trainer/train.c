@@ -388,6 +388,38 @@ static int drop_cut_record(const char *path) {
     return rc;
 }
 
+// Records of steps after the checkpoint a resume starts from (a run that went
+// on past its last save, then crashed or failed) describe training the resume
+// discards and redoes: they go, as TensorBoard's purge_step drops events, so
+// the file keeps one record per step. Records are appended in step order, so
+// the first one past step cuts the file there.
+static int drop_records_after(const char *path, long step) {
+    FILE *f = fopen(path, "r+");
+    if (!f) return errno == ENOENT ? 0 : moe_fail(MOE_EIO, "%s: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    long at = 0, cut = -1, dropped = 0;
+    for (ssize_t n; (n = getline(&line, &cap, f)) > 0; at += n) {
+        long s;
+        if (sscanf(line, "{\"step\": %ld", &s) != 1 && sscanf(line, "{\"eval_step\": %ld", &s) != 1)
+            continue; // not one of ours: kept where it is
+        if (cut < 0 && s > step) cut = at;
+        dropped += cut >= 0;
+    }
+    free(line);
+    int rc = ferror(f) ? moe_fail(MOE_EIO, "%s: read failed: %s", path, strerror(errno)) : 0;
+    if (rc == 0 && cut >= 0 && ftruncate(fileno(f), cut) != 0)
+        rc = moe_fail(MOE_EIO, "%s: cannot drop the records after step %ld: %s", path, step,
+                      strerror(errno));
+    else if (rc == 0 && cut >= 0)
+        moe_log(MOE_LOG_WARN,
+                "%s: dropped %ld records after step %ld, the step the resume starts from (their "
+                "training is redone)",
+                path, dropped, step);
+    fclose(f);
+    return rc;
+}
+
 // A synchronous save, after the asynchronous one in flight (if any) is
 // committed: the order of the checkpoints on disk is the order of the steps.
 static int save_after(moe_ckpt_async *ack, const char *run, int keep, const moe_model *m,
@@ -546,6 +578,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         if (!o->resume_dir) rc = write_run_config(cfg, o->out_dir);
         snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
         if (rc == 0 && o->resume_dir) rc = drop_cut_record(path);
+        if (rc == 0 && o->resume_dir) rc = drop_records_after(path, st.step);
         if (rc == 0 && !(metrics = fopen(path, o->resume_dir ? "a" : "w")))
             rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
         if (rc == 0 && cfg->train.tensorboard) rc = moe_tb_open(&tb, o->out_dir);

@@ -130,6 +130,22 @@ START_TEST(test_set_is_typed_by_key) {
 }
 END_TEST
 
+// A pair of keys made wrong by a --set of the second one points at the --set,
+// not at the file's first key (the file alone was valid).
+START_TEST(test_pair_error_points_at_the_set_that_broke_it) {
+    moe_config c;
+    moe_config_default(&c);
+    moe_config_src *src = moe_config_src_new();
+    ck_assert_int_eq(
+        moe_config_load(&c, src, write_cfg("{\"model\": {\"n_heads\": 4, \"n_kv_heads\": 2}}")), 0);
+    ck_assert_int_eq(moe_config_check(&c, src), 0);
+    ck_assert_int_eq(moe_config_set(&c, src, "model.n_kv_heads=3"), 0);
+    ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL);
+    ck_assert_msg(!strncmp(moe_last_error(), "--set model.n_kv_heads", 22), "%s", moe_last_error());
+    moe_config_src_free(src);
+}
+END_TEST
+
 START_TEST(test_resolved_config_round_trip) {
     moe_config a, b;
     moe_config_default(&a);
@@ -154,6 +170,7 @@ static Suite *config_suite(void) {
     tcase_add_test(tc, test_load_sets_values);
     tcase_add_test(tc, test_errors_name_file_line_col);
     tcase_add_test(tc, test_set_is_typed_by_key);
+    tcase_add_test(tc, test_pair_error_points_at_the_set_that_broke_it);
     tcase_add_test(tc, test_resolved_config_round_trip);
     suite_add_tcase(s, tc);
     return s;

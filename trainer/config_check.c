@@ -18,10 +18,11 @@
 
 // Where a combination of two keys went wrong: a's location, or b's when only
 // b was set (a file that sets n_heads = 3 against the default n_kv_heads is
-// at fault where it sets n_heads).
+// at fault where it sets n_heads) or b came from --set and a did not.
 static const char *src_where2(const moe_config_src *src, const char *a, const char *b) {
-    const char *w = moe_config_where(src, a);
-    return strcmp(w, "default") ? w : moe_config_where(src, b);
+    const char *w = moe_config_where(src, a), *wb = moe_config_where(src, b);
+    if (!strncmp(wb, "--set", 5) && strncmp(w, "--set", 5)) return wb;
+    return strcmp(w, "default") ? w : wb;
 }
 
 // placement.* (moe/placement.h): slots hold at least the home experts and at

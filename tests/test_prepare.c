@@ -301,6 +301,16 @@ START_TEST(test_prepare_stopped_leaves_no_shard) {
     ck_assert_int_eq(stop_flag, 1);
     dir_names(out, names, sizeof names);
     ck_assert_str_eq(names, "keep.txt ");
+    // An empty folder the user made stays; one prepare made goes.
+    for (int made = 0; made < 2; made++) {
+        snprintf(out, sizeof out, "%s/out%d", dir, made);
+        if (!made) ck_assert_int_eq(mkdir(out, 0755), 0);
+        stop_flag = 0;
+        o.out_dir = out;
+        ck_assert_int_eq(moe_prepare(&o, &r), MOE_EIO);
+        struct stat st;
+        ck_assert_msg((stat(out, &st) == 0) == !made, "%s %s", out, made ? "kept" : "removed");
+    }
 }
 END_TEST
 

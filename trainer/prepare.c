@@ -464,6 +464,8 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
     r->version = tk->vocab_size <= 65536 ? 1 : 2;
     input_list inl = {0};
     const path_list *in = &inl.paths;
+    struct stat out_st;
+    bool made_out = false;
     file_stat *fs = NULL;
     moe_tokens toks = {0};
     shard_writer w[2];
@@ -504,6 +506,7 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
     if (rc == 0 && total == 0) rc = moe_fail(MOE_EFORMAT, "the inputs hold no text (all empty)");
     if (rc < 0) goto fail;
     if ((rc = check_out_dir(o->out_dir)) < 0) goto fail;
+    made_out = stat(o->out_dir, &out_st) != 0; // a folder the user made stays
     if ((rc = moe_make_dirs(o->out_dir)) < 0) goto fail;
     fs = calloc((size_t)in->n, sizeof *fs);
     if (!fs) {
@@ -599,9 +602,8 @@ fail:
         tmp_name(p, sizeof p, manifest);
         unlink(p);
     }
-    if (rc < 0 && fs) { // the folder goes too when prepare created it and it is empty now
+    if (rc < 0 && made_out) // the folder goes too when prepare created it and it is empty now
         rmdir(o->out_dir);
-    }
     moe_tokens_free(&toks);
     free(fs);
     input_free(&inl);

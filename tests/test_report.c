@@ -502,6 +502,8 @@ START_TEST(test_report_refuses_to_overwrite_the_runs_inputs) {
     ck_assert_ptr_nonnull(
         strstr(tu_file_text(dir, "err.txt"), "loss.csv: exists and is not a CSV"));
     ck_assert_str_eq(tu_file_text(dir, "loss.csv"), "my,own\n");
+    struct stat st; // refused before anything is written: not even the page
+    ck_assert_msg(stat(in_dir("r.html"), &st) != 0, "the page was written");
     snprintf(args, sizeof args, "report '%s' --csv '%s/metrics.jsonl'", dir, dir);
     ck_assert_int_eq(tu_run_moe(dir, args), 2);
     now = slurp(in_dir("metrics.jsonl"));

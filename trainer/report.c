@@ -576,17 +576,16 @@ static int csv_series(const moe_series *s, const char *path) {
     return report_out_commit(&o, path, REPORT_OUT_CSV, NULL);
 }
 
-int moe_report_csv(const moe_run_metrics *m, const char *dir, int *n_files, char *note,
-                   size_t note_cap) {
-    *n_files = 0;
-    if (note && note_cap) note[0] = 0;
-    MOE_TRY(make_dir(dir));
+// The file name of every CSV, usage tables first, then the series; names
+// renamed to stay unique are listed in note. NULL when out of memory.
+static csv_name *csv_names(const moe_run_metrics *m, const char *dir, char *note, size_t note_cap) {
     const int n = m->n_usage + m->n;
     csv_name *names = calloc((size_t)n + 1, sizeof *names);
-    if (!names) return moe_fail(MOE_ENOMEM, "%s: out of memory", dir);
-    char path[PATH_MAX + sizeof(csv_name)];
-    int rc = 0;
-    for (int i = 0; i < n && rc == 0; i++) {
+    if (!names) {
+        moe_fail(MOE_ENOMEM, "%s: out of memory", dir);
+        return NULL;
+    }
+    for (int i = 0; i < n; i++) {
         if (i < m->n_usage) {
             char base[32];
             snprintf(base, sizeof base, "layer%d_task_experts", m->usage[i].layer);
@@ -596,6 +595,37 @@ int moe_report_csv(const moe_run_metrics *m, const char *dir, int *n_files, char
             // a suffix hides which series the file holds: the note says
             if (unique_name(names, i, s->name)) note_rename(note, note_cap, s->name, names[i]);
         }
+    }
+    return names;
+}
+
+int moe_report_csv_check(const moe_run_metrics *m, const char *dir) {
+    struct stat sb;
+    if (stat(dir, &sb) != 0) return 0; // created by the write: nothing in it to lose
+    if (!S_ISDIR(sb.st_mode)) return moe_fail(MOE_EINVAL, "%s: exists and is not a folder", dir);
+    csv_name *names = csv_names(m, dir, NULL, 0);
+    if (!names) return MOE_ENOMEM;
+    char path[PATH_MAX + sizeof(csv_name)];
+    int rc = 0;
+    for (int i = 0; i < m->n_usage + m->n && rc == 0; i++) {
+        snprintf(path, sizeof path, "%s/%s.csv", dir, names[i]);
+        rc = report_out_check(path, REPORT_OUT_CSV, NULL);
+    }
+    free(names);
+    return rc;
+}
+
+int moe_report_csv(const moe_run_metrics *m, const char *dir, int *n_files, char *note,
+                   size_t note_cap) {
+    *n_files = 0;
+    if (note && note_cap) note[0] = 0;
+    MOE_TRY(moe_report_csv_check(m, dir)); // every target first: none written, or all
+    MOE_TRY(make_dir(dir));
+    csv_name *names = csv_names(m, dir, note, note_cap);
+    if (!names) return MOE_ENOMEM;
+    char path[PATH_MAX + sizeof(csv_name)];
+    int rc = 0;
+    for (int i = 0; i < m->n_usage + m->n && rc == 0; i++) {
         snprintf(path, sizeof path, "%s/%s.csv", dir, names[i]);
         rc = i < m->n_usage ? csv_usage(m, &m->usage[i], path)
                             : csv_series(&m->s[i - m->n_usage], path);

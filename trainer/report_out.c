@@ -51,7 +51,7 @@ static bool ours(const char *path, report_out_kind kind) {
     return !strncmp(head, "step,", 5) || !strncmp(head, "task,", 5); // the header rows we write
 }
 
-static int check_target(const char *path, report_out_kind kind, const char *run_dir) {
+int report_out_check(const char *path, report_out_kind kind, const char *run_dir) {
     struct stat sb;
     if (stat(path, &sb) != 0) return 0; // nothing there (or a dangling link): nothing to lose
     static const char *inputs[] = {"metrics.jsonl", "config.json"};
@@ -73,7 +73,7 @@ int report_out_commit(report_out *o, const char *path, report_out_kind kind, con
     bool bad = ferror(o->f) != 0;
     int rc = fclose(o->f) != 0 || bad ? moe_fail(MOE_ENOMEM, "%s: out of memory", path) : 0;
     o->f = NULL;
-    if (rc == 0) rc = check_target(path, kind, run_dir);
+    if (rc == 0) rc = report_out_check(path, kind, run_dir);
     if (rc == 0) rc = moe_fs_replace_file(path, o->buf, o->len);
     free(o->buf);
     o->buf = NULL;

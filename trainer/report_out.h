@@ -21,10 +21,13 @@ typedef struct {
 } report_out;
 
 int report_out_open(report_out *o, const char *path);
-// Refuses (MOE_EINVAL) a path that exists and is not a regular file, that is
-// one of run_dir's inputs (metrics.jsonl, config.json; run_dir may be NULL)
-// or that holds something other than a report of this kind (an empty file is
-// replaced); else closes the stream and replaces path with its bytes
+// 0 when path may receive an output of this kind; MOE_EINVAL naming path when
+// it exists and is not a regular file, is one of run_dir's inputs
+// (metrics.jsonl, config.json; run_dir may be NULL) or holds something other
+// than a report of this kind (an empty file may be replaced). For callers
+// that check every target before writing the first.
+int report_out_check(const char *path, report_out_kind kind, const char *run_dir);
+// report_out_check, then closes the stream and replaces path with its bytes
 // (moe_fs_replace_file). The stream is freed either way.
 int report_out_commit(report_out *o, const char *path, report_out_kind kind, const char *run_dir);
 // Frees the stream without writing (an error came first).

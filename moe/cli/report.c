@@ -57,7 +57,8 @@ int moe_cli_report(int argc, char **argv) {
     for (int i = 0; i < 3; i++)
         if (warn[i][0]) fprintf(stderr, "moe report: warning: %s\n", warn[i]);
     if (m.superseded[0]) fprintf(stderr, "moe report: note: %s\n", m.superseded);
-    rc = moe_report_html(&m, run, out);
+    rc = csv ? moe_report_csv_check(&m, csv) : 0; // a refusal writes no page either
+    if (rc == 0) rc = moe_report_html(&m, run, out);
     int n_csv = 0;
     char renamed[1024] = "";
     if (rc == 0 && csv) rc = moe_report_csv(&m, csv, &n_csv, renamed, sizeof renamed);

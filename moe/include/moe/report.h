@@ -89,6 +89,11 @@ int moe_report_html(moe_run_metrics *m, const char *run_dir, const char *path);
 // Every file is written all or nothing (an earlier one stays whole when a
 // write fails), and an existing file that is not a CSV of ours is refused.
 // *n_files gets the count written.
+// The checks moe_report_csv makes before writing, alone: dir is a folder or
+// absent, and no CSV it would write would replace a file that is not a CSV of
+// ours. moe report runs it before writing the page, so a refusal writes
+// nothing at all.
+int moe_report_csv_check(const moe_run_metrics *m, const char *dir);
 int moe_report_csv(const moe_run_metrics *m, const char *dir, int *n_files, char *note,
                    size_t note_cap);
 

@@ -593,7 +593,6 @@ static const config_case config_cases[] = {
     {"seq_len_before_any_answer", NULL, "--set model.seq_len=5"},
     {"moe_every_beyond_layers", NULL, "--set moe.every=9"},
     {"synthetic_without_tasks", NULL, "--set data.tasks=[]"},
-    {"vocab_below_task_markers", NULL, "--set model.vocab_size=129"},
     {"vocab_0", NULL, "--set model.vocab_size=0"},
     {"vocab_huge", NULL, "--set model.vocab_size=2000000000"},
     {"d_model_odd_head", NULL, "--set model.d_model=36"},

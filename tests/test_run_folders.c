@@ -169,6 +169,19 @@ START_TEST(test_resume_from_an_earlier_checkpoint_keeps_one_record_per_step) {
 }
 END_TEST
 
+// --dry-run refuses what train would refuse of synthetic data before any step.
+START_TEST(test_dry_run_checks_synthetic_data) {
+    ck_assert_int_eq(
+        run_moe(
+            "train %s/tiny.json --dry-run --set model.vocab_size=129 --set data.tasks=copy,sort",
+            dir),
+        2);
+    expect_in_err("model.vocab_size >= 130");
+    ck_assert_int_eq(run_moe("train %s/tiny.json --dry-run --set 'data.tasks=[]'", dir), 2);
+    expect_in_err("data.tasks is empty");
+}
+END_TEST
+
 // Event files in the run folder r.
 static int count_events(void) {
     char p[800];
@@ -426,6 +439,7 @@ int main(void) {
     tcase_add_test(tc, test_train_refuses_an_out_that_holds_a_run);
     tcase_add_test(tc, test_a_run_without_checkpoint_is_not_offered_to_resume);
     tcase_add_test(tc, test_resume_errors_name_the_option_and_the_file);
+    tcase_add_test(tc, test_dry_run_checks_synthetic_data);
     tcase_add_test(tc, test_resume_from_an_earlier_checkpoint_keeps_one_record_per_step);
     tcase_add_test(tc, test_overwrite_replaces_the_run);
     tcase_add_test(tc, test_a_run_failed_before_any_step_does_not_hold_the_folder);

@@ -268,6 +268,12 @@ int moe_cli_train(int argc, char **argv) {
     int rc = parse_train_args(argc, argv, &cfg, &a, default_out, sizeof default_out);
     if (rc < 0) return moe_cli_fail("train", moe_cli_input_exit_code(rc), "%s", moe_last_error());
     if (a.dry_run) { // the memory plan of this config on parallel.ep ranks of one node
+        moe_data d;  // synthetic data is all config: its checks cost nothing
+        if (!strcmp(cfg.data.kind, "synthetic")) {
+            if ((rc = moe_data_open(&d, &cfg)) < 0)
+                return moe_cli_fail("train", MOE_EXIT_USAGE, "%s", moe_last_error());
+            moe_data_close(&d);
+        }
         moe_machine mc = {cfg.parallel.ep, 1, cfg.parallel.ep, {400, 100}, {2, 5}};
         if (moe_plan_print(&cfg, &mc, stdout) < 0)
             return moe_cli_fail("train", MOE_EXIT_USAGE, "%s", moe_last_error());

@@ -5,9 +5,13 @@
 // (dump path, task_experts.json, the shards it reads) before evaluating.
 #include "moe/error.h"
 #include "moe/infer.h"
+#include "moe/safetensors.h"
 #include "testutil.h"
 
+#include <math.h>
+
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -245,6 +249,150 @@ START_TEST(test_options_greedy_ignores_are_noted) {
 }
 END_TEST
 
+// --- eval -----------------------------------------------------------------
+
+static const char *small_run = "--steps 4 --quiet --set model.n_layers=2 --set model.d_model=32 "
+                               "--set model.d_ff=64 --set train.eval_every=0";
+
+static bool exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+// Another run's checkpoint (or a folder inside it) is no place for a dump,
+// whatever run is evaluated; a missing folder is named. All before evaluating.
+START_TEST(test_dump_logits_is_refused_in_any_checkpoint_folder) {
+    char p[900], want[1000];
+    snprintf(p, sizeof p, "%s/checkpoint/new.st", run320);
+    ck_assert_int_eq(moe("eval '%s' --batches 1 --samples 0 --dump-logits '%s'", run, p), 2);
+    ck_assert_str_eq(out_text(), "");
+    ck_assert(!exists(p));
+    snprintf(want, sizeof want, "lies in the checkpoint folder %s/checkpoint (it holds", run320);
+    expect_err(want);
+    snprintf(p, sizeof p, "%s/checkpoint/sub", run320);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/checkpoint/sub/new.st", run320);
+    ck_assert_int_eq(moe("eval '%s' --batches 1 --samples 0 --dump-logits '%s'", run, p), 2);
+    expect_err(want);
+    ck_assert(!exists(p));
+    snprintf(p, sizeof p, "%s/checkpoint/sub", run320);
+    ck_assert_int_eq(rmdir(p), 0);
+    snprintf(p, sizeof p, "%s/nosuch/new.st", root);
+    ck_assert_int_eq(moe("eval '%s' --batches 1 --samples 0 --dump-logits '%s'", run, p), 2);
+    ck_assert_str_eq(out_text(), "");
+    expect_err("nosuch does not exist");
+    // beside the runs, not in a checkpoint: written
+    snprintf(p, sizeof p, "%s/ok.st", root);
+    ck_assert_msg(moe("eval '%s' --batches 1 --samples 0 --dump-logits '%s'", run, p) == 0, "%s",
+                  err_text());
+    ck_assert(exists(p));
+}
+END_TEST
+
+// --expert-budget on a checkpoint without task_experts.json: exit 2 before
+// any of the evaluation is printed.
+START_TEST(test_expert_budget_without_task_experts_is_refused_before_evaluating) {
+    char dir[800], p[900];
+    snprintf(dir, sizeof dir, "%s/nobudget", root);
+    ck_assert_int_eq(
+        moe("train '%s/configs/tiny.json' %s --out '%s'", MOE_SOURCE_DIR, small_run, dir), 0);
+    snprintf(p, sizeof p, "%s/checkpoint/task_experts.json", dir);
+    ck_assert_int_eq(unlink(p), 0);
+    ck_assert_int_eq(moe("eval '%s' --batches 1 --samples 0 --expert-budget 0.1", dir), 2);
+    ck_assert_str_eq(out_text(), "");
+    expect_err("task_experts.json");
+    ck_assert_int_eq(moe("eval '%s' --batches 1 --samples 0 --quantize int8", dir), 0);
+    ck_assert_ptr_nonnull(strstr(out_text(), "int8 experts"));
+}
+END_TEST
+
+// Expert choice with router.ec_fallback = token_choice: the dump routes as the
+// inference engine (generate, export) does, row by row; without the fallback
+// there is nothing it could be compared with, and it is refused up front.
+START_TEST(test_dump_logits_of_expert_choice_routes_as_inference) {
+    char dir[800], p[900];
+    snprintf(dir, sizeof dir, "%s/ec", root);
+    ck_assert_int_eq(
+        moe("train '%s/configs/expert_choice.json' %s --out '%s'", MOE_SOURCE_DIR, small_run, dir),
+        0);
+    snprintf(p, sizeof p, "%s/ec.st", root);
+    ck_assert_msg(moe("eval '%s' --batches 1 --samples 0 --dump-logits '%s'", dir, p) == 0, "%s",
+                  err_text());
+    moe_st_file *f;
+    int32_t *tokens, *task;
+    float *logits;
+    int64_t ts[4], ls[4];
+    ck_assert_int_eq(moe_st_open(p, &f), 0);
+    ck_assert_int_eq(moe_st_load(f, "tokens", MOE_ST_I32, 2, ts, (void **)&tokens), 0);
+    ck_assert_int_eq(moe_st_load(f, "task_ids", MOE_ST_I32, 1, NULL, (void **)&task), 0);
+    ck_assert_int_eq(moe_st_load(f, "logits", MOE_ST_F32, 3, ls, (void **)&logits), 0);
+    moe_st_close(f);
+    const int B = (int)ts[0], T = (int)ts[1], V = (int)ls[2];
+    static const char *names[] = {"copy", "reverse", "sort", "caesar", "add"};
+    int pos[256], seq[256] = {0};
+    ck_assert_int_le(T, 256);
+    for (int t = 0; t < T; t++)
+        pos[t] = t;
+    char ck[900];
+    snprintf(ck, sizeof ck, "%s/checkpoint", dir);
+    double diff = 0, top = 0;
+    for (int r = 0; r < B; r++) {
+        moe_infer e;
+        moe_infer_opts o = {.task = names[task[r]], .max_seq = T};
+        ck_assert_msg(moe_infer_open(&e, ck, &o) == 0, "%s", moe_last_error());
+        ck_assert_int_eq(e.V, V);
+        ck_assert_int_eq(moe_infer_forward(&e, tokens + (size_t)r * T, seq, pos, T), 0);
+        for (size_t i = 0; i < (size_t)T * V; i++) {
+            diff = fmax(diff, fabs(e.logits[i] - logits[(size_t)r * T * V + i]));
+            top = fmax(top, fabs(e.logits[i]));
+        }
+        moe_infer_free(&e);
+    }
+    ck_assert_msg(diff <= 1e-6 * top, "dump differs from the inference engine by %g (max %g)", diff,
+                  top);
+    free(tokens);
+    free(task);
+    free(logits);
+    snprintf(dir, sizeof dir, "%s/ec_none", root);
+    ck_assert_int_eq(moe("train '%s/configs/expert_choice.json' %s --set router.ec_fallback=none "
+                         "--out '%s'",
+                         MOE_SOURCE_DIR, small_run, dir),
+                     0);
+    snprintf(p, sizeof p, "%s/ec_none.st", root);
+    ck_assert_int_eq(moe("eval '%s' --batches 1 --samples 0 --dump-logits '%s'", dir, p), 2);
+    ck_assert_str_eq(out_text(), "");
+    expect_err("router.ec_fallback");
+    ck_assert(!exists(p));
+}
+END_TEST
+
+// With data.val_path, eval reads only the validation files: the training
+// files may be gone.
+START_TEST(test_eval_with_val_path_needs_no_training_files) {
+    char dir[800], tr[800], va[800];
+    snprintf(dir, sizeof dir, "%s/textrun", root);
+    snprintf(tr, sizeof tr, "%s/train.txt", root);
+    snprintf(va, sizeof va, "%s/val.txt", root);
+    FILE *a = fopen(tr, "w"), *b = fopen(va, "w");
+    for (int i = 0; i < 400; i++) {
+        fprintf(a, "line %d of the training text\n", i);
+        if (i < 100) fprintf(b, "line %d of the validation text\n", i);
+    }
+    fclose(a);
+    fclose(b);
+    ck_assert_msg(moe("train '%s/configs/tiny.json' %s --set data.kind=text --set data.path='%s' "
+                      "--set data.val_path='%s' --out '%s'",
+                      MOE_SOURCE_DIR, small_run, tr, va, dir) == 0,
+                  "%s", err_text());
+    ck_assert_int_eq(unlink(tr), 0);
+    ck_assert_msg(moe("eval '%s' --batches 1 --samples 0", dir) == 0, "%s", err_text());
+    ck_assert_ptr_nonnull(strstr(out_text(), "validation: loss"));
+    ck_assert_int_eq(unlink(va), 0); // what it reads must be there
+    ck_assert_int_eq(moe("eval '%s' --batches 1 --samples 0", dir), 2);
+    expect_err("data.val_path");
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("cli_infer");
     TCase *tc = tcase_create("generate");
@@ -256,6 +404,14 @@ int main(void) {
     tcase_add_test(tc, test_bad_input_line_is_refused_before_any_answer);
     tcase_add_test(tc, test_answer_cut_by_the_context_is_noted);
     tcase_add_test(tc, test_options_greedy_ignores_are_noted);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("eval");
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_dump_logits_is_refused_in_any_checkpoint_folder);
+    tcase_add_test(tc, test_expert_budget_without_task_experts_is_refused_before_evaluating);
+    tcase_add_test(tc, test_dump_logits_of_expert_choice_routes_as_inference);
+    tcase_add_test(tc, test_eval_with_val_path_needs_no_training_files);
     suite_add_tcase(s, tc);
     return tu_run(s);
 }

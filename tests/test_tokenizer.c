@@ -588,6 +588,27 @@ START_TEST(test_generate_decodes_with_the_checkpoint_tokenizer) {
 }
 END_TEST
 
+// vocab_size is 16 past the tokenizer's 1000 pieces: near-uniform sampling
+// would pick ids 1000..1015 (about one draw in 60), which no piece decodes;
+// they are never produced, so every answer decodes (before: exit 2).
+START_TEST(test_generate_samples_only_the_tokenizer_pieces) {
+    train_model();
+    char p[900], args[2400];
+    snprintf(p, sizeof p, "%s/prompts.txt", root);
+    FILE *f = fopen(p, "w");
+    fputs("The model\nA\nB\nThe router\n", f);
+    fclose(f);
+    snprintf(args, sizeof args,
+             "generate '%s' --input '%s' --temperature 1000 --max-new 100 --seed 0 --quiet", ckpt,
+             p);
+    ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));
+    int lines = 0;
+    for (const char *s = tu_file_text(root, "out.txt"); *s; s++)
+        lines += *s == '\n';
+    ck_assert_int_eq(lines, 4);
+}
+END_TEST
+
 START_TEST(test_generate_refuses_a_checkpoint_whose_tokenizer_is_broken) {
     train_model();
     char p[900], keep[900], args[1200];
@@ -754,6 +775,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_checkpoint_keeps_a_copy_of_its_tokenizer);
     tcase_add_test(tc, test_generate_decodes_with_the_checkpoint_tokenizer);
     tcase_add_test(tc, test_generate_refuses_a_checkpoint_whose_tokenizer_is_broken);
+    tcase_add_test(tc, test_generate_samples_only_the_tokenizer_pieces);
     tcase_add_test(tc, test_export_writes_the_tokenizer_for_transformers);
     tcase_add_unchecked_fixture(tc, NULL, suite_teardown);
     suite_add_tcase(s, tc);

@@ -284,7 +284,7 @@ static void task_probabilities(moe_data *d, const moe_config *cfg) {
         d->task_cdf[t] = (acc += w[t] / sum);
 }
 
-static int open_files(moe_data *d, const moe_config *cfg) {
+static int open_files(moe_data *d, const moe_config *cfg, bool val_only) {
     const char *kind = cfg->data.kind;
     moe_token_format fmt = !strcmp(kind, "text")      ? MOE_TOKENS_TEXT
                            : !strcmp(kind, "nanogpt") ? MOE_TOKENS_NANOGPT
@@ -300,11 +300,12 @@ static int open_files(moe_data *d, const moe_config *cfg) {
         snprintf(key, sizeof key, tasks ? "data.tasks.%s" : "data.path", cfg->data.tasks[t]);
         const char *pattern = tasks ? cfg->data.task_paths[t] : cfg->data.path;
         const bool val_files = !tasks && cfg->data.val_path[0];
-        MOE_TRY(add_files(d, fmt, key, pattern, t, val_files ? MOE_SPLIT_TRAIN : -1));
+        if (!(val_files && val_only))
+            MOE_TRY(add_files(d, fmt, key, pattern, t, val_files ? MOE_SPLIT_TRAIN : -1));
         if (val_files)
             MOE_TRY(add_files(d, fmt, "data.val_path", cfg->data.val_path, t, MOE_SPLIT_VAL));
         for (int s = 0; s < 2; s++) {
-            if (d->part[t][s].n_windows == 0)
+            if (d->part[t][s].n_windows == 0 && !(s == MOE_SPLIT_TRAIN && val_files && val_only))
                 return moe_fail(MOE_EFORMAT,
                                 "%s: %ld tokens are too few for %s windows of %d tokens%s",
                                 s == MOE_SPLIT_VAL && val_files ? cfg->data.val_path : pattern,
@@ -313,11 +314,11 @@ static int open_files(moe_data *d, const moe_config *cfg) {
             MOE_TRY(finish_part(&d->part[t][s]));
         }
     }
-    task_probabilities(d, cfg);
+    if (!val_only) task_probabilities(d, cfg); // no training rows are drawn
     return 0;
 }
 
-int moe_data_open(moe_data *d, const moe_config *cfg) {
+static int data_open(moe_data *d, const moe_config *cfg, bool val_only) {
     memset(d, 0, sizeof *d);
     d->B = cfg->train.batch_size;
     d->T = cfg->model.seq_len;
@@ -343,9 +344,17 @@ int moe_data_open(moe_data *d, const moe_config *cfg) {
         }
         return 0;
     }
-    int rc = open_files(d, cfg);
+    int rc = open_files(d, cfg, val_only);
     if (rc < 0) moe_data_close(d);
     return rc;
+}
+
+int moe_data_open(moe_data *d, const moe_config *cfg) {
+    return data_open(d, cfg, false);
+}
+
+int moe_data_open_val(moe_data *d, const moe_config *cfg) {
+    return data_open(d, cfg, true);
 }
 
 void moe_data_close(moe_data *d) {

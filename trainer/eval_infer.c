@@ -53,7 +53,49 @@ fail:
     return rc;
 }
 
-int moe_eval_dump_logits(moe_model *m, moe_data *d, const char *path) {
+// The logits of rows [B, T] of the tokens `in` (tasks `task`) through the
+// inference engine of ckpt_dir: one full load per task present, each row one
+// prefill, so expert choice with its token-choice fallback routes as
+// `moe generate` and an export do.
+static int engine_logits(const char *ckpt_dir, moe_data *d, const int32_t *in, const int32_t *task,
+                         float *logits) {
+    const size_t T = d->T;
+    int *pos = moe_malloc(sizeof(int) * T), *seq = moe_calloc(T, sizeof(int));
+    int rc = 0;
+    if (!pos || !seq) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "eval: out of memory"), rc);
+    for (size_t t = 0; t < T; t++)
+        pos[t] = (int)t;
+    for (int k = 0; k < d->n_tasks && rc == 0; k++) {
+        bool used = false;
+        for (int r = 0; r < d->B; r++)
+            used |= task[r] == k;
+        if (!used) continue;
+        moe_infer e;
+        moe_infer_opts o = {.task = d->n_tasks > 1 ? d->task_names[k] : NULL,
+                            .full_load = true,
+                            .max_batch = 1,
+                            .max_seq = d->T};
+        MOE_TRY_GOTO(moe_infer_open(&e, ckpt_dir, &o), rc);
+        for (int r = 0; r < d->B && rc == 0; r++) {
+            if (task[r] != k) continue;
+            if ((rc = moe_infer_forward(&e, in + r * T, seq, pos, d->T)) == 0)
+                memcpy(logits + r * T * e.V, e.logits, sizeof(float) * T * e.V);
+        }
+        moe_infer_free(&e);
+    }
+fail:
+    moe_mfree(pos);
+    moe_mfree(seq);
+    return rc;
+}
+
+int moe_eval_dump_logits(moe_model *m, moe_data *d, const char *ckpt_dir, const char *path) {
+    const bool ec = m->cfg.router.type == MOE_ROUTER_EXPERT_CHOICE;
+    if (ec && m->cfg.router.ec_fallback != MOE_EC_FALLBACK_TOKEN_CHOICE)
+        return moe_fail(MOE_EINVAL,
+                        "--dump-logits: router.type = expert_choice routes over a whole batch; "
+                        "the dump is for comparing an export, which needs router.ec_fallback = "
+                        "token_choice (then the dump routes by token choice, as inference does)");
     const size_t B = d->B, T = d->T, V = m->V;
     int32_t *in = moe_malloc(sizeof(int32_t) * B * T), *tg = moe_malloc(sizeof(int32_t) * B * T);
     int32_t *task = moe_malloc(sizeof(int32_t) * B);
@@ -62,6 +104,10 @@ int moe_eval_dump_logits(moe_model *m, moe_data *d, const char *path) {
     if (!in || !tg || !task || !logits)
         MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "eval: out of memory"), rc);
     MOE_TRY_GOTO(moe_data_batch(d, MOE_SPLIT_VAL, 0, in, tg, task), rc);
+    if (ec) {
+        MOE_TRY_GOTO(engine_logits(ckpt_dir, d, in, task, logits), rc);
+        goto write;
+    }
     m->dropless = true; // Mixtral (and Hugging Face) route without capacity limits
     for (size_t r = 0; r < B; r++) {
         rc = moe_model_forward(m, in + r * T, NULL, task + r, 1, (int)T, false, 0);
@@ -70,6 +116,7 @@ int moe_eval_dump_logits(moe_model *m, moe_data *d, const char *path) {
     }
     m->dropless = false;
     if (rc < 0) goto fail;
+write:;
     moe_st_entry e[3] = {
         {"tokens", MOE_ST_I32, 2, {(int64_t)B, (int64_t)T}, in},
         {"task_ids", MOE_ST_I32, 1, {(int64_t)B}, task},

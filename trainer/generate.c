@@ -1,8 +1,10 @@
 // Generation over the KV-cache forward: each prompt is prefilled by one
 // forward, then every unfinished sequence advances one token per forward
 // (batched decode). Greedy or temperature/top-k sampling; sample i of prompt b
-// draws from hash(seed, b, i), so the draw does not depend on the batch (the
-// logits may, in the last bits: decode steps of more than 4 rows use GEMMs).
+// draws from hash(seed, b, i) with b counted over all prompts (o->first), so the
+// draw does not depend on the batch (the logits may, in the last bits: decode
+// steps of more than 4 rows use GEMMs). A model's vocab_size may exceed its
+// tokenizer's (rounded up for the GEMMs): ids past the tokenizer never come out.
 #include "moe/error.h"
 #include "moe/infer.h"
 #include "moe/rng.h"
@@ -20,6 +22,7 @@ static double now(void) {
 
 int moe_sample_token(const float *logits, int V, const moe_gen_opts *o, uint64_t b, uint64_t i,
                      int *idx) {
+    if (o->n_vocab > 0 && o->n_vocab < V) V = o->n_vocab; // the rest cannot be decoded
     int best = 0;
     for (int v = 1; v < V; v++)
         if (logits[v] > logits[best]) best = v;
@@ -63,8 +66,8 @@ int moe_generate(moe_infer *m, int B, const int32_t *const *prompt, const int *n
     for (int b = 0; b < B; b++) {
         n_out[b] = 0;
         if (n_prompt[b] < 1 || n_prompt[b] > m->max_seq)
-            MOE_TRY_GOTO(moe_fail(MOE_EINVAL, "prompt %d has %d tokens; 1..%d fit the context", b,
-                                  n_prompt[b], m->max_seq),
+            MOE_TRY_GOTO(moe_fail(MOE_EINVAL, "prompt %llu has %d tokens; 1..%d fit the context",
+                                  (unsigned long long)(o->first + b + 1), n_prompt[b], m->max_seq),
                          rc);
     }
     double t0 = now();
@@ -78,7 +81,7 @@ int moe_generate(moe_infer *m, int B, const int32_t *const *prompt, const int *n
             continue;
         }
         const float *last = m->logits + (size_t)(n_prompt[b] - 1) * m->V;
-        int32_t t = moe_sample_token(last, m->V, o, (uint64_t)b, 0, idx);
+        int32_t t = moe_sample_token(last, m->V, o, o->first + (uint64_t)b, 0, idx);
         out[(size_t)b * o->max_new] = t;
         n_out[b] = 1;
         done[b] = t == o->stop || o->max_new == 1 || n_prompt[b] >= m->max_seq;
@@ -99,8 +102,8 @@ int moe_generate(moe_infer *m, int B, const int32_t *const *prompt, const int *n
         st->decode_tokens += N;
         for (int n = 0; n < N; n++) {
             const int b = row[n];
-            int32_t t = moe_sample_token(m->logits + (size_t)n * m->V, m->V, o, (uint64_t)b,
-                                         (uint64_t)n_out[b], idx);
+            int32_t t = moe_sample_token(m->logits + (size_t)n * m->V, m->V, o,
+                                         o->first + (uint64_t)b, (uint64_t)n_out[b], idx);
             out[(size_t)b * o->max_new + n_out[b]++] = t;
             done[b] =
                 t == o->stop || n_out[b] >= o->max_new || n_prompt[b] + n_out[b] >= m->max_seq;

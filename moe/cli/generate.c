@@ -9,6 +9,7 @@
 #include "moe/tokenizer.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,16 +32,23 @@ static const char *generate_help =
     "reads every expert (same output bit for bit when no budget is set). --quantize\n"
     "int8 keeps experts as int8 with one scale per output row.\n"
     "\n"
-    "With model.tokenizer = bytes tokens are bytes. With the synthetic tasks the task's marker "
-    "byte is put before the\n"
-    "prompt (not with --raw) and an answer ends at a newline; a prompt is the task input\n"
-    "and '=', e.g. --task reverse --prompt 'abcd='. Greedy by default; --temperature T > 0\n"
-    "samples (among the --top-k K most likely tokens when K > 0) with --seed S (default\n"
-    "0). --max-new N (default 32) caps the tokens per answer. Answers go to stdout, bytes\n"
-    "outside printable ASCII as \\xNN; what was loaded and the speed go to stderr\n"
-    "(--quiet: not printed). A checkpoint trained with a SentencePiece tokenizer keeps\n"
-    "it (tokenizer.model): prompts are encoded with it after its BOS token, an answer\n"
-    "ends at its EOS token and is printed decoded (UTF-8; control bytes as \\xNN).\n"
+    "With model.tokenizer = bytes tokens are bytes. With the synthetic tasks the task's\n"
+    "marker byte is put before the prompt (not with --raw) and an answer ends at a\n"
+    "newline; a prompt is the task input and '=', e.g. --task reverse --prompt 'abcd='.\n"
+    "Greedy by default; --temperature T > 0 samples (among the --top-k K most likely\n"
+    "tokens when K > 0) with --seed S (default 0): an answer's draws depend on S and its\n"
+    "line of FILE (--prompt: line 1), not on the other lines. Only ids the tokenizer\n"
+    "decodes are produced (bytes: 0..255), also when model.vocab_size is larger.\n"
+    "--max-new N (default 32) caps the tokens per answer; an answer also ends at the\n"
+    "model's context (model.seq_len tokens, prompt included), noted once on stderr.\n"
+    "Every prompt is checked (not empty, fits the context) before the first answer; a\n"
+    "bad one is refused naming its line. Options that cannot change the answers (--top-k\n"
+    "or --seed without --temperature, --raw without task markers) are named in a note.\n"
+    "Answers go to stdout, bytes outside printable ASCII as \\xNN; what was loaded and\n"
+    "the speed go to stderr (--quiet: not printed). A checkpoint trained with a\n"
+    "SentencePiece tokenizer keeps it (tokenizer.model): prompts are encoded with it\n"
+    "after its BOS token, an answer ends at its EOS token and is printed decoded\n"
+    "(UTF-8; control bytes as \\xNN).\n"
     "\n"
     "exit status: 0 ok, 1 runtime failure, 2 bad usage or input (unknown task, missing\n"
     "or truncated checkpoint, missing expert tensor)\n";
@@ -69,7 +77,7 @@ static void print_answer(FILE *f, const int32_t *t, int n, int stop) {
         if (t[i] >= 32 && t[i] < 127)
             fputc(t[i], f);
         else
-            fprintf(f, "\\x%02x", (unsigned)t[i] & 0xffu);
+            fprintf(f, "\\x%02x", (unsigned)t[i]); // ids past 255 are never sampled
     }
     fputc('\n', f);
 }
@@ -130,6 +138,7 @@ typedef struct {
     moe_infer_opts io;
     moe_gen_opts go;
     bool raw, quiet;
+    bool top_k, seed; // given (they only matter when sampling)
 } gen_args;
 
 static int parse(int argc, char **argv, gen_args *a) {
@@ -152,6 +161,7 @@ static int parse(int argc, char **argv, gen_args *a) {
             if (!moe_cli_parse_long(top_k, 0, 1 << 20, &v))
                 return moe_fail(MOE_EINVAL, "--top-k needs an integer in [0, %d]", 1 << 20), -1;
             a->go.top_k = (int)v;
+            a->top_k = true;
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--seed", &seed)) != 0) {
             if (m < 0) return -1;
             if (!moe_cli_parse_long(seed, 0, INT64_MAX, &v))
@@ -159,6 +169,7 @@ static int parse(int argc, char **argv, gen_args *a) {
                                 (long long)INT64_MAX),
                        -1;
             a->go.seed = (uint64_t)v;
+            a->seed = true;
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--temperature", &temp)) != 0) {
             if (m < 0) return -1;
             if (!moe_cli_parse_double(temp, 0, 1e6, false, &a->go.temperature))
@@ -222,6 +233,85 @@ static void print_stats(const moe_infer *m, const moe_gen_stats *gs) {
             gs->decode_tokens, gs->decode_s > 0 ? gs->decode_tokens / gs->decode_s : 0.0);
 }
 
+// Where prompt i comes from, for messages: FILE:LINE (1-based) or --prompt.
+static const char *prompt_where(const gen_args *a, int i, char *buf, size_t cap) {
+    if (!a->input) return "--prompt";
+    snprintf(buf, cap, "--input %s:%d", a->input, i + 1);
+    return buf;
+}
+
+// Every prompt as token ids, each checked (not empty, bytes within the
+// vocabulary, fits the context) before anything is generated: a bad line is
+// refused naming its file and line, before any answer is printed.
+static int encode_prompts(const gen_args *a, const moe_infer *m, const moe_tokenizer *tok,
+                          bool marker, char **lines, int n, int32_t **prompt, int *n_prompt) {
+    char wb[PATH_MAX + 32];
+    for (int i = 0; i < n; i++) {
+        const char *where = prompt_where(a, i, wb, sizeof wb);
+        const unsigned char *s = (const unsigned char *)lines[i];
+        const int len = (int)strlen(lines[i]);
+        int j = 0;
+        if (tok) { // BOS, then the text's pieces (transformers' add_bos_token)
+            int32_t *ids;
+            size_t n_ids;
+            MOE_TRY(moe_tok_encode(tok, lines[i], (size_t)len, &ids, &n_ids));
+            const int bos = moe_tok_bos_id(tok);
+            if (n_ids == 0 || n_ids > (size_t)m->max_seq) {
+                free(ids);
+                return n_ids == 0 ? moe_fail(MOE_EINVAL, "%s: the prompt is empty", where)
+                                  : moe_fail(MOE_EINVAL,
+                                             "%s: the prompt has %zu tokens; at most %d fit the "
+                                             "context (model.seq_len)",
+                                             where, n_ids + (bos >= 0), m->max_seq);
+            }
+            if (!(prompt[i] = malloc(sizeof(int32_t) * (n_ids + 1)))) {
+                free(ids);
+                return moe_fail(MOE_ENOMEM, "out of memory");
+            }
+            if (bos >= 0) prompt[i][j++] = bos;
+            memcpy(prompt[i] + j, ids, sizeof(int32_t) * n_ids);
+            free(ids);
+            j += (int)n_ids;
+        } else {
+            if (len == 0 && !marker) return moe_fail(MOE_EINVAL, "%s: the prompt is empty", where);
+            if (len + marker > m->max_seq)
+                return moe_fail(MOE_EINVAL,
+                                "%s: the prompt has %d tokens%s; at most %d fit the context "
+                                "(model.seq_len)",
+                                where, len + marker, marker ? " (with the task's marker byte)" : "",
+                                m->max_seq);
+            if (!(prompt[i] = malloc(sizeof(int32_t) * (len + 1))))
+                return moe_fail(MOE_ENOMEM, "out of memory");
+            if (marker) prompt[i][j++] = 128 + m->task; // the task's marker byte
+            for (int c = 0; c < len; c++) {
+                if (s[c] >= m->V)
+                    return moe_fail(MOE_EINVAL,
+                                    "%s: byte %d of the prompt is %u, beyond the vocabulary of %d",
+                                    where, c + 1, s[c], m->V);
+                prompt[i][j++] = s[c];
+            }
+        }
+        n_prompt[i] = j;
+    }
+    return 0;
+}
+
+// One stderr line naming the options given that cannot change the answers.
+static void note_ignored(const gen_args *a, bool synth, bool spm) {
+    char what[256] = "";
+    size_t n = 0;
+    if (a->go.temperature <= 0 && (a->top_k || a->seed))
+        n += snprintf(what + n, sizeof what - n,
+                      "%s%s%s%s (greedy decoding; they apply with "
+                      "--temperature T > 0)",
+                      n ? ", " : "", a->top_k ? "--top-k" : "", a->top_k && a->seed ? " and " : "",
+                      a->seed ? "--seed" : "");
+    if (a->raw && !synth)
+        n += snprintf(what + n, sizeof what - n, "%s--raw (%s puts no task marker byte)",
+                      n ? ", " : "", spm ? "a SentencePiece model" : "a model of file data");
+    if (n) fprintf(stderr, "moe generate: note: ignored: %s\n", what);
+}
+
 int moe_cli_generate(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -245,99 +335,91 @@ int moe_cli_generate(int argc, char **argv) {
         if (!(lines[0] = strdup(a.prompt)))
             return moe_cli_fail("generate", MOE_EXIT_RUNTIME, "out of memory");
     }
+    int32_t **prompt = calloc((size_t)n_lines, sizeof *prompt);
+    int *n_prompt = calloc((size_t)n_lines, sizeof *n_prompt);
+    moe_tokenizer *tok = NULL; // NULL: bytes
     moe_infer m;
+    bool opened = false;
     int rc = 0, synth = 0;
-    a.io.max_batch = n_lines < BATCH ? (n_lines > 0 ? n_lines : 1) : BATCH;
+    if (!prompt || !n_prompt) {
+        code = moe_cli_fail("generate", MOE_EXIT_RUNTIME, "out of memory");
+        goto done;
+    }
+    a.io.max_batch = n_lines < BATCH ? n_lines : BATCH;
     // A checkpoint that cannot be read (missing, truncated) is bad input.
     if ((rc = moe_infer_open(&m, a.dir, &a.io)) < 0) {
         code = moe_cli_fail("generate", moe_cli_input_exit_code(rc), "%s", moe_last_error());
         goto done;
     }
+    opened = true;
     synth = !strcmp(m.cfg.data.kind, "synthetic");
     a.go.stop = synth ? '\n' : -1;
-    moe_tokenizer *tok = NULL; // NULL: bytes
+    a.go.n_vocab = 256; // the byte tokenizer decodes ids 0..255
     if (strcmp(m.cfg.model.tokenizer, "bytes")) {
         if ((rc = moe_tok_open(m.cfg.model.tokenizer, &tok)) < 0 ||
             (moe_tok_vocab_size(tok) > m.V &&
              (rc = moe_fail(MOE_EFORMAT, "%s: its tokenizer has %d pieces, the model %d", a.dir,
                             moe_tok_vocab_size(tok), m.V)) < 0)) {
             code = moe_cli_fail("generate", moe_cli_input_exit_code(rc), "%s", moe_last_error());
-            moe_tok_free(tok);
-            moe_infer_free(&m);
             goto done;
         }
         a.go.stop = moe_tok_eos_id(tok);
+        a.go.n_vocab = moe_tok_vocab_size(tok); // vocab_size may be rounded up past it
     }
+    // a wrong prompt is the user's input; a failure of the model is runtime
+    if ((rc = encode_prompts(&a, &m, tok, synth && !a.raw, lines, n_lines, prompt, n_prompt)) < 0) {
+        code = moe_cli_fail("generate", moe_cli_input_exit_code(rc), "%s", moe_last_error());
+        goto done;
+    }
+    note_ignored(&a, synth, tok != NULL);
     moe_gen_stats total = {0};
+    int32_t *out = malloc(sizeof(int32_t) * BATCH * (a.go.max_new + 1));
+    int n_cut = 0, cut_line = 0, cut_prompt = 0, cut_new = 0;
+    if (!out) rc = moe_fail(MOE_ENOMEM, "out of memory");
     for (int b0 = 0; b0 < n_lines && rc == 0; b0 += BATCH) {
         const int B = n_lines - b0 < BATCH ? n_lines - b0 : BATCH;
-        int32_t *prompt[BATCH] = {0}, *out = malloc(sizeof(int32_t) * B * (a.go.max_new + 1));
-        int n_prompt[BATCH], n_out[BATCH];
-        const int32_t *cp[BATCH];
-        if (!out) rc = moe_fail(MOE_ENOMEM, "out of memory");
-        for (int b = 0; b < B && rc == 0; b++) {
-            const unsigned char *s = (const unsigned char *)lines[b0 + b];
-            int n = (int)strlen((const char *)s), j = 0;
-            if (tok) { // BOS, then the text's pieces (transformers' add_bos_token)
-                int32_t *ids;
-                size_t n_ids;
-                if ((rc = moe_tok_encode(tok, (const char *)s, (size_t)n, &ids, &n_ids)) < 0) break;
-                const int bos = moe_tok_bos_id(tok);
-                if (!(prompt[b] = malloc(sizeof(int32_t) * (n_ids + 1)))) {
-                    free(ids);
-                    rc = moe_fail(MOE_ENOMEM, "out of memory");
-                    break;
-                }
-                if (bos >= 0) prompt[b][j++] = bos;
-                memcpy(prompt[b] + j, ids, sizeof(int32_t) * n_ids);
-                free(ids);
-                n_prompt[b] = j + (int)n_ids;
-                cp[b] = prompt[b];
-                if (n_ids == 0) rc = moe_fail(MOE_EINVAL, "prompt %d is empty", b0 + b + 1);
-                continue;
-            }
-            if (!(prompt[b] = malloc(sizeof(int32_t) * (n + 1)))) {
-                rc = moe_fail(MOE_ENOMEM, "out of memory");
-                break;
-            }
-            if (synth && !a.raw) prompt[b][j++] = 128 + m.task; // the task's marker byte
-            for (int i = 0; i < n; i++) {
-                if (s[i] >= m.V) {
-                    rc = moe_fail(MOE_EINVAL,
-                                  "prompt %d: byte %d is %u, beyond the vocabulary of %d",
-                                  b0 + b + 1, i, s[i], m.V);
-                }
-                prompt[b][j++] = s[i];
-            }
-            n_prompt[b] = j;
-            cp[b] = prompt[b];
-            if (j == 0) rc = moe_fail(MOE_EINVAL, "prompt %d is empty", b0 + b + 1);
+        int n_out[BATCH];
+        moe_gen_stats gs;
+        a.go.first = (uint64_t)b0; // the draws are keyed by the line, not the batch row
+        rc = moe_generate(&m, B, (const int32_t *const *)prompt + b0, n_prompt + b0, &a.go, out,
+                          n_out, &gs);
+        for (int b = 0; rc == 0 && b < B; b++) {
+            const int32_t *t = out + (size_t)b * a.go.max_new;
+            const int n = n_out[b];
+            if (n < a.go.max_new && (n == 0 || t[n - 1] != a.go.stop) && n_cut++ == 0)
+                cut_line = b0 + b + 1, cut_prompt = n_prompt[b0 + b], cut_new = n;
+            if (tok)
+                rc = print_text(stdout, tok, t, n, a.go.stop);
+            else
+                print_answer(stdout, t, n, a.go.stop);
         }
-        // a wrong prompt is the user's input; a failure of the model is runtime
         if (rc == 0) {
-            moe_gen_stats gs;
-            rc = moe_generate(&m, B, cp, n_prompt, &a.go, out, n_out, &gs);
-            for (int b = 0; rc == 0 && b < B; b++)
-                if (tok)
-                    rc = print_text(stdout, tok, out + (size_t)b * a.go.max_new, n_out[b],
-                                    a.go.stop);
-                else
-                    print_answer(stdout, out + (size_t)b * a.go.max_new, n_out[b], a.go.stop);
             total.prefill_tokens += gs.prefill_tokens, total.decode_tokens += gs.decode_tokens;
             total.prefill_s += gs.prefill_s, total.decode_s += gs.decode_s;
         }
-        for (int b = 0; b < B; b++)
-            free(prompt[b]);
-        free(out);
     }
-    if (rc < 0)
+    free(out);
+    if (rc < 0) {
         code = moe_cli_fail("generate", moe_cli_exit_code(rc), "%s", moe_last_error());
-    else if (!a.quiet)
-        print_stats(&m, &total);
-    moe_tok_free(tok);
-    moe_infer_free(&m);
+        goto done;
+    }
+    if (n_cut) { // the context ends an answer before --max-new: say so, once
+        char wb[PATH_MAX + 32];
+        fprintf(stderr,
+                "moe generate: note: %d answer%s stopped at the model's context of %d tokens "
+                "before --max-new %d (first: %s, a prompt of %d tokens, %d new)\n",
+                n_cut, n_cut > 1 ? "s" : "", m.max_seq, a.go.max_new,
+                prompt_where(&a, cut_line - 1, wb, sizeof wb), cut_prompt, cut_new);
+    }
+    if (!a.quiet) print_stats(&m, &total);
 done:
-    for (int i = 0; i < n_lines; i++)
+    moe_tok_free(tok);
+    if (opened) moe_infer_free(&m);
+    for (int i = 0; i < n_lines; i++) {
         free(lines[i]);
+        if (prompt) free(prompt[i]);
+    }
+    free(prompt);
+    free(n_prompt);
     return code;
 }

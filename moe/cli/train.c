@@ -9,6 +9,7 @@
 #include "moe/infer.h"
 #include "moe/plan.h"
 #include "moe/safetensors.h"
+#include "moe/task_experts.h"
 
 #include <dirent.h>
 #include <limits.h>
@@ -17,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static volatile sig_atomic_t interrupted;
 
@@ -368,11 +370,17 @@ static const char *eval_help =
     "(synthetic data) and the expert-usage matrix per task of every MoE layer, for the\n"
     "checkpoint folder CKPT_DIR (it holds config.json and model.safetensors).\n"
     "--dump-logits FILE writes the tokens and logits of validation batch 0 (safetensors:\n"
-    "tokens, task_ids, logits; dropless routing) for scripts/hf_check.py; FILE may not\n"
-    "lie in a checkpoint folder and replaces only an earlier dump.\n"
+    "tokens, task_ids, logits; dropless routing) for scripts/hf_check.py, routed as\n"
+    "inference and an export route: router.type = expert_choice is dumped with its\n"
+    "router.ec_fallback = token_choice (refused without it; the loss above stays that of\n"
+    "expert choice). FILE's folder must exist and may not be, nor lie in, any folder\n"
+    "holding a checkpoint (manifest.json, model.safetensors or its index,\n"
+    "trainer_state.json); FILE replaces only an earlier dump.\n"
     "--expert-budget P and --quantize int8 add a table of the per-task validation loss of\n"
     "the inference engine (moe generate) loaded with that option against its exact task-\n"
-    "routed load, with the experts and expert bytes each keeps.\n";
+    "routed load, with the experts and expert bytes each keeps; the load is tried first,\n"
+    "so what it needs (task_experts.json for a budget) is refused before evaluating.\n"
+    "With data.val_path only the validation files are read (data.path may be gone).\n";
 
 // Per task: validation loss of the exact task-routed load and of the load with
 // the given budget / int8, through the inference engine.
@@ -415,6 +423,21 @@ static int eval_infer_table(const char *dir, const moe_config *cfg, moe_data *d,
     return 0;
 }
 
+// The inference engine loads the variant the table compares (expert budget,
+// int8) before anything is evaluated: what it lacks (task_experts.json for a
+// budget) is refused up front, not after the whole evaluation has printed.
+static int check_infer_variant(const char *dir, const moe_config *cfg, double budget, bool int8) {
+    char names[MOE_MAX_TASKS][MOE_NAME_MAX];
+    const int n = moe_config_task_names(cfg, names);
+    moe_infer e;
+    for (int t = 0; t < n; t++) { // each task: a budget keeps a set per task
+        moe_infer_opts o = {.task = names[t], .expert_budget = budget, .quantize_int8 = int8};
+        MOE_TRY(moe_infer_open(&e, dir, &o));
+        moe_infer_free(&e);
+    }
+    return 0;
+}
+
 // An earlier dump of eval: a safetensors file of exactly tokens, task_ids and
 // logits (the one kind of file --dump-logits may replace).
 static bool is_logits_dump(const char *path) {
@@ -426,9 +449,35 @@ static bool is_logits_dump(const char *path) {
     return yes;
 }
 
-// --dump-logits FILE may not land in the checkpoint eval reads nor in any
-// checkpoint of its run folder, and replaces only an earlier logits dump: a
-// slip of the path would otherwise overwrite weights with logits.
+// The nearest folder at or above `folder` that holds a checkpoint file (its
+// manifest, weights, weight index or trainer state) into hit, with the file
+// into what; false when none does. folder must exist.
+static bool in_checkpoint_folder(const char *folder, char *hit, size_t cap, const char **what) {
+    static const char *marks[] = {"manifest.json", "model.safetensors",
+                                  "model.safetensors.index.json", "trainer_state.json"};
+    char p[PATH_MAX], f[PATH_MAX + 64];
+    if (!realpath(folder, p)) return false;
+    for (;;) {
+        for (size_t i = 0; i < sizeof marks / sizeof *marks; i++)
+            if (snprintf(f, sizeof f, "%s/%s", strcmp(p, "/") ? p : "", marks[i]) < (int)sizeof f &&
+                access(f, F_OK) == 0) {
+                snprintf(hit, cap, "%s", p);
+                *what = marks[i];
+                return true;
+            }
+        char *slash = strrchr(p, '/');
+        if (!slash || !strcmp(p, "/")) return false;
+        if (slash == p)
+            p[1] = 0;
+        else
+            *slash = 0;
+    }
+}
+
+// --dump-logits FILE may not land in the checkpoint eval reads, in any
+// checkpoint of its run folder, nor in any other folder holding a checkpoint
+// (another run's), and replaces only an earlier logits dump: a slip of the
+// path would otherwise overwrite weights with logits.
 static int check_dump_path(const char *dir, const char *dump) {
     char ck[PATH_MAX], run[PATH_MAX], p[PATH_MAX];
     MOE_TRY(moe_ckpt_resolve(dir, ck, sizeof ck, NULL));
@@ -451,6 +500,24 @@ static int check_dump_path(const char *dir, const char *dump) {
                         "--dump-logits %s: lies in the checkpoint %s; write the dump outside "
                         "checkpoint folders",
                         dump, hit);
+    // the folder FILE goes into exists and is no checkpoint's, nor inside one
+    snprintf(p, sizeof p, "%s", dump);
+    char *slash = strrchr(p, '/');
+    if (!slash)
+        snprintf(p, sizeof p, ".");
+    else if (slash == p)
+        p[1] = 0;
+    else
+        *slash = 0;
+    struct stat fs;
+    if (stat(p, &fs) != 0 || !S_ISDIR(fs.st_mode))
+        return moe_fail(MOE_EINVAL, "--dump-logits %s: the folder %s does not exist", dump, p);
+    const char *what;
+    if (in_checkpoint_folder(p, ck, sizeof ck, &what))
+        return moe_fail(MOE_EINVAL,
+                        "--dump-logits %s: lies in the checkpoint folder %s (it holds %s); write "
+                        "the dump outside checkpoint folders",
+                        dump, ck, what);
     struct stat st;
     if (stat(dump, &st) == 0 && (!S_ISREG(st.st_mode) || !is_logits_dump(dump)))
         return moe_fail(MOE_EINVAL,
@@ -510,8 +577,18 @@ int moe_cli_eval(int argc, char **argv) {
     int rc = moe_cli_check_ckpt(dir);
     if (rc == 0) rc = moe_ckpt_config(dir, &cfg);
     if (rc == 0 && dump) rc = check_dump_path(dir, dump);
+    if (rc == 0 && dump && cfg.router.type == MOE_ROUTER_EXPERT_CHOICE &&
+        cfg.router.ec_fallback != MOE_EC_FALLBACK_TOKEN_CHOICE) // what moe_eval_dump_logits refuses
+        rc = moe_fail(MOE_EINVAL,
+                      "--dump-logits: %s/config.json: router.type = expert_choice routes over a "
+                      "whole batch; the dump compares an export, which needs router.ec_fallback "
+                      "= token_choice",
+                      dir);
+    if (rc == 0 && (budget > 0 || int8)) rc = check_infer_variant(dir, &cfg, budget, int8);
     if (rc < 0) return moe_cli_fail("eval", moe_cli_input_exit_code(rc), "%s", moe_last_error());
-    if ((rc = moe_data_open(&d, &cfg)) < 0)
+    // eval reads only validation batches: with data.val_path the training
+    // files need not be there
+    if ((rc = moe_data_open_val(&d, &cfg)) < 0)
         return moe_cli_fail("eval", moe_cli_input_exit_code(rc), "%s", moe_last_error());
     // Reading the checkpoint is input (exit 2 when unusable); evaluating is not.
     bool loaded = false;
@@ -520,7 +597,7 @@ int moe_cli_eval(int argc, char **argv) {
         (rc = moe_eval(&m, &d, (int)batches, (int)samples, &r)) == 0) {
         moe_eval_print(&r, stdout);
         moe_eval_result_free(&r);
-        if (dump && (rc = moe_eval_dump_logits(&m, &d, dump)) == 0)
+        if (dump && (rc = moe_eval_dump_logits(&m, &d, dir, dump)) == 0)
             printf("\nlogits of validation batch 0 written to %s\n", dump);
         if (rc == 0 && (budget > 0 || int8))
             rc = eval_infer_table(dir, &cfg, &d, (int)batches, budget, int8);

@@ -65,6 +65,10 @@ typedef struct {
 int moe_synth_task_index(const char *name);
 
 int moe_data_open(moe_data *d, const moe_config *cfg);
+// The validation split alone (moe eval): with data.val_path the training
+// files (data.path) are not opened, so they need not exist; the training
+// split is then empty and must not be drawn from.
+int moe_data_open_val(moe_data *d, const moe_config *cfg);
 void moe_data_close(moe_data *d);
 
 // Next batch of `split`: inputs/targets [B, T] (target -1: not scored), task

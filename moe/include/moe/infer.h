@@ -86,8 +86,10 @@ typedef struct {
     int max_new;        // tokens to generate per prompt at most
     double temperature; // <= 0: greedy (ties to the lower token id)
     int top_k;          // > 0: sample among the k most likely tokens
-    uint64_t seed;      // sampling: token i of prompt b draws from hash(seed, b, i)
+    uint64_t seed;      // sampling: token i of prompt b draws from hash(seed, first + b, i)
     int stop;           // token that ends a sequence (kept in the output), -1: none
+    int n_vocab;        // > 0: only ids below it are produced (those the tokenizer can decode)
+    uint64_t first;     // the index of prompt 0 of this call among all prompts (--input line)
 } moe_gen_opts;
 
 typedef struct {
@@ -102,8 +104,8 @@ typedef struct {
 int moe_generate(moe_infer *m, int B, const int32_t *const *prompt, const int *n_prompt,
                  const moe_gen_opts *o, int32_t *out, int *n_out, moe_gen_stats *st);
 
-// Picks the next token from logits [V] (greedy or sampled, see moe_gen_opts);
-// idx: scratch of V ints.
+// Picks the next token from logits [V] (greedy or sampled, see moe_gen_opts;
+// ids >= o->n_vocab when it is set are never picked); idx: scratch of V ints.
 int moe_sample_token(const float *logits, int V, const moe_gen_opts *o, uint64_t b, uint64_t i,
                      int *idx);
 

@@ -33,7 +33,11 @@ void moe_eval_print(const moe_eval_result *r, FILE *f);
 // Writes the logits of validation batch 0 to path (safetensors: tokens I32
 // [B, T], task_ids I32 [B], logits F32 [B, T, V]), each sequence decoded
 // alone and without capacity limits, as Hugging Face Mixtral computes them.
-int moe_eval_dump_logits(moe_model *m, moe_data *d, const char *path);
+// The rows route as inference (and an export) does: a checkpoint of expert
+// choice with router.ec_fallback = token_choice goes through the inference
+// engine loaded from ckpt_dir (top-k token choice); without the fallback it is
+// refused (nothing to compare: inference and export refuse it too).
+int moe_eval_dump_logits(moe_model *m, moe_data *d, const char *ckpt_dir, const char *path);
 
 typedef struct {
     const char *out_dir;         // run folder: config.json, metrics.jsonl, checkpoint/

@@ -1,0 +1,417 @@
+// `moe generate` and `moe eval` through the binary: only ids the tokenizer can
+// decode are produced, sampling is keyed by the --input line (not the batch
+// row), bad prompt lines are refused before any answer, ignored options and a
+// context that ends answers early are noted, and eval checks what it needs
+// (dump path, task_experts.json, the shards it reads) before evaluating.
+#include "moe/error.h"
+#include "moe/infer.h"
+#include "moe/safetensors.h"
+#include "testutil.h"
+
+#include <math.h>
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static char root[600], run[700], run320[700];
+
+// Runs moe (printf-style args) with stdout and stderr in root/out.txt, err.txt.
+static int moe(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int moe(const char *fmt, ...) {
+    char args[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    return tu_run_moe(root, args);
+}
+
+static const char *out_text(void) {
+    return tu_file_text(root, "out.txt");
+}
+
+static const char *err_text(void) {
+    return tu_file_text(root, "err.txt");
+}
+
+static void expect_err(const char *want) {
+    ck_assert_msg(strstr(err_text(), want), "stderr lacks '%s': %s", want, err_text());
+}
+
+// Line n (1-based) of text, without its newline, into buf.
+static const char *line_of(const char *text, int n, char *buf, size_t cap) {
+    for (int i = 1; i < n && text; i++)
+        if ((text = strchr(text, '\n'))) text++;
+    ck_assert_msg(text && *text, "no line %d", n);
+    size_t len = strcspn(text, "\n");
+    ck_assert_uint_lt(len, cap);
+    memcpy(buf, text, len);
+    buf[len] = 0;
+    return buf;
+}
+
+static int count_lines(const char *text) {
+    int n = 0;
+    for (; *text; text++)
+        n += *text == '\n';
+    return n;
+}
+
+// Two short runs of configs/tiny.json (2 layers, d_model 32): the byte
+// vocabulary, and vocab_size 320 (ids 256..319 no tokenizer decodes).
+static void setup(void) {
+    snprintf(root, sizeof root, "%s", tu_tmpdir());
+    snprintf(run, sizeof run, "%s/run", root);
+    snprintf(run320, sizeof run320, "%s/run320", root);
+    const char *common = "--steps 4 --quiet --set model.n_layers=2 --set model.d_model=32 "
+                         "--set model.d_ff=64 --set train.eval_every=0";
+    ck_assert_msg(moe("train '%s/configs/tiny.json' %s --out '%s'", MOE_SOURCE_DIR, common, run) ==
+                      0,
+                  "%s", err_text());
+    ck_assert_msg(moe("train '%s/configs/tiny.json' %s --set model.vocab_size=320 --out '%s'",
+                      MOE_SOURCE_DIR, common, run320) == 0,
+                  "%s", err_text());
+}
+
+static void teardown(void) {
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+// Logits that favour the ids past the tokenizer: greedy and sampling (any
+// seed, any top-k) must still pick below n_vocab.
+START_TEST(test_sample_token_never_picks_ids_past_the_tokenizer) {
+    enum { V = 12, NV = 8 };
+    float logits[V];
+    int idx[V];
+    for (int v = 0; v < V; v++)
+        logits[v] = v < NV ? 0.1f * v : 5.0f + v;
+    moe_gen_opts o = {.n_vocab = NV};
+    ck_assert_int_eq(moe_sample_token(logits, V, &o, 0, 0, idx), NV - 1);
+    o.temperature = 1e6;
+    for (int top_k = 0; top_k <= V; top_k += 3)
+        for (uint64_t s = 0; s < 200; s++) {
+            o.top_k = top_k, o.seed = s;
+            const int t = moe_sample_token(logits, V, &o, s % 7, s, idx);
+            ck_assert_msg(t >= 0 && t < NV, "picked %d (top_k %d, seed %llu)", t, top_k,
+                          (unsigned long long)s);
+        }
+    o.n_vocab = 0; // unset: the whole row
+    o.temperature = 0;
+    ck_assert_int_eq(moe_sample_token(logits, V, &o, 0, 0, idx), V - 1);
+}
+END_TEST
+
+// vocab_size 320 on bytes: an id of 256..319 was printed as its low byte
+// (0x12d as \x2d); now none is sampled, so a printable byte never shows as \xNN.
+START_TEST(test_byte_model_with_a_larger_vocabulary_prints_only_bytes) {
+    ck_assert_int_eq(moe("generate '%s' --task copy --input /dev/null --quiet", run320), 2);
+    char p[800];
+    snprintf(p, sizeof p, "%s/p320.txt", root);
+    FILE *f = fopen(p, "w");
+    for (int i = 0; i < 8; i++)
+        fprintf(f, "ab%d=\n", i);
+    fclose(f);
+    ck_assert_msg(moe("generate '%s' --task copy --input '%s' --temperature 1000 --max-new 48 "
+                      "--seed 5 --quiet",
+                      run320, p) == 0,
+                  "%s", err_text());
+    const char *o = out_text();
+    ck_assert_int_eq(count_lines(o), 8);
+    for (const char *s = o; (s = strstr(s, "\\x")) != NULL; s += 2) {
+        unsigned v;
+        ck_assert_int_eq(sscanf(s + 2, "%2x", &v), 1);
+        ck_assert_msg(v < 32 || v >= 127, "printable byte 0x%02x escaped: an id >= 256", v);
+    }
+}
+END_TEST
+
+static void write_lines(const char *name, int n, const char *(*line)(int)) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/%s", root, name);
+    FILE *f = fopen(p, "w");
+    for (int i = 1; i <= n; i++)
+        fprintf(f, "%s\n", line(i));
+    fclose(f);
+}
+
+static const char *hello(int i) {
+    (void)i;
+    return "hello=";
+}
+
+static const char *hello_at_1_and_65(int i) {
+    return i == 1 || i == 65 ? "hello=" : "xyz=";
+}
+
+// The draw of token i of line b is hash(seed, b, i): the same prompt on lines 1
+// and 65 (row 0 of two batches of 64) answers differently, and a line's
+// answer does not depend on the other lines or on the batch it falls in.
+START_TEST(test_sampling_is_keyed_by_the_input_line_not_the_batch_row) {
+    char a1[256], a65[256], a129[256], b1[256], b65[256], p[800];
+    write_lines("same.txt", 130, hello);
+    write_lines("mixed.txt", 65, hello_at_1_and_65);
+    const char *opts = "--temperature 2 --seed 1 --max-new 24 --quiet";
+    snprintf(p, sizeof p, "%s/same.txt", root);
+    ck_assert_msg(moe("generate '%s' --task reverse --input '%s' %s", run, p, opts) == 0, "%s",
+                  err_text());
+    ck_assert_int_eq(count_lines(out_text()), 130);
+    line_of(out_text(), 1, a1, sizeof a1);
+    line_of(out_text(), 65, a65, sizeof a65);
+    line_of(out_text(), 129, a129, sizeof a129);
+    ck_assert_msg(strcmp(a1, a65) && strcmp(a65, a129) && strcmp(a1, a129),
+                  "lines 1, 65, 129 answer '%s', '%s', '%s'", a1, a65, a129);
+    snprintf(p, sizeof p, "%s/mixed.txt", root);
+    ck_assert_int_eq(moe("generate '%s' --task reverse --input '%s' %s", run, p, opts), 0);
+    line_of(out_text(), 1, b1, sizeof b1);
+    line_of(out_text(), 65, b65, sizeof b65);
+    ck_assert_str_eq(b1, a1);
+    ck_assert_str_eq(b65, a65);
+    // --prompt is line 1
+    ck_assert_int_eq(moe("generate '%s' --task reverse --prompt hello= %s", run, opts), 0);
+    ck_assert_str_eq(line_of(out_text(), 1, b1, sizeof b1), a1);
+}
+END_TEST
+
+static const char *long_line_70(int i) {
+    static char longp[100];
+    memset(longp, 'x', 80);
+    longp[80] = 0;
+    return i == 70 ? longp : "ab=";
+}
+
+static const char *empty_line_3(int i) {
+    return i == 3 ? "" : "ab=";
+}
+
+// A bad line after the first batch is refused before any answer, naming the
+// file and its 1-based line.
+START_TEST(test_bad_input_line_is_refused_before_any_answer) {
+    char p[800], want[900];
+    write_lines("long.txt", 71, long_line_70);
+    snprintf(p, sizeof p, "%s/long.txt", root);
+    ck_assert_int_eq(moe("generate '%s' --task copy --input '%s' --quiet", run, p), 2);
+    ck_assert_str_eq(out_text(), "");
+    snprintf(want, sizeof want, "%s:70: the prompt has 81 tokens", p);
+    expect_err(want);
+    expect_err("at most 64 fit");
+    // with --raw there is no marker byte: an empty line is an empty prompt
+    write_lines("empty.txt", 4, empty_line_3);
+    snprintf(p, sizeof p, "%s/empty.txt", root);
+    ck_assert_int_eq(moe("generate '%s' --task copy --input '%s' --raw --quiet", run, p), 2);
+    ck_assert_str_eq(out_text(), "");
+    snprintf(want, sizeof want, "%s:3: the prompt is empty", p);
+    expect_err(want);
+}
+END_TEST
+
+// A prompt near the context stops early: one note on stderr (exit 0); an answer
+// that ends within --max-new gets none.
+START_TEST(test_answer_cut_by_the_context_is_noted) {
+    char prompt[64];
+    memset(prompt, 'a', 59);
+    strcpy(prompt + 59, "="); // 60 tokens with the marker byte: 4 new fit in 64
+    ck_assert_int_eq(moe("generate '%s' --task copy --prompt '%s' --raw --max-new 32 "
+                         "--temperature 1000 --quiet",
+                         run, prompt),
+                     0);
+    ck_assert_int_eq(count_lines(out_text()), 1);
+    expect_err("note: 1 answer stopped at the model's context of 64 tokens before --max-new 32");
+    expect_err("a prompt of 60 tokens, 4 new");
+    ck_assert_int_eq(moe("generate '%s' --task copy --prompt ab= --max-new 3 --temperature 1000 "
+                         "--quiet",
+                         run),
+                     0);
+    ck_assert_ptr_null(strstr(err_text(), "note"));
+}
+END_TEST
+
+// Options that cannot change the answers are named in one note; the answers
+// are those without them.
+START_TEST(test_options_greedy_ignores_are_noted) {
+    static char plain[4096];
+    ck_assert_int_eq(moe("generate '%s' --task copy --prompt ab= --quiet", run), 0);
+    snprintf(plain, sizeof plain, "%s", out_text());
+    ck_assert_ptr_null(strstr(err_text(), "note"));
+    ck_assert_int_eq(moe("generate '%s' --task copy --prompt ab= --top-k 3 --seed 9 --quiet", run),
+                     0);
+    ck_assert_str_eq(out_text(), plain);
+    expect_err("note: ignored: --top-k and --seed (greedy decoding");
+    ck_assert_int_eq(
+        moe("generate '%s' --task copy --prompt ab= --seed 9 --temperature 1 --quiet", run), 0);
+    ck_assert_ptr_null(strstr(err_text(), "note"));
+}
+END_TEST
+
+// --- eval -----------------------------------------------------------------
+
+static const char *small_run = "--steps 4 --quiet --set model.n_layers=2 --set model.d_model=32 "
+                               "--set model.d_ff=64 --set train.eval_every=0";
+
+static bool exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+// Another run's checkpoint (or a folder inside it) is no place for a dump,
+// whatever run is evaluated; a missing folder is named. All before evaluating.
+START_TEST(test_dump_logits_is_refused_in_any_checkpoint_folder) {
+    char p[900], want[1000];
+    snprintf(p, sizeof p, "%s/checkpoint/new.st", run320);
+    ck_assert_int_eq(moe("eval '%s' --batches 1 --samples 0 --dump-logits '%s'", run, p), 2);
+    ck_assert_str_eq(out_text(), "");
+    ck_assert(!exists(p));
+    snprintf(want, sizeof want, "lies in the checkpoint folder %s/checkpoint (it holds", run320);
+    expect_err(want);
+    snprintf(p, sizeof p, "%s/checkpoint/sub", run320);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/checkpoint/sub/new.st", run320);
+    ck_assert_int_eq(moe("eval '%s' --batches 1 --samples 0 --dump-logits '%s'", run, p), 2);
+    expect_err(want);
+    ck_assert(!exists(p));
+    snprintf(p, sizeof p, "%s/checkpoint/sub", run320);
+    ck_assert_int_eq(rmdir(p), 0);
+    snprintf(p, sizeof p, "%s/nosuch/new.st", root);
+    ck_assert_int_eq(moe("eval '%s' --batches 1 --samples 0 --dump-logits '%s'", run, p), 2);
+    ck_assert_str_eq(out_text(), "");
+    expect_err("nosuch does not exist");
+    // beside the runs, not in a checkpoint: written
+    snprintf(p, sizeof p, "%s/ok.st", root);
+    ck_assert_msg(moe("eval '%s' --batches 1 --samples 0 --dump-logits '%s'", run, p) == 0, "%s",
+                  err_text());
+    ck_assert(exists(p));
+}
+END_TEST
+
+// --expert-budget on a checkpoint without task_experts.json: exit 2 before
+// any of the evaluation is printed.
+START_TEST(test_expert_budget_without_task_experts_is_refused_before_evaluating) {
+    char dir[800], p[900];
+    snprintf(dir, sizeof dir, "%s/nobudget", root);
+    ck_assert_int_eq(
+        moe("train '%s/configs/tiny.json' %s --out '%s'", MOE_SOURCE_DIR, small_run, dir), 0);
+    snprintf(p, sizeof p, "%s/checkpoint/task_experts.json", dir);
+    ck_assert_int_eq(unlink(p), 0);
+    ck_assert_int_eq(moe("eval '%s' --batches 1 --samples 0 --expert-budget 0.1", dir), 2);
+    ck_assert_str_eq(out_text(), "");
+    expect_err("task_experts.json");
+    ck_assert_int_eq(moe("eval '%s' --batches 1 --samples 0 --quantize int8", dir), 0);
+    ck_assert_ptr_nonnull(strstr(out_text(), "int8 experts"));
+}
+END_TEST
+
+// Expert choice with router.ec_fallback = token_choice: the dump routes as the
+// inference engine (generate, export) does, row by row; without the fallback
+// there is nothing it could be compared with, and it is refused up front.
+START_TEST(test_dump_logits_of_expert_choice_routes_as_inference) {
+    char dir[800], p[900];
+    snprintf(dir, sizeof dir, "%s/ec", root);
+    ck_assert_int_eq(
+        moe("train '%s/configs/expert_choice.json' %s --out '%s'", MOE_SOURCE_DIR, small_run, dir),
+        0);
+    snprintf(p, sizeof p, "%s/ec.st", root);
+    ck_assert_msg(moe("eval '%s' --batches 1 --samples 0 --dump-logits '%s'", dir, p) == 0, "%s",
+                  err_text());
+    moe_st_file *f;
+    int32_t *tokens, *task;
+    float *logits;
+    int64_t ts[4], ls[4];
+    ck_assert_int_eq(moe_st_open(p, &f), 0);
+    ck_assert_int_eq(moe_st_load(f, "tokens", MOE_ST_I32, 2, ts, (void **)&tokens), 0);
+    ck_assert_int_eq(moe_st_load(f, "task_ids", MOE_ST_I32, 1, NULL, (void **)&task), 0);
+    ck_assert_int_eq(moe_st_load(f, "logits", MOE_ST_F32, 3, ls, (void **)&logits), 0);
+    moe_st_close(f);
+    const int B = (int)ts[0], T = (int)ts[1], V = (int)ls[2];
+    static const char *names[] = {"copy", "reverse", "sort", "caesar", "add"};
+    int pos[256], seq[256] = {0};
+    ck_assert_int_le(T, 256);
+    for (int t = 0; t < T; t++)
+        pos[t] = t;
+    char ck[900];
+    snprintf(ck, sizeof ck, "%s/checkpoint", dir);
+    double diff = 0, top = 0;
+    for (int r = 0; r < B; r++) {
+        moe_infer e;
+        moe_infer_opts o = {.task = names[task[r]], .max_seq = T};
+        ck_assert_msg(moe_infer_open(&e, ck, &o) == 0, "%s", moe_last_error());
+        ck_assert_int_eq(e.V, V);
+        ck_assert_int_eq(moe_infer_forward(&e, tokens + (size_t)r * T, seq, pos, T), 0);
+        for (size_t i = 0; i < (size_t)T * V; i++) {
+            diff = fmax(diff, fabs(e.logits[i] - logits[(size_t)r * T * V + i]));
+            top = fmax(top, fabs(e.logits[i]));
+        }
+        moe_infer_free(&e);
+    }
+    ck_assert_msg(diff <= 1e-6 * top, "dump differs from the inference engine by %g (max %g)", diff,
+                  top);
+    free(tokens);
+    free(task);
+    free(logits);
+    snprintf(dir, sizeof dir, "%s/ec_none", root);
+    ck_assert_int_eq(moe("train '%s/configs/expert_choice.json' %s --set router.ec_fallback=none "
+                         "--out '%s'",
+                         MOE_SOURCE_DIR, small_run, dir),
+                     0);
+    snprintf(p, sizeof p, "%s/ec_none.st", root);
+    ck_assert_int_eq(moe("eval '%s' --batches 1 --samples 0 --dump-logits '%s'", dir, p), 2);
+    ck_assert_str_eq(out_text(), "");
+    expect_err("router.ec_fallback");
+    ck_assert(!exists(p));
+}
+END_TEST
+
+// With data.val_path, eval reads only the validation files: the training
+// files may be gone.
+START_TEST(test_eval_with_val_path_needs_no_training_files) {
+    char dir[800], tr[800], va[800];
+    snprintf(dir, sizeof dir, "%s/textrun", root);
+    snprintf(tr, sizeof tr, "%s/train.txt", root);
+    snprintf(va, sizeof va, "%s/val.txt", root);
+    FILE *a = fopen(tr, "w"), *b = fopen(va, "w");
+    for (int i = 0; i < 400; i++) {
+        fprintf(a, "line %d of the training text\n", i);
+        if (i < 100) fprintf(b, "line %d of the validation text\n", i);
+    }
+    fclose(a);
+    fclose(b);
+    ck_assert_msg(moe("train '%s/configs/tiny.json' %s --set data.kind=text --set data.path='%s' "
+                      "--set data.val_path='%s' --out '%s'",
+                      MOE_SOURCE_DIR, small_run, tr, va, dir) == 0,
+                  "%s", err_text());
+    ck_assert_int_eq(unlink(tr), 0);
+    ck_assert_msg(moe("eval '%s' --batches 1 --samples 0", dir) == 0, "%s", err_text());
+    ck_assert_ptr_nonnull(strstr(out_text(), "validation: loss"));
+    ck_assert_int_eq(unlink(va), 0); // what it reads must be there
+    ck_assert_int_eq(moe("eval '%s' --batches 1 --samples 0", dir), 2);
+    expect_err("data.val_path");
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("cli_infer");
+    TCase *tc = tcase_create("generate");
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_sample_token_never_picks_ids_past_the_tokenizer);
+    tcase_add_test(tc, test_byte_model_with_a_larger_vocabulary_prints_only_bytes);
+    tcase_add_test(tc, test_sampling_is_keyed_by_the_input_line_not_the_batch_row);
+    tcase_add_test(tc, test_bad_input_line_is_refused_before_any_answer);
+    tcase_add_test(tc, test_answer_cut_by_the_context_is_noted);
+    tcase_add_test(tc, test_options_greedy_ignores_are_noted);
+    suite_add_tcase(s, tc);
+    tc = tcase_create("eval");
+    tcase_add_unchecked_fixture(tc, setup, teardown);
+    tcase_set_timeout(tc, 300);
+    tcase_add_test(tc, test_dump_logits_is_refused_in_any_checkpoint_folder);
+    tcase_add_test(tc, test_expert_budget_without_task_experts_is_refused_before_evaluating);
+    tcase_add_test(tc, test_dump_logits_of_expert_choice_routes_as_inference);
+    tcase_add_test(tc, test_eval_with_val_path_needs_no_training_files);
+    suite_add_tcase(s, tc);
+    return tu_run(s);
+}

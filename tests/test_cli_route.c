@@ -588,6 +588,82 @@ START_TEST(test_refused_config_prints_no_note) {
 }
 END_TEST
 
+// The noise generator exactly as README "Router semantics" writes it, apart
+// from the code: splitmix64's finaliser chained over (seed, step, stream, i).
+static uint64_t doc_mix(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double doc_u(uint64_t seed, uint64_t step, uint64_t stream, uint64_t i) {
+    uint64_t h = doc_mix(doc_mix(doc_mix(doc_mix(seed) ^ step) ^ stream) ^ i);
+    return (double)(h >> 11) * ldexp(1.0, -53);
+}
+
+static int32_t *load_i32(const char *path, const char *name) {
+    moe_st_file *f;
+    ck_assert_int_eq(moe_st_open(path, &f), 0);
+    int32_t *v;
+    int64_t shape[2];
+    ck_assert_int_eq(moe_st_load(f, name, MOE_ST_I32, 2, shape, (void **)&v), 0);
+    moe_st_close(f);
+    return v;
+}
+
+// README's formulas reproduce --train noise bit for bit: jitter is the plan
+// of the logits the documented factors jitter (routed without noise); gumbel's
+// second choices are the argmax of logit + -log(-log(U + 2^-54)).
+START_TEST(test_noise_follows_the_documented_generator) {
+    make_batch(11);
+    const char *in = tu_in_dir("in.safetensors"), *out = tu_in_dir("plan.safetensors");
+    write_logits(in, false);
+    const uint64_t seed = 1234, step = 5;
+    const double eps = 0.3;
+    ck_assert_int_eq(MOE("route", "--logits", in, "--out", out, "--set", "router.noise=jitter",
+                         "--set", "router.noise_eps=0.3", "--set", "router.seed=1234", "--train",
+                         "--step", "5"),
+                     0);
+    static float jit[T * E];
+    for (int i = 0; i < T * E; i++)
+        jit[i] = (float)((double)logits[i] * ((1.0 - eps) + (2.0 * eps) * doc_u(seed, step, 1, i)));
+    ck_assert(memcmp(jit, logits, sizeof jit) != 0);
+    moe_plan p;
+    route_direct(&p, jit, NULL, NULL, false, 0);
+    expect_plan_file(out, &p);
+    moe_plan_free(&p);
+
+    ck_assert_int_eq(MOE("route", "--logits", in, "--out", out, "--set", "router.noise=gumbel",
+                         "--set", "router.capacity_factor=0", "--set", "router.seed=1234",
+                         "--train", "--step", "5"),
+                     0);
+    int32_t *ex = load_i32(out, "expert");
+    int moved = 0;
+    for (int t = 0; t < T; t++) {
+        int c0 = 0; // the argmax logit is the argmax probability
+        for (int e = 1; e < E; e++)
+            if (logits[t * E + e] > logits[t * E + c0]) c0 = e;
+        int best = -1;
+        double bs = 0;
+        for (int e = 0; e < E; e++) {
+            if (e == c0) continue;
+            double u = doc_u(seed, step, 2, (uint64_t)t * E + e) + ldexp(1.0, -54);
+            double v = (double)logits[t * E + e] - log(-log(u));
+            if (best < 0 || v > bs) best = e, bs = v;
+        }
+        ck_assert_int_eq(ex[t * 2], c0);
+        ck_assert_int_eq(ex[t * 2 + 1], best);
+        int second = -1; // the clean second choice, to see that the noise moves some
+        for (int e = 0; e < E; e++)
+            if (e != c0 && (second < 0 || logits[t * E + e] > logits[t * E + second])) second = e;
+        moved += best != second;
+    }
+    ck_assert_int_gt(moved, 0);
+    free(ex);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cli_route");
     TCase *tc = tcase_create("core");
@@ -608,6 +684,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_zero_bias_routes_as_none_and_is_recorded_unused);
     tcase_add_test(tc, test_expert_choice_refuses_a_bias_tensor);
     tcase_add_test(tc, test_refused_config_prints_no_note);
+    tcase_add_test(tc, test_noise_follows_the_documented_generator);
     suite_add_tcase(s, tc);
     return s;
 }

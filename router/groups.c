@@ -34,22 +34,29 @@ int moe_router_groups_check(const moe_router_config *cfg, int E) {
 // Group scores follow transformers: DeepseekV3TopkRouter sums the two highest
 // biased scores of a group (topk(2).sum; one expert per group: that score);
 // DeepseekV2's group_limited_greedy takes the highest score (max). The V3 rule
-// applies whenever a bias array is given, even one of zeros. Experts outside
-// the chosen groups are excluded, not set to score 0 as transformers'
-// masked_fill does, so a negative biased score never loses to a masked one.
+// applies when the bias holds a non-zero value: a bias of zeros routes as no
+// bias, so a model whose bias is still zero (step 1 of training with
+// router.bias_update_rate > 0) routes as eval and generate route its
+// checkpoint, which attach no bias of zeros. The sums are taken in double.
+// Experts outside the chosen groups are excluded, not set to score 0 as
+// transformers' masked_fill does, so a negative biased score never loses to a
+// masked one.
 void moe_router_groups_allow(unsigned char *allow, double *gscore, const float *p,
                              const float *bias, int E, const moe_router_config *cfg) {
     const int ng = cfg->n_groups, tg = cfg->topk_groups, s = E / ng;
+    bool biased = false;
+    for (int e = 0; bias && e < E; e++)
+        biased |= bias[e] != 0.0f;
     for (int g = 0; g < ng; g++) {
         double b1 = -INFINITY, b2 = -INFINITY; // highest, second highest
         for (int e = g * s; e < (g + 1) * s; e++) {
-            double v = bias ? (double)p[e] + bias[e] : p[e];
+            double v = biased ? (double)p[e] + bias[e] : p[e];
             if (v > b1)
                 b2 = b1, b1 = v;
             else if (v > b2)
                 b2 = v;
         }
-        gscore[g] = bias ? (s > 1 ? b1 + b2 : b1) : b1;
+        gscore[g] = biased && s > 1 ? b1 + b2 : b1;
     }
     for (int e = 0; e < E; e++)
         allow[e] = 0;

@@ -18,6 +18,9 @@
 // expert index because only a strictly larger score replaces the best.
 // bias [E] (NULL: none) is added to the scores for the choice only, never to
 // the weights: the slot of DeepSeek-V3's auxiliary-loss-free balancing bias.
+// The sum is a double of the two floats, so tiny scores that would round to a
+// tie in float still order (README "Router semantics"); + 0 changes no score,
+// so a bias of zeros chooses as none.
 // Group-limited routing (router/groups.c) first masks the experts outside the
 // token's groups, from the same biased scores; Gumbel-sampled choices stay
 // inside the groups too.

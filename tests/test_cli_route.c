@@ -505,6 +505,165 @@ START_TEST(test_ignored_keys_are_noted_once) {
 }
 END_TEST
 
+// Jitter can carry finite logits past the F32 limit of the z-loss: the
+// message says the jittered logits reach the value, which is not in the file.
+START_TEST(test_jitter_overflow_names_the_jittered_logits) {
+    const float big[8] = {1.8e19f, 0, 1.8e19f, 0, 1.8e19f, 0, 1.8e19f, 0};
+    const char *in = tu_in_dir("big.safetensors"), *out = tu_in_dir("plan.safetensors");
+    moe_st_entry e = {"logits", MOE_ST_F32, 2, {4, 2}, big};
+    ck_assert_int_eq(moe_st_write(in, &e, 1, NULL), 0);
+    ck_assert_int_eq(MOE("route", "--logits", in, "--out", out), 0); // plain: finite
+    unlink(out);
+    expect_fails(MOE("route", "--logits", in, "--out", out, "--set", "router.noise=jitter", "--set",
+                     "router.noise_eps=0.5", "--train"),
+                 2, out, 1, "jittered by router.noise = jitter");
+}
+END_TEST
+
+// A 'bias' of zeros routes as none (README "Router semantics"): with two
+// groups of two experts, one kept, logits [3, -5, 2.5, 2.5] go to expert 0 (a
+// group scores its best) rather than 2 (top-2 sums), and the plan records no
+// bias in use.
+START_TEST(test_zero_bias_routes_as_none_and_is_recorded_unused) {
+    const float x[4] = {3, -5, 2.5f, 2.5f}, zero[4] = {0};
+    const char *in = tu_in_dir("zb.safetensors"), *out = tu_in_dir("plan.safetensors");
+    moe_st_entry e[2] = {{"logits", MOE_ST_F32, 2, {1, 4}, x}, {"bias", MOE_ST_F32, 1, {4}, zero}};
+    ck_assert_int_eq(moe_st_write(in, e, 2, NULL), 0);
+    ck_assert_int_eq(MOE("route", "--logits", in, "--out", out, "--set", "router.top_k=1", "--set",
+                         "router.n_groups=2", "--set", "router.topk_groups=1"),
+                     0);
+    moe_st_file *f;
+    ck_assert_int_eq(moe_st_open(out, &f), 0);
+    int32_t *ex;
+    int64_t shape[2];
+    ck_assert_int_eq(moe_st_load(f, "expert", MOE_ST_I32, 2, shape, (void **)&ex), 0);
+    ck_assert_int_eq(ex[0], 0);
+    ck_assert_str_eq(moe_st_meta(f, "route.bias"), "false");
+    free(ex);
+    moe_st_close(f);
+}
+END_TEST
+
+// Expert choice orders tokens by the unbiased scores: a 'bias' tensor would
+// change nothing, so it is refused (exit 2, no plan) rather than reported used.
+START_TEST(test_expert_choice_refuses_a_bias_tensor) {
+    make_batch(9);
+    const float b[E] = {0.5f, 0, 0, 0};
+    const char *in = tu_in_dir("in.safetensors"), *out = tu_in_dir("plan.safetensors");
+    moe_st_entry e[2] = {{"logits", MOE_ST_F32, 2, {T, E}, logits},
+                         {"bias", MOE_ST_F32, 1, {E}, b}};
+    ck_assert_int_eq(moe_st_write(in, e, 2, NULL), 0);
+    expect_fails(MOE("route", "--logits", in, "--out", out, "--set", "router.type=expert_choice"),
+                 2, out, 1, "'bias'");
+    write_logits(in, false); // without the bias: routed
+    ck_assert_int_eq(
+        MOE("route", "--logits", in, "--out", out, "--set", "router.type=expert_choice"), 0);
+}
+END_TEST
+
+// A refused config is the only stderr line: no note that a key is ignored
+// before the refusal of that key (with --logits and with --example).
+START_TEST(test_refused_config_prints_no_note) {
+    make_batch(10);
+    const char *in = tu_in_dir("in.safetensors");
+    write_logits(in, false);
+    char args[2048];
+    const char *sets[] = {"--set router.type=expert_choice --set router.noise=gumbel",
+                          "--set router.type=expert_choice --set router.bias_update_rate=0.01"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "route --logits '%s' --out '%s/p.st' %s", in, tu_dir, sets[i]);
+        ck_assert_int_eq(tu_run_moe(tu_dir, args), 2);
+        const char *err = tu_file_text(tu_dir, "err.txt");
+        ck_assert_msg(!strstr(err, "note:"), "%s", err);
+        ck_assert_ptr_eq(strchr(err, '\n'), err + strlen(err) - 1);
+    }
+    ck_assert_int_eq(tu_run_moe(tu_dir, "route --example --set router.noise=gumbel "
+                                        "--set router.bias_update_rate=0.01"),
+                     2);
+    const char *err = tu_file_text(tu_dir, "err.txt");
+    ck_assert_msg(!strstr(err, "note:"), "%s", err);
+    ck_assert_ptr_nonnull(strstr(err, "router.bias_update_rate"));
+    ck_assert_ptr_eq(strchr(err, '\n'), err + strlen(err) - 1);
+    ck_assert_str_eq(tu_file_text(tu_dir, "out.txt"), ""); // refused before the example prints
+}
+END_TEST
+
+// The noise generator exactly as README "Router semantics" writes it, apart
+// from the code: splitmix64's finaliser chained over (seed, step, stream, i).
+static uint64_t doc_mix(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double doc_u(uint64_t seed, uint64_t step, uint64_t stream, uint64_t i) {
+    uint64_t h = doc_mix(doc_mix(doc_mix(doc_mix(seed) ^ step) ^ stream) ^ i);
+    return (double)(h >> 11) * ldexp(1.0, -53);
+}
+
+static int32_t *load_i32(const char *path, const char *name) {
+    moe_st_file *f;
+    ck_assert_int_eq(moe_st_open(path, &f), 0);
+    int32_t *v;
+    int64_t shape[2];
+    ck_assert_int_eq(moe_st_load(f, name, MOE_ST_I32, 2, shape, (void **)&v), 0);
+    moe_st_close(f);
+    return v;
+}
+
+// README's formulas reproduce --train noise bit for bit: jitter is the plan
+// of the logits the documented factors jitter (routed without noise); gumbel's
+// second choices are the argmax of logit + -log(-log(U + 2^-54)).
+START_TEST(test_noise_follows_the_documented_generator) {
+    make_batch(11);
+    const char *in = tu_in_dir("in.safetensors"), *out = tu_in_dir("plan.safetensors");
+    write_logits(in, false);
+    const uint64_t seed = 1234, step = 5;
+    const double eps = 0.3;
+    ck_assert_int_eq(MOE("route", "--logits", in, "--out", out, "--set", "router.noise=jitter",
+                         "--set", "router.noise_eps=0.3", "--set", "router.seed=1234", "--train",
+                         "--step", "5"),
+                     0);
+    static float jit[T * E];
+    for (int i = 0; i < T * E; i++)
+        jit[i] = (float)((double)logits[i] * ((1.0 - eps) + (2.0 * eps) * doc_u(seed, step, 1, i)));
+    ck_assert(memcmp(jit, logits, sizeof jit) != 0);
+    moe_plan p;
+    route_direct(&p, jit, NULL, NULL, false, 0);
+    expect_plan_file(out, &p);
+    moe_plan_free(&p);
+
+    ck_assert_int_eq(MOE("route", "--logits", in, "--out", out, "--set", "router.noise=gumbel",
+                         "--set", "router.capacity_factor=0", "--set", "router.seed=1234",
+                         "--train", "--step", "5"),
+                     0);
+    int32_t *ex = load_i32(out, "expert");
+    int moved = 0;
+    for (int t = 0; t < T; t++) {
+        int c0 = 0; // the argmax logit is the argmax probability
+        for (int e = 1; e < E; e++)
+            if (logits[t * E + e] > logits[t * E + c0]) c0 = e;
+        int best = -1;
+        double bs = 0;
+        for (int e = 0; e < E; e++) {
+            if (e == c0) continue;
+            double u = doc_u(seed, step, 2, (uint64_t)t * E + e) + ldexp(1.0, -54);
+            double v = (double)logits[t * E + e] - log(-log(u));
+            if (best < 0 || v > bs) best = e, bs = v;
+        }
+        ck_assert_int_eq(ex[t * 2], c0);
+        ck_assert_int_eq(ex[t * 2 + 1], best);
+        int second = -1; // the clean second choice, to see that the noise moves some
+        for (int e = 0; e < E; e++)
+            if (e != c0 && (second < 0 || logits[t * E + e] > logits[t * E + second])) second = e;
+        moved += best != second;
+    }
+    ck_assert_int_gt(moved, 0);
+    free(ex);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("cli_route");
     TCase *tc = tcase_create("core");
@@ -521,6 +680,11 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_out_not_a_regular_file_or_an_input_is_refused);
     tcase_add_test(tc, test_logits_whose_z_loss_overflows_are_refused);
     tcase_add_test(tc, test_ignored_keys_are_noted_once);
+    tcase_add_test(tc, test_jitter_overflow_names_the_jittered_logits);
+    tcase_add_test(tc, test_zero_bias_routes_as_none_and_is_recorded_unused);
+    tcase_add_test(tc, test_expert_choice_refuses_a_bias_tensor);
+    tcase_add_test(tc, test_refused_config_prints_no_note);
+    tcase_add_test(tc, test_noise_follows_the_documented_generator);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,9 +1,9 @@
 // Group-limited routing (router.n_groups, router.topk_groups): hand-computed
-// cases with ties, the group score rules (max without a bias, top-2 sum with
-// one), invariants on random inputs for both score functions with noise,
-// priority order and capacity, bit-identity with no grouping, bad
-// combinations refused by key, the node-count default, the device path's
-// refusal and `moe plan`'s inter-node bytes falling with topk_groups.
+// cases with ties, the group score rules (max without a bias or with one of
+// zeros, top-2 sum with a non-zero one), invariants on random inputs for both score functions with
+// noise, priority order and capacity, bit-identity with no grouping, bad combinations refused by
+// key, the node-count default, the device path's refusal and `moe plan`'s inter-node bytes falling
+// with topk_groups.
 #include "moe/config.h"
 #include "moe/error.h"
 #include "moe/parallel.h"
@@ -75,18 +75,19 @@ START_TEST(test_groups_hand_case_top2_groups) {
 END_TEST
 
 // The group score: the best score without a bias (DeepSeek-V2), the sum of
-// the two best biased scores with one (DeepSeek-V3), even a bias of zeros.
+// the two best biased scores with a non-zero one (DeepSeek-V3).
 START_TEST(test_group_score_max_without_bias_top2_sum_with_bias) {
     const float p[8] = {0.9f, 0.1f, 0.6f, 0.6f, 0.2f, 0.2f, 0.3f, 0.3f};
-    const float zero[8] = {0}, bias[8] = {0, 0, -0.5f, -0.5f, 0, 0, 0.4f, 0.4f};
+    const float bias[8] = {0, 0, -0.5f, -0.5f, 0, 0, 0.4f, 0.4f};
+    const float tiny[8] = {0, 0, 0, 0, 0, 0, 0, 1e-30f}; // non-zero, moves no sum
     moe_router_config c = grp_cfg(2, 4, 1);
     unsigned char allow[8];
-    double gs[8]; // n_groups of scratch: 8 in the last case
+    double gs[8];                                       // n_groups of scratch: 8 in the last case
     moe_router_groups_allow(allow, gs, p, NULL, 8, &c); // max: group 0 (0.9)
     const unsigned char g0[8] = {1, 1, 0, 0, 0, 0, 0, 0};
     ck_assert_mem_eq(allow, g0, 8);
     ck_assert_double_eq_tol(gs[1], 0.6, 1e-7);
-    moe_router_groups_allow(allow, gs, p, zero, 8, &c); // sums 1.0, 1.2, 0.4, 0.6: group 1
+    moe_router_groups_allow(allow, gs, p, tiny, 8, &c); // sums 1.0, 1.2, 0.4, 0.6: group 1
     const unsigned char g1[8] = {0, 0, 1, 1, 0, 0, 0, 0};
     ck_assert_mem_eq(allow, g1, 8);
     ck_assert_double_eq_tol(gs[0], 1.0, 1e-7);
@@ -95,14 +96,51 @@ START_TEST(test_group_score_max_without_bias_top2_sum_with_bias) {
     ck_assert_mem_eq(allow, g3, 8);
     c.topk_groups = 2; // then group 0; ties of sums go to the lower group
     const float q[8] = {0.5f, 0.5f, 0.5f, 0.5f, 0.9f, 0.1f, 0, 0};
-    moe_router_groups_allow(allow, gs, q, zero, 8, &c); // 1.0, 1.0, 1.0, 0: groups 0, 1
+    moe_router_groups_allow(allow, gs, q, tiny, 8, &c); // 1.0, 1.0, 1.0, 0: groups 0, 1
     const unsigned char g01[8] = {1, 1, 1, 1, 0, 0, 0, 0};
     ck_assert_mem_eq(allow, g01, 8);
     c = grp_cfg(1, 8, 2); // one expert per group: its score alone
-    moe_router_groups_allow(allow, gs, p, zero, 8, &c);
+    moe_router_groups_allow(allow, gs, p, tiny, 8, &c);
     ck_assert_double_eq_tol(gs[0], 0.9, 1e-7);
     const unsigned char two[8] = {1, 0, 1, 0, 0, 0, 0, 0};
     ck_assert_mem_eq(allow, two, 8);
+}
+END_TEST
+
+// A bias of zeros (training's bias before its first move, a checkpoint saved
+// then) scores groups by their best score, as no bias does, so training, eval
+// and generate (which attach no bias of zeros) and moe route agree. Logits
+// [3, -5, 2.5, 2.5] in 2 groups, one kept: the best score picks group 0 and
+// expert 0; the top-2 sum (2 e^2.5 > e^3 + e^-5) would pick expert 2.
+START_TEST(test_zero_bias_routes_as_no_bias) {
+    const float x[4] = {3, -5, 2.5f, 2.5f}, zero[4] = {0}, negz[4] = {-0.0f, 0, -0.0f, 0};
+    const float *biases[3] = {NULL, zero, negz};
+    moe_router_config c = grp_cfg(1, 2, 1);
+    for (int i = 0; i < 3; i++) {
+        moe_plan pl;
+        ck_assert_int_eq(moe_plan_alloc(&pl, 1, 4, 1), 0);
+        pl.bias = biases[i];
+        ck_assert_int_eq(moe_router_forward(&pl, x, NULL, NULL, 1, 4, &c, false, 0), 0);
+        ck_assert_int_eq(pl.expert[0], 0);
+        moe_plan_free(&pl);
+    }
+    // random batches, k = 2 of 8 in 4 groups, two kept: zeros = none, bit for bit
+    float r[64 * 8];
+    srand(11);
+    for (int i = 0; i < 64 * 8; i++)
+        r[i] = (float)((rand() / (double)RAND_MAX - 0.5) * 6.0);
+    const float zero8[8] = {0};
+    moe_plan a, b;
+    c = grp_cfg(2, 4, 2);
+    ck_assert_int_eq(moe_plan_alloc(&a, 64, 8, 2), 0);
+    ck_assert_int_eq(moe_plan_alloc(&b, 64, 8, 2), 0);
+    b.bias = zero8;
+    ck_assert_int_eq(moe_router_forward(&a, r, NULL, NULL, 64, 8, &c, false, 0), 0);
+    ck_assert_int_eq(moe_router_forward(&b, r, NULL, NULL, 64, 8, &c, false, 0), 0);
+    ck_assert_mem_eq(a.expert, b.expert, sizeof(int) * 64 * 2);
+    ck_assert_mem_eq(a.weight, b.weight, sizeof(float) * 64 * 2);
+    moe_plan_free(&a);
+    moe_plan_free(&b);
 }
 END_TEST
 
@@ -362,6 +400,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_groups_hand_case_top1_group_with_ties);
     tcase_add_test(tc, test_groups_hand_case_top2_groups);
     tcase_add_test(tc, test_group_score_max_without_bias_top2_sum_with_bias);
+    tcase_add_test(tc, test_zero_bias_routes_as_no_bias);
     tcase_add_test(tc, test_groups_invariants_random);
     tcase_add_test(tc, test_groups_off_is_bit_identical);
     tcase_add_test(tc, test_groups_gumbel_second_choice_stays_in_group);

@@ -29,8 +29,9 @@ static const char *const route_help =
     "  --logits FILE    safetensors with 'logits' F32 [T, E] and optionally\n"
     "                   'task_ids' I32 [T] (task of each token, >= 0) and 'bias'\n"
     "                   F32 [E] (expert selection bias of auxiliary-loss-free\n"
-    "                   balancing: added to the scores for the top-k choice only,\n"
-    "                   the weights stay the unbiased scores)\n"
+    "                   balancing: added to the scores, in double, for the top-k\n"
+    "                   choice only, the weights stay the unbiased scores; all\n"
+    "                   zeros routes as none; refused under expert choice)\n"
     "  --task-ids FILE  take 'task_ids' I32 [T] from FILE instead\n"
     "  --set KEY=VALUE  router config, e.g. --set router.top_k=1\n"
     "                   --set router.slot_order=priority --set router.task_priority=[1,2]\n"
@@ -44,11 +45,15 @@ static const char *const route_help =
     "                   history for dynamic capacity)\n"
     "  --train          apply router.noise, seeded by (router.seed, --step). Here the\n"
     "                   logits are the router input: jitter multiplies the logits\n"
-    "                   by U(1-eps, 1+eps); gumbel perturbs choices 2..k\n"
+    "                   by U(1-eps, 1+eps) and everything (scores, choices, losses)\n"
+    "                   uses the jittered logits; gumbel perturbs choices 2..k\n"
+    "                   (README \"Router semantics\" gives the generator)\n"
     "  --step N         training step that keys the noise (default 0)\n"
     "  --out FILE       plan: expert, slot I32 [T, k] (-1 = dropped), weight F32\n"
     "                   [T, k], counts, kept, capacity I32 [E], aux_loss, z_loss F32\n"
-    "                   [1]; metadata holds the resolved config. Under expert choice\n"
+    "                   [1] (both raw, not times router.aux_loss_coef or\n"
+    "                   router.z_loss_coef); metadata holds the resolved config\n"
+    "                   (route.bias: a non-zero 'bias' was used). Under expert choice\n"
     "                   k is E: a token's experts in descending score, then -1.\n"
     "                   Written atomically;\n"
     "                   on any error no file is created\n"
@@ -62,7 +67,9 @@ static const char *const route_help =
     "An --out that exists must be a regular file other than every input (it is\n"
     "replaced). router.noise without --train, router.bias_update_rate (training\n"
     "updates the bias: give it as 'bias' in --logits) and router.ec_fallback\n"
-    "(inference) do not change a route: one note on stderr names those set.\n"
+    "(inference) do not change a route: once the input is accepted, one note on\n"
+    "stderr names those set. Logits must be finite (NaN and +-inf are refused, so\n"
+    "-inf cannot mask an expert).\n"
     "\n"
     "exit status: 0 ok, 1 runtime failure (e.g. cannot write), 2 bad usage or input\n";
 
@@ -213,15 +220,25 @@ static void note_ignored(const route_args *a) {
 }
 
 // The losses are F32 in the plan: logits near the F32 limit square past it.
-static int check_losses(const moe_plan *p, const float *logits, size_t n, const char *path) {
+// jittered: the logits routed are the file's times the jitter factors, which
+// can reach past the limit when the file's do not.
+static int check_losses(const moe_plan *p, const float *logits, size_t n, const char *path,
+                        bool jittered) {
     if (isfinite(p->z_loss) && isfinite(p->aux_loss)) return 0;
     float mx = 0;
     for (size_t i = 0; i < n; i++)
         mx = fabsf(logits[i]) > mx ? fabsf(logits[i]) : mx;
+    const float z = isfinite(p->z_loss) ? p->aux_loss : p->z_loss;
+    if (jittered)
+        return moe_fail(MOE_ENUMERIC,
+                        "%s: the logits jittered by router.noise = jitter (--train) reach %g in "
+                        "magnitude, which makes z_loss (the mean squared logsumexp) %g, beyond "
+                        "F32: the router needs logits below about 1e19",
+                        path, mx, z);
     return moe_fail(MOE_ENUMERIC,
                     "%s: logits up to %g in magnitude make z_loss (the mean squared "
                     "logsumexp) %g, beyond F32: the router needs logits below about 1e19",
-                    path, mx, isfinite(p->z_loss) ? p->aux_loss : p->z_loss);
+                    path, mx, z);
 }
 
 // --- plan file ------------------------------------------------------------------------
@@ -278,6 +295,14 @@ static void config_metadata(const moe_router_config *c, bool training, uint64_t 
     kv[m] = NULL;
 }
 
+// A bias of zeros routes as none (README "Router semantics"): used only when
+// some value is non-zero.
+static bool bias_used(const moe_plan *p) {
+    for (int e = 0; p->bias && e < p->E; e++)
+        if (p->bias[e] != 0.0f) return true;
+    return false;
+}
+
 static int write_plan(const char *path, const moe_plan *p, const moe_router_config *cfg,
                       bool training, uint64_t step) {
     int64_t T = p->T, E = p->E, k = p->k;
@@ -293,7 +318,7 @@ static int write_plan(const char *path, const moe_plan *p, const moe_router_conf
     };
     char vals[META_KEYS][META_LEN];
     const char *kv[2 * META_KEYS + 1];
-    config_metadata(cfg, training, step, p->bias != NULL, vals, kv);
+    config_metadata(cfg, training, step, bias_used(p), vals, kv);
     return moe_st_write(path, e, (int)(sizeof e / sizeof *e), kv);
 }
 
@@ -407,6 +432,14 @@ static int route_file(const route_args *a) {
         if ((rc = load_task_ids(lf, T, &task)) < 0) goto fail;
     }
     if (moe_st_find(lf, "bias") && (rc = load_bias(lf, E, &bias)) < 0) goto fail;
+    if (bias && cfg.type == MOE_ROUTER_EXPERT_CHOICE) {
+        rc = moe_fail(MOE_EFORMAT,
+                      "%s: tensor 'bias' is a token-choice selection bias; under "
+                      "router.type = expert_choice experts pick tokens by the unbiased scores, "
+                      "so it would change nothing (remove it, or route token_choice)",
+                      a->logits_path);
+        goto fail;
+    }
     // Task priorities take effect only under priority order; there every
     // token needs a task id with an entry.
     if (cfg.slot_order == MOE_SLOT_PRIORITY && cfg.n_task_priority > 0) {
@@ -444,11 +477,17 @@ static int route_file(const route_args *a) {
     plan.bias = bias;
     if ((rc = moe_router_forward(&plan, logits, task, NULL, T, E, &cfg, a->train, a->step)) < 0)
         goto fail;
-    if ((rc = check_losses(&plan, logits, (size_t)T * E, a->logits_path)) < 0) goto fail;
+    if ((rc = check_losses(&plan, logits, (size_t)T * E, a->logits_path,
+                           a->train && cfg.noise == MOE_NOISE_JITTER)) < 0)
+        goto fail;
+    note_ignored(a);       // the input is accepted: the route goes on
     ex = MOE_EXIT_RUNTIME; // from here on, failures are not the input's fault
     if ((rc = write_plan(a->out_path, &plan, &cfg, a->train, a->step)) < 0) goto fail;
-    if (bias)
+    if (bias_used(&plan))
         printf("selection bias: 'bias' of %s added to the scores for the choice\n", a->logits_path);
+    else if (bias)
+        printf("selection bias: 'bias' of %s is all zeros, which routes as no bias\n",
+               a->logits_path);
     print_summary(&plan, &cfg);
     printf("wrote %s\n", a->out_path);
     ex = MOE_EXIT_OK;
@@ -506,12 +545,42 @@ static void print_drop_table(const int *choice, const int *const *expert, const 
     }
 }
 
+// One batch, three runs: position and priority with capacity factor 1 (tight:
+// some assignments drop), then dropless. The user's --set keys apply first;
+// each run then fixes k, task priorities, order and factor.
+static const struct {
+    const char *title, *order, *factor;
+} example_runs[] = {
+    {"position order, capacity_factor 1", "position", "1"},
+    {"priority order (Batch Prioritized Routing), capacity_factor 1", "priority", "1"},
+    {"dropless (capacity_factor 0), position order", "position", "0"},
+};
+
+static int example_cfg(const route_args *a, int r, moe_router_config *cfg) {
+    *cfg = a->cfg;
+    char k[16];
+    snprintf(k, sizeof k, "%d", EX_K);
+    MOE_TRY(moe_router_config_set(cfg, "router.top_k", k));
+    MOE_TRY(moe_router_config_set(cfg, "router.task_priority", "1,2"));
+    MOE_TRY(moe_router_config_set(cfg, "router.slot_order", example_runs[r].order));
+    MOE_TRY(moe_router_config_set(cfg, "router.capacity_factor", example_runs[r].factor));
+    return moe_router_config_check(cfg, EX_E);
+}
+
 static int route_example(const route_args *a) {
     float logits[EX_T * EX_E];
     int task[EX_T], choice[EX_T * EX_K], kept[2][EX_T * EX_K];
     example_batch(logits, task);
     moe_plan plan = {0};
     int ex = MOE_EXIT_OK;
+    moe_router_config cfg;
+    // Every run's config is checked before anything is printed: a refused
+    // key is the only line, with no note before it.
+    for (int r = 0; r < 3; r++) {
+        int rc = example_cfg(a, r, &cfg);
+        if (rc < 0) return fail_last(input_exit(rc));
+    }
+    note_ignored(a);
 
     printf("example: T=%d tokens, E=%d experts, k=%d; tokens 0-%d are task 0, %d-%d task 1;\n"
            "router.task_priority = 1,2 (priority order serves task 1 first)\n",
@@ -524,28 +593,8 @@ static int route_example(const route_args *a) {
         printf("\n");
     }
 
-    // One batch, three runs: position and priority with capacity factor 1
-    // (tight: some assignments drop), then dropless. The user's --set keys
-    // apply first; each run then fixes k, task priorities, order and factor.
-    static const struct {
-        const char *title, *order, *factor;
-    } runs[] = {
-        {"position order, capacity_factor 1", "position", "1"},
-        {"priority order (Batch Prioritized Routing), capacity_factor 1", "priority", "1"},
-        {"dropless (capacity_factor 0), position order", "position", "0"},
-    };
     for (int r = 0; r < 3; r++) {
-        moe_router_config cfg = a->cfg;
-        char k[16];
-        snprintf(k, sizeof k, "%d", EX_K);
-        if (moe_router_config_set(&cfg, "router.top_k", k) < 0 ||
-            moe_router_config_set(&cfg, "router.task_priority", "1,2") < 0 ||
-            moe_router_config_set(&cfg, "router.slot_order", runs[r].order) < 0 ||
-            moe_router_config_set(&cfg, "router.capacity_factor", runs[r].factor) < 0) {
-            ex = fail_last(MOE_EXIT_RUNTIME);
-            goto done;
-        }
-        int rc = moe_router_config_check(&cfg, EX_E);
+        int rc = example_cfg(a, r, &cfg);
         if (rc == 0) rc = moe_plan_alloc(&plan, EX_T, EX_E, EX_K);
         if (rc == 0)
             rc = moe_router_forward(&plan, logits, task, NULL, EX_T, EX_E, &cfg, a->train, a->step);
@@ -553,7 +602,7 @@ static int route_example(const route_args *a) {
             ex = fail_last(input_exit(rc));
             goto done;
         }
-        printf("\n== %s\n", runs[r].title);
+        printf("\n== %s\n", example_runs[r].title);
         print_summary(&plan, &cfg);
         if (r < 2) memcpy(kept[r], plan.expert, sizeof kept[r]);
         if (r == 0) memcpy(choice, plan.choice, sizeof choice);
@@ -586,6 +635,5 @@ int moe_cli_route(int argc, char **argv) {
         return MOE_EXIT_OK;
     }
     if ((rc = check_out(&a)) != 0) return rc;
-    note_ignored(&a);
     return a.example ? route_example(&a) : route_file(&a);
 }

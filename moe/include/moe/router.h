@@ -79,8 +79,9 @@ int moe_router_config_check(const moe_router_config *cfg, int E);
 bool moe_router_groups_active(const moe_router_config *cfg);
 // Sets allow[e] = 1 for the experts of the token's topk_groups best groups, 0
 // elsewhere (README "Group-limited routing"). A group scores the sum of its
-// two highest scores p + bias when bias is given (DeepSeek-V3), else its
-// highest score p (DeepSeek-V2); ties go to the lower group. gscore holds
+// two highest scores p + bias (in double) when bias holds a non-zero value
+// (DeepSeek-V3), else its highest score p (DeepSeek-V2; NULL or a bias of
+// zeros); ties go to the lower group. gscore holds
 // n_groups doubles of scratch. Needs moe_router_groups_active(cfg).
 void moe_router_groups_allow(unsigned char *allow, double *gscore, const float *p,
                              const float *bias, int E, const moe_router_config *cfg);
@@ -111,7 +112,8 @@ typedef struct {
     void *block;    // one allocation backing every array above
     // [E] selection bias (auxiliary-loss-free balancing, router/bias.c), added
     // to the scores for the top-k choice only; owned and set by the caller
-    // after moe_plan_alloc. NULL (the default): no bias.
+    // after moe_plan_alloc. NULL (the default): no bias; a bias of zeros
+    // routes bit for bit as NULL.
     const float *bias;
 
     bool expert_choice; // routed by expert choice (counts = kept = capacity = C for every expert)

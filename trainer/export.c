@@ -7,9 +7,9 @@
 // special_tokens_map.json, so AutoTokenizer loads the folder. What Mixtral
 // cannot express is refused, naming the feature: shared experts, per-layer
 // expert counts (pyramid), task-routed layers, dense layers between MoE
-// layers, unnormalised top-k weights, sigmoid scores, route_scale != 1 and
-// a non-zero expert selection bias (a zero one is left out), expert choice
-// without a token-choice fallback.
+// layers, unnormalised top-k weights, sigmoid scores, route_scale != 1,
+// group-limited routing, a non-zero expert selection bias (a zero one is left
+// out), expert choice without a token-choice fallback.
 //
 // One task of a model whose every layer is task-routed exports exactly
 // (--task): the task embedding is only the gate input, so each layer sends
@@ -132,6 +132,10 @@ static void unsupported(const moe_config *c, char *msg, size_t cap) {
     if (c->router.route_scale != 1.0)
         ADD("scaled routing weights (router.route_scale = %g; Mixtral has no scale)",
             c->router.route_scale);
+    if (moe_router_groups_active(&c->router))
+        ADD("group-limited routing (router.n_groups = %d, router.topk_groups = %d; Mixtral "
+            "picks its top-k among all experts, allowed with topk_groups = 0 or n_groups)",
+            c->router.n_groups, c->router.topk_groups);
 }
 #undef ADD
 

@@ -75,7 +75,6 @@ int moe_ckpt_task_experts(const char *dir, const moe_config *cfg, const moe_st_s
                           moe_task_experts *te);
 // Layer l's recorded sets of every task against set [n_tasks * top_k], the
 // ones the weights give: MOE_EFORMAT naming the task and both full sets.
-int moe_task_experts_check_set(const moe_task_experts *te, const char *path, int l,
-                               const int *set);
+int moe_task_experts_check_set(const moe_task_experts *te, const char *path, int l, const int *set);
 
 #endif

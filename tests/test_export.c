@@ -77,6 +77,7 @@ START_TEST(test_export_refuses_what_mixtral_cannot_express) {
         {{"router.normalize_topk=false", ""}, "normalize_topk"},
         {{"router.score=sigmoid", ""}, "router.score"},
         {{"router.route_scale=2.5", ""}, "router.route_scale"},
+        {{"router.n_groups=2", "router.topk_groups=1"}, "router.topk_groups = 1"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         moe_config c = tu_ckpt_config();
@@ -96,6 +97,25 @@ START_TEST(test_export_refuses_what_mixtral_cannot_express) {
              root);
     int st = system(cmd);
     ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 2);
+}
+END_TEST
+
+// Groups that leave no expert out route as Mixtral does: they export.
+START_TEST(test_export_accepts_groups_without_a_limit) {
+    char root[600], ck[700], out[700];
+    snprintf(root, sizeof root, "%s", tu_tmpdir());
+    const char *sets[][2] = {{"router.n_groups=4", "router.topk_groups=4"},
+                             {"router.n_groups=4", "router.topk_groups=0"},
+                             {"router.n_groups=1", "router.topk_groups=1"}};
+    for (int i = 0; i < 3; i++) {
+        moe_config c = tu_ckpt_config();
+        ck_assert_int_eq(moe_config_set(&c, NULL, sets[i][0]), 0);
+        ck_assert_int_eq(moe_config_set(&c, NULL, sets[i][1]), 0);
+        snprintf(ck, sizeof ck, "%s/ck%d", root, i);
+        snprintf(out, sizeof out, "%s/hf%d", root, i);
+        tu_save_checkpoint(&c, ck);
+        ck_assert_msg(moe_export_hf(ck, out) == 0, "%s", moe_last_error());
+    }
 }
 END_TEST
 
@@ -301,6 +321,7 @@ int main(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_export_writes_a_mixtral_folder);
     tcase_add_test(tc, test_export_refuses_what_mixtral_cannot_express);
+    tcase_add_test(tc, test_export_accepts_groups_without_a_limit);
     tcase_add_test(tc, test_dump_logits_matches_a_dropless_forward);
     tcase_add_test(tc, test_task_export_writes_the_tasks_experts_with_scaled_w2);
     tcase_add_test(tc, test_task_export_refuses_a_token_routed_layer);

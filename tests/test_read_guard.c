@@ -64,6 +64,7 @@ static void rewrite_model(const char *dir, edit_fn edit) {
     const int n0 = n;
     edit(e, &n, data);
     ck_assert_int_eq(moe_st_write(p, e, n, NULL), 0);
+    tu_refresh_manifest(dir);
     for (int i = 0; i < n0 + 1; i++)
         free(data[i]), free(names[i]);
     free(data);
@@ -136,8 +137,9 @@ START_TEST(test_fifo_in_place_of_any_input_is_refused_without_blocking) {
     moe_infer_opts o = {.task = "copy"};
     expect(moe_infer_open(&m, ck, &o), MOE_EFORMAT, "not a regular file");
     expect(moe_export_hf(ck, join(root, "hf")), MOE_EFORMAT, "not a regular file");
-    // a shard and the index
+    // a shard and the index, assembled by hand (no manifest lists them)
     unlink(p);
+    rename(join(ck, "manifest.json"), join(root, "manifest.keep"));
     rename(join(root, "model.keep"), join(ck, "model-00001-of-00001.safetensors"));
     FILE *ix = fopen(join(ck, "model.safetensors.index.json"), "w");
     fprintf(ix, "{\"weight_map\": {\"model.norm.weight\": \"model-00001-of-00001.safetensors\"}}");
@@ -152,6 +154,7 @@ START_TEST(test_fifo_in_place_of_any_input_is_refused_without_blocking) {
     expect(moe_st_set_open(ck, &s), MOE_EFORMAT, "index.json: not a regular file");
     unlink(join(ck, "model.safetensors.index.json"));
     rename(join(root, "model.keep"), p);
+    rename(join(root, "manifest.keep"), join(ck, "manifest.json"));
     // config.json
     rename(join(ck, "config.json"), join(root, "config.keep"));
     make_fifo(join(ck, "config.json"));

@@ -15,6 +15,7 @@
 #include "testutil.h"
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -616,9 +617,11 @@ START_TEST(test_generate_refuses_a_checkpoint_whose_tokenizer_is_broken) {
     snprintf(keep, sizeof keep, "%s/tokenizer.keep", root);
     ck_assert_int_eq(rename(p, keep), 0);
     write_bytes(p, "garbage", 7);
+    tu_refresh_manifest(ckpt); // past the manifest's size check, to the tokenizer's
     snprintf(args, sizeof args, "generate '%s' --task all --prompt 'x' --quiet", ckpt);
     int rc = tu_run_moe(root, args);
     ck_assert_int_eq(rename(keep, p), 0);
+    tu_refresh_manifest(ckpt);
     ck_assert_int_eq(rc, 2);
     const char *err = tu_file_text(root, "err.txt");
     ck_assert_msg(strstr(err, "tokenizer.model") && strstr(err, "not a SentencePiece model"), "%s",
@@ -744,6 +747,60 @@ START_TEST(test_save_with_tokenizer_survives_a_failed_call_at_every_point) {
 }
 END_TEST
 
+// A copy of the checkpoint whose tokenizer.model is a 1100-piece model (the
+// model has 1016 rows); manifest: refreshed (the copy is consistent) or not.
+static void copy_with_big_tokenizer(const char *copy, bool refresh) {
+    char cmd[2400], prefix[900], big[1000];
+    snprintf(prefix, sizeof prefix, "%s/big", root);
+    snprintf(big, sizeof big, "%s.model", prefix);
+    if (access(big, F_OK) != 0)
+        ck_assert_msg(moe_tok_train_spm(MOE_SOURCE_DIR "/README.md", prefix, 1100) == 0, "%s",
+                      moe_last_error());
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s' && cp '%s' '%s/tokenizer.model'",
+             copy, ckpt, copy, big, copy);
+    ck_assert_int_eq(system(cmd), 0);
+    if (refresh) tu_refresh_manifest(copy);
+}
+
+// generate and export apply one check: a tokenizer with more pieces than the
+// model's vocabulary is refused by both, with the same message.
+START_TEST(test_a_tokenizer_larger_than_the_model_is_refused_by_generate_and_export) {
+    train_model();
+    char copy[900], args[2400], msg[2][1024];
+    snprintf(copy, sizeof copy, "%s/bigtok", root);
+    copy_with_big_tokenizer(copy, true);
+    snprintf(args, sizeof args, "generate '%s' --task all --prompt 'x' --quiet", copy);
+    ck_assert_int_eq(tu_run_moe(root, args), 2);
+    snprintf(msg[0], sizeof msg[0], "%s", strchr(tu_file_text(root, "err.txt"), ':'));
+    snprintf(args, sizeof args, "export '%s' --hf '%s/hf-big'", copy, root);
+    ck_assert_int_eq(tu_run_moe(root, args), 2);
+    snprintf(msg[1], sizeof msg[1], "%s", strchr(tu_file_text(root, "err.txt"), ':'));
+    ck_assert_msg(strstr(msg[0], "has 1100 pieces, the model 1016"), "%s", msg[0]);
+    ck_assert_str_eq(msg[0], msg[1]);
+    snprintf(args, sizeof args, "%s/hf-big", root);
+    ck_assert_int_ne(access(args, F_OK), 0); // nothing written
+}
+END_TEST
+
+// A tokenizer.model other than the one the save listed (another size) is
+// refused by eval, generate and export, naming it and both sizes.
+START_TEST(test_a_replaced_tokenizer_is_refused_by_every_reader) {
+    train_model();
+    char copy[900], args[2400], p[1000];
+    snprintf(copy, sizeof copy, "%s/swapped", root);
+    copy_with_big_tokenizer(copy, false);
+    snprintf(p, sizeof p, "%s/tokenizer.model: is ", copy);
+    const char *cmds[] = {"eval '%s'", "generate '%s' --task all --prompt 'x' --quiet",
+                          "export '%s' --hf '%s/hf-swapped'"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, cmds[i], copy, root);
+        ck_assert_int_eq(tu_run_moe(root, args), 2);
+        const char *err = tu_file_text(root, "err.txt");
+        ck_assert_msg(strstr(err, p) && strstr(err, "manifest.json lists"), "%s: %s", cmds[i], err);
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("tokenizer");
     TCase *tc = tcase_create("bytes");
@@ -777,6 +834,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_generate_refuses_a_checkpoint_whose_tokenizer_is_broken);
     tcase_add_test(tc, test_generate_samples_only_the_tokenizer_pieces);
     tcase_add_test(tc, test_export_writes_the_tokenizer_for_transformers);
+    tcase_add_test(tc, test_a_tokenizer_larger_than_the_model_is_refused_by_generate_and_export);
+    tcase_add_test(tc, test_a_replaced_tokenizer_is_refused_by_every_reader);
     tcase_add_unchecked_fixture(tc, NULL, suite_teardown);
     suite_add_tcase(s, tc);
     return s;

@@ -249,6 +249,27 @@ void tu_save_checkpoint(const moe_config *c, const char *dir) {
     moe_model_free(&m);
 }
 
+void tu_refresh_manifest(const char *dir) {
+    char p[1024], f[1200];
+    snprintf(p, sizeof p, "%s/manifest.json", dir);
+    json_error_t err;
+    json_t *doc = json_load_file(p, 0, &err);
+    ck_assert_msg(doc, "%s: %s", p, err.text);
+    json_t *files = json_object_get(doc, "files"), *v;
+    const char *name;
+    void *tmp;
+    json_object_foreach_safe(files, tmp, name, v) {
+        struct stat sb;
+        snprintf(f, sizeof f, "%s/%s", dir, name);
+        if (lstat(f, &sb) == 0)
+            json_object_set_new(files, name, json_integer((json_int_t)sb.st_size));
+        else
+            json_object_del(files, name);
+    }
+    ck_assert_int_eq(json_dump_file(doc, p, JSON_INDENT(1)), 0);
+    json_decref(doc);
+}
+
 void tu_assert_same_file(const char *a, const char *b) {
     FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
     ck_assert_msg(fa && fb, "cannot open %s or %s", a, b);

@@ -56,6 +56,11 @@ moe_config tu_ckpt_config(void);
 // zero optimizer state to the checkpoint folder dir.
 void tu_save_checkpoint(const moe_config *c, const char *dir);
 
+// After a test edits files of checkpoint dir on purpose (to reach a check
+// behind the manifest's): rewrites dir/manifest.json with the sizes the files
+// it lists have now, dropping the ones that are gone.
+void tu_refresh_manifest(const char *dir);
+
 // Runs the moe binary ($MOE_BIN, set by ctest) with args (a shell word list),
 // stdout to dir/out.txt and stderr to dir/err.txt; returns its exit status.
 int tu_run_moe(const char *dir, const char *args);

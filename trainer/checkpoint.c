@@ -880,11 +880,22 @@ void moe_ckpt_async_free(moe_ckpt_async *a) {
 int moe_ckpt_config(const char *dir, moe_config *cfg) {
     char rdir[PATH_MAX], p[PATH_MAX];
     MOE_TRY(moe_ckpt_resolve(dir, rdir, sizeof rdir, NULL));
+    MOE_TRY(moe_ckpt_check_sizes(rdir));
     MOE_TRY(join(p, rdir, "/config.json"));
     moe_config_default(cfg);
-    MOE_TRY(moe_config_load(cfg, NULL, p));
-    int rc = moe_config_check(cfg, NULL); // readers size arrays by it: check before use
-    if (rc < 0) return moe_fail(rc, "%s: %s", p, moe_last_error());
+    moe_config_src *src = moe_config_src_new(); // messages point into the file
+    if (!src) return moe_fail(MOE_ENOMEM, "%s: out of memory", p);
+    int rc = moe_config_load(cfg, src, p);
+    if (rc == 0) rc = moe_config_check(cfg, src); // readers size arrays by it: check before use
+    moe_config_src_free(src);
+    if (rc < 0) {
+        // A key the file does not set is located as "default": name the file.
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", moe_last_error());
+        if (!strncmp(msg, p, strlen(p))) return rc;
+        const char *m = strncmp(msg, "default: ", 9) ? msg : msg + 9;
+        return moe_fail(rc, "%s: %s", p, m);
+    }
     // A tokenizer named by a relative path is the folder's own copy.
     char *tok = cfg->model.tokenizer;
     if (strcmp(tok, "bytes") && tok[0] != '/') {
@@ -894,6 +905,23 @@ int moe_ckpt_config(const char *dir, moe_config *cfg) {
             return moe_fail(MOE_EINVAL, "%s: model.tokenizer: path %s/%s too long", p, rdir, tok);
         memcpy(tok, full, (size_t)n + 1);
     }
+    return 0;
+}
+
+int moe_ckpt_tokenizer(const char *dir, const moe_config *cfg, moe_tokenizer **out) {
+    *out = NULL;
+    if (!strcmp(cfg->model.tokenizer, "bytes")) return 0;
+    moe_tokenizer *t;
+    MOE_TRY(moe_tok_open(cfg->model.tokenizer, &t));
+    const int V = moe_tok_vocab_size(t);
+    if (V > cfg->model.vocab_size) {
+        moe_tok_free(t);
+        return moe_fail(MOE_EFORMAT,
+                        "%s: its tokenizer (%s) has %d pieces, the model %d (model.vocab_size): "
+                        "ids past the model's vocabulary have no embedding",
+                        dir, cfg->model.tokenizer, V, cfg->model.vocab_size);
+    }
+    *out = t;
     return 0;
 }
 
@@ -1139,6 +1167,17 @@ fail:
     return rc;
 }
 
+// task_experts.json checked against the folder's own config.json and
+// weights, as generate and export check it: one reader for every command.
+static int check_task_experts(const char *rdir, const moe_st_set *s) {
+    moe_config cc;
+    MOE_TRY(moe_ckpt_config(rdir, &cc));
+    moe_task_experts te;
+    int rc = moe_ckpt_task_experts(rdir, &cc, s, &te);
+    if (rc == 0) moe_task_experts_free(&te);
+    return rc == MOE_ENOTFOUND ? 0 : rc; // an older checkpoint has none
+}
+
 int moe_ckpt_load(const char *dir, moe_model *m, moe_adamw *opt, moe_train_state *st) {
     char rdir[PATH_MAX], p[PATH_MAX];
     moe_ckpt_layout layout;
@@ -1158,6 +1197,7 @@ int moe_ckpt_load(const char *dir, moe_model *m, moe_adamw *opt, moe_train_state
             any |= b[e] != 0.0f;
     }
     if (rc == 0 && any) moe_model_bias_attach(m);
+    if (rc == 0) rc = check_task_experts(rdir, s);
     moe_st_set_close(s);
     if (rc < 0) return rc;
     if (opt) {

@@ -7,9 +7,9 @@
 // special_tokens_map.json, so AutoTokenizer loads the folder. What Mixtral
 // cannot express is refused, naming the feature: shared experts, per-layer
 // expert counts (pyramid), task-routed layers, dense layers between MoE
-// layers, unnormalised top-k weights, sigmoid scores, route_scale != 1 and
-// a non-zero expert selection bias (a zero one is left out), expert choice
-// without a token-choice fallback.
+// layers, unnormalised top-k weights, sigmoid scores, route_scale != 1,
+// group-limited routing, a non-zero expert selection bias (a zero one is left
+// out), expert choice without a token-choice fallback.
 //
 // One task of a model whose every layer is task-routed exports exactly
 // (--task): the task embedding is only the gate input, so each layer sends
@@ -30,6 +30,7 @@
 #include "moe/task_experts.h"
 #include "moe/tokenizer.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -132,6 +133,10 @@ static void unsupported(const moe_config *c, char *msg, size_t cap) {
     if (c->router.route_scale != 1.0)
         ADD("scaled routing weights (router.route_scale = %g; Mixtral has no scale)",
             c->router.route_scale);
+    if (moe_router_groups_active(&c->router))
+        ADD("group-limited routing (router.n_groups = %d, router.topk_groups = %d; Mixtral "
+            "picks its top-k among all experts, allowed with topk_groups = 0 or n_groups)",
+            c->router.n_groups, c->router.topk_groups);
 }
 #undef ADD
 
@@ -331,11 +336,52 @@ static bool is_export(const char *dir) {
     return yes;
 }
 
-// The export writes out/config.json and out/model.safetensors. It may not land
-// in the checkpoint it reads (or a folder inside it), nor in any folder that
-// holds a checkpoint (trainer_state.json, the optimizer file or its sharded
-// index) or a config.json it did not write: out must be new, or a folder of
-// other files, or a previous export.
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+// "a, b, c and 2 more": the entries of dir in name order (an unreadable folder
+// lists nothing; the caller only asks about a folder that exists).
+static int list_entries(const char *dir, char *buf, size_t cap) {
+    buf[0] = 0;
+    DIR *d = opendir(dir);
+    if (!d) return moe_fail(MOE_EIO, "%s: cannot read the folder: %s", dir, strerror(errno));
+    char *names[3];
+    int n = 0, total = 0;
+    for (struct dirent *de; (de = readdir(d));) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        total++;
+        if (n < 3) {
+            names[n] = strdup(de->d_name);
+            if (names[n]) n++;
+        } else { // keep the three first in name order
+            qsort(names, 3, sizeof *names, cmp_name);
+            if (strcmp(de->d_name, names[2]) < 0) {
+                char *c = strdup(de->d_name);
+                if (c) free(names[2]), names[2] = c;
+            }
+        }
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, cmp_name);
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(buf);
+        snprintf(buf + len, cap - len, "%s%s", i ? ", " : "", names[i]);
+        free(names[i]);
+    }
+    if (total > n) {
+        size_t len = strlen(buf);
+        snprintf(buf + len, cap - len, " and %d more", total - n);
+    }
+    return total;
+}
+
+// The export writes out/config.json, out/model.safetensors and the tokenizer
+// files. It may not land in the checkpoint it reads (or a folder inside it),
+// and an existing out must be empty or a previous export (its config.json
+// carries moe_tokenizer): a user's files, a training checkpoint, or foreign
+// tokenizer files AutoTokenizer would load beside a byte model's export are
+// never replaced or mixed in.
 static int check_out_dir(const char *ckpt, const char *out) {
     struct stat sb;
     bool exists = stat(out, &sb) == 0;
@@ -353,12 +399,15 @@ static int check_out_dir(const char *ckpt, const char *out) {
         if (has_file(out, ckpt_files[i]))
             return moe_fail(MOE_EINVAL, "%s: holds a checkpoint (%s); export to another folder",
                             out, ckpt_files[i]);
-    bool weights =
-        has_file(out, "model.safetensors") || has_file(out, "model.safetensors.index.json");
-    if ((weights || has_file(out, "config.json")) && !is_export(out))
-        return moe_fail(
-            MOE_EINVAL, "%s: holds %s that no export wrote; export to a new folder", out,
-            weights ? "a checkpoint (config.json, model.safetensors)" : "a config.json");
+    if (is_export(out)) return 0;
+    char list[1024];
+    int n = list_entries(out, list, sizeof list);
+    if (n < 0) return n;
+    if (n > 0)
+        return moe_fail(MOE_EINVAL,
+                        "%s: holds files no export wrote (%s); export to a new or empty folder "
+                        "or over an earlier export",
+                        out, list);
     return 0;
 }
 
@@ -457,7 +506,7 @@ int moe_export_hf_task(const char *ckpt, const char *out, const char *task) {
     }
     const int k = c.router.top_k, D = c.model.d_model;
     moe_tokenizer *tok = NULL; // opened (and checked) before anything is written
-    if (strcmp(c.model.tokenizer, "bytes")) MOE_TRY(moe_tok_open(c.model.tokenizer, &tok));
+    MOE_TRY(moe_ckpt_tokenizer(ckpt, &c, &tok));
     moe_st_set *s = NULL;
     int n = 0, m = 0, rc = 0;
     bool created = false;
@@ -470,6 +519,11 @@ int moe_export_hf_task(const char *ckpt, const char *out, const char *task) {
     MOE_TRY_GOTO(moe_st_set_open(ckpt, &s), rc);
     MOE_TRY_GOTO(check_tensors(ckpt, &c, s), rc);
     MOE_TRY_GOTO(check_bias(ckpt, &c, s), rc);
+    moe_task_experts te; // checked as every reader checks it; absent in older checkpoints
+    rc = moe_ckpt_task_experts(ckpt, &c, s, &te);
+    if (rc == 0) moe_task_experts_free(&te);
+    if (rc == MOE_ENOTFOUND) rc = 0;
+    if (rc < 0) goto fail;
     if (task) {
         set = malloc(sizeof(int) * (size_t)c.model.n_layers * k);
         w = malloc(sizeof(float) * (size_t)c.model.n_layers * k);

@@ -214,46 +214,13 @@ static int load_dense(moe_infer *m, moe_st_set *s, const char *dir) {
     return 0;
 }
 
-// "copy, reverse, sort" into buf.
-static void join_names(char *buf, size_t cap, char (*names)[MOE_NAME_MAX], int n) {
-    size_t len = 0;
-    buf[0] = 0;
-    for (int t = 0; t < n && len < cap; t++)
-        len += (size_t)snprintf(buf + len, cap - len, "%s%s", t ? ", " : "", names[t]);
-}
-
-// task_experts.json must describe this checkpoint's tasks, in config.json's
-// order (rows are indexed by task id), with its top_k (the reader checks that
-// every share lies in [0, 1]).
-static int check_task_experts(moe_task_experts *te, const char *path, const moe_infer *m) {
-    char names[MOE_MAX_TASKS][MOE_NAME_MAX];
-    int n = moe_config_task_names(&m->cfg, names), t = 0;
-    while (t < n && t < te->n_tasks && !strcmp(te->task[t], names[t]))
-        t++;
-    if (t < n || te->n_tasks != n) {
-        char have[512], want[512];
-        join_names(have, sizeof have, te->task, te->n_tasks);
-        join_names(want, sizeof want, names, n);
-        return moe_fail(MOE_EFORMAT,
-                        "%s: lists the tasks [%s] but config.json has [%s] (task %d: %s%s%s vs "
-                        "%s%s%s)",
-                        path, have, want, t, t < te->n_tasks ? "'" : "",
-                        t < te->n_tasks ? te->task[t] : "none", t < te->n_tasks ? "'" : "",
-                        t < n ? "'" : "", t < n ? names[t] : "none", t < n ? "'" : "");
-    }
-    if (te->top_k != m->k)
-        return moe_fail(MOE_EFORMAT, "%s: top_k %d but config.json has router.top_k %d", path,
-                        te->top_k, m->k);
-    return 0;
-}
-
 // Which experts each MoE layer keeps: y->slot, y->n_loaded, and y->allowed
 // (the router's mask) when an expert budget leaves experts out.
 static int choose_experts(moe_infer *m, const char *dir, const moe_infer_opts *o) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/task_experts.json", dir);
-    moe_task_experts te;
-    int rc = moe_task_experts_read(path, &te), have = rc == 0;
+    moe_task_experts te; // checked against config.json here, against the weights below
+    int rc = moe_ckpt_task_experts(dir, &m->cfg, NULL, &te), have = rc == 0;
     if (rc == MOE_ENOTFOUND) {
         m->stats.derived_sets = true;
         moe_log(MOE_LOG_INFO,
@@ -263,7 +230,6 @@ static int choose_experts(moe_infer *m, const char *dir, const moe_infer_opts *o
         rc = 0;
     }
     if (rc < 0) return rc;
-    if (have) MOE_TRY_GOTO(check_task_experts(&te, path, m), rc);
     for (int l = 0; l < m->L; l++) {
         moe_infer_layer *y = &m->layer[l];
         if (!y->is_moe) continue;
@@ -271,25 +237,13 @@ static int choose_experts(moe_infer *m, const char *dir, const moe_infer_opts *o
         y->allowed = calloc((size_t)y->E, sizeof(bool));
         if (!y->slot || !y->allowed) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "out of memory"), rc);
         bool *keep = y->allowed;
-        if (have &&
-            (te.kind[l] != (y->task_routed ? MOE_LAYER_TASK : MOE_LAYER_TOKEN) || te.E[l] != y->E))
-            MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: layer %d does not match config.json", path, l),
-                         rc);
         if (y->task_routed) {
             int set[m->n_tasks * m->k];
             MOE_TRY_GOTO(moe_task_expert_set(set, y->gate, y->task_emb, y->E, m->D, m->n_tasks,
                                              &m->cfg.router),
                          rc);
             const int *mine = set + (size_t)m->task * m->k;
-            if (have && te.set[l]) {
-                const int *rec = te.set[l] + (size_t)m->task * m->k;
-                if (memcmp(rec, mine, sizeof(int) * m->k))
-                    MOE_TRY_GOTO(moe_fail(MOE_EFORMAT,
-                                          "%s: layer %d task '%s' is recorded with experts "
-                                          "%d.., but the weights route it to %d..",
-                                          path, l, o->task, rec[0], mine[0]),
-                                 rc);
-            }
+            if (have) MOE_TRY_GOTO(moe_task_experts_check_set(&te, path, l, set), rc);
             for (int j = 0; j < m->k; j++)
                 keep[mine[j]] = true;
         } else if (o->expert_budget > 0 && !o->full_load) {

@@ -6,6 +6,7 @@
 #include "moe/file.h"
 #include "moe/fsio.h"
 #include "moe/parse.h"
+#include "moe/safetensors.h"
 
 #include <errno.h>
 #include <jansson.h>
@@ -246,6 +247,9 @@ static int read_layer(const char *path, json_t *o, moe_task_experts *te) {
                         path);
     const int l = (int)json_integer_value(jl), E = (int)json_integer_value(je);
     const bool task = !strcmp(json_string_value(jr), "task");
+    if (!task && strcmp(json_string_value(jr), "token"))
+        return moe_fail(MOE_EFORMAT, "%s: layer %d: 'routing' is '%s', expected task or token",
+                        path, l, json_string_value(jr));
     if (te->kind[l]) return moe_fail(MOE_EFORMAT, "%s: layer %d is listed twice", path, l);
     te->E[l] = E;
     te->kind[l] = task ? MOE_LAYER_TASK : MOE_LAYER_TOKEN;
@@ -322,5 +326,142 @@ int moe_task_experts_read(const char *path, moe_task_experts *te) {
 fail:
     json_decref(doc);
     moe_task_experts_free(te);
+    return rc;
+}
+
+// ---- checks against the checkpoint ------------------------------------------------
+
+// "{3, 5}": k expert ids.
+static void set_text(char *buf, size_t cap, const int *set, int k) {
+    size_t len = (size_t)snprintf(buf, cap, "{");
+    for (int j = 0; j < k && len < cap; j++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%d", j ? ", " : "", set[j]);
+    if (len < cap) snprintf(buf + len, cap - len, "}");
+}
+
+// "copy, reverse" into buf.
+static void names_text(char *buf, size_t cap, char (*names)[MOE_NAME_MAX], int n) {
+    size_t len = 0;
+    buf[0] = 0;
+    for (int t = 0; t < n && len < cap; t++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%s", t ? ", " : "", names[t]);
+}
+
+// The tasks of the config, in its order (rows are indexed by task id), and
+// its top_k.
+static int check_header(const moe_task_experts *te, const char *path, const moe_config *cfg) {
+    char names[MOE_MAX_TASKS][MOE_NAME_MAX];
+    int n = moe_config_task_names(cfg, names), t = 0;
+    while (t < n && t < te->n_tasks && !strcmp(te->task[t], names[t]))
+        t++;
+    if (t < n || te->n_tasks != n) {
+        char have[512], want[512];
+        names_text(have, sizeof have, (char(*)[MOE_NAME_MAX])te->task, te->n_tasks);
+        names_text(want, sizeof want, names, n);
+        return moe_fail(MOE_EFORMAT,
+                        "%s: lists the tasks [%s] but config.json has [%s] (task %d: %s%s%s vs "
+                        "%s%s%s)",
+                        path, have, want, t, t < te->n_tasks ? "'" : "",
+                        t < te->n_tasks ? te->task[t] : "none", t < te->n_tasks ? "'" : "",
+                        t < n ? "'" : "", t < n ? names[t] : "none", t < n ? "'" : "");
+    }
+    if (te->top_k != cfg->router.top_k)
+        return moe_fail(MOE_EFORMAT, "%s: top_k %d but config.json has router.top_k %d", path,
+                        te->top_k, cfg->router.top_k);
+    return 0;
+}
+
+// Exactly the config's MoE layers, each with its routing and expert count.
+static int check_layers(const moe_task_experts *te, const char *path, const moe_config *cfg) {
+    const int L = cfg->model.n_layers;
+    for (int l = 0; l < MOE_MAX_LAYERS; l++) {
+        const bool moe = l < L && moe_config_is_moe(cfg, l);
+        bool task = false;
+        for (int i = 0; i < cfg->moe.n_task_layers; i++)
+            task |= cfg->moe.task_layers[i] == l;
+        if (!moe && te->kind[l] != MOE_LAYER_DENSE)
+            return l >= L ? moe_fail(MOE_EFORMAT,
+                                     "%s: lists layer %d, but config.json has %d layers (0..%d)",
+                                     path, l, L, L - 1)
+                          : moe_fail(MOE_EFORMAT,
+                                     "%s: lists layer %d, a dense layer in config.json", path, l);
+        if (!moe) continue;
+        if (te->kind[l] == MOE_LAYER_DENSE)
+            return moe_fail(MOE_EFORMAT, "%s: does not list MoE layer %d of config.json", path, l);
+        const int want = task ? MOE_LAYER_TASK : MOE_LAYER_TOKEN;
+        if (te->kind[l] != want)
+            return moe_fail(MOE_EFORMAT,
+                            "%s: layer %d routes by %s, but config.json's moe.task_layers makes it "
+                            "%s-routed",
+                            path, l, te->kind[l] == MOE_LAYER_TASK ? "task" : "token",
+                            task ? "task" : "token");
+        if (te->E[l] != moe_config_experts(cfg, l))
+            return moe_fail(MOE_EFORMAT, "%s: layer %d has %d experts, config.json %d", path, l,
+                            te->E[l], moe_config_experts(cfg, l));
+    }
+    return 0;
+}
+
+int moe_task_experts_check_set(const moe_task_experts *te, const char *path, int l,
+                               const int *set) {
+    const int k = te->top_k;
+    for (int t = 0; te->set[l] && t < te->n_tasks; t++) {
+        const int *rec = te->set[l] + (size_t)t * k, *got = set + (size_t)t * k;
+        if (!memcmp(rec, got, sizeof(int) * k)) continue;
+        char a[256], b[256];
+        set_text(a, sizeof a, rec, k);
+        set_text(b, sizeof b, got, k);
+        return moe_fail(MOE_EFORMAT,
+                        "%s: layer %d task '%s' is recorded with experts %s, but the weights "
+                        "route it to %s",
+                        path, l, te->task[t], a, b);
+    }
+    return 0;
+}
+
+// Each task-routed layer's recorded sets equal the ones its gate and task
+// embeddings give (the layer's own router, as inference derives them).
+static int check_sets(const moe_task_experts *te, const char *path, const moe_config *cfg,
+                      const moe_st_set *s) {
+    const int k = te->top_k, n = te->n_tasks, D = cfg->model.d_model;
+    int rc = 0;
+    for (int l = 0; l < cfg->model.n_layers && rc == 0; l++) {
+        if (te->kind[l] != MOE_LAYER_TASK || !te->set[l]) continue;
+        char gname[128], ename[128];
+        snprintf(gname, sizeof gname, "model.layers.%d.block_sparse_moe.gate.weight", l);
+        snprintf(ename, sizeof ename, "model.layers.%d.block_sparse_moe.task_embedding.weight", l);
+        moe_st_file *gf = NULL, *ef = NULL;
+        void *gate = NULL, *emb = NULL;
+        int64_t gs[2], es[2];
+        int *set = NULL;
+        if (!moe_st_set_find(s, gname, &gf) || !moe_st_set_find(s, ename, &ef))
+            return moe_fail(MOE_EFORMAT, "%s: layer %d: no tensor '%s' or '%s'", path, l, gname,
+                            ename);
+        rc = moe_st_load(gf, gname, MOE_ST_F32, 2, gs, &gate);
+        if (rc == 0) rc = moe_st_load(ef, ename, MOE_ST_F32, 2, es, &emb);
+        if (rc == 0 && (gs[0] != te->E[l] || gs[1] != D || es[0] < n || es[1] != D))
+            rc = moe_fail(MOE_EFORMAT, "%s: '%s' or '%s' does not have the config's shape", path,
+                          gname, ename);
+        if (rc == 0 && !(set = malloc(sizeof(int) * (size_t)n * k)))
+            rc = moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+        if (rc == 0) rc = moe_task_expert_set(set, gate, emb, te->E[l], D, n, &cfg->router);
+        if (rc == 0) rc = moe_task_experts_check_set(te, path, l, set);
+        free(set);
+        free(gate);
+        free(emb);
+    }
+    return rc;
+}
+
+int moe_ckpt_task_experts(const char *dir, const moe_config *cfg, const moe_st_set *s,
+                          moe_task_experts *te) {
+    char path[4096];
+    if (snprintf(path, sizeof path, "%s/task_experts.json", dir) >= (int)sizeof path)
+        return moe_fail(MOE_EINVAL, "%s: path too long", dir);
+    MOE_TRY(moe_task_experts_read(path, te));
+    int rc = check_header(te, path, cfg);
+    if (rc == 0) rc = check_layers(te, path, cfg);
+    if (rc == 0 && s) rc = check_sets(te, path, cfg, s);
+    if (rc < 0) moe_task_experts_free(te);
     return rc;
 }

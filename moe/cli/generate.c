@@ -1,6 +1,7 @@
 // `moe generate CKPT --task NAME --prompt TEXT | --input FILE`: loads only the
 // experts the task needs, generates with a KV cache (greedy or sampled), and
 // reports what it loaded (bytes read, experts per layer, peak RSS) on stderr.
+#include "moe/checkpoint.h"
 #include "moe/cli/cli.h"
 #include "moe/error.h"
 #include "moe/file.h"
@@ -356,10 +357,7 @@ int moe_cli_generate(int argc, char **argv) {
     a.go.stop = synth ? '\n' : -1;
     a.go.n_vocab = 256; // the byte tokenizer decodes ids 0..255
     if (strcmp(m.cfg.model.tokenizer, "bytes")) {
-        if ((rc = moe_tok_open(m.cfg.model.tokenizer, &tok)) < 0 ||
-            (moe_tok_vocab_size(tok) > m.V &&
-             (rc = moe_fail(MOE_EFORMAT, "%s: its tokenizer has %d pieces, the model %d", a.dir,
-                            moe_tok_vocab_size(tok), m.V)) < 0)) {
+        if ((rc = moe_ckpt_tokenizer(a.dir, &m.cfg, &tok)) < 0) {
             code = moe_cli_fail("generate", moe_cli_input_exit_code(rc), "%s", moe_last_error());
             goto done;
         }

@@ -44,6 +44,43 @@ int moe_ckpt_complete(const char *folder) {
     return ok;
 }
 
+int moe_ckpt_check_sizes(const char *folder) {
+    char p[4096], f[4096];
+    struct stat st;
+    if (snprintf(p, sizeof p, "%s/manifest.json", folder) >= (int)sizeof p)
+        return moe_fail(MOE_EINVAL, "%s: path too long", folder);
+    if (lstat(p, &st) != 0) return 0;
+    if (!S_ISREG(st.st_mode) || st.st_size > (1 << 20))
+        return moe_fail(MOE_EFORMAT, "%s: not a regular file of at most 1 MiB", p);
+    json_error_t jerr;
+    json_t *doc = json_load_file(p, JSON_REJECT_DUPLICATES, &jerr);
+    if (!doc) return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", p, jerr.line, jerr.column, jerr.text);
+    json_t *files = json_object_get(doc, "files"), *v;
+    int rc = 0;
+    const char *name;
+    if (!json_is_object(files))
+        rc = moe_fail(MOE_EFORMAT, "%s: needs 'files', an object of file names and sizes", p);
+    json_object_foreach(files, name, v) {
+        if (rc) break;
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || strchr(name, '/') ||
+            !strcmp(name, ".") || !strcmp(name, "..") || !name[0])
+            rc = moe_fail(MOE_EFORMAT, "%s: entry '%s' must be a file name with a size in bytes", p,
+                          name);
+        else if (snprintf(f, sizeof f, "%s/%s", folder, name) >= (int)sizeof f)
+            rc = moe_fail(MOE_EINVAL, "%s/%s: path too long", folder, name);
+        else if (lstat(f, &st) != 0)
+            rc = moe_fail(MOE_EFORMAT, "%s: missing, but %s lists it", f, p);
+        else if (!S_ISREG(st.st_mode))
+            rc = moe_fail(MOE_EFORMAT, "%s: not a regular file, but %s lists it", f, p);
+        else if ((json_int_t)st.st_size != json_integer_value(v))
+            rc = moe_fail(MOE_EFORMAT,
+                          "%s: is %lld bytes, but %s lists %lld (the file changed after the save)",
+                          f, (long long)st.st_size, p, (long long)json_integer_value(v));
+    }
+    json_decref(doc);
+    return rc;
+}
+
 int moe_ckpt_step_name(const char *name, long *step, int *suffix) {
     if (strncmp(name, "checkpoint-", 11) != 0) return 0;
     const char *p = name + 11;

@@ -178,6 +178,7 @@ int moe_st_set_open(const char *dir, moe_st_set **out) {
     char rdir[PATH_MAX], path[PATH_MAX];
     moe_ckpt_layout layout;
     MOE_TRY(moe_ckpt_resolve(dir, rdir, sizeof rdir, &layout));
+    MOE_TRY(moe_ckpt_check_sizes(rdir));
     if (snprintf(path, sizeof path, "%s/%s", rdir,
                  layout == MOE_CKPT_SHARDED ? "model.safetensors.index.json"
                                             : "model.safetensors") >= (int)sizeof path)

@@ -46,6 +46,7 @@
 #include "moe/optim.h"
 #include "moe/parallel.h"
 #include "moe/safetensors.h"
+#include "moe/tokenizer.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -83,6 +84,13 @@ int moe_ckpt_resolve(const char *dir, char *out, size_t out_size, moe_ckpt_layou
 // 1 when folder holds a manifest.json whose files all exist with the sizes it
 // lists, else 0.
 int moe_ckpt_complete(const char *folder);
+// Every reader's check of a resolved folder (moe_ckpt_config and
+// moe_st_set_open call it): when folder holds a manifest.json, every file it
+// lists must exist with the listed size, else MOE_EFORMAT naming the file and
+// both sizes (a tokenizer.model, task_experts.json or config.json replaced
+// after the save is as wrong as a replaced shard). No manifest: 0 (a folder
+// assembled by hand, or written before manifests existed).
+int moe_ckpt_check_sizes(const char *folder);
 
 // par: the process grid (NULL in a single process). Every rank calls it; with
 // ep > 1 each rank of the first EP group writes its shards (no rank holds
@@ -160,6 +168,12 @@ int moe_ckpt_bias_read(const moe_st_set *s, const char *what, int l, int E, floa
 // Loads config.json of the resolved folder over the defaults. A relative
 // model.tokenizer is resolved against that folder (its tokenizer.model).
 int moe_ckpt_config(const char *dir, moe_config *cfg);
+// The tokenizer of checkpoint dir whose config is cfg (from moe_ckpt_config):
+// *out = NULL for bytes, else the opened SentencePiece model, refused
+// (MOE_EFORMAT, both numbers) when it has more pieces than model.vocab_size:
+// ids beyond the model's rows would index past the embedding. Every reader
+// that decodes or exports text takes it from here (generate, export).
+int moe_ckpt_tokenizer(const char *dir, const moe_config *cfg, moe_tokenizer **out);
 
 // Run folders (trainer/run_dir.c). A run folder RUN holds config.json,
 // metrics.jsonl and its checkpoints: RUN/checkpoint/ (train.keep_checkpoints =

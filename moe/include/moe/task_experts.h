@@ -12,6 +12,7 @@
 #include "moe/config.h"
 #include "moe/data.h"
 #include "moe/model.h"
+#include "moe/safetensors.h"
 
 enum { MOE_LAYER_DENSE = 0, MOE_LAYER_TOKEN = 1, MOE_LAYER_TASK = 2 };
 
@@ -59,5 +60,21 @@ int moe_task_experts_write(const char *path, const moe_task_experts *te);
 // at fault otherwise.
 int moe_task_experts_read(const char *path, moe_task_experts *te);
 void moe_task_experts_free(moe_task_experts *te);
+
+// The one reader of a checkpoint's task_experts.json (generate, eval, export
+// and resume alike): reads dir/task_experts.json into te and checks it
+// against the checkpoint's config cfg (moe_ckpt_config) and tensors s: the
+// config's tasks in its order, its router.top_k, exactly its MoE layers with
+// their routing and expert counts, and each task-routed layer's recorded sets
+// equal to those the gate and task embeddings give. MOE_ENOTFOUND when the
+// file is absent (an older checkpoint: callers derive the sets), MOE_EFORMAT
+// naming the file and what disagrees otherwise (te then holds nothing).
+// s NULL: the sets are left to the caller, who holds the weights already
+// (moe_task_experts_check_set).
+int moe_ckpt_task_experts(const char *dir, const moe_config *cfg, const moe_st_set *s,
+                          moe_task_experts *te);
+// Layer l's recorded sets of every task against set [n_tasks * top_k], the
+// ones the weights give: MOE_EFORMAT naming the task and both full sets.
+int moe_task_experts_check_set(const moe_task_experts *te, const char *path, int l, const int *set);
 
 #endif

@@ -81,24 +81,8 @@ int moe_cli_ablate(int argc, char **argv) {
                                 config, argv[i]);
         }
     }
-    // Every rank of a job would train every run into the same folders: refused
-    // (the runs are sequential; train a config over ranks with moe train).
-    if (code == MOE_EXIT_OK && moe_cli_mpi_launched()) {
-        moe_comm *world = NULL;
-        int rc = moe_cli_mpi_world(&world, 0);
-        if (rc < 0) {
-            code = moe_cli_fail("ablate", moe_cli_exit_code(rc), "%s", moe_last_error());
-        } else if (moe_comm_size(world) > 1) {
-            if (moe_comm_rank(world) == 0)
-                moe_cli_fail("ablate", MOE_EXIT_USAGE,
-                             "runs its grid in one process, one run after another; launched on "
-                             "%d MPI ranks, every rank would train every run into the same "
-                             "folders: run moe ablate without mpirun/srun",
-                             moe_comm_size(world));
-            code = MOE_EXIT_USAGE;
-        }
-        moe_cli_mpi_finalize(world);
-    }
+    // (under mpirun on more than one rank the CLI refused it already: every
+    // rank would train every run into the same folders)
     bool config_axis = false; // --grid config=a.json,b.json: each run's own file
     for (int a = 0; a < n_axes; a++)
         config_axis |= !strcmp(axes[a].key, MOE_GRID_CONFIG);

@@ -225,6 +225,28 @@ void moe_cli_shell_quote(char *out, size_t cap, const char *s) {
     out[n < cap ? n : cap - 1] = 0;
 }
 
+// Every command but train runs in one process: under mpirun/srun each rank
+// would run it whole (the same files written by each, the output printed once
+// per rank). Refused on more than one rank, by rank 0; one rank may run it.
+static int single_process(const char *cmd) {
+    if (!moe_cli_mpi_launched()) return MOE_EXIT_OK;
+    struct moe_comm *world = NULL;
+    int rc = moe_cli_mpi_world(&world, 0), code = MOE_EXIT_OK;
+    if (rc < 0) {
+        code = moe_cli_fail(cmd, moe_cli_exit_code(rc), "%s", moe_last_error());
+    } else if (moe_comm_size(world) > 1) {
+        if (moe_comm_rank(world) == 0)
+            moe_cli_fail(cmd, MOE_EXIT_USAGE,
+                         "runs in one process; launched on %d MPI ranks, each would run it whole "
+                         "(and write the same outputs): run moe %s without mpirun/srun "
+                         "(only moe train runs over ranks)",
+                         moe_comm_size(world), cmd);
+        code = MOE_EXIT_USAGE;
+    }
+    moe_cli_mpi_finalize(world);
+    return code;
+}
+
 int moe_cli_main(int argc, char **argv) {
     if (argc > 0 && argv[0] && argv[0][0]) program = argv[0];
     if (argc < 2) {
@@ -255,6 +277,8 @@ int moe_cli_main(int argc, char **argv) {
     if (!c) return unknown_command(cmd);
     if (moe_map_guard_install() < 0)
         return moe_cli_fail(cmd, MOE_EXIT_RUNTIME, "%s", moe_last_error());
+    int code = strcmp(cmd, "train") ? single_process(cmd) : MOE_EXIT_OK;
+    if (code != MOE_EXIT_OK) return code;
     int rc = c->run(argc - 1, argv + 1);
     // Results on stdout are output too: a full disk or a closed pipe there is
     // a failure, not a silent exit 0.

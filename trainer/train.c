@@ -515,7 +515,14 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     bool shared_fail = false;   // a failure every rank meets at the same step boundary
     // Setup: every rank checks; all agree on the first failure (lowest rank),
     // so an invalid config or file on one rank ends every rank cleanly.
-    int rc = moe_config_check(cfg, NULL);
+    // First of all, before any collective that depends on them: every rank
+    // holds the same config, run folder and data (agreed inside).
+    int rc = moe_train_check_same(world, cfg, o->out_dir, o->resume_dir);
+    if (rc < 0) {
+        r->agreed = true;
+        goto fail;
+    }
+    rc = moe_config_check(cfg, NULL);
     if (rc == 0) rc = moe_tok_check_config(cfg); // the tokenizer fits model.vocab_size
     if (rc == 0) rc = moe_device_check(cfg->train.device);
     if (rc == 0) rc = moe_parallel_init(&par, world, cfg);

@@ -11,6 +11,7 @@
 #include "moe/placement.h"
 #include "moe/router.h"
 #include "moe/task_experts.h"
+#include "moe/train.h"
 #include "trainer/train_gpu.h"
 
 #include <errno.h>
@@ -87,6 +88,9 @@ int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *ou
         route = b > route ? b : route;
     }
     out->step += route;
+    int stride;
+    const size_t routing = moe_train_routing_len(cfg, &stride);
+    out->step += sizeof(int64_t) * (routing ? routing : 1); // the step's routing counts
     out->data = 0; // token files are memory-mapped (page cache), not allocated
     // The all-reduce staging grows to the larger of the dense gradients
     // (summed over the world) and the expert gradients (over the DP group).

@@ -77,6 +77,11 @@ typedef struct {
 
 int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *r);
 
+// Elements of the per-step routing counts the loop keeps and sums over ranks
+// (metrics.jsonl's load and drop rates of the whole step): [MoE layers][stride],
+// stride = the largest expert count + 2. In the memory plan's step buffers.
+size_t moe_train_routing_len(const moe_config *cfg, int *stride);
+
 // Every rank of world holds the same resolved config (every key), out_dir,
 // resume_dir (NULL: none) and data files (names and sizes of what data.path,
 // data.val_path and the task globs resolve to). Collective, safe to call with

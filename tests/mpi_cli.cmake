@@ -5,7 +5,8 @@
 #  2. an invalid config on one rank (MPMD) ends every rank with its message;
 #  3. ranks diverging at run time end the job, no hang;
 #  4. ranks launched with different configs, --out or data files are refused at
-#     startup (exit 2, one message naming the first difference).
+#     startup (exit 2, one message naming the first difference);
+#  5. setup failures (and --dry-run's plan) are printed once, by rank 0.
 set(run ${MPIEXEC} --allow-run-as-root --oversubscribe)
 set(small --set model.d_model=32 --set model.n_layers=2 --set model.d_ff=48
           --set model.seq_len=16 --set train.batch_size=2 --set train.eval_every=0 --quiet)
@@ -105,4 +106,29 @@ if(EXISTS ${OUT}/mm OR EXISTS ${OUT}/mm2)
   message(FATAL_ERROR "a refused launch wrote a run folder")
 endif()
 
-message("mpi_cli: 4 passed, 0 failed")
+# Setup failures every rank meets are reported once (rank 0), with the same
+# exit code on every rank; a --dry-run prints its plan once.
+function(expect_once name code pattern)
+  execute_process(COMMAND ${run} -np 4 ${MOE} train ${SRC}/configs/tiny.json ${small} --steps 3
+                          ${ARGN}
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out TIMEOUT 60)
+  string(REGEX MATCHALL "${pattern}" hits "${out}")
+  list(LENGTH hits n)
+  if(NOT rc EQUAL code OR NOT n EQUAL 1)
+    message(FATAL_ERROR "${name}: expected exit ${code} and '${pattern}' once, got ${rc} and "
+                        "${n} times:\n${out}")
+  endif()
+endfunction()
+expect_once(ranks_per_node 2 "moe train: comm.ranks_per_node = 3 does not divide the 4 ranks"
+            --set parallel.ep=4 --set comm.ranks_per_node=3 --out ${OUT}/once)
+expect_once(bad_ep 2 "moe train: [^\n]*parallel.ep" --set parallel.ep=3 --out ${OUT}/once)
+expect_once(experts 2 "moe train: [^\n]*moe.num_experts"
+            --set parallel.ep=4 --set moe.num_experts=6 --out ${OUT}/once)
+expect_once(no_resume 2 "moe train: --resume" --resume ${OUT}/no-such-run --out ${OUT}/once)
+expect_once(out_holds_run 2 "moe train: --out [^\n]*already holds a run" --out ${OUT}/ep4)
+expect_once(dry_run 0 "memory per rank" --set parallel.ep=4 --dry-run --out ${OUT}/once)
+if(EXISTS ${OUT}/once)
+  message(FATAL_ERROR "a refused launch wrote a run folder")
+endif()
+
+message("mpi_cli: 5 passed, 0 failed")

@@ -338,9 +338,11 @@ int moe_cli_train(int argc, char **argv) {
         moe_cli_mpi_finalize(world);
         return code;
     }
-    if (a.dry_run) { // the memory plan of this config on parallel.ep ranks of one node
-        moe_machine mc = {cfg.parallel.ep, 1, cfg.parallel.ep, {400, 100}, {2, 5}};
-        code = rank == 0 && moe_plan_print(&cfg, &mc, stdout) < 0 ? MOE_EXIT_USAGE : 0;
+    if (a.dry_run) { // the plan of this config on parallel.ep ranks (as moe plan CONFIG)
+        moe_machine mc = {0, 0, 0, {400, 100}, {2, 5}};
+        if (rank == 0 &&
+            (moe_plan_machine(&cfg, 0, 0, &mc) < 0 || moe_plan_print(&cfg, &mc, stdout) < 0))
+            code = MOE_EXIT_USAGE;
         if (world) code = agree_exit(world, code);
         if (code != 0 && rank == 0) moe_cli_fail("train", code, "%s", moe_last_error());
         moe_cli_mpi_finalize(world);

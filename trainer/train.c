@@ -551,7 +551,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     // holds the same config, run folder and data (agreed inside).
     int rc = moe_train_check_same(world, cfg, o->out_dir, o->resume_dir);
     if (rc < 0) {
-        r->agreed = true;
+        r->agreed = rc != MOE_EIO; // (an MPI failure is this rank's alone)
         goto fail;
     }
     rc = moe_config_check(cfg, NULL);

@@ -317,8 +317,14 @@ int moe_cli_train(int argc, char **argv) {
         rank = moe_comm_rank(world);
         size = moe_comm_size(world);
         code = agree_exit(world, code);
-        if (code == 0 && (rc = moe_train_check_same(world, &cfg, a.out, a.resume)) < 0)
+        if (code == 0 && (rc = moe_train_check_same(world, &cfg, a.out, a.resume)) < 0) {
+            if (rc == MOE_EIO) { // an MPI failure, not agreed: peers may wait for this rank
+                moe_cli_fail("train", MOE_EXIT_RUNTIME, "%s", moe_last_error());
+                fflush(stderr);
+                moe_comm_abort(world, MOE_EXIT_RUNTIME);
+            }
             code = MOE_EXIT_USAGE; // (agreed inside)
+        }
     }
     if (code == 0 && !a.dry_run) code = check_run_folders(&a);
     if (world) code = agree_exit(world, code);

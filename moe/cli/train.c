@@ -49,7 +49,11 @@ static const char *train_help =
     "with 130.\n"
     "--dry-run prints the memory plan (as moe plan) and exits; --force starts a run the\n"
     "memory plan says will not fit. Under mpirun or srun every rank trains\n"
-    "(parallel.ep experts-parallel ranks x data parallel).\n";
+    "(parallel.ep experts-parallel ranks x data parallel); the ranks must run the same\n"
+    "config, --out, --resume and data files (checked at start, exit 2 naming the first\n"
+    "difference). Open MPI's mpirun kills the ranks 1 s after Ctrl-C, before the save:\n"
+    "signal one rank instead (kill -INT PID), or start mpirun with\n"
+    "--mca odls_base_sigkill_timeout 120.\n";
 
 typedef struct {
     const char *out, *resume;

@@ -379,13 +379,37 @@ int moe_comm_mpi_world(moe_comm **out, int ranks_per_node) {
     MPI_Finalized(&fin);
     if (!init || fin)
         return moe_fail(MOE_EINVAL, "MPI communicator: MPI is not initialised (call MPI_Init)");
-    if (ranks_per_node < 0)
-        return moe_fail(MOE_EINVAL, "comm.ranks_per_node = %d is negative", ranks_per_node);
     MPI_Comm comm;
     MPI_TRY(MPI_Comm_dup(MPI_COMM_WORLD, &comm));
+    MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
     int rank, size, node = 0, rc = 0;
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
+    // The node layout decides which collectives follow: every rank must pass
+    // the same ranks_per_node, checked with fixed-size messages only.
+    int lohi[2] = {ranks_per_node, -ranks_per_node}, r0 = ranks_per_node, who, theirs;
+    rc = MPI_Allreduce(MPI_IN_PLACE, lohi, 2, MPI_INT, MPI_MIN, comm);
+    if (rc == MPI_SUCCESS && lohi[0] != -lohi[1]) {
+        rc = MPI_Bcast(&r0, 1, MPI_INT, 0, comm);
+        who = ranks_per_node != r0 ? rank : size;
+        if (rc == MPI_SUCCESS) rc = MPI_Allreduce(MPI_IN_PLACE, &who, 1, MPI_INT, MPI_MIN, comm);
+        theirs = ranks_per_node;
+        if (rc == MPI_SUCCESS) rc = MPI_Bcast(&theirs, 1, MPI_INT, who, comm);
+        if (rc == MPI_SUCCESS) {
+            MPI_Comm_free(&comm);
+            return moe_fail(MOE_EINVAL,
+                            "ranks disagree on comm.ranks_per_node: rank 0 has %d, rank %d has %d",
+                            r0, who, theirs);
+        }
+    }
+    if (rc != MPI_SUCCESS) {
+        MPI_Comm_free(&comm);
+        return moe_comm_mpi_fail(rc, "MPI_Allreduce", __FILE__, __LINE__);
+    }
+    if (ranks_per_node < 0) {
+        MPI_Comm_free(&comm);
+        return moe_fail(MOE_EINVAL, "comm.ranks_per_node = %d is negative", ranks_per_node);
+    }
     if (ranks_per_node > 0 && size % ranks_per_node)
         rc = moe_fail(MOE_EINVAL, "comm.ranks_per_node = %d does not divide the %d ranks",
                       ranks_per_node, size);

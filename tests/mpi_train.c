@@ -18,6 +18,7 @@
 #include "mpi_testutil.h"
 #include "testutil.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -87,6 +88,53 @@ static void compare_models(const char *a, const char *b, double rel_tol, const c
     moe_st_set_close(sb);
 }
 
+// The step records of a run's metrics.jsonl (a JSON array; NULL if unreadable).
+static json_t *step_records(const char *run) {
+    char path[900], line[1 << 16];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run);
+    FILE *f = fopen(path, "r");
+    json_t *all = json_array();
+    while (f && fgets(line, sizeof line, f)) {
+        json_t *r = json_loads(line, 0, NULL);
+        if (r && json_object_get(r, "step")) json_array_append(all, r);
+        json_decref(r);
+    }
+    if (f) fclose(f);
+    return all;
+}
+
+// metrics.jsonl's routing figures cover the whole step (every micro-batch of
+// every rank): the ranks' run and the one process with grad_accum = ranks
+// record equal drop_rate (the step's and each layer's) and load.
+static void routing_metrics_equal(const char *dist, const char *ref, const char *name) {
+    json_t *a = step_records(dist), *b = step_records(ref);
+    CHECK(json_array_size(a) == STEPS && json_array_size(b) == STEPS,
+          "%s: %zu and %zu step records, expected %d", name, json_array_size(a), json_array_size(b),
+          STEPS);
+    double dropped = 0;
+    for (size_t s = 0; s < json_array_size(a) && s < json_array_size(b); s++) {
+        json_t *x = json_array_get(a, s), *y = json_array_get(b, s);
+        double dx = json_real_value(json_object_get(x, "drop_rate"));
+        double dy = json_real_value(json_object_get(y, "drop_rate"));
+        CHECK(dx == dy, "%s step %zu: drop_rate %g with ranks, %g in one process", name, s + 1, dx,
+              dy);
+        dropped += dx;
+        json_t *lx = json_object_get(x, "layers"), *ly = json_object_get(y, "layers");
+        CHECK(json_array_size(lx) > 0 && json_array_size(lx) == json_array_size(ly),
+              "%s step %zu: layers", name, s + 1);
+        for (size_t l = 0; l < json_array_size(lx) && l < json_array_size(ly); l++) {
+            json_t *p = json_array_get(lx, l), *q = json_array_get(ly, l);
+            CHECK(json_equal(json_object_get(p, "load"), json_object_get(q, "load")),
+                  "%s step %zu layer %zu: load differs", name, s + 1, l);
+            CHECK(json_equal(json_object_get(p, "drop_rate"), json_object_get(q, "drop_rate")),
+                  "%s step %zu layer %zu: drop_rate differs", name, s + 1, l);
+        }
+    }
+    CHECK(dropped > 0, "%s: no step dropped anything, the comparison proves nothing", name);
+    json_decref(a);
+    json_decref(b);
+}
+
 // Trains cfg on every rank (world) into out; losses of every step.
 static int train_dist(moe_comm *world, moe_config c, const char *out, const char *resume,
                       long stop_after, double *losses) {
@@ -137,6 +185,7 @@ static void scenario(const char *dir, int ep, int ranks_per_node, const char *a2
         snprintf(a, sizeof a, "%s/checkpoint", dist);
         snprintf(b, sizeof b, "%s/checkpoint", ref);
         compare_models(a, b, tol, name);
+        if (tol == 0) routing_metrics_equal(dist, ref, name);
     }
     MPI_Barrier(MPI_COMM_WORLD);
 

@@ -40,6 +40,34 @@ START_TEST(test_cli_plan_library_refusal_is_named_once) {
 }
 END_TEST
 
+// A run with comm.ranks_per_node = G simulates nodes of G ranks: the plan
+// models that machine unless told another.
+START_TEST(test_cli_plan_takes_the_node_shape_from_comm_ranks_per_node) {
+    ck_assert_int_eq(plan("--set parallel.ep=4 --set comm.ranks_per_node=2"), 0);
+    const char *out = tu_file_text(dir, "out.txt");
+    ck_assert_msg(strstr(out, "plan: 2 nodes x 2 ranks = 4 ranks") != NULL, "%s", out);
+    ck_assert_int_eq(plan("--set parallel.ep=4"), 0);
+    out = tu_file_text(dir, "out.txt");
+    ck_assert_msg(strstr(out, "plan: 1 node x 4 ranks = 4 ranks") != NULL, "%s", out);
+}
+END_TEST
+
+START_TEST(test_cli_plan_refuses_ranks_per_node_that_cannot_hold_the_ranks) {
+    ck_assert_int_eq(plan("--set parallel.ep=4 --set comm.ranks_per_node=3"), 2);
+    assert_error("moe plan: comm.ranks_per_node = 3 does not divide parallel.ep = 4 ranks (moe "
+                 "plan --nodes N models N nodes of 3 ranks)\n");
+    ck_assert_int_eq(plan("--set parallel.ep=4 --set comm.ranks_per_node=2 --ranks-per-node 4"), 2);
+    assert_error("moe plan: --ranks-per-node 4 disagrees with comm.ranks_per_node = 2 (the node "
+                 "size a run of this config simulates): give one\n");
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd,
+             "train " TINY " --set parallel.ep=4 --set comm.ranks_per_node=3 --dry-run");
+    ck_assert_int_eq(tu_run_moe(dir, cmd), 2);
+    assert_error("moe train: comm.ranks_per_node = 3 does not divide parallel.ep = 4 ranks (moe "
+                 "plan --nodes N models N nodes of 3 ranks)\n");
+}
+END_TEST
+
 START_TEST(test_cli_plan_option_given_twice_says_only_that) {
     static const char *const cases[][2] = {
         {"--nodes 1 --nodes 2", "moe plan: --nodes given twice\n"},
@@ -82,6 +110,8 @@ static Suite *cli_plan_suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_cli_plan_zero_load_is_refused_before_printing_for_every_ep);
     tcase_add_test(tc, test_cli_plan_library_refusal_is_named_once);
+    tcase_add_test(tc, test_cli_plan_takes_the_node_shape_from_comm_ranks_per_node);
+    tcase_add_test(tc, test_cli_plan_refuses_ranks_per_node_that_cannot_hold_the_ranks);
     tcase_add_test(tc, test_cli_plan_option_given_twice_says_only_that);
     tcase_add_test(tc, test_cli_plan_prints_placement_for_replicate_and_move);
     suite_add_tcase(s, tc);

@@ -11,9 +11,11 @@
 #include "moe/placement.h"
 #include "moe/router.h"
 #include "moe/task_experts.h"
+#include "moe/train.h"
 #include "trainer/train_gpu.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -87,6 +89,9 @@ int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *ou
         route = b > route ? b : route;
     }
     out->step += route;
+    int stride;
+    const size_t routing = moe_train_routing_len(cfg, &stride);
+    out->step += sizeof(int64_t) * (routing ? routing : 1); // the step's routing counts
     out->data = 0; // token files are memory-mapped (page cache), not allocated
     // The all-reduce staging grows to the larger of the dense gradients
     // (summed over the world) and the expert gradients (over the DP group).
@@ -548,5 +553,35 @@ int moe_plan_placement_print(const moe_config *cfg, double skew, const double *l
             "drops", 100 * pp.drop_rate[0], 100 * pp.drop_rate[1]);
     fprintf(f, "  %d slots per rank, %d replicas, %d experts moved home\n", pp.S, pp.replicas,
             pp.moved);
+    return 0;
+}
+
+int moe_plan_machine(const moe_config *cfg, int nodes, int ranks_per_node, moe_machine *mc) {
+    const int cfg_g = cfg->comm.ranks_per_node, ep = cfg->parallel.ep;
+    if (ranks_per_node > 0 && cfg_g > 0 && ranks_per_node != cfg_g)
+        return moe_fail(MOE_EINVAL,
+                        "--ranks-per-node %d disagrees with comm.ranks_per_node = %d (the node "
+                        "size a run of this config simulates): give one",
+                        ranks_per_node, cfg_g);
+    int g = ranks_per_node > 0 ? ranks_per_node : cfg_g;
+    if (nodes <= 0 && g <= 0) { // one node of parallel.ep ranks
+        nodes = 1, g = ep;
+    } else if (nodes <= 0 && ranks_per_node > 0) { // one node of the ranks given
+        nodes = 1;
+    } else if (nodes <= 0) { // parallel.ep ranks in the config's nodes
+        if (ep % g)
+            return moe_fail(MOE_EINVAL,
+                            "comm.ranks_per_node = %d does not divide parallel.ep = %d ranks "
+                            "(moe plan --nodes N models N nodes of %d ranks)",
+                            g, ep, g);
+        nodes = ep / g;
+    } else if (g <= 0) {
+        g = ep;
+    }
+    if ((long long)nodes * g > INT_MAX)
+        return moe_fail(MOE_EINVAL, "--nodes x --ranks-per-node is too large");
+    mc->nodes = nodes;
+    mc->ranks_per_node = g;
+    mc->world = nodes * g;
     return 0;
 }

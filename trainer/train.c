@@ -107,11 +107,54 @@ static void json_number(FILE *f, const char *fmt, double x) {
         fputs("null", f);
 }
 
+// The routing of a whole step, summed over its micro-batches and the ranks
+// (one integer all-reduce): per MoE layer, the pre-drop assignments per
+// expert, then the dropped assignments and what the drop rate divides them by
+// (assignments; tokens under expert choice, where dropped = unrouted tokens).
+// Integer sums: the same for any rank count and grad_accum with the same
+// global batch. Layout [n MoE layers][E_max + 2] (moe_train_routing_len).
+static void add_routing(int64_t *acc, const moe_model *m, int stride) {
+    for (int l = 0, i = 0; l < m->L; l++) {
+        if (!m->is_moe[l]) continue;
+        const moe_plan *p = &m->a[l].moe.plan;
+        int64_t *row = acc + (size_t)i++ * stride;
+        moe_load_stats st;
+        moe_plan_stats(p, &st);
+        for (int e = 0; e < p->E && e < stride - 2; e++)
+            row[e] += p->counts[e];
+        row[stride - 2] += st.dropped;
+        row[stride - 1] += p->expert_choice ? p->T : st.assigned;
+    }
+}
+
+size_t moe_train_routing_len(const moe_config *cfg, int *stride) {
+    int n_moe = 0, e_max = 0;
+    for (int l = 0; l < cfg->model.n_layers; l++)
+        if (moe_config_is_moe(cfg, l)) {
+            n_moe++;
+            if (moe_config_experts(cfg, l) > e_max) e_max = moe_config_experts(cfg, l);
+        }
+    *stride = e_max + 2;
+    return (size_t)n_moe * (size_t)*stride;
+}
+
+static double layer_drop_rate(const int64_t *row, int stride) {
+    return row[stride - 1] > 0 ? (double)row[stride - 2] / (double)row[stride - 1] : 0.0;
+}
+
+// The step's drop rate: the mean over MoE layers of each layer's rate.
+static double step_drop_rate(const int64_t *acc, int n_moe, int stride) {
+    double s = 0;
+    for (int i = 0; i < n_moe; i++)
+        s += layer_drop_rate(acc + (size_t)i * stride, stride);
+    return n_moe ? s / n_moe : 0.0;
+}
+
 // Returns -1 when the stream failed (full disk): metrics that were never
 // written must not look like a finished run.
 static int write_metrics(FILE *f, long step, const moe_model *m, double loss, double ce, double aux,
                          double z, float lr, double gnorm, double tps, double drop, comm_step c,
-                         double mfu, double sgemm) {
+                         double mfu, double sgemm, const int64_t *routing, int stride) {
     const struct {
         const char *key, *fmt;
         double x;
@@ -138,18 +181,17 @@ static int write_metrics(FILE *f, long step, const moe_model *m, double loss, do
         }
     fprintf(f, "\"layers\": [");
     int first = 1;
-    for (int l = 0; l < m->L; l++) {
+    for (int l = 0, i = 0; l < m->L; l++) {
         if (!m->is_moe[l]) continue;
         const moe_plan *p = &m->a[l].moe.plan;
-        moe_load_stats st;
-        moe_plan_stats(p, &st);
+        const int64_t *row = routing + (size_t)i++ * stride;
         fprintf(f, "%s{\"layer\": %d, \"drop_rate\": ", first ? "" : ", ", l);
-        json_number(f, "%.6f", st.drop_rate);
+        json_number(f, "%.6f", layer_drop_rate(row, stride));
         fputs(", \"max_vio\": ", f);
         json_number(f, "%.6f", m->max_vio[l]);
         fputs(", \"load\": [", f);
         for (int e = 0; e < p->E; e++)
-            fprintf(f, "%s%d", e ? ", " : "", p->counts[e]);
+            fprintf(f, "%s%lld", e ? ", " : "", (long long)row[e]);
         fprintf(f, "], \"capacity\": [");
         for (int e = 0; e < p->E; e++)
             fprintf(f, "%s%d", e ? ", " : "", p->capacity[e]);
@@ -228,19 +270,6 @@ static int tb_eval(moe_tb_writer *tb, long step, const moe_eval_result *ev) {
     for (int i = 0; i < n; i++)
         tags[i] = names[i];
     return moe_tb_scalars(tb, step, wall_time(), tags, v, n);
-}
-
-static double mean_drop_rate(const moe_model *m) {
-    double s = 0;
-    int n = 0;
-    for (int l = 0; l < m->L; l++) {
-        if (!m->is_moe[l]) continue;
-        moe_load_stats st;
-        moe_plan_stats(&m->a[l].moe.plan, &st);
-        s += st.drop_rate;
-        n++;
-    }
-    return n ? s / n : 0.0;
 }
 
 static double mean_max_vio(const moe_model *m) {
@@ -505,6 +534,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     FILE *metrics = NULL;
     moe_tb_writer tb = {0};
     int32_t *in = NULL, *tg = NULL, *task = NULL;
+    int64_t *routing = NULL; // the step's routing counts (add_routing)
+    int stride = 0;
+    const size_t routing_len = moe_train_routing_len(cfg_in, &stride);
     float *acc = NULL;   // gradient sum over micro-batches
     moe_gpu_trainer gpu; // train.device = cuda: the device copy that trains
     memset(&gpu, 0, sizeof gpu);
@@ -515,7 +547,14 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     bool shared_fail = false;   // a failure every rank meets at the same step boundary
     // Setup: every rank checks; all agree on the first failure (lowest rank),
     // so an invalid config or file on one rank ends every rank cleanly.
-    int rc = moe_config_check(cfg, NULL);
+    // First of all, before any collective that depends on them: every rank
+    // holds the same config, run folder and data (agreed inside).
+    int rc = moe_train_check_same(world, cfg, o->out_dir, o->resume_dir);
+    if (rc < 0) {
+        r->agreed = rc != MOE_EIO; // (an MPI failure is this rank's alone)
+        goto fail;
+    }
+    rc = moe_config_check(cfg, NULL);
     if (rc == 0) rc = moe_tok_check_config(cfg); // the tokenizer fits model.vocab_size
     if (rc == 0) rc = moe_device_check(cfg->train.device);
     if (rc == 0) rc = moe_parallel_init(&par, world, cfg);
@@ -569,7 +608,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     tg = moe_malloc(sizeof(int32_t) * nt);
     task = moe_malloc(sizeof(int32_t) * d.B);
     acc = moe_malloc(sizeof(float) * (cfg->train.grad_accum > 1 ? m.table.numel : 1));
-    if (!in || !tg || !task || !acc) rc = moe_fail(MOE_ENOMEM, "training buffers: out of memory");
+    routing = moe_malloc(sizeof(int64_t) * (routing_len ? routing_len : 1));
+    if (!in || !tg || !task || !acc || !routing)
+        rc = moe_fail(MOE_ENOMEM, "training buffers: out of memory");
     // The run folder appears only once data, model and checkpoint are known
     // good: a run refused at setup leaves nothing behind.
     if (rc == 0 && lead && o->overwrite) rc = moe_run_clear(o->out_dir);
@@ -613,7 +654,8 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         float lr = moe_lr_schedule((int)step, (int)total, cfg->train.warmup_steps,
                                    (float)cfg->train.lr, (float)cfg->train.min_lr_ratio);
         moe_model *fm = on_gpu ? &gpu.m : &m; // the model that trains (its routing statistics)
-        if (on_gpu) {                         // trainer/train_gpu.c: the same step on the device
+        memset(routing, 0, sizeof(int64_t) * routing_len);
+        if (on_gpu) { // trainer/train_gpu.c: the same step on the device
             MOE_TRY_GOTO(moe_gpu_zero_grads(&gpu), rc);
             const double div = (double)accum * W;
             for (int a = 0; a < accum; a++) {
@@ -624,12 +666,14 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                     rc = moe_fail(rc, "step %ld: %s", step + 1, moe_last_error());
                     goto fail;
                 }
+                add_routing(routing, &gpu.m, stride);
                 parts[0] += gpu.m.loss / div, parts[1] += gpu.m.ce / div;
                 parts[2] += gpu.m.aux / div, parts[3] += gpu.m.z / div;
             }
             d.cursor[MOE_SPLIT_TRAIN] += (uint64_t)accum * W;
             MOE_TRY_GOTO(moe_gpu_allreduce_grads(&gpu), rc); // as moe_parallel_allreduce_grads
             MOE_TRY_GOTO(moe_comm_allreduce_f64(world, parts, 4), rc);
+            MOE_TRY_GOTO(moe_comm_allreduce_i64(world, routing, routing_len), rc);
             int64_t gcalls = gpu.m.load_calls;
             MOE_TRY_GOTO(moe_comm_allreduce_f64(world, gpu.m.load, moe_model_load_len(&gpu.m)), rc);
             MOE_TRY_GOTO(moe_comm_allreduce_i64(world, &gcalls, 1), rc);
@@ -673,6 +717,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
             }
             MOE_TRY_GOTO(moe_model_backward(&m, in, tg, task), rc);
             MOE_TRY_GOTO(moe_parallel_placement_accumulate(&par, &m), rc); // every micro-batch
+            add_routing(routing, &m, stride);
             const double div = (double)accum * W;
             parts[0] += m.loss / div, parts[1] += m.ce / div;
             parts[2] += m.aux / div, parts[3] += m.z / div;
@@ -686,6 +731,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
             for (size_t i = 0; i < n; i++)
                 m.grads[i] /= (float)(accum * W);
         MOE_TRY_GOTO(moe_comm_allreduce_f64(world, parts, 4), rc);
+        MOE_TRY_GOTO(moe_comm_allreduce_i64(world, routing, routing_len), rc);
         int64_t calls = m.load_calls;
         MOE_TRY_GOTO(moe_comm_allreduce_f64(world, m.load, moe_model_load_len(&m)), rc);
         MOE_TRY_GOTO(moe_comm_allreduce_i64(world, &calls, 1), rc);
@@ -711,7 +757,8 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     stepped:
         st.step = step + 1;
         const double loss = parts[0];
-        double dt = now() - t0, tps = (double)nt * accum * W / dt, drop = mean_drop_rate(fm);
+        double dt = now() - t0, tps = (double)nt * accum * W / dt,
+               drop = step_drop_rate(routing, (int)(routing_len / (size_t)stride), stride);
         tokens += (double)nt * accum * W;
         drop_sum += drop;
         vio_sum += mean_max_vio(fm);
@@ -731,8 +778,9 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         c.ar_bytes -= c0.ar_bytes, c.ar_s -= c0.ar_s;
         r->a2a_bytes += c.a2a_bytes, r->a2a_msgs += c.a2a_msgs;
         c.a2a_inter -= c0.a2a_inter, r->a2a_inter_bytes += c.a2a_inter;
-        if (metrics && write_metrics(metrics, step + 1, fm, loss, parts[1], parts[2], parts[3], lr,
-                                     gnorm, tps, drop, c, mfu, steps_run == 1 ? sgemm : 0) < 0) {
+        if (metrics &&
+            write_metrics(metrics, step + 1, fm, loss, parts[1], parts[2], parts[3], lr, gnorm, tps,
+                          drop, c, mfu, steps_run == 1 ? sgemm : 0, routing, stride) < 0) {
             rc = metrics_failed(o->out_dir);
             goto fail;
         }
@@ -902,6 +950,7 @@ fail:
     moe_mfree(tg);
     moe_mfree(task);
     moe_mfree(acc);
+    moe_mfree(routing);
     moe_adamw_free(&opt);
     moe_model_free(&m);
     moe_data_close(&d);

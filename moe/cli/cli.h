@@ -93,7 +93,11 @@ void moe_cli_shell_quote(char *out, size_t cap, const char *s);
 // moe_cli_mpi_finalize(NULL) does nothing.
 struct moe_comm;
 bool moe_cli_mpi_launched(void);
+// MOE_EINVAL (ranks_per_node refused alike on every rank) finalises MPI.
 int moe_cli_mpi_world(struct moe_comm **world, int ranks_per_node);
+// This process's rank as the launcher's environment tells it, before MPI_Init
+// (0 when not launched by one): who prints a failure every rank shares.
+int moe_cli_mpi_rank(void);
 void moe_cli_mpi_finalize(struct moe_comm *world);
 
 // Parses a base-10 integer in [lo, hi]; false on junk or out of range.

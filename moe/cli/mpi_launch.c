@@ -16,12 +16,23 @@ bool moe_cli_mpi_launched(void) {
     return false;
 }
 
+int moe_cli_mpi_rank(void) {
+    static const char *vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"};
+    for (size_t i = 0; i < sizeof vars / sizeof vars[0]; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return atoi(v);
+    }
+    return 0;
+}
+
 int moe_cli_mpi_world(struct moe_comm **world, int ranks_per_node) {
 #ifdef MOE_HAVE_MPI
     int done = 0;
     MPI_Initialized(&done);
     if (!done && MPI_Init(NULL, NULL) != MPI_SUCCESS) return moe_fail(MOE_EIO, "MPI_Init failed");
-    return moe_comm_mpi_world(world, ranks_per_node);
+    int rc = moe_comm_mpi_world(world, ranks_per_node);
+    if (rc == MOE_EINVAL) MPI_Finalize(); // refused alike on every rank: none is left waiting
+    return rc;
 #else
     (void)world;
     (void)ranks_per_node;

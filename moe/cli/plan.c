@@ -14,10 +14,11 @@ static const char *help =
     "                [--link-gbps INTRA,INTER] [--latency-us INTRA,INTER]\n"
     "                [--skew F | --load W0,W1,...]\n"
     "\n"
-    "Prints, for a run of CONFIG on N nodes of G ranks (default 1 node of parallel.ep\n"
-    "ranks): the memory of one rank (parameters, gradients, optimizer, activations,\n"
-    "MoE buffers, step buffers, data; the predicted peak of the library's\n"
-    "allocations), and the all-to-all bytes, messages and alpha-beta time per step for\n"
+    "Prints, for a run of CONFIG on N nodes of G ranks (default: parallel.ep ranks, in\n"
+    "nodes of comm.ranks_per_node when set, else on one node): the memory of one rank\n"
+    "(parameters, gradients, optimizer, activations, MoE buffers, step buffers, data;\n"
+    "the predicted peak of the library's allocations), and the all-to-all bytes,\n"
+    "messages and alpha-beta time per step for\n"
     "flat and hierarchical exchange. Links default to 400,100 Gb/s and 2,5 us.\n"
     "With --skew F (expert 0 takes the share F of the assignments, the rest evenly),\n"
     "--load (one weight per expert), or placement.mode = replicate or move: the tokens each\n"
@@ -52,7 +53,7 @@ int moe_cli_plan(int argc, char **argv) {
     int n_load = 0;
     const char **sets = malloc(sizeof *sets * (size_t)argc); // one per argument at most
     int n_sets = 0, code = MOE_EXIT_OK;
-    long long nodes = 1, rpn = 0;
+    long long nodes = 0, rpn = 0;
     moe_machine mc = {0, 0, 0, {400, 100}, {2, 5}};
     if (!sets) return moe_cli_fail("plan", MOE_EXIT_RUNTIME, "out of memory");
     for (int i = 1; i < argc && code == MOE_EXIT_OK; i++) {
@@ -127,11 +128,7 @@ int moe_cli_plan(int argc, char **argv) {
         code = moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
     free(sets);
     if (code != MOE_EXIT_OK) return code;
-    mc.nodes = (int)nodes;
-    mc.ranks_per_node = rpn ? (int)rpn : cfg.parallel.ep;
-    if ((long long)mc.nodes * mc.ranks_per_node > INT_MAX)
-        return moe_cli_fail("plan", MOE_EXIT_USAGE, "--nodes x --ranks-per-node is too large");
-    mc.world = mc.nodes * mc.ranks_per_node;
+    if (moe_plan_machine(&cfg, nodes_s ? (int)nodes : 0, (int)rpn, &mc) < 0) return plan_fail();
     if (skew_s && load_s)
         return moe_cli_fail("plan", MOE_EXIT_USAGE, "--skew and --load: give one of them");
     int E = 0;

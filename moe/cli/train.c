@@ -51,7 +51,11 @@ static const char *train_help =
     "with 130.\n"
     "--dry-run prints the memory plan (as moe plan) and exits; --force starts a run the\n"
     "memory plan says will not fit. Under mpirun or srun every rank trains\n"
-    "(parallel.ep experts-parallel ranks x data parallel).\n";
+    "(parallel.ep experts-parallel ranks x data parallel); the ranks must run the same\n"
+    "config, --out, --resume and data files (checked at start, exit 2 naming the first\n"
+    "difference). Open MPI's mpirun kills the ranks 1 s after Ctrl-C, before the save:\n"
+    "signal one rank instead (kill -INT PID), or start mpirun with\n"
+    "--mca odls_base_sigkill_timeout 120.\n";
 
 typedef struct {
     const char *out, *resume;
@@ -253,6 +257,41 @@ static int local_ranks(void) {
     return 1;
 }
 
+// The exit code of the lowest rank that failed (0: none), with its message,
+// on every rank.
+static int agree_exit(moe_comm *world, int code) {
+    return -moe_comm_agree(world, -code);
+}
+
+// The run folder and the checkpoint of a new or resumed run; returns the exit
+// code (0: usable) with the message recorded.
+static int check_run_folders(const train_args *a) {
+    int rc;
+    // A checkpoint to resume from is input: unusable is exit 2, as in eval.
+    if (a->resume && (rc = moe_cli_check_ckpt(a->resume)) < 0) {
+        moe_fail(rc, "--resume: %s", moe_last_error());
+        return moe_cli_input_exit_code(rc);
+    }
+    if (a->resume && check_resume_out(a->resume, a->out) < 0) return MOE_EXIT_USAGE;
+    // A second run into a run folder would mix two runs' metrics and replace
+    // the first one's checkpoint: the user says which they mean.
+    char ckpt[PATH_MAX];
+    if (!a->resume && !a->overwrite && moe_run_exists(a->out)) {
+        if (moe_ckpt_resolve(a->out, ckpt, sizeof ckpt, NULL) < 0) // nothing --resume could take
+            moe_fail(MOE_EINVAL,
+                     "--out %s already holds a run with no checkpoint to resume (metrics.jsonl "
+                     "or an unfinished save); replace it with --overwrite, or give another --out",
+                     a->out);
+        else
+            moe_fail(MOE_EINVAL,
+                     "--out %s already holds a run (metrics.jsonl or a checkpoint); continue it "
+                     "with --resume %s, or replace it with --overwrite",
+                     a->out, a->out);
+        return MOE_EXIT_USAGE;
+    }
+    return 0;
+}
+
 int moe_cli_train(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -267,55 +306,73 @@ int moe_cli_train(int argc, char **argv) {
     moe_config cfg;
     train_args a = {0};
     char default_out[PATH_MAX];
-    int rc = parse_train_args(argc, argv, &cfg, &a, default_out, sizeof default_out);
-    if (rc < 0) return moe_cli_fail("train", moe_cli_input_exit_code(rc), "%s", moe_last_error());
-    if (a.dry_run) { // the memory plan of this config on parallel.ep ranks of one node
-        moe_data d;  // synthetic data is all config: its checks cost nothing
-        if (!strcmp(cfg.data.kind, "synthetic")) {
-            if ((rc = moe_data_open(&d, &cfg)) < 0)
-                return moe_cli_fail("train", MOE_EXIT_USAGE, "%s", moe_last_error());
-            moe_data_close(&d);
-        }
-        moe_machine mc = {cfg.parallel.ep, 1, cfg.parallel.ep, {400, 100}, {2, 5}};
-        if (moe_plan_print(&cfg, &mc, stdout) < 0)
-            return moe_cli_fail("train", MOE_EXIT_USAGE, "%s", moe_last_error());
-        return MOE_EXIT_OK;
-    }
-    // A checkpoint to resume from is input: unusable is exit 2, as in eval.
-    if (a.resume && (rc = moe_cli_check_ckpt(a.resume)) < 0)
-        return moe_cli_fail("train", moe_cli_input_exit_code(rc), "--resume: %s", moe_last_error());
-    if (a.resume && (rc = check_resume_out(a.resume, a.out)) < 0)
-        return moe_cli_fail("train", MOE_EXIT_USAGE, "%s", moe_last_error());
-    // A second run into a run folder would mix two runs' metrics and replace
-    // the first one's checkpoint: the user says which they mean.
-    char ckpt[PATH_MAX];
-    if (!a.resume && !a.overwrite && moe_run_exists(a.out)) {
-        if (moe_ckpt_resolve(a.out, ckpt, sizeof ckpt, NULL) < 0) // nothing --resume could take
-            return moe_cli_fail("train", MOE_EXIT_USAGE,
-                                "--out %s already holds a run with no checkpoint to resume "
-                                "(metrics.jsonl or an unfinished save); replace it with "
-                                "--overwrite, or give another --out",
-                                a.out);
-        return moe_cli_fail("train", MOE_EXIT_USAGE,
-                            "--out %s already holds a run (metrics.jsonl or a checkpoint); "
-                            "continue it with --resume %s, or replace it with --overwrite",
-                            a.out, a.out);
-    }
+    int code = 0, rc = parse_train_args(argc, argv, &cfg, &a, default_out, sizeof default_out);
+    if (rc < 0) code = moe_cli_input_exit_code(rc);
     moe_comm *world = NULL;
     int rank = 0, size = 1;
     if (moe_cli_mpi_launched()) {
-        rc = moe_cli_mpi_world(&world, cfg.comm.ranks_per_node);
-        if (rc < 0) return moe_cli_fail("train", MOE_EXIT_RUNTIME, "%s", moe_last_error());
+        // The world first, with a node layout no config decides: every rank
+        // then learns of a failure of any rank (its arguments, its run folder)
+        // and of any difference between the ranks' runs before a collective
+        // that depends on them, and rank 0 alone prints it.
+        if ((rc = moe_cli_mpi_world(&world, 0)) < 0) {
+            if (moe_cli_mpi_rank() == 0)
+                moe_cli_fail("train", moe_cli_input_exit_code(rc), "%s", moe_last_error());
+            return moe_cli_input_exit_code(rc);
+        }
         rank = moe_comm_rank(world);
         size = moe_comm_size(world);
-        rc = moe_comm_set_timeout(world, cfg.comm.timeout_s);
+        code = agree_exit(world, code);
+        if (code == 0 && (rc = moe_train_check_same(world, &cfg, a.out, a.resume)) < 0) {
+            if (rc == MOE_EIO) { // an MPI failure, not agreed: peers may wait for this rank
+                moe_cli_fail("train", MOE_EXIT_RUNTIME, "%s", moe_last_error());
+                fflush(stderr);
+                moe_comm_abort(world, MOE_EXIT_RUNTIME);
+            }
+            code = MOE_EXIT_USAGE; // (agreed inside)
+        }
     }
+    if (code == 0 && !a.dry_run) code = check_run_folders(&a);
+    if (world) code = agree_exit(world, code);
+    // The node layout the config asks for: every rank holds the same value now,
+    // so a refusal (it does not divide the ranks) is the same on every rank.
+    if (world && code == 0 && cfg.comm.ranks_per_node > 0) {
+        moe_comm_free(world);
+        world = NULL;
+        if ((rc = moe_cli_mpi_world(&world, cfg.comm.ranks_per_node)) < 0) {
+            if (rank == 0)
+                moe_cli_fail("train", moe_cli_input_exit_code(rc), "%s", moe_last_error());
+            return moe_cli_input_exit_code(rc);
+        }
+    }
+    if (code != 0) {
+        if (rank == 0) moe_cli_fail("train", code, "%s", moe_last_error());
+        moe_cli_mpi_finalize(world);
+        return code;
+    }
+    if (a.dry_run) { // the plan of this config on parallel.ep ranks (as moe plan CONFIG)
+        moe_machine mc = {0, 0, 0, {400, 100}, {2, 5}};
+        moe_data d; // synthetic data is all config: its checks cost nothing
+        const bool synth = rank == 0 && !strcmp(cfg.data.kind, "synthetic");
+        if (synth && moe_data_open(&d, &cfg) < 0)
+            code = MOE_EXIT_USAGE;
+        else if (synth)
+            moe_data_close(&d);
+        if (rank == 0 && code == 0 &&
+            (moe_plan_machine(&cfg, 0, 0, &mc) < 0 || moe_plan_print(&cfg, &mc, stdout) < 0))
+            code = MOE_EXIT_USAGE;
+        if (world) code = agree_exit(world, code);
+        if (code != 0 && rank == 0) moe_cli_fail("train", code, "%s", moe_last_error());
+        moe_cli_mpi_finalize(world);
+        return code;
+    }
+    if (world) rc = moe_comm_set_timeout(world, cfg.comm.timeout_s);
     // Before any allocation: a run the machine cannot hold is refused with
     // its numbers (every rank agrees, so none waits for a refused peer).
     if (rc == 0 && !a.force) rc = check_memory(&cfg, size, rank, world ? local_ranks() : 1);
     if (world) rc = moe_comm_agree(world, rc);
     if (rc < 0) {
-        int code = rc == MOE_ENOMEM ? MOE_EXIT_RUNTIME : MOE_EXIT_USAGE;
+        code = rc == MOE_ENOMEM ? MOE_EXIT_RUNTIME : MOE_EXIT_USAGE;
         if (rank == 0) moe_cli_fail("train", code, "%s", moe_last_error());
         moe_cli_mpi_finalize(world);
         return code;

@@ -83,6 +83,14 @@ typedef struct {
     bool node_dedup;
 } moe_a2a_plan;
 
+// The machine a plan models: nodes x ranks_per_node (0: not given). With
+// neither given: parallel.ep ranks, in nodes of comm.ranks_per_node when set
+// (the node layout a run of cfg uses), else on one node; nodes defaults to 1
+// and ranks_per_node to comm.ranks_per_node, else parallel.ep.
+// MOE_EINVAL, naming the key or option, when comm.ranks_per_node does not
+// divide the world or disagrees with the ranks_per_node given.
+int moe_plan_machine(const moe_config *cfg, int nodes, int ranks_per_node, moe_machine *mc);
+
 // All-to-all traffic of one rank per optimizer step, assuming every expert is
 // filled to its static capacity (exact when every expert overflows; an upper
 // bound otherwise; dropless configs are estimated at k*T/E rows per expert).

@@ -81,6 +81,21 @@ typedef struct {
 
 int moe_train(const moe_config *cfg, const moe_train_opts *o, moe_train_result *r);
 
+// Elements of the per-step routing counts the loop keeps and sums over ranks
+// (metrics.jsonl's load and drop rates of the whole step): [MoE layers][stride],
+// stride = the largest expert count + 2. In the memory plan's step buffers.
+size_t moe_train_routing_len(const moe_config *cfg, int *stride);
+
+// Every rank of world holds the same resolved config (every key), out_dir,
+// resume_dir (NULL: none) and data files (names and sizes of what data.path,
+// data.val_path and the task globs resolve to). Collective, safe to call with
+// any differences: returns 0 on every rank, or MOE_EINVAL on every rank naming
+// the first differing key with rank 0's and the lowest differing rank's value.
+// moe_train calls it first; callers that run collectives of their own before
+// (the CLI) call it themselves as soon as the world exists.
+int moe_train_check_same(struct moe_comm *world, const moe_config *cfg, const char *out_dir,
+                         const char *resume_dir);
+
 // Checks train.device: 0 for cpu; for cuda MOE_EINVAL when built without
 // CUDA, MOE_EDEVICE when no device is visible, each with the reason.
 int moe_device_check(const char *device);

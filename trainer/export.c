@@ -418,20 +418,13 @@ static int task_routes(const moe_config *c, moe_st_set *s, int task, int *set, f
     const int L = c->model.n_layers, k = c->router.top_k, D = c->model.d_model;
     int rc = 0;
     for (int l = 0; l < L && rc == 0; l++) {
-        char gname[128], ename[128];
-        snprintf(gname, sizeof gname, "model.layers.%d.block_sparse_moe.gate.weight", l);
-        snprintf(ename, sizeof ename, "model.layers.%d.block_sparse_moe.task_embedding.weight", l);
-        moe_st_file *gf = NULL, *ef = NULL;
         void *gate = NULL, *emb = NULL;
         int64_t gs[2], es[2];
         int *all = NULL;
         float *wall = NULL;
-        if (!moe_st_set_find(s, gname, &gf) || !moe_st_set_find(s, ename, &ef))
-            return moe_fail(MOE_EFORMAT, "layer %d: no '%s' or '%s'", l, gname, ename);
-        rc = moe_st_load(gf, gname, MOE_ST_F32, 2, gs, &gate);
-        if (rc == 0) rc = moe_st_load(ef, ename, MOE_ST_F32, 2, es, &emb);
-        if (rc == 0 && (es[0] <= task || es[1] != D || gs[1] != D))
-            rc = moe_fail(MOE_EFORMAT, "%s: %lld task rows, task %d expected", ename,
+        rc = moe_ckpt_task_router(s, l, D, &gate, gs, &emb, es);
+        if (rc == 0 && es[0] <= task)
+            rc = moe_fail(MOE_EFORMAT, "layer %d: %lld task embeddings, task %d expected", l,
                           (long long)es[0], task);
         if (rc == 0) {
             all = malloc(sizeof(int) * (size_t)es[0] * k);

@@ -419,6 +419,28 @@ int moe_task_experts_check_set(const moe_task_experts *te, const char *path, int
     return 0;
 }
 
+int moe_ckpt_task_router(const moe_st_set *s, int l, int D, void **gate, int64_t gs[2], void **emb,
+                         int64_t es[2]) {
+    char gname[128], ename[128];
+    snprintf(gname, sizeof gname, "model.layers.%d.block_sparse_moe.gate.weight", l);
+    snprintf(ename, sizeof ename, "model.layers.%d.block_sparse_moe.task_embedding.weight", l);
+    *gate = *emb = NULL;
+    moe_st_file *gf = NULL, *ef = NULL;
+    if (!moe_st_set_find(s, gname, &gf) || !moe_st_set_find(s, ename, &ef))
+        return moe_fail(MOE_EFORMAT, "layer %d: no '%s' or '%s'", l, gname, ename);
+    int rc = moe_st_load(gf, gname, MOE_ST_F32, 2, gs, gate);
+    if (rc == 0) rc = moe_st_load(ef, ename, MOE_ST_F32, 2, es, emb);
+    if (rc == 0 && (gs[1] != D || es[1] != D))
+        rc = moe_fail(MOE_EFORMAT, "'%s' or '%s' does not have the config's d_model %d", gname,
+                      ename, D);
+    if (rc < 0) {
+        free(*gate);
+        free(*emb);
+        *gate = *emb = NULL;
+    }
+    return rc;
+}
+
 // Each task-routed layer's recorded sets equal the ones its gate and task
 // embeddings give (the layer's own router, as inference derives them).
 static int check_sets(const moe_task_experts *te, const char *path, const moe_config *cfg,
@@ -427,21 +449,16 @@ static int check_sets(const moe_task_experts *te, const char *path, const moe_co
     int rc = 0;
     for (int l = 0; l < cfg->model.n_layers && rc == 0; l++) {
         if (te->kind[l] != MOE_LAYER_TASK || !te->set[l]) continue;
-        char gname[128], ename[128];
-        snprintf(gname, sizeof gname, "model.layers.%d.block_sparse_moe.gate.weight", l);
-        snprintf(ename, sizeof ename, "model.layers.%d.block_sparse_moe.task_embedding.weight", l);
-        moe_st_file *gf = NULL, *ef = NULL;
         void *gate = NULL, *emb = NULL;
         int64_t gs[2], es[2];
         int *set = NULL;
-        if (!moe_st_set_find(s, gname, &gf) || !moe_st_set_find(s, ename, &ef))
-            return moe_fail(MOE_EFORMAT, "%s: layer %d: no tensor '%s' or '%s'", path, l, gname,
-                            ename);
-        rc = moe_st_load(gf, gname, MOE_ST_F32, 2, gs, &gate);
-        if (rc == 0) rc = moe_st_load(ef, ename, MOE_ST_F32, 2, es, &emb);
-        if (rc == 0 && (gs[0] != te->E[l] || gs[1] != D || es[0] < n || es[1] != D))
-            rc = moe_fail(MOE_EFORMAT, "%s: '%s' or '%s' does not have the config's shape", path,
-                          gname, ename);
+        rc = moe_ckpt_task_router(s, l, D, &gate, gs, &emb, es);
+        if (rc < 0) return moe_fail(rc, "%s: %s", path, moe_last_error());
+        if (gs[0] != te->E[l] || es[0] < n)
+            rc = moe_fail(MOE_EFORMAT,
+                          "%s: layer %d: gate [%lld, %d] or task embeddings [%lld, %d] do not "
+                          "have the config's %d experts and %d tasks",
+                          path, l, (long long)gs[0], D, (long long)es[0], D, te->E[l], n);
         if (rc == 0 && !(set = malloc(sizeof(int) * (size_t)n * k)))
             rc = moe_fail(MOE_ENOMEM, "%s: out of memory", path);
         if (rc == 0) rc = moe_task_expert_set(set, gate, emb, te->E[l], D, n, &cfg->router);

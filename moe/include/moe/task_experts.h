@@ -76,5 +76,10 @@ int moe_ckpt_task_experts(const char *dir, const moe_config *cfg, const moe_st_s
 // Layer l's recorded sets of every task against set [n_tasks * top_k], the
 // ones the weights give: MOE_EFORMAT naming the task and both full sets.
 int moe_task_experts_check_set(const moe_task_experts *te, const char *path, int l, const int *set);
+// Layer l's router gate [E, D] and task embeddings [n_tasks, D] (F32, in
+// *gate, *emb, shapes in gs, es; the caller frees both) from checkpoint set s,
+// their d_model checked against D. MOE_EFORMAT naming the tensors otherwise.
+int moe_ckpt_task_router(const moe_st_set *s, int l, int D, void **gate, int64_t gs[2], void **emb,
+                         int64_t es[2]);
 
 #endif

@@ -367,11 +367,33 @@ START_TEST(test_device_training_path_with_mini_seq_matches_host) {
 }
 END_TEST
 
+// A task no validation row held (batch_size below the task count) prints as
+// "-" with a note saying the loss covers the others, not as nan.
+START_TEST(test_eval_table_marks_tasks_without_validation_rows) {
+    moe_eval_result r = {.n_tasks = 2, .val_loss = 5.25};
+    snprintf(r.task[0], sizeof r.task[0], "copy");
+    snprintf(r.task[1], sizeof r.task[1], "caesar");
+    r.task_loss[0] = 5.25, r.task_loss[1] = NAN;
+    r.accuracy[0] = 0.5, r.accuracy[1] = 0;
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ck_assert_ptr_nonnull(f);
+    moe_eval_print(&r, f);
+    ck_assert_int_eq(fclose(f), 0);
+    ck_assert_msg(!strstr(buf, "nan"), "%s", buf);
+    ck_assert_msg(strstr(buf, "caesar") && strstr(buf, "had no validation row"), "%s", buf);
+    ck_assert_msg(strstr(buf, "5.2500") && strstr(buf, "50.0%"), "%s", buf);
+    free(buf);
+}
+END_TEST
+
 static Suite *train_suite(void) {
     Suite *s = suite_create("train");
     TCase *tc = tcase_create("train");
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_loss_falls_below_baseline);
+    tcase_add_test(tc, test_eval_table_marks_tasks_without_validation_rows);
     tcase_add_test(tc, test_device_training_path_on_cpu_matches_host);
     tcase_add_test(tc, test_device_training_path_with_cce_matches_host);
     tcase_add_test(tc, test_device_training_path_with_tasks_and_noise_matches_host);

@@ -295,7 +295,8 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
                         "%s: memory.mini_seq = %d with memory.recompute = %s: chunks are "
                         "recomputed in backward, so mini_seq > 1 goes with recompute = moe or all, "
                         "and recompute = moe or all with mini_seq > 1",
-                        moe_config_where(src, chunked ? "memory.recompute" : "memory.mini_seq"),
+                        src_where2(src, chunked ? "memory.mini_seq" : "memory.recompute",
+                                   chunked ? "memory.recompute" : "memory.mini_seq"),
                         c->memory.mini_seq, c->memory.recompute);
     if (chunked && (c->memory.mini_seq > c->model.seq_len || c->parallel.ep > 1))
         return moe_fail(MOE_EINVAL,

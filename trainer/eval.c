@@ -110,13 +110,24 @@ void moe_eval_print(const moe_eval_result *r, FILE *f) {
     fprintf(f, "\nvalidation: loss %.4f nats/token (unigram baseline %.4f)\n", r->val_loss,
             r->unigram_entropy);
     fprintf(f, "  %-10s %9s %9s\n", "task", "val loss", "accuracy");
+    int unseen = 0; // tasks no validation row held (a batch smaller than the task count)
     for (int t = 0; t < r->n_tasks; t++) {
+        if (!isfinite(r->task_loss[t])) {
+            fprintf(f, "  %-10s %9s %9s\n", r->task[t], "-", "-");
+            unseen++;
+            continue;
+        }
         fprintf(f, "  %-10s %9.4f ", r->task[t], r->task_loss[t]);
         if (r->accuracy[t] < 0)
             fprintf(f, "%9s\n", "n/a");
         else
             fprintf(f, "%8.1f%%\n", 100.0 * r->accuracy[t]);
     }
+    if (unseen)
+        fprintf(f,
+                "  (-: %d task%s had no validation row, so the loss above covers the others; "
+                "more rows per batch (train.batch_size) or eval batches cover every task)\n",
+                unseen, unseen > 1 ? "s" : "");
     for (int i = 0; i < r->n_moe; i++) {
         fprintf(f,
                 "\nexpert usage, layer %d (share of each task's tokens whose first choice is "

@@ -85,6 +85,8 @@ START_TEST(test_errors_name_file_line_col) {
     // the other key at its default: the one the file sets is at fault
     assert_error("{\"model\": {\"n_heads\": 3}}", ":1:12:", "n_heads = 3 is not a multiple");
     assert_error("{\"memory\": {\"mini_seq\": 2}}", ":1:13:", "mini_seq = 2 with memory.recompute");
+    // the router's own checks: the place of the key they name
+    assert_error("{\"router\": {\"n_groups\": 3}}", ":1:13:", "n_groups = 3 does not divide");
     assert_error("{\"moe\": {\"num_experts\": 1}}",
                  ":1:10:", "top_k = 2 exceeds moe.num_experts = 1");
     assert_error("{\"moe\": {\"num_experts\": 8},\n\"router\": {\"top_k\": 9}}",

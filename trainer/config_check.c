@@ -25,6 +25,23 @@ static const char *src_where2(const moe_config_src *src, const char *a, const ch
     return strcmp(w, "default") ? w : wb;
 }
 
+// Where a message of the router's own check (which knows no sources) went
+// wrong: the place of a router key it names that a --set gave, else of one a
+// file gave, else "config".
+static const char *where_named(const moe_config_src *src, const char *msg) {
+    const char *file = NULL;
+    for (const char *p = msg; (p = strstr(p, "router.")) != NULL;) {
+        char key[64];
+        size_t n = strspn(p, "abcdefghijklmnopqrstuvwxyz_.");
+        snprintf(key, sizeof key, "%.*s", (int)(n < sizeof key ? n : sizeof key - 1), p);
+        const char *w = moe_config_where(src, key);
+        if (!strncmp(w, "--set", 5)) return w;
+        if (!file && strcmp(w, "default")) file = w;
+        p += n;
+    }
+    return file ? file : "config";
+}
+
 // placement.* (moe/placement.h): slots hold at least the home experts and at
 // most every expert; replicas need spare slots, an EP group, and the CPU
 // token-choice exchange (the GPU path, expert choice and the node-deduplicated
@@ -188,7 +205,11 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
         int rc = moe_router_config_check(&c->router, e_min);
         for (int i = 0; rc == 0 && i < c->moe.n_num_experts; i++) // every layer's groups
             rc = moe_router_config_check(&c->router, c->moe.num_experts[i]);
-        if (rc < 0) return moe_fail(rc, "config: %s", moe_last_error());
+        if (rc < 0) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", moe_last_error());
+            return moe_fail(rc, "%s: %s", where_named(src, msg), msg);
+        }
     }
     if (c->router.type == MOE_ROUTER_EXPERT_CHOICE && c->moe.n_task_layers > 0)
         return moe_fail(MOE_EINVAL,

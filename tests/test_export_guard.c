@@ -46,13 +46,12 @@ START_TEST(test_export_refuses_a_folder_with_the_optimizer_index) {
 }
 END_TEST
 
-static void write_file(const char *dir, const char *name, const char *text) {
-    char p[1200];
-    snprintf(p, sizeof p, "%s/%s", dir, name);
-    FILE *f = fopen(p, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
+// A checkpoint of the test config in root/ck, root a fresh folder.
+static void saved_checkpoint(char *root, size_t root_cap, char *ck, size_t ck_cap) {
+    snprintf(root, root_cap, "%s", tu_tmpdir());
+    snprintf(ck, ck_cap, "%s/ck", root);
+    moe_config c = tu_ckpt_config();
+    tu_save_checkpoint(&c, ck);
 }
 
 static void export_to(const char *root, const char *ck, const char *out, int want) {
@@ -66,14 +65,11 @@ START_TEST(test_export_refuses_a_folder_of_user_files_and_leaves_them) {
     static const char *const tok[] = {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
                                       "special_tokens_map.json", "notes.txt"};
     char root[600], ck[700], out[700];
-    snprintf(root, sizeof root, "%s", tu_tmpdir());
-    snprintf(ck, sizeof ck, "%s/ck", root);
-    moe_config c = tu_ckpt_config();
-    tu_save_checkpoint(&c, ck);
+    saved_checkpoint(root, sizeof root, ck, sizeof ck);
     for (int i = 0; i < 5; i++) {
         snprintf(out, sizeof out, "%s/d%d", root, i);
         mkdir(out, 0755);
-        write_file(out, tok[i], "important\n");
+        tu_write_text(out, tok[i], "important\n");
         export_to(root, ck, out, 2);
         const char *err = tu_file_text(root, "err.txt");
         ck_assert_msg(strstr(err, tok[i]) && strstr(err, "no export wrote"), "%s", err);
@@ -87,13 +83,10 @@ END_TEST
 // The message names what the folder holds, not files it lacks.
 START_TEST(test_export_refusal_names_the_files_that_are_there) {
     char root[600], ck[700], out[700];
-    snprintf(root, sizeof root, "%s", tu_tmpdir());
-    snprintf(ck, sizeof ck, "%s/ck", root);
+    saved_checkpoint(root, sizeof root, ck, sizeof ck);
     snprintf(out, sizeof out, "%s/d", root);
-    moe_config c = tu_ckpt_config();
-    tu_save_checkpoint(&c, ck);
     mkdir(out, 0755);
-    write_file(out, "model.safetensors", "weights");
+    tu_write_text(out, "model.safetensors", "weights");
     export_to(root, ck, out, 2);
     const char *err = tu_file_text(root, "err.txt");
     ck_assert_msg(strstr(err, "(model.safetensors)") && !strstr(err, "config.json"), "%s", err);
@@ -108,19 +101,16 @@ START_TEST(test_export_reuses_an_empty_folder_and_replaces_an_earlier_export) {
     static const char *const tok[] = {"tokenizer.model", "tokenizer.json", "tokenizer_config.json",
                                       "special_tokens_map.json"};
     char root[600], ck[700], out[700];
-    snprintf(root, sizeof root, "%s", tu_tmpdir());
-    snprintf(ck, sizeof ck, "%s/ck", root);
+    saved_checkpoint(root, sizeof root, ck, sizeof ck);
     snprintf(out, sizeof out, "%s/d", root);
-    moe_config c = tu_ckpt_config();
-    tu_save_checkpoint(&c, ck);
     mkdir(out, 0755);
     export_to(root, ck, out, 0);
     ck_assert_int_gt(size_of(out, "model.safetensors"), 0);
     // what an earlier export of a SentencePiece model leaves
-    write_file(out, "config.json",
-               "{\"model_type\": \"mixtral\", \"moe_tokenizer\": \"sentencepiece\"}\n");
+    tu_write_text(out, "config.json",
+                  "{\"model_type\": \"mixtral\", \"moe_tokenizer\": \"sentencepiece\"}\n");
     for (int i = 0; i < 4; i++)
-        write_file(out, tok[i], "earlier export\n");
+        tu_write_text(out, tok[i], "earlier export\n");
     export_to(root, ck, out, 0);
     for (int i = 0; i < 4; i++)
         ck_assert_msg(size_of(out, tok[i]) == -1, "%s survived", tok[i]);

@@ -1,7 +1,7 @@
 # The moe binary under mpirun (cmake -DMPIEXEC= -DMOE= -DSRC= -DOUT= -P this):
-#  1. `mpirun -np 4 moe train ... --set parallel.ep=4` trains and checkpoints, and one
-#     process evaluates, exports and generates from that checkpoint, and its run
-#     report charts the all-to-all traffic;
+#  1. `mpirun -np 4 moe train ... --set parallel.ep=4` (with replicated expert
+#     placement) trains and checkpoints, and one process evaluates, exports and
+#     generates from that checkpoint, and its run report charts the all-to-all traffic;
 #  2. an invalid config on one rank (MPMD) ends every rank with its message;
 #  3. ranks diverging at run time end the job, no hang;
 #  4. ranks launched with different configs, --out or data files are refused at
@@ -13,7 +13,9 @@ set(small --set model.d_model=32 --set model.n_layers=2 --set model.d_ff=48
 file(REMOVE_RECURSE ${OUT})
 
 execute_process(COMMAND ${run} -np 4 ${MOE} train ${SRC}/configs/tiny.json ${small}
-                        --set parallel.ep=4 --steps 3 --out ${OUT}/ep4
+                        --set parallel.ep=4 --set placement.mode=replicate
+                        --set placement.slots_per_rank=3 --set placement.update_every=1
+                        --steps 3 --out ${OUT}/ep4
                 RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out TIMEOUT 120)
 if(NOT rc EQUAL 0 OR NOT EXISTS ${OUT}/ep4/checkpoint/model.safetensors.index.json)
   message(FATAL_ERROR "ep=4 run failed (${rc}):\n${out}")

@@ -175,6 +175,21 @@ static void resume_checks_the_state(moe_comm *world, const char *dir) {
     int rc = moe_train(&c, &o, &r);
     CHECK(rc == MOE_EFORMAT && strstr(moe_last_error(), "placement.layers[layer 0].holders"),
           "a bad holder list: rc %d, '%s'", rc, moe_last_error());
+    // A negative ep is no other layout (which would start from the static table).
+    if (rank == 0) {
+        json_t *doc = json_load_file(path, 0, NULL);
+        CHECK(doc &&
+                  !json_object_set_new(json_object_get(doc, "placement"), "ep", json_integer(-1)),
+              "editing %s", path);
+        CHECK(json_dump_file(doc, path, JSON_INDENT(2)) == 0, "writing %s", path);
+        json_decref(doc);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    snprintf(out, sizeof out, "%s/resume-bad-ep", dir);
+    o = (moe_train_opts){.out_dir = out, .resume_dir = ck, .quiet = true, .world = world};
+    rc = moe_train(&c, &o, &r);
+    CHECK(rc == MOE_EFORMAT && strstr(moe_last_error(), "ep = -1"),
+          "a negative ep in the placement state: rc %d, '%s'", rc, moe_last_error());
 }
 
 // Largest per-tensor relative L2 difference of two checkpoints (same tensor

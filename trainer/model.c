@@ -164,9 +164,15 @@ static size_t layout_acts(moe_model *m, float *base) {
 
 int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks) {
     // One process holds every expert, whatever layout wrote the checkpoint
-    // (rank 0 saves the full expert set): eval and export read it as ep = 1.
+    // (rank 0 saves the full expert set, each under its own name): eval and
+    // export read it as ep = 1, without the keys that only shape how ranks
+    // trade tokens (the placement table, the overlapped exchange), which the
+    // config check refuses at ep = 1.
     moe_config one = *cfg;
     one.parallel.ep = 1;
+    snprintf(one.placement.mode, sizeof one.placement.mode, "static");
+    one.placement.slots_per_rank = 0;
+    one.comm.overlap_degree = 1;
     return moe_model_init_ep(m, &one, B, T, n_tasks, NULL);
 }
 

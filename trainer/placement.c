@@ -474,6 +474,14 @@ static int read_state(moe_parallel *p, moe_model *m, const char *path, json_t *d
                         "%s: 'placement' must be an object with integers 'ep' and "
                         "'slots_per_rank', a boolean 'seeded' and an array 'layers'",
                         path);
+    // A layout no run could have written is a damaged file, not another layout.
+    if (json_integer_value(jep) < 1 || json_integer_value(jep) > 1 << 16 ||
+        json_integer_value(jS) < 1 || json_integer_value(jS) > 1 << 16)
+        return moe_fail(MOE_EFORMAT,
+                        "%s: 'placement' has ep = %lld and slots_per_rank = %lld: expected "
+                        "1..65536 each",
+                        path, (long long)json_integer_value(jep),
+                        (long long)json_integer_value(jS));
     int n_moe = 0, S = 0;
     for (int l = 0; l < m->L; l++)
         if (p->place[l]) n_moe++, S = p->place[l]->t.S;

@@ -387,6 +387,11 @@ START_TEST(test_plan_models_placement_for_any_ranks) {
     ck_assert_int_eq(pp.replicas, 0);
     ck_assert_double_eq_tol(pp.max_mean[0], 1, 1e-12);
     ck_assert_int_eq(moe_plan_placement(&c, 1.5, NULL, &pp), MOE_EINVAL);
+    // Top-2 routing gives no expert more than half the assignments.
+    ck_assert_int_eq(moe_plan_placement(&c, 0.6, NULL, &pp), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "expert 0 takes 60.0%"));
+    const double one_hot[8] = {1, 0, 0, 0, 0, 0, 0, 0};
+    ck_assert_int_eq(moe_plan_placement(&c, 0, one_hot, &pp), MOE_EINVAL);
 }
 END_TEST
 

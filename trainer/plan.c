@@ -455,6 +455,14 @@ int moe_plan_placement(const moe_config *cfg, double skew, const double *load,
         total += share[e];
     }
     if (!(total > 0)) return moe_fail(MOE_EINVAL, "plan: the load sums to %g", total);
+    // Token choice gives an expert at most one of a token's k assignments.
+    for (int e = 0; e < E && cfg->router.type != MOE_ROUTER_EXPERT_CHOICE; e++)
+        if (share[e] / total > 1.0 / k + 1e-12)
+            return moe_fail(MOE_EINVAL,
+                            "plan: expert %d takes %.1f%% of the assignments, but with "
+                            "router.top_k = %d an expert gets at most one of a token's %d "
+                            "(%.1f%%)",
+                            e, 100 * share[e] / total, k, k, 100.0 / k);
     int C = cfg->router.type == MOE_ROUTER_EXPERT_CHOICE
                 ? moe_expert_choice_capacity(&cfg->router, (int)Ts, E)
                 : moe_capacity_static(&cfg->router, (int)Ts, E);

@@ -145,6 +145,22 @@ START_TEST(test_pair_error_points_at_the_set_that_broke_it) {
     ck_assert_int_eq(moe_config_set(&c, src, "model.n_kv_heads=3"), 0);
     ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL);
     ck_assert_msg(!strncmp(moe_last_error(), "--set model.n_kv_heads", 22), "%s", moe_last_error());
+    // The placement keys: a --set of parallel.ep or of the slots breaks the file's table.
+    ck_assert_int_eq(moe_config_set(&c, src, "model.n_kv_heads=2"), 0);
+    ck_assert_int_eq(
+        moe_config_load(&c, src,
+                        write_cfg("{\"parallel\": {\"ep\": 4}, \"placement\": "
+                                  "{\"mode\": \"replicate\", \"slots_per_rank\": 3}}")),
+        0);
+    ck_assert_int_eq(moe_config_check(&c, src), 0);
+    ck_assert_int_eq(moe_config_set(&c, src, "parallel.ep=1"), 0);
+    ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL);
+    ck_assert_msg(!strncmp(moe_last_error(), "--set parallel.ep", 17), "%s", moe_last_error());
+    ck_assert_int_eq(moe_config_set(&c, src, "parallel.ep=4"), 0);
+    ck_assert_int_eq(moe_config_set(&c, src, "placement.slots_per_rank=0"), 0);
+    ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL);
+    ck_assert_msg(!strncmp(moe_last_error(), "--set placement.slots_per_rank", 30), "%s",
+                  moe_last_error());
     moe_config_src_free(src);
 }
 END_TEST

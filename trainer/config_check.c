@@ -56,7 +56,8 @@ static int check_placement(const moe_config *c, const moe_config_src *src, int n
             return moe_fail(MOE_EINVAL,
                             "%s: placement.slots_per_rank = %d must be between E/parallel.ep = %d "
                             "and moe.num_experts = %d",
-                            moe_config_where(src, "placement.slots_per_rank"), S, E / ep, E);
+                            src_where2(src, "placement.slots_per_rank", "parallel.ep"), S, E / ep,
+                            E);
         if (rep && S == E / ep)
             return moe_fail(MOE_EINVAL,
                             "%s: placement.mode = replicate needs spare slots: "
@@ -64,6 +65,7 @@ static int check_placement(const moe_config *c, const moe_config_src *src, int n
                             moe_config_where(src, "placement.slots_per_rank"), S);
     }
     if (!rep && !move) return 0;
+    // Each reason names the other key, so the location is the --set that broke the pair.
     const char *why = ep < 2                             ? "parallel.ep > 1"
                       : S == 0 && rep                    ? "placement.slots_per_rank above E/ep"
                       : !strcmp(c->train.device, "cuda") ? "train.device = cpu"
@@ -71,9 +73,14 @@ static int check_placement(const moe_config *c, const moe_config_src *src, int n
                       : c->comm.node_dedup                         ? "comm.node_dedup = false"
                       : n_moe == 0                                 ? "MoE layers"
                                                                    : NULL;
-    if (why)
-        return moe_fail(MOE_EINVAL, "%s: placement.mode = %s needs %s",
-                        moe_config_where(src, "placement.mode"), c->placement.mode, why);
+    if (why) {
+        char other[64];
+        snprintf(other, sizeof other, "%.*s", (int)strcspn(why, " "), why);
+        const char *where = strchr(other, '.') ? src_where2(src, "placement.mode", other)
+                                               : moe_config_where(src, "placement.mode");
+        return moe_fail(MOE_EINVAL, "%s: placement.mode = %s needs %s", where, c->placement.mode,
+                        why);
+    }
     return 0;
 }
 

@@ -40,7 +40,9 @@ static const char *prepare_help =
     "Invalid UTF-8 is refused naming the file and the byte offset, before anything\n"
     "is written, and so is a file included twice. DIR may hold other files but not a\n"
     "manifest.json or train_*.bin / val_*.bin files (nor their .tmp): shards are written\n"
-    "as NAME.tmp and renamed into place with the manifest once all are complete.\n"
+    "as NAME.tmp (created exclusively) and renamed into place with the manifest once all\n"
+    "are complete, never over an existing NAME: a second prepare into DIR at once fails\n"
+    "and removes only its own files.\n"
     "Ctrl-C or SIGTERM stops prepare and removes what it wrote (exit status 130).\n"
     "\n"
     "exit status: 0 ok, 1 runtime failure, 2 bad usage or input, 130 stopped by a signal\n";

@@ -269,14 +269,19 @@ static int finish_part(moe_data_part *p) {
 }
 
 // Training task probabilities from each task's training windows n_i:
-// proportional n_i, uniform, or temperature n_i^(1/T) (multilingual MT).
+// proportional n_i, uniform, or temperature n_i^(1/T) (multilingual MT). The
+// temperature weights are exp((log n_i - max_j log n_j) / T): n_i^(1/T)
+// overflows for T below ~0.015 (inf / inf = NaN), while these lie in (0, 1]
+// with the largest task's 1, so a tiny T gives that task p = 1.
 static void task_probabilities(moe_data *d, const moe_config *cfg) {
-    double w[MOE_MAX_TASKS], sum = 0, acc = 0;
+    double w[MOE_MAX_TASKS], sum = 0, acc = 0, log_max = -INFINITY;
+    for (int t = 0; t < d->n_tasks; t++)
+        log_max = fmax(log_max, log((double)d->part[t][MOE_SPLIT_TRAIN].n_windows));
     for (int t = 0; t < d->n_tasks; t++) {
         double n = (double)d->part[t][MOE_SPLIT_TRAIN].n_windows;
         w[t] = cfg->data.task_sampling == MOE_TASK_SAMPLING_UNIFORM ? 1.0
                : cfg->data.task_sampling == MOE_TASK_SAMPLING_TEMPERATURE
-                   ? pow(n, 1.0 / cfg->data.task_temperature)
+                   ? (n > 0 ? exp((log(n) - log_max) / cfg->data.task_temperature) : 0)
                    : n;
         sum += w[t];
     }

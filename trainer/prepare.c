@@ -230,7 +230,8 @@ static int walk(input_list *l, dir_set *seen, const char *dir, int depth) {
     if (depth > 64) return moe_fail(MOE_EINVAL, "%s: folders nested deeper than 64", dir);
     struct dirent **ents;
     int n = scandir(dir, &ents, NULL, alphasort);
-    if (n < 0) return moe_fail(MOE_EIO, "%s: cannot list: %s", dir, strerror(errno));
+    if (n < 0)
+        return moe_fail(moe_input_errno_code(errno), "%s: cannot list: %s", dir, strerror(errno));
     int rc = 0;
     for (int i = 0; i < n; i++) {
         const char *name = ents[i]->d_name;

@@ -16,14 +16,26 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+int moe_input_errno_code(int err) {
+    switch (err) {
+    case ENOENT:
+    case ENOTDIR:
+        return MOE_ENOTFOUND;
+    case EACCES:
+    case EPERM:
+    case ELOOP:
+    case ENAMETOOLONG:
+        return MOE_EINVAL;
+    default:
+        return MOE_EIO;
+    }
+}
+
 int moe_open_regular(const char *path, int *fd) {
     *fd = -1;
     int d = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-    // A missing input is bad input (exit 2 in every command), an open that
-    // fails otherwise an I/O failure.
     if (d < 0)
-        return moe_fail(errno == ENOENT || errno == ENOTDIR ? MOE_ENOTFOUND : MOE_EIO,
-                        "%s: cannot open: %s", path, strerror(errno));
+        return moe_fail(moe_input_errno_code(errno), "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(d, &sb) != 0) {
         int err = errno;

@@ -392,6 +392,51 @@ static void expect_bad(const char *path, const char *kind, int V, const char *wh
                   "'%s' lacks '%s'", moe_last_error(), what);
 }
 
+// An llm.c shard read with data.kind = nanogpt: the header is no tokens, and
+// the advice is the kind, not a larger model.vocab_size (which would train
+// on the header at vocab_size >= 54233).
+START_TEST(test_nanogpt_kind_on_an_llmc_shard_suggests_llmc) {
+    const char *p = write_llmc("shard.bin", MOE_LLMC_MAGIC, 1, 500, 500, tok_mod200);
+    const int V[2] = {256, 65536};
+    for (int k = 0; k < 2; k++) {
+        expect_bad(p, "nanogpt", V[k],
+                   "an llm.c token file (magic 20240520, version 1, 500 "
+                   "tokens), not a nanoGPT .bin: set data.kind = llmc");
+        ck_assert_ptr_null(strstr(moe_last_error(), "vocab_size"));
+    }
+    // raw tokens that happen to begin like the magic, without a matching count, are tokens
+    const char *q = write_llmc("raw.bin", MOE_LLMC_MAGIC, 1, 7, 500, tok_mod200);
+    moe_config c = file_cfg("nanogpt", q, 65536);
+    moe_data d;
+    ck_assert_msg(moe_data_open(&d, &c) == 0, "%s", moe_last_error());
+    moe_data_close(&d);
+}
+END_TEST
+
+// A data.path holding a glob character ('x[1].bin') that exists only
+// literally: the glob matches nothing, and the message says why and how to
+// escape; the escaped pattern reads the file.
+START_TEST(test_glob_missing_a_literal_file_says_how_to_escape) {
+    write_llmc("x[1].bin", MOE_LLMC_MAGIC, 1, 500, 500, tok_mod200);
+    char pat[700], esc[700];
+    snprintf(pat, sizeof pat, "%s/x[1].bin", tu_dir);
+    snprintf(esc, sizeof esc, "%s/x\\[1\\].bin", tu_dir);
+    char **paths;
+    int n;
+    ck_assert_int_eq(moe_glob_paths("data.path", pat, &paths, &n), MOE_ENOTFOUND);
+    ck_assert_msg(strstr(moe_last_error(), "read as a glob pattern") &&
+                      strstr(moe_last_error(), "a file of that literal name exists"),
+                  "%s", moe_last_error());
+    ck_assert_int_eq(moe_glob_paths("data.path", esc, &paths, &n), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_str_eq(paths[0], pat);
+    moe_glob_free(paths, n);
+    snprintf(pat, sizeof pat, "%s/y[1].bin", tu_dir); // nothing by either name
+    ck_assert_int_eq(moe_glob_paths("data.path", pat, &paths, &n), MOE_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "': no such file"));
+}
+END_TEST
+
 START_TEST(test_bad_files_are_refused) {
     const int32_t M = MOE_LLMC_MAGIC;
     expect_bad(write_llmc("m.bin", 1234, 1, 500, 500, tok_mod200), "llmc", 256,
@@ -544,6 +589,8 @@ static Suite *shards_suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, tu_dir_setup, tu_dir_teardown);
     tcase_add_test(tc, test_llmc_v1_and_v2_tokens_read_back);
+    tcase_add_test(tc, test_nanogpt_kind_on_an_llmc_shard_suggests_llmc);
+    tcase_add_test(tc, test_glob_missing_a_literal_file_says_how_to_escape);
     tcase_add_test(tc, test_nanogpt_raw_uint16);
     tcase_add_test(tc, test_glob_sorted_and_val_path);
     tcase_add_test(tc, test_mmap_reader_equals_in_memory_reader);

@@ -468,6 +468,26 @@ START_TEST(test_prepare_stopped_inside_the_only_document) {
 }
 END_TEST
 
+// A file name that is not UTF-8 (names are bytes) keeps its "path" in the
+// manifest, each byte of a bad sequence written as the text \xHH.
+START_TEST(test_prepare_manifest_keeps_a_non_utf8_file_name) {
+    char dir[600], in_dir[700], p[900], out[700];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(in_dir, sizeof in_dir, "%s/in", dir);
+    ck_assert_int_eq(mkdir(in_dir, 0755), 0);
+    snprintf(p, sizeof p, "%s/caf\xC3\xA9-\xFF.txt", in_dir);
+    write_text(p, "some text\n");
+    snprintf(out, sizeof out, "%s/out", dir);
+    const char *in[] = {in_dir};
+    moe_prepare_result r;
+    ck_assert_msg(prepare(out, in, 1, 0, MOE_DOC_FILE, 100, &r) == 0, "%s", moe_last_error());
+    char want[900];
+    snprintf(want, sizeof want, "\"path\": \"%s/caf\xC3\xA9-\\\\xFF.txt\"", in_dir);
+    ck_assert_msg(strstr(tu_file_text(out, "manifest.json"), want), "%s lacks %s",
+                  tu_file_text(out, "manifest.json"), want);
+}
+END_TEST
+
 // The CLI end to end: prepare, train on the shards by glob with val_path,
 // generate without --task (one corpus), then two file tasks and --task.
 START_TEST(test_prepare_train_generate_cli) {
@@ -532,6 +552,7 @@ static Suite *prepare_suite(void) {
     tcase_add_test(tc, test_prepare_never_replaces_or_removes_another_runs_shard);
     tcase_add_test(tc, test_prepare_failing_call_leaves_only_the_users_files);
     tcase_add_test(tc, test_prepare_stopped_inside_the_only_document);
+    tcase_add_test(tc, test_prepare_manifest_keeps_a_non_utf8_file_name);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -410,6 +410,30 @@ typedef struct {
 
 static const char *const doc_names[] = {"file", "paragraph", "line"};
 
+// A file name as a JSON string: names are bytes, JSON is UTF-8, so each byte
+// of an invalid sequence is written as the text \xHH (jansson would give NULL
+// and the key would be dropped without a word).
+static json_t *name_json(const char *name) {
+    size_t n = strlen(name);
+    if (moe_utf8_bad((const unsigned char *)name, (long)n) < 0) return json_string(name);
+    char *t = malloc(4 * n + 1), *o = t;
+    if (!t) return NULL;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)name[i];
+        size_t len = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+        if (i + len <= n && moe_utf8_bad((const unsigned char *)name + i, (long)len) < 0) {
+            memcpy(o, name + i, len), o += len, i += len;
+        } else {
+            o += sprintf(o, "\\x%02X", c);
+            i++;
+        }
+    }
+    *o = 0;
+    json_t *j = json_string(t);
+    free(t);
+    return j;
+}
+
 // Writes DIR/manifest.json.tmp; *created is set once this run made that file.
 static int write_manifest(const moe_prepare_opts *o, const path_list *in, const file_stat *fs,
                           const moe_prepare_result *r, shard_writer w[2], bool *created) {
@@ -425,7 +449,7 @@ static int write_manifest(const moe_prepare_opts *o, const path_list *in, const 
     json_object_set_new(root, "seed", json_integer((json_int_t)o->seed));
     for (int i = 0; i < in->n; i++) {
         json_t *f = json_object();
-        json_object_set_new(f, "path", json_string(in->path[i]));
+        json_object_set_new(f, "path", name_json(in->path[i]));
         json_object_set_new(f, "bytes", json_integer((json_int_t)fs[i].bytes));
         json_object_set_new(f, "documents", json_integer(fs[i].docs[0] + fs[i].docs[1]));
         json_object_set_new(f, "train_documents", json_integer(fs[i].docs[0]));

@@ -97,7 +97,13 @@ int moe_map_regular(const char *path, const void **data, size_t *len) {
     } else if (st.st_size > 0) {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
-            rc = moe_fail(MOE_EIO, "%s: cannot map: %s", path, strerror(errno));
+            int err = errno; // ENOMEM: usually the count of mappings, not memory
+            rc = moe_fail(MOE_EIO, "%s: cannot map: %s%s", path, strerror(err),
+                          err == ENOMEM ? " (the process may hold vm.max_map_count mappings, "
+                                          "one per file: use fewer, larger files, e.g. a "
+                                          "larger moe prepare --shard-tokens, or raise "
+                                          "vm.max_map_count)"
+                                        : "");
         } else {
             *data = p, *len = (size_t)st.st_size;
             n->start = p, n->len = *len;

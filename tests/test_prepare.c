@@ -354,18 +354,24 @@ static void plant_after_first_file(void *ctx, const moe_prepare_progress *p) {
 
 // Two prepares into one --out: a shard's NAME.tmp that another run created is
 // never opened (it was truncated and shared) and never removed.
+// Documents of one part (lines) and of several (whole files in 4-byte parts):
+// the refusal is not lost between parts.
 START_TEST(test_prepare_refuses_a_tmp_another_run_is_writing) {
     moe_prepare_opts o = race_opts();
     o.progress = plant_after_first_file;
     o.progress_ctx = "train_000006.bin.tmp";
-    moe_prepare_result r;
-    ck_assert_int_eq(moe_prepare(&o, &r), MOE_EINVAL);
-    ck_assert_msg(strstr(moe_last_error(), "train_000006.bin.tmp exists: another moe prepare"),
-                  "%s", moe_last_error());
-    char names[2000];
-    dir_names(race_out, names, sizeof names);
-    ck_assert_str_eq(names, "keep.txt train_000006.bin.tmp ");
-    ck_assert_str_eq(tu_file_text(race_out, "train_000006.bin.tmp"), "theirs");
+    for (int parts = 0; parts < 2; parts++) {
+        if (parts) o.doc = MOE_DOC_FILE, o.part_bytes = 4;
+        unlink(tu_path(race_out, "train_000006.bin.tmp", "")); // planted again after file 1
+        moe_prepare_result r;
+        ck_assert_int_eq(moe_prepare(&o, &r), MOE_EINVAL);
+        ck_assert_msg(strstr(moe_last_error(), "train_000006.bin.tmp exists: another moe prepare"),
+                      "%s", moe_last_error());
+        char names[2000];
+        dir_names(race_out, names, sizeof names);
+        ck_assert_str_eq(names, "keep.txt train_000006.bin.tmp ");
+        ck_assert_str_eq(tu_file_text(race_out, "train_000006.bin.tmp"), "theirs");
+    }
 }
 END_TEST
 

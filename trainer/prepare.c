@@ -590,7 +590,7 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
             long doc_tokens = 0;
             // The stop flag between parts, not only documents: one document
             // may be the whole input.
-            for (size_t off = 0, len; off < n && (rc = stopped(o)) == 0; off += len) {
+            for (size_t off = 0, len; off < n && rc == 0 && (rc = stopped(o)) == 0; off += len) {
                 len = part_len(m.data + at + off, n - off, part_max);
                 toks.n = 0;
                 if ((rc = tk->encode(tk->ctx, m.data + at + off, len, off == 0, &toks)) < 0) break;

@@ -224,6 +224,9 @@ START_TEST(test_empty_path_options_are_bad_usage) {
         {"route --example --out ''", "--out needs a path"},
         {"route --logits '' --out x", "--logits needs a path"},
         {"route --logits x --task-ids '' --out x", "--task-ids needs a path"},
+        {"prepare tiny.json --out ''", "--out needs a path"},
+        {"prepare tiny.json --out p --tokenizer ''",
+         "--tokenizer needs a path (or bytes): it is empty"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         ck_assert_msg(run_moe("%s", cases[i].args) == 2, "%s: exit not 2: %s", cases[i].args,
@@ -245,6 +248,11 @@ START_TEST(test_option_ranges_are_stated_in_full) {
         {"eval ck --batches 1000000000", "--batches needs an integer in [1, 1048576]"},
         {"eval ck --samples 99999999", "--samples needs an integer in [0, 1048576]"},
         {"plan tiny.json --nodes 2000000", "--nodes needs an integer in [1, 1048576]"},
+        {"prepare tiny.json --out p --shard-tokens 0",
+         "--shard-tokens needs an integer in [1, 2147483647], got '0'"},
+        {"prepare tiny.json --out p --seed -1",
+         "--seed needs an integer in [0, 9223372036854775807], got '-1'"},
+        {"prepare tiny.json --out p --val-fraction 1", "--val-fraction needs a number in [0, 1)"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         ck_assert_int_eq(run_moe("%s", cases[i].args), 2);

@@ -213,6 +213,26 @@ START_TEST(test_router_setter_and_check_apply_the_same_ranges) {
 }
 END_TEST
 
+// A value strtod underflows (ERANGE) is still a finite number: it is taken
+// as the nearest double and the key's range decides; overflow stays refused.
+START_TEST(test_underflowing_numbers_are_taken_and_range_checked) {
+    moe_config c;
+    moe_config_default(&c);
+    ck_assert_msg(moe_config_set(&c, NULL, "data.task_temperature=1e-320") == 0, "%s",
+                  moe_last_error());
+    ck_assert(c.data.task_temperature > 0 && c.data.task_temperature < 1e-300);
+    ck_assert_msg(moe_config_set(&c, NULL, "data.val_fraction=1e-320") == 0, "%s",
+                  moe_last_error());
+    ck_assert(c.data.val_fraction > 0 && c.data.val_fraction < 1e-300);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "data.task_temperature=1e-400"), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "data.task_temperature") &&
+                      !strstr(moe_last_error(), "finite"),
+                  "%s", moe_last_error()); // 0: the range (0, ...] refuses it
+    ck_assert_int_eq(moe_config_set(&c, NULL, "data.task_temperature=1e999"), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "expected a finite number"));
+}
+END_TEST
+
 START_TEST(test_help_config_shows_ranges) {
     FILE *f = tmpfile();
     ck_assert_ptr_nonnull(f);
@@ -479,6 +499,7 @@ static Suite *limits_suite(void) {
     tcase_add_test(tc, test_overlap_degree_needs_cuda_and_ep_rounds);
     tcase_add_test(tc, test_router_setter_and_check_apply_the_same_ranges);
     tcase_add_test(tc, test_help_config_shows_ranges);
+    tcase_add_test(tc, test_underflowing_numbers_are_taken_and_range_checked);
     tcase_add_test(tc, test_long_priority_list_is_parsed_whole_from_set_and_file);
     tcase_add_test(tc, test_long_text_is_refused_not_cut);
     tcase_add_test(tc, test_nul_in_a_json_string_is_refused);

@@ -4,6 +4,7 @@
 // train on the shards by glob, generate without --task).
 #include "moe/data.h"
 #include "moe/error.h"
+#include "moe/fsio.h"
 #include "moe/prepare.h"
 #include "moe/shards.h"
 #include "testutil.h"
@@ -314,6 +315,185 @@ START_TEST(test_prepare_stopped_leaves_no_shard) {
 }
 END_TEST
 
+// Three inputs of one line each, a --out holding the user's keep.txt, and
+// the options of a line-per-document prepare into 8-token shards.
+static moe_prepare_tokenizer race_tk;
+static const char *race_in[1];
+static char race_out[700];
+static moe_prepare_opts race_opts(void) {
+    static char in_dir[700];
+    char dir[600], p[900];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(in_dir, sizeof in_dir, "%s/in", dir);
+    ck_assert_int_eq(mkdir(in_dir, 0755), 0);
+    for (int i = 0; i < 3; i++) {
+        snprintf(p, sizeof p, "%s/%d.txt", in_dir, i);
+        write_text(p, "some words on a line\nand more\n");
+    }
+    snprintf(race_out, sizeof race_out, "%s/out", dir);
+    ck_assert_int_eq(mkdir(race_out, 0755), 0);
+    snprintf(p, sizeof p, "%s/keep.txt", race_out);
+    write_text(p, "mine");
+    ck_assert_int_eq(moe_prepare_tokenizer_open(&race_tk, "bytes"), 0);
+    race_in[0] = in_dir;
+    return (moe_prepare_opts){.out_dir = race_out,
+                              .inputs = race_in,
+                              .n_inputs = 1,
+                              .tokenizer = &race_tk,
+                              .doc = MOE_DOC_LINE,
+                              .shard_tokens = 8};
+}
+
+// What another prepare into the same folder writes after this one checked it:
+// after the first input, the file named by ctx appears holding "theirs".
+static void plant_after_first_file(void *ctx, const moe_prepare_progress *p) {
+    char path[900];
+    snprintf(path, sizeof path, "%s/%s", race_out, (const char *)ctx);
+    if (p->files_done == 1) write_text(path, "theirs");
+}
+
+// Two prepares into one --out: a shard's NAME.tmp that another run created is
+// never opened (it was truncated and shared) and never removed.
+// Documents of one part (lines) and of several (whole files in 4-byte parts):
+// the refusal is not lost between parts.
+START_TEST(test_prepare_refuses_a_tmp_another_run_is_writing) {
+    moe_prepare_opts o = race_opts();
+    o.progress = plant_after_first_file;
+    o.progress_ctx = "train_000006.bin.tmp";
+    for (int parts = 0; parts < 2; parts++) {
+        if (parts) o.doc = MOE_DOC_FILE, o.part_bytes = 4;
+        unlink(tu_path(race_out, "train_000006.bin.tmp", "")); // planted again after file 1
+        moe_prepare_result r;
+        ck_assert_int_eq(moe_prepare(&o, &r), MOE_EINVAL);
+        ck_assert_msg(strstr(moe_last_error(), "train_000006.bin.tmp exists: another moe prepare"),
+                      "%s", moe_last_error());
+        char names[2000];
+        dir_names(race_out, names, sizeof names);
+        ck_assert_str_eq(names, "keep.txt train_000006.bin.tmp ");
+        ck_assert_str_eq(tu_file_text(race_out, "train_000006.bin.tmp"), "theirs");
+    }
+}
+END_TEST
+
+// A shard name that another run renamed into place meanwhile is neither
+// replaced by this run's rename nor removed by its cleanup.
+START_TEST(test_prepare_never_replaces_or_removes_another_runs_shard) {
+    moe_prepare_opts o = race_opts();
+    o.progress = plant_after_first_file;
+    o.progress_ctx = "train_000002.bin"; // its .tmp was created before, by this run
+    moe_prepare_result r;
+    ck_assert_int_eq(moe_prepare(&o, &r), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "train_000002.bin exists"), "%s", moe_last_error());
+    char names[2000];
+    dir_names(race_out, names, sizeof names);
+    ck_assert_str_eq(names, "keep.txt train_000002.bin ");
+    ck_assert_str_eq(tu_file_text(race_out, "train_000002.bin"), "theirs");
+    o.progress_ctx = "manifest.json"; // the same for the manifest
+    unlink(tu_path(race_out, "train_000002.bin", ""));
+    ck_assert_int_eq(moe_prepare(&o, &r), MOE_EINVAL);
+    dir_names(race_out, names, sizeof names);
+    ck_assert_str_eq(names, "keep.txt manifest.json ");
+    ck_assert_str_eq(tu_file_text(race_out, "manifest.json"), "theirs");
+}
+END_TEST
+
+// Each file-system call of a prepare failing in turn (create, write, rename):
+// the run fails and leaves only what was there before.
+START_TEST(test_prepare_failing_call_leaves_only_the_users_files) {
+    moe_prepare_opts o = race_opts();
+    moe_prepare_result r;
+    char names[2000], p[900];
+    moe_fs_fault_arm(0, MOE_FAULT_OFF);
+    ck_assert_int_eq(moe_prepare(&o, &r), 0);
+    long calls = moe_fs_op_count();
+    ck_assert_int_ge(calls, 2 * 12 + 2); // 12 shards created and renamed, the manifest's
+    for (long k = 1; k <= calls; k++) {
+        dir_names(race_out, names, sizeof names);
+        for (char *t = strtok(names, " "); t; t = strtok(NULL, " "))
+            if (strcmp(t, "keep.txt")) {
+                snprintf(p, sizeof p, "%s/%s", race_out, t);
+                unlink(p);
+            }
+        moe_fs_fault_arm(k, MOE_FAULT_FAIL);
+        ck_assert_int_eq(moe_prepare(&o, &r), MOE_EIO);
+        moe_fs_fault_arm(0, MOE_FAULT_OFF);
+        dir_names(race_out, names, sizeof names);
+        ck_assert_msg(!strcmp(names, "keep.txt "), "call %ld (%s) failing left: %s", k,
+                      moe_fs_fault_op(), names);
+    }
+}
+END_TEST
+
+// A bytes tokenizer that raises the stop flag on its stop_at-th call (0:
+// never) and counts its calls: a Ctrl-C arriving in the middle of a document.
+static int encode_calls, stop_at;
+static int encode_and_stop(void *ctx, const char *text, size_t len, int first, moe_tokens *out) {
+    (void)ctx, (void)first;
+    if (++encode_calls == stop_at) stop_flag = 1;
+    MOE_TRY(moe_tokens_reserve(out, len));
+    for (size_t i = 0; i < len; i++)
+        out->tok[out->n++] = (unsigned char)text[i];
+    return 0;
+}
+
+// One document (the whole input, as a book is) stopped in its first or its
+// last part: the stop is not swallowed and nothing is left behind.
+START_TEST(test_prepare_stopped_inside_the_only_document) {
+    char dir[600], f[700], out[700], text[4096] = "";
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(f, sizeof f, "%s/book.txt", dir);
+    for (int i = 0; i < 100; i++)
+        strcat(text, "word and ");
+    write_text(f, text);
+    moe_prepare_tokenizer tk = {.name = "bytes", .vocab_size = 256, .encode = encode_and_stop};
+    const char *in[] = {f};
+    snprintf(out, sizeof out, "%s/out", dir);
+    moe_prepare_opts o = {.out_dir = out,
+                          .inputs = in,
+                          .n_inputs = 1,
+                          .tokenizer = &tk,
+                          .doc = MOE_DOC_FILE,
+                          .shard_tokens = 100,
+                          .part_bytes = 64,
+                          .stop = &stop_flag};
+    moe_prepare_result r;
+    stop_flag = 0, encode_calls = 0, stop_at = 0;
+    ck_assert_int_eq(moe_prepare(&o, &r), 0);
+    int parts = encode_calls;
+    ck_assert_int_ge(parts, 10);
+    ck_assert_int_eq(moe_fs_remove_tree(out), 0);
+    const int at[] = {1, parts};
+    for (int k = 0; k < 2; k++) {
+        stop_flag = 0, encode_calls = 0, stop_at = at[k];
+        ck_assert_int_eq(moe_prepare(&o, &r), MOE_EIO);
+        ck_assert_ptr_nonnull(strstr(moe_last_error(), "interrupted"));
+        ck_assert_int_le(encode_calls, at[k]); // no part encoded after the stop
+        struct stat st;
+        ck_assert_msg(stat(out, &st) != 0, "stop at part %d: %s kept", at[k], out);
+    }
+}
+END_TEST
+
+// A file name that is not UTF-8 (names are bytes) keeps its "path" in the
+// manifest, each byte of a bad sequence written as the text \xHH.
+START_TEST(test_prepare_manifest_keeps_a_non_utf8_file_name) {
+    char dir[600], in_dir[700], p[900], out[700];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(in_dir, sizeof in_dir, "%s/in", dir);
+    ck_assert_int_eq(mkdir(in_dir, 0755), 0);
+    snprintf(p, sizeof p, "%s/caf\xC3\xA9-\xFF.txt", in_dir);
+    write_text(p, "some text\n");
+    snprintf(out, sizeof out, "%s/out", dir);
+    const char *in[] = {in_dir};
+    moe_prepare_result r;
+    ck_assert_msg(prepare(out, in, 1, 0, MOE_DOC_FILE, 100, &r) == 0, "%s", moe_last_error());
+    char want[900];
+    snprintf(want, sizeof want, "\"path\": \"%s/caf\xC3\xA9-\\\\xFF.txt\"", in_dir);
+    ck_assert_msg(strstr(tu_file_text(out, "manifest.json"), want), "%s lacks %s",
+                  tu_file_text(out, "manifest.json"), want);
+}
+END_TEST
+
 // The CLI end to end: prepare, train on the shards by glob with val_path,
 // generate without --task (one corpus), then two file tasks and --task.
 START_TEST(test_prepare_train_generate_cli) {
@@ -374,6 +554,11 @@ static Suite *prepare_suite(void) {
     tcase_add_test(tc, test_prepare_refuses_a_file_included_twice);
     tcase_add_test(tc, test_prepare_refuses_an_out_folder_with_old_shards);
     tcase_add_test(tc, test_prepare_stopped_leaves_no_shard);
+    tcase_add_test(tc, test_prepare_refuses_a_tmp_another_run_is_writing);
+    tcase_add_test(tc, test_prepare_never_replaces_or_removes_another_runs_shard);
+    tcase_add_test(tc, test_prepare_failing_call_leaves_only_the_users_files);
+    tcase_add_test(tc, test_prepare_stopped_inside_the_only_document);
+    tcase_add_test(tc, test_prepare_manifest_keeps_a_non_utf8_file_name);
     suite_add_tcase(s, tc);
     return s;
 }

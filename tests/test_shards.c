@@ -312,6 +312,42 @@ START_TEST(test_task_sampling_frequencies) {
 }
 END_TEST
 
+// Temperature weights n_i^(1/T) by hand, the largest task (in the middle,
+// where a NaN cdf's fall-through to the last task is visible) at T = 2, and
+// every row on it for tiny T (n^(1/T) overflowed to inf / inf = NaN there).
+START_TEST(test_task_temperature_tiny_gives_the_largest_task) {
+    moe_config c = file_cfg("llmc", "", 256);
+    c.data.path[0] = 0;
+    ck_assert_int_eq(moe_config_set(&c, NULL, "data.tasks=a=x,b=y,c=z"), 0);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "data.task_sampling=temperature"), 0);
+    const long len[3] = {16 * 40 + 1, 16 * 1000 + 1, 16 * 200 + 1}; // 35, 899, 179 windows
+    const char *names[3] = {"ta.bin", "tb.bin", "tc.bin"};
+    for (int t = 0; t < 3; t++)
+        snprintf(c.data.task_paths[t], MOE_PATH_MAX, "%s",
+                 write_llmc(names[t], MOE_LLMC_MAGIC, 1, (int32_t)len[t], len[t], tok_mod200));
+    // T = 2: sqrt(35), sqrt(899), sqrt(179) = 5.9161, 29.9833, 13.3791 of 49.2785
+    const double cdf2[3] = {0.120054, 0.728500, 1};
+    const double temps[3] = {2, 1e-3, 1e-300};
+    for (int k = 0; k < 3; k++) {
+        c.data.task_temperature = temps[k];
+        moe_data d;
+        ck_assert_int_eq(moe_data_open(&d, &c), 0);
+        for (int t = 0; t < 3; t++) {
+            double want = k == 0 ? cdf2[t] : t == 0 ? 0 : 1;
+            ck_assert_msg(fabs(d.task_cdf[t] - want) < 1e-6, "T=%g: cdf[%d] = %.9g, expected %g",
+                          temps[k], t, d.task_cdf[t], want);
+        }
+        int32_t in[64], tg[64], tk[4];
+        for (int b = 0; k > 0 && b < 250; b++) {
+            ck_assert_int_eq(moe_data_batch(&d, MOE_SPLIT_TRAIN, (uint64_t)b, in, tg, tk), 0);
+            for (int r = 0; r < 4; r++)
+                ck_assert_int_eq(tk[r], 1);
+        }
+        moe_data_close(&d);
+    }
+}
+END_TEST
+
 START_TEST(test_file_tasks_config_round_trip) {
     const char *p = tu_in_dir("tasks.json");
     FILE *f = fopen(p, "w");
@@ -355,6 +391,51 @@ static void expect_bad(const char *path, const char *kind, int V, const char *wh
     ck_assert_msg(strstr(moe_last_error(), what) && strstr(moe_last_error(), path),
                   "'%s' lacks '%s'", moe_last_error(), what);
 }
+
+// An llm.c shard read with data.kind = nanogpt: the header is no tokens, and
+// the advice is the kind, not a larger model.vocab_size (which would train
+// on the header at vocab_size >= 54233).
+START_TEST(test_nanogpt_kind_on_an_llmc_shard_suggests_llmc) {
+    const char *p = write_llmc("shard.bin", MOE_LLMC_MAGIC, 1, 500, 500, tok_mod200);
+    const int V[2] = {256, 65536};
+    for (int k = 0; k < 2; k++) {
+        expect_bad(p, "nanogpt", V[k],
+                   "an llm.c token file (magic 20240520, version 1, 500 "
+                   "tokens), not a nanoGPT .bin: set data.kind = llmc");
+        ck_assert_ptr_null(strstr(moe_last_error(), "vocab_size"));
+    }
+    // raw tokens that happen to begin like the magic, without a matching count, are tokens
+    const char *q = write_llmc("raw.bin", MOE_LLMC_MAGIC, 1, 7, 500, tok_mod200);
+    moe_config c = file_cfg("nanogpt", q, 65536);
+    moe_data d;
+    ck_assert_msg(moe_data_open(&d, &c) == 0, "%s", moe_last_error());
+    moe_data_close(&d);
+}
+END_TEST
+
+// A data.path holding a glob character ('x[1].bin') that exists only
+// literally: the glob matches nothing, and the message says why and how to
+// escape; the escaped pattern reads the file.
+START_TEST(test_glob_missing_a_literal_file_says_how_to_escape) {
+    write_llmc("x[1].bin", MOE_LLMC_MAGIC, 1, 500, 500, tok_mod200);
+    char pat[700], esc[700];
+    snprintf(pat, sizeof pat, "%s/x[1].bin", tu_dir);
+    snprintf(esc, sizeof esc, "%s/x\\[1\\].bin", tu_dir);
+    char **paths;
+    int n;
+    ck_assert_int_eq(moe_glob_paths("data.path", pat, &paths, &n), MOE_ENOTFOUND);
+    ck_assert_msg(strstr(moe_last_error(), "read as a glob pattern") &&
+                      strstr(moe_last_error(), "a file of that literal name exists"),
+                  "%s", moe_last_error());
+    ck_assert_int_eq(moe_glob_paths("data.path", esc, &paths, &n), 0);
+    ck_assert_int_eq(n, 1);
+    ck_assert_str_eq(paths[0], pat);
+    moe_glob_free(paths, n);
+    snprintf(pat, sizeof pat, "%s/y[1].bin", tu_dir); // nothing by either name
+    ck_assert_int_eq(moe_glob_paths("data.path", pat, &paths, &n), MOE_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "': no such file"));
+}
+END_TEST
 
 START_TEST(test_bad_files_are_refused) {
     const int32_t M = MOE_LLMC_MAGIC;
@@ -508,12 +589,15 @@ static Suite *shards_suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_checked_fixture(tc, tu_dir_setup, tu_dir_teardown);
     tcase_add_test(tc, test_llmc_v1_and_v2_tokens_read_back);
+    tcase_add_test(tc, test_nanogpt_kind_on_an_llmc_shard_suggests_llmc);
+    tcase_add_test(tc, test_glob_missing_a_literal_file_says_how_to_escape);
     tcase_add_test(tc, test_nanogpt_raw_uint16);
     tcase_add_test(tc, test_glob_sorted_and_val_path);
     tcase_add_test(tc, test_mmap_reader_equals_in_memory_reader);
     tcase_add_test(tc, test_shuffled_epoch_visits_every_window_once);
     tcase_add_test(tc, test_resume_mid_epoch_is_bit_exact);
     tcase_add_test(tc, test_task_sampling_frequencies);
+    tcase_add_test(tc, test_task_temperature_tiny_gives_the_largest_task);
     tcase_add_test(tc, test_file_tasks_config_round_trip);
     tcase_add_test(tc, test_bad_files_are_refused);
     tcase_add_test(tc, test_utf8_exact_well_formed_table);

@@ -166,6 +166,55 @@ int moe_config_check_sizes(const moe_config *c, const moe_config_src *src, int B
     return 0;
 }
 
+// A key the user set to a value other than its default: only those get a
+// note, since a run's saved config.json sets every key, defaults included.
+static bool user_set(const moe_config_src *src, const char *key, bool differs) {
+    return differs && strcmp(moe_config_where(src, key), "default") != 0;
+}
+
+int moe_config_ignored(const moe_config *c, const moe_config_src *src, char (*notes)[256],
+                       int max) {
+    moe_config d;
+    moe_config_default(&d);
+    int n = 0;
+#define NOTE(...) (n < max ? snprintf(notes[n++], 256, __VA_ARGS__) : 0)
+    const bool synth = !strcmp(c->data.kind, "synthetic");
+    const bool file_tasks = c->data.n_tasks > 0 && c->data.task_paths[0][0];
+    if (synth && user_set(src, "data.path", c->data.path[0]))
+        NOTE("%s: data.path is ignored: data.kind = synthetic generates its data (set data.kind "
+             "to llmc, nanogpt or text to read the file)",
+             moe_config_where(src, "data.path"));
+    if (c->data.val_path[0] &&
+        user_set(src, "data.val_fraction", c->data.val_fraction != d.data.val_fraction))
+        NOTE("%s: data.val_fraction = %g is ignored: data.val_path holds the validation data",
+             moe_config_where(src, "data.val_fraction"), c->data.val_fraction);
+    if (!file_tasks &&
+        user_set(src, "data.task_sampling", c->data.task_sampling != d.data.task_sampling))
+        NOTE("%s: data.task_sampling is ignored: it weighs file tasks (data.tasks = {name: "
+             "glob}), and this config has none",
+             moe_config_where(src, "data.task_sampling"));
+    if (user_set(src, "data.task_temperature",
+                 c->data.task_temperature != d.data.task_temperature) &&
+        (!file_tasks || c->data.task_sampling != MOE_TASK_SAMPLING_TEMPERATURE))
+        NOTE("%s: data.task_temperature = %g is ignored: it applies to file tasks with "
+             "data.task_sampling = temperature",
+             moe_config_where(src, "data.task_temperature"), c->data.task_temperature);
+    // The default tasks in any order (configs/tiny.json's) count as the
+    // default: a config made for synthetic data, switched with --set data.kind.
+    bool tasks_differ = c->data.n_tasks != d.data.n_tasks;
+    for (int i = 0; !tasks_differ && i < c->data.n_tasks; i++) {
+        tasks_differ = true;
+        for (int j = 0; j < d.data.n_tasks; j++)
+            if (!strcmp(c->data.tasks[i], d.data.tasks[j])) tasks_differ = false;
+    }
+    if (!synth && !file_tasks && user_set(src, "data.tasks", tasks_differ))
+        NOTE("%s: data.tasks is ignored: with data.kind = %s it names synthetic tasks, and the "
+             "data is one corpus (file tasks are name=glob pairs)",
+             moe_config_where(src, "data.tasks"), c->data.kind);
+#undef NOTE
+    return n;
+}
+
 int moe_config_check(const moe_config *c, const moe_config_src *src) {
     MOE_TRY(moe_config_check_keys(c, src));
     if (c->model.n_heads % c->model.n_kv_heads)

@@ -218,7 +218,10 @@ int moe_data_next(moe_data *d, int split, int32_t *inputs, int32_t *targets, int
 
 static int add_seg(moe_data_part *p, int file, long start, long len, int T) {
     p->n_tokens += len;
+    p->n_pieces += len > 0;
+    if (len > p->max_piece) p->max_piece = len;
     long w = windows_of(len, T);
+    p->n_used += w > 0 ? w * T + 1 : 0;
     if (w == 0) return 0;
     moe_data_seg *seg = realloc(p->seg, sizeof *seg * (size_t)(p->n_seg + 1));
     if (!seg) return moe_fail(MOE_ENOMEM, "data: out of memory");
@@ -259,6 +262,20 @@ static int add_files(moe_data *d, moe_token_format fmt, const char *key, const c
     return rc;
 }
 
+// A file of files[split, n_files) (data.val_path's) that is also one of
+// files[0, split) (data.path's), by identity however it is named; NULL if none.
+static const char *shared_file(const moe_data *d, int split) {
+    for (int v = split; v < d->n_files; v++) {
+        struct stat sv, st;
+        if (stat(d->files[v].path, &sv) != 0) continue;
+        for (int t = 0; t < split; t++)
+            if (stat(d->files[t].path, &st) == 0 && st.st_dev == sv.st_dev &&
+                st.st_ino == sv.st_ino)
+                return d->files[v].path;
+    }
+    return NULL;
+}
+
 static int finish_part(moe_data_part *p) {
     p->cum = malloc(sizeof *p->cum * (size_t)(p->n_seg + 1));
     if (!p->cum) return moe_fail(MOE_ENOMEM, "data: out of memory");
@@ -269,14 +286,19 @@ static int finish_part(moe_data_part *p) {
 }
 
 // Training task probabilities from each task's training windows n_i:
-// proportional n_i, uniform, or temperature n_i^(1/T) (multilingual MT).
+// proportional n_i, uniform, or temperature n_i^(1/T) (multilingual MT). The
+// temperature weights are exp((log n_i - max_j log n_j) / T): n_i^(1/T)
+// overflows for T below ~0.015 (inf / inf = NaN), while these lie in (0, 1]
+// with the largest task's 1, so a tiny T gives that task p = 1.
 static void task_probabilities(moe_data *d, const moe_config *cfg) {
-    double w[MOE_MAX_TASKS], sum = 0, acc = 0;
+    double w[MOE_MAX_TASKS], sum = 0, acc = 0, log_max = -INFINITY;
+    for (int t = 0; t < d->n_tasks; t++)
+        log_max = fmax(log_max, log((double)d->part[t][MOE_SPLIT_TRAIN].n_windows));
     for (int t = 0; t < d->n_tasks; t++) {
         double n = (double)d->part[t][MOE_SPLIT_TRAIN].n_windows;
         w[t] = cfg->data.task_sampling == MOE_TASK_SAMPLING_UNIFORM ? 1.0
                : cfg->data.task_sampling == MOE_TASK_SAMPLING_TEMPERATURE
-                   ? pow(n, 1.0 / cfg->data.task_temperature)
+                   ? (n > 0 ? exp((log(n) - log_max) / cfg->data.task_temperature) : 0)
                    : n;
         sum += w[t];
     }
@@ -302,19 +324,37 @@ static int open_files(moe_data *d, const moe_config *cfg, bool val_only) {
         const bool val_files = !tasks && cfg->data.val_path[0];
         if (!(val_files && val_only))
             MOE_TRY(add_files(d, fmt, key, pattern, t, val_files ? MOE_SPLIT_TRAIN : -1));
+        const int n_train_files = d->n_files;
         if (val_files)
             MOE_TRY(add_files(d, fmt, "data.val_path", cfg->data.val_path, t, MOE_SPLIT_VAL));
+        if (val_files && !val_only) d->val_in_train = shared_file(d, n_train_files);
         for (int s = 0; s < 2; s++) {
-            if (d->part[t][s].n_windows == 0 && !(s == MOE_SPLIT_TRAIN && val_files && val_only))
+            const moe_data_part *p = &d->part[t][s];
+            const char *name = s == MOE_SPLIT_VAL && val_files ? cfg->data.val_path : pattern;
+            const bool none = p->n_windows == 0 && !(s == MOE_SPLIT_TRAIN && val_files && val_only);
+            if (none && p->n_pieces > 1) // the total may be plenty: say it is per file
                 return moe_fail(MOE_EFORMAT,
-                                "%s: %ld tokens are too few for %s windows of %d tokens%s",
-                                s == MOE_SPLIT_VAL && val_files ? cfg->data.val_path : pattern,
-                                d->part[t][s].n_tokens, s ? "validation" : "training", d->T + 1,
+                                "%s: no file holds a %s window of %d tokens (windows do not cross "
+                                "files): the largest of its %d files holds %ld tokens%s, %ld in "
+                                "all; use fewer, larger files (moe prepare --shard-tokens) or a "
+                                "smaller model.seq_len",
+                                name, s ? "validation" : "training", d->T + 1, p->n_pieces,
+                                p->max_piece, s && !val_files ? " in its data.val_fraction" : "",
+                                p->n_tokens);
+            if (none)
+                return moe_fail(MOE_EFORMAT,
+                                "%s: %ld tokens are too few for %s windows of %d tokens%s", name,
+                                p->n_tokens, s ? "validation" : "training", d->T + 1,
                                 s && !val_files ? " (data.val_fraction of each file)" : "");
             MOE_TRY(finish_part(&d->part[t][s]));
         }
     }
     if (!val_only) task_probabilities(d, cfg); // no training rows are drawn
+    long train_tokens = 0, used = 0;
+    for (int t = 0; t < d->n_tasks; t++)
+        train_tokens += d->part[t][MOE_SPLIT_TRAIN].n_tokens,
+            used += d->part[t][MOE_SPLIT_TRAIN].n_used;
+    d->unused_share = train_tokens > 0 ? (double)(train_tokens - used) / (double)train_tokens : 0;
     return 0;
 }
 

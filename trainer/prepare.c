@@ -7,6 +7,7 @@
 #include "moe/data.h"
 #include "moe/error.h"
 #include "moe/file.h"
+#include "moe/fsio.h"
 #include "moe/rng.h"
 #include "moe/shards.h"
 #include "moe/tokenizer.h"
@@ -229,7 +230,8 @@ static int walk(input_list *l, dir_set *seen, const char *dir, int depth) {
     if (depth > 64) return moe_fail(MOE_EINVAL, "%s: folders nested deeper than 64", dir);
     struct dirent **ents;
     int n = scandir(dir, &ents, NULL, alphasort);
-    if (n < 0) return moe_fail(MOE_EIO, "%s: cannot list: %s", dir, strerror(errno));
+    if (n < 0)
+        return moe_fail(moe_input_errno_code(errno), "%s: cannot list: %s", dir, strerror(errno));
     int rc = 0;
     for (int i = 0; i < n; i++) {
         const char *name = ents[i]->d_name;
@@ -274,16 +276,26 @@ typedef struct {
     FILE *f;
     long n;         // tokens in the open shard
     int count;      // shards started
-    int renamed;    // shards moved from NAME.tmp to NAME
+    int created;    // NAME.tmp files this run created (the first `created` of done)
+    int renamed;    // shards this run moved from NAME.tmp to NAME
     path_list done; // every shard started, by its final name
 } shard_writer;
 
 // Shards are written as NAME.tmp and renamed to NAME only when all of them and
 // the manifest are complete: a killed prepare leaves no file that the glob
 // DIR/train_*.bin picks up, and a run that maps an old shard is never hit by
-// a shard rewritten under it (SIGBUS).
+// a shard rewritten under it (SIGBUS). Each NAME.tmp is created exclusively
+// and NAME never replaced: two prepares into one folder, or one beside a
+// killed one's leftovers, fail instead of deleting each other's shards.
 static void tmp_name(char *out, size_t cap, const char *path) {
     snprintf(out, cap, "%s.tmp", path);
+}
+
+static int refuse_taken(const char *path) {
+    return moe_fail(MOE_EINVAL,
+                    "%s exists: another moe prepare is writing into this --out, or one was "
+                    "stopped there (its .tmp files stay): choose another --out or remove them",
+                    path);
 }
 
 static int shard_close(shard_writer *w) {
@@ -310,7 +322,12 @@ static int shard_write(shard_writer *w, const uint32_t *tok, size_t n) {
             tmp_name(t, sizeof t, p);
             unsigned char hdr[MOE_LLMC_HEADER];
             moe_llmc_header_fill(hdr, w->version, 0); // rewritten with the count at close
-            if (!(w->f = fopen(t, "wb")) || fwrite(hdr, sizeof hdr, 1, w->f) != 1)
+            int fd = moe_fs_create_excl(t);
+            if (fd < 0 && errno == EEXIST) return refuse_taken(t);
+            if (fd < 0) return moe_fail(MOE_EIO, "%s: cannot create: %s", t, strerror(errno));
+            w->created++;
+            if (!(w->f = fdopen(fd, "wb"))) close(fd);
+            if (!w->f || fwrite(hdr, sizeof hdr, 1, w->f) != 1)
                 return moe_fail(MOE_EIO, "%s: cannot write: %s", t, strerror(errno));
             w->n = 0;
         }
@@ -373,6 +390,12 @@ static size_t part_len(const char *s, size_t n, size_t max) {
     return k ? k : n;
 }
 
+static int stopped(const moe_prepare_opts *o) {
+    return o->stop && *o->stop
+               ? moe_fail(MOE_EIO, "interrupted: the shards written so far are removed")
+               : 0;
+}
+
 static int doc_split(const char *s, size_t n, uint64_t seed, double val_fraction) {
     uint64_t h = 0xCBF29CE484222325ull; // FNV-1a, then mixed with the seed
     for (size_t i = 0; i < n; i++)
@@ -387,8 +410,33 @@ typedef struct {
 
 static const char *const doc_names[] = {"file", "paragraph", "line"};
 
+// A file name as a JSON string: names are bytes, JSON is UTF-8, so each byte
+// of an invalid sequence is written as the text \xHH (jansson would give NULL
+// and the key would be dropped without a word).
+static json_t *name_json(const char *name) {
+    size_t n = strlen(name);
+    if (moe_utf8_bad((const unsigned char *)name, (long)n) < 0) return json_string(name);
+    char *t = malloc(4 * n + 1), *o = t;
+    if (!t) return NULL;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)name[i];
+        size_t len = c < 0x80 ? 1 : c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+        if (i + len <= n && moe_utf8_bad((const unsigned char *)name + i, (long)len) < 0) {
+            memcpy(o, name + i, len), o += len, i += len;
+        } else {
+            o += sprintf(o, "\\x%02X", c);
+            i++;
+        }
+    }
+    *o = 0;
+    json_t *j = json_string(t);
+    free(t);
+    return j;
+}
+
+// Writes DIR/manifest.json.tmp; *created is set once this run made that file.
 static int write_manifest(const moe_prepare_opts *o, const path_list *in, const file_stat *fs,
-                          const moe_prepare_result *r, shard_writer w[2]) {
+                          const moe_prepare_result *r, shard_writer w[2], bool *created) {
     char p[4096];
     snprintf(p, sizeof p, "%s/manifest.json", o->out_dir);
     json_t *root = json_object(), *files = json_array(), *splits = json_object();
@@ -401,7 +449,7 @@ static int write_manifest(const moe_prepare_opts *o, const path_list *in, const 
     json_object_set_new(root, "seed", json_integer((json_int_t)o->seed));
     for (int i = 0; i < in->n; i++) {
         json_t *f = json_object();
-        json_object_set_new(f, "path", json_string(in->path[i]));
+        json_object_set_new(f, "path", name_json(in->path[i]));
         json_object_set_new(f, "bytes", json_integer((json_int_t)fs[i].bytes));
         json_object_set_new(f, "documents", json_integer(fs[i].docs[0] + fs[i].docs[1]));
         json_object_set_new(f, "train_documents", json_integer(fs[i].docs[0]));
@@ -425,10 +473,25 @@ static int write_manifest(const moe_prepare_opts *o, const path_list *in, const 
     json_object_set_new(root, "splits", splits);
     char t[4200];
     tmp_name(t, sizeof t, p);
-    int rc =
-        json_dump_file(root, t, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(10));
     json_decref(root);
-    return rc ? moe_fail(MOE_EIO, "%s: cannot write", t) : 0;
+    if (!text) return moe_fail(MOE_ENOMEM, "%s: out of memory", t);
+    int rc = 0, fd = moe_fs_create_excl(t);
+    if (fd < 0 && errno == EEXIST)
+        rc = refuse_taken(t);
+    else if (fd < 0)
+        rc = moe_fail(MOE_EIO, "%s: cannot create: %s", t, strerror(errno));
+    else {
+        *created = true;
+        size_t n = strlen(text);
+        text[n] = '\n'; // json_dumps's NUL: the file ends with a newline, not a NUL
+        if (moe_fs_write(fd, text, n + 1) != 0)
+            rc = moe_fail(MOE_EIO, "%s: cannot write: %s", t, strerror(errno));
+        if (close(fd) != 0 && rc == 0)
+            rc = moe_fail(MOE_EIO, "%s: cannot write: %s", t, strerror(errno));
+    }
+    free(text);
+    return rc;
 }
 
 // The names prepare writes, and those of a prepare that was killed: a folder
@@ -477,6 +540,7 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
                               .per_shard = o->shard_tokens};
     int rc = 0;
     char p[4200], manifest[4096] = "";
+    bool manifest_tmp = false; // manifest.json.tmp created by this run
     // Pass 1: every input is a readable regular file of UTF-8 text.
     for (int i = 0; rc == 0 && i < o->n_inputs; i++) {
         struct stat st;
@@ -521,14 +585,12 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
         MOE_TRY_GOTO(map_text(in->path[i], &m), rc);
         fs[i].bytes = m.len;
         for (size_t at = 0; at < m.len && rc == 0;) {
-            if (o->stop && *o->stop) {
-                rc = moe_fail(MOE_EIO, "interrupted: the shards written so far are removed");
-                break;
-            }
             size_t n = doc_len(m.data + at, m.len - at, o->doc);
             int s = doc_split(m.data + at, n, o->seed, o->val_fraction);
             long doc_tokens = 0;
-            for (size_t off = 0, len; off < n && rc == 0; off += len) {
+            // The stop flag between parts, not only documents: one document
+            // may be the whole input.
+            for (size_t off = 0, len; off < n && rc == 0 && (rc = stopped(o)) == 0; off += len) {
                 len = part_len(m.data + at + off, n - off, part_max);
                 toks.n = 0;
                 if ((rc = tk->encode(tk->ctx, m.data + at + off, len, off == 0, &toks)) < 0) break;
@@ -576,29 +638,39 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
     r->files = in->n;
     r->bytes = total;
     r->shards[0] = w[0].done.n, r->shards[1] = w[1].done.n;
-    rc = write_manifest(o, in, fs, r, w);
+    snprintf(manifest, sizeof manifest, "%s/manifest.json", o->out_dir);
+    rc = write_manifest(o, in, fs, r, w, &manifest_tmp);
+    if (rc == 0) rc = stopped(o); // the last moment a stop still leaves nothing behind
     // Every shard into place, then the manifest (what marks DIR as complete).
+    // An existing NAME is another run's: the rename fails rather than replace it.
     for (int s = 0; s < 2 && rc == 0; s++)
-        for (; w[s].renamed < w[s].done.n && rc == 0; w[s].renamed++) {
+        for (; w[s].renamed < w[s].done.n && rc == 0;) {
             const char *fin = w[s].done.path[w[s].renamed];
             tmp_name(p, sizeof p, fin);
-            if (rename(p, fin) != 0)
-                rc = moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", p, fin, strerror(errno));
+            if (moe_fs_rename_noreplace(p, fin) != 0)
+                rc = errno == EEXIST ? refuse_taken(fin)
+                                     : moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", p, fin,
+                                                strerror(errno));
+            else
+                w[s].renamed++;
         }
-    snprintf(manifest, sizeof manifest, "%s/manifest.json", o->out_dir);
     tmp_name(p, sizeof p, manifest);
-    if (rc == 0 && rename(p, manifest) != 0)
-        rc = moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", p, manifest, strerror(errno));
+    if (rc == 0 && moe_fs_rename_noreplace(p, manifest) != 0)
+        rc = errno == EEXIST
+                 ? refuse_taken(manifest)
+                 : moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", p, manifest, strerror(errno));
 fail:
+    // Only what this run created goes: a name it did not create or rename into
+    // place belongs to another prepare.
     for (int s = 0; s < 2; s++) {
         if (w[s].f) fclose(w[s].f);
-        for (int i = 0; rc < 0 && i < w[s].done.n; i++) {
+        for (int i = 0; rc < 0 && i < w[s].created; i++) {
             tmp_name(p, sizeof p, w[s].done.path[i]);
             unlink(i < w[s].renamed ? w[s].done.path[i] : p);
         }
         list_free(&w[s].done);
     }
-    if (rc < 0 && manifest[0]) {
+    if (rc < 0 && manifest_tmp) {
         tmp_name(p, sizeof p, manifest);
         unlink(p);
     }

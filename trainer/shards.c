@@ -154,6 +154,19 @@ int moe_token_file_open(moe_token_file *f, const char *path, moe_token_format fm
     }
     }
     f->tok = b + header;
+    // An llm.c shard read as nanoGPT tokens: its header would be trained on,
+    // or refused as tokens out of range with advice to raise vocab_size. A
+    // whole valid header (magic, version, a count matching the size) is no
+    // accident of token values.
+    int w_llmc;
+    long n_llmc;
+    if (rc == 0 && fmt == MOE_TOKENS_NANOGPT && size >= MOE_LLMC_HEADER &&
+        le32(b) == MOE_LLMC_MAGIC &&
+        moe_llmc_header_parse(b, size, size, path, &w_llmc, &n_llmc) == 0)
+        rc = moe_fail(MOE_EFORMAT,
+                      "%s: an llm.c token file (magic %d, version %d, %ld tokens), not a "
+                      "nanoGPT .bin: set data.kind = llmc",
+                      path, MOE_LLMC_MAGIC, w_llmc / 2, n_llmc);
     if (rc == 0) rc = check_vocab(f, header, vocab);
     if (rc < 0) moe_token_file_close(f);
     return rc;
@@ -166,15 +179,41 @@ void moe_token_file_close(moe_token_file *f) {
     f->n_tokens = 0;
 }
 
+// The first folder glob could not list, and why (glob's own code says only
+// "aborted"). Not thread-safe, as glob's callback has no context.
+static char glob_err_path[512];
+static int glob_err_errno;
+static int glob_error(const char *path, int err) {
+    if (!glob_err_errno) snprintf(glob_err_path, sizeof glob_err_path, "%s", path);
+    if (!glob_err_errno) glob_err_errno = err;
+    return 1; // stop: GLOB_ERR
+}
+
 int moe_glob_paths(const char *key, const char *pattern, char ***paths, int *n) {
     *paths = NULL;
     *n = 0;
     if (!pattern[0]) return moe_fail(MOE_EINVAL, "%s is empty: name a data file or a glob", key);
     glob_t g;
-    int rc = glob(pattern, GLOB_ERR, NULL, &g); // sorted by default
+    glob_err_errno = 0;
+    int rc = glob(pattern, GLOB_ERR, glob_error, &g); // sorted by default
+    struct stat st;
+    if (rc == GLOB_NOMATCH && strpbrk(pattern, "[]*?") && lstat(pattern, &st) == 0) {
+        globfree(&g); // x[1].bin matches x1.bin only: the file itself is not found
+        return moe_fail(MOE_ENOTFOUND,
+                        "%s = '%s': read as a glob pattern ([...], * and ? are wildcards), it "
+                        "matches no file, though a file of that literal name exists: write each "
+                        "of those characters with a backslash before it (x\\[1\\].bin) or "
+                        "rename the file",
+                        key, pattern);
+    }
     if (rc == GLOB_NOMATCH) {
         globfree(&g);
         return moe_fail(MOE_ENOTFOUND, "%s = '%s': no such file", key, pattern);
+    }
+    if (rc == GLOB_ABORTED && glob_err_errno) {
+        globfree(&g);
+        return moe_fail(moe_input_errno_code(glob_err_errno), "%s = '%s': cannot list %s: %s", key,
+                        pattern, glob_err_path, strerror(glob_err_errno));
     }
     if (rc != 0) {
         globfree(&g);

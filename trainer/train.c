@@ -561,6 +561,26 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     if (rc == 0) rc = moe_parallel_resolve_groups(&par, &cfg_run);
     const bool lead = moe_comm_rank(world) == 0;
     if (rc == 0) rc = moe_data_open(&d, cfg);
+    // Validation on training data measures nothing; a run that already did it
+    // (this was once accepted) may still be resumed, with the warning.
+    if (rc == 0 && d.val_in_train && !o->resume_dir)
+        rc = moe_fail(MOE_EINVAL,
+                      "data.val_path = '%s' names %s, which data.path = '%s' names too: "
+                      "validation would be on training data; give held-out files (moe prepare "
+                      "writes DIR/val_*.bin), or drop data.val_path to hold out "
+                      "data.val_fraction of each file",
+                      cfg->data.val_path, d.val_in_train, cfg->data.path);
+    if (rc == 0 && d.val_in_train && lead)
+        moe_log(MOE_LOG_WARN,
+                "data.val_path names %s, which data.path names too: validation is "
+                "on training data",
+                d.val_in_train);
+    if (rc == 0 && lead && d.unused_share > 0.25)
+        moe_log(MOE_LOG_WARN,
+                "%.0f%% of the training tokens are in no window of %d tokens and never trained "
+                "on (windows do not cross files: each file's tail, or all of a file shorter "
+                "than a window): use fewer, larger files or a smaller model.seq_len",
+                100 * d.unused_share, d.T + 1);
     if (rc == 0)
         rc = moe_model_init_ep(&m, cfg, d.B, d.T, d.n_tasks, par.ep_size > 1 ? &par.group : NULL);
     moe_adamw_state ost = MOE_ADAMW_FP32;

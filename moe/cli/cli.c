@@ -126,12 +126,20 @@ bool moe_cli_parse_long(const char *s, long long lo, long long hi, long long *ou
 }
 
 int moe_cli_load_config(moe_config *cfg, const char *path, const char *const *sets, int n_sets) {
+    int n;
+    return moe_cli_load_config_noted(cfg, path, sets, n_sets, NULL, 0, &n);
+}
+
+int moe_cli_load_config_noted(moe_config *cfg, const char *path, const char *const *sets,
+                              int n_sets, char (*notes)[256], int max, int *n_notes) {
+    *n_notes = 0;
     moe_config_default(cfg);
     moe_config_src *src = moe_config_src_new();
     int rc = moe_config_load(cfg, src, path);
     for (int i = 0; rc == 0 && i < n_sets; i++)
         rc = moe_config_set(cfg, src, sets[i]);
     if (rc == 0) rc = moe_config_check(cfg, src);
+    if (rc == 0 && notes) *n_notes = moe_config_ignored(cfg, src, notes, max);
     moe_config_src_free(src);
     return rc;
 }

@@ -116,5 +116,9 @@ int moe_cli_check_ckpt(const char *dir);
 // the n_sets "key=value" overrides in order and checks the result. Returns 0
 // or a negative MOE_E* code (the message names the key and where it was set).
 int moe_cli_load_config(moe_config *cfg, const char *path, const char *const *sets, int n_sets);
+// The same, and the notes of moe_config_ignored (keys set but ignored) into
+// notes (at most max, *n_notes of them) for the command to print.
+int moe_cli_load_config_noted(moe_config *cfg, const char *path, const char *const *sets,
+                              int n_sets, char (*notes)[256], int max, int *n_notes);
 
 #endif

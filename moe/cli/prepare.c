@@ -40,7 +40,9 @@ static const char *prepare_help =
     "Invalid UTF-8 is refused naming the file and the byte offset, before anything\n"
     "is written, and so is a file included twice. DIR may hold other files but not a\n"
     "manifest.json or train_*.bin / val_*.bin files (nor their .tmp): shards are written\n"
-    "as NAME.tmp and renamed into place with the manifest once all are complete.\n"
+    "as NAME.tmp (created exclusively) and renamed into place with the manifest once all\n"
+    "are complete, never over an existing NAME: a second prepare into DIR at once fails\n"
+    "and removes only its own files.\n"
     "Ctrl-C or SIGTERM stops prepare and removes what it wrote (exit status 130).\n"
     "\n"
     "exit status: 0 ok, 1 runtime failure, 2 bad usage or input, 130 stopped by a signal\n";
@@ -133,12 +135,14 @@ int moe_cli_prepare(int argc, char **argv) {
                           .doc = MOE_DOC_FILE,
                           .shard_tokens = 100000000};
     long long v;
-    const char *bad = NULL;
-    if (vf && !moe_cli_parse_double(vf, 0, 1, false, &o.val_fraction)) bad = "--val-fraction";
-    if (vf && o.val_fraction >= 1) bad = "--val-fraction";
-    if (shard && !moe_cli_parse_long(shard, 1, 2147483647, &v)) bad = "--shard-tokens";
+    const char *bad = NULL, *want = NULL, *given = NULL; // the option, its range, its value
+    if (vf && (!moe_cli_parse_double(vf, 0, 1, false, &o.val_fraction) || o.val_fraction >= 1))
+        bad = "--val-fraction", want = "a number in [0, 1)", given = vf;
+    if (!bad && shard && !moe_cli_parse_long(shard, 1, 2147483647, &v))
+        bad = "--shard-tokens", want = "an integer in [1, 2147483647]", given = shard;
     if (shard && !bad) o.shard_tokens = (long)v;
-    if (seed && !moe_cli_parse_long(seed, 0, INT64_MAX, &v)) bad = "--seed";
+    if (!bad && seed && !moe_cli_parse_long(seed, 0, INT64_MAX, &v))
+        bad = "--seed", want = "an integer in [0, 9223372036854775807]", given = seed;
     if (seed && !bad) o.seed = (uint64_t)v;
     if (doc && strcmp(doc, "file") && strcmp(doc, "paragraph") && strcmp(doc, "line")) {
         free(inputs);
@@ -156,12 +160,16 @@ int moe_cli_prepare(int argc, char **argv) {
                                 "starting with '-')",
                                 path_opt[k][0], path_opt[k][1], path_opt[k][1]);
         }
-    if (out && !out[0]) bad = "--out";
     if (bad) {
         free(inputs);
-        return moe_cli_fail("prepare", MOE_EXIT_USAGE, "%s: bad value (see moe prepare --help)",
-                            bad);
+        return moe_cli_fail("prepare", MOE_EXIT_USAGE, "%s needs %s, got '%s'", bad, want, given);
     }
+    for (int k = 0; k < 2; k++)
+        if (path_opt[k][1] && !path_opt[k][1][0]) {
+            free(inputs);
+            return moe_cli_fail("prepare", MOE_EXIT_USAGE, "%s needs a path%s", path_opt[k][0],
+                                k ? " (or bytes): it is empty" : ", not an empty value");
+        }
     if (doc)
         o.doc = !strcmp(doc, "line")        ? MOE_DOC_LINE
                 : !strcmp(doc, "paragraph") ? MOE_DOC_PARAGRAPH

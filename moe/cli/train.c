@@ -60,7 +60,9 @@ static const char *train_help =
 typedef struct {
     const char *out, *resume;
     bool quiet, dry_run, force, overwrite;
-    bool resume_run; // --resume RUN_DIR without a CONFIG: config and out from the run
+    bool resume_run;    // --resume RUN_DIR without a CONFIG: config and out from the run
+    char notes[8][256]; // keys set but ignored (moe_config_ignored), printed at start
+    int n_notes;
 } train_args;
 
 // "key=value" in a new string (NULL when out of memory).
@@ -177,7 +179,8 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, train_args *
         moe_fail(MOE_EINVAL, "no config file (try configs/tiny.json)");
         goto usage;
     }
-    MOE_TRY_GOTO(moe_cli_load_config(cfg, config, sets, n_sets), rc);
+    MOE_TRY_GOTO(moe_cli_load_config_noted(cfg, config, sets, n_sets, a->notes, 8, &a->n_notes),
+                 rc);
     if (!a->out) {
         const char *base = strrchr(config, '/') ? strrchr(config, '/') + 1 : config;
         const int len = (int)strcspn(base, ".");
@@ -350,6 +353,8 @@ int moe_cli_train(int argc, char **argv) {
         moe_cli_mpi_finalize(world);
         return code;
     }
+    for (int i = 0; rank == 0 && i < a.n_notes; i++)
+        fprintf(stderr, "moe train: note: %s\n", a.notes[i]);
     if (a.dry_run) { // the plan of this config on parallel.ep ranks (as moe plan CONFIG)
         moe_machine mc = {0, 0, 0, {400, 100}, {2, 5}};
         moe_data d; // synthetic data is all config: its checks cost nothing

@@ -16,14 +16,26 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+int moe_input_errno_code(int err) {
+    switch (err) {
+    case ENOENT:
+    case ENOTDIR:
+        return MOE_ENOTFOUND;
+    case EACCES:
+    case EPERM:
+    case ELOOP:
+    case ENAMETOOLONG:
+        return MOE_EINVAL;
+    default:
+        return MOE_EIO;
+    }
+}
+
 int moe_open_regular(const char *path, int *fd) {
     *fd = -1;
     int d = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-    // A missing input is bad input (exit 2 in every command), an open that
-    // fails otherwise an I/O failure.
     if (d < 0)
-        return moe_fail(errno == ENOENT || errno == ENOTDIR ? MOE_ENOTFOUND : MOE_EIO,
-                        "%s: cannot open: %s", path, strerror(errno));
+        return moe_fail(moe_input_errno_code(errno), "%s: cannot open: %s", path, strerror(errno));
     struct stat sb;
     if (fstat(d, &sb) != 0) {
         int err = errno;
@@ -85,7 +97,13 @@ int moe_map_regular(const char *path, const void **data, size_t *len) {
     } else if (st.st_size > 0) {
         void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (p == MAP_FAILED) {
-            rc = moe_fail(MOE_EIO, "%s: cannot map: %s", path, strerror(errno));
+            int err = errno; // ENOMEM: usually the count of mappings, not memory
+            rc = moe_fail(MOE_EIO, "%s: cannot map: %s%s", path, strerror(err),
+                          err == ENOMEM ? " (the process may hold vm.max_map_count mappings, "
+                                          "one per file: use fewer, larger files, e.g. a "
+                                          "larger moe prepare --shard-tokens, or raise "
+                                          "vm.max_map_count)"
+                                        : "");
         } else {
             *data = p, *len = (size_t)st.st_size;
             n->start = p, n->len = *len;

@@ -1,6 +1,7 @@
 // Counted file-system calls and the fault hook behind them (moe/fsio.h). A
 // checkpoint save that goes through these wrappers can be cut at any of its
 // calls, which is how tests/test_ckpt_faults.c proves the save protocol.
+#define _GNU_SOURCE // renameat2
 #include "moe/fsio.h"
 #include "moe/error.h"
 
@@ -74,6 +75,11 @@ int moe_fs_create(const char *path) {
     return open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
 }
 
+int moe_fs_create_excl(const char *path) {
+    if (fault("create")) return -1;
+    return open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+}
+
 int moe_fs_mkstemp(char *tmpl) {
     if (fault("create")) return -1;
     return mkstemp(tmpl);
@@ -99,6 +105,25 @@ int moe_fs_fsync(int fd) {
 
 int moe_fs_rename(const char *from, const char *to) {
     if (fault("rename")) return -1;
+    return rename(from, to);
+}
+
+int moe_fs_rename_noreplace(const char *from, const char *to) {
+    if (fault("rename")) return -1;
+    if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) == 0) return 0;
+    if (errno != EINVAL && errno != ENOSYS) return -1;
+    // A filesystem without RENAME_NOREPLACE: a hard link fails on an existing
+    // name as well; only where links are missing too is the check racy.
+    if (link(from, to) == 0) {
+        unlink(from);
+        return 0;
+    }
+    if (errno == EEXIST) return -1;
+    struct stat st;
+    if (lstat(to, &st) == 0) {
+        errno = EEXIST;
+        return -1;
+    }
     return rename(from, to);
 }
 

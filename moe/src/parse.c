@@ -23,7 +23,9 @@ int moe_parse_double(const char *key, const char *v, double *out) {
     char *end;
     errno = 0;
     double d = strtod(v, &end);
-    if (end == v || *end || blank_first(v) || errno || !isfinite(d))
+    // ERANGE on underflow (1e-320) still gives the nearest finite value: the
+    // key's range check speaks for it. On overflow d is infinite.
+    if (end == v || *end || blank_first(v) || (errno && errno != ERANGE) || !isfinite(d))
         return moe_fail(MOE_EINVAL, "%s = '%.*s%s': expected a finite number", key, QUOTE(v));
     *out = d;
     return 0;

@@ -113,6 +113,14 @@ int moe_config_check(const moe_config *cfg, const moe_config_src *src);
 // fit int, every buffer fits 2^40 elements. The message names the keys whose
 // product is too large ("model.seq_len * train.batch_size = ... exceeds ...").
 int moe_config_check_sizes(const moe_config *cfg, const moe_config_src *src, int B, int T);
+// Keys the user set to a non-default value that this config then ignores
+// (data.path with data.kind = synthetic, data.val_fraction beside
+// data.val_path, task sampling without file tasks, data.tasks names with file
+// data): one line each, naming where the key was set and why it is ignored,
+// into notes (at most max); returns how many. Not refused: a run's saved
+// config.json carries such keys, and resuming it must keep working.
+int moe_config_ignored(const moe_config *cfg, const moe_config_src *src, char (*notes)[256],
+                       int max);
 // Writes the whole resolved config as JSON (sections, every key).
 int moe_config_write(const moe_config *cfg, FILE *f);
 // Prints every key, its type, default, range and meaning.

@@ -36,7 +36,10 @@ typedef struct {
     long *cum; // [n_seg + 1]: windows before each piece
     int n_seg;
     long n_windows;
-    long n_tokens; // of the pieces given to this part, whole windows or not
+    long n_tokens;  // of the pieces given to this part, whole windows or not
+    int n_pieces;   // pieces given (one per file), whole windows or not
+    long max_piece; // tokens of the largest piece given
+    long n_used;    // tokens inside at least one window
 } moe_data_part;
 
 struct moe_token_file;
@@ -59,6 +62,13 @@ typedef struct {
     // Training rows before memo_row drew each task memo_count[t] times: row r's
     // place in its task's window order (a cache: a pure function of the seed).
     uint64_t memo_row, memo_count[MOE_MAX_TASKS];
+    // Share of the training tokens in no window: windows do not cross files,
+    // so each file's tail after its last whole window (or all of a file
+    // shorter than one window) is never trained on. 0 for synthetic data.
+    double unused_share;
+    // A data.val_path file that data.path names too (NULL: none): validation
+    // on training data (moe_train refuses it for a new run).
+    const char *val_in_train;
 } moe_data;
 
 // Known synthetic task names ("copy", "reverse", "sort", "add", "caesar").

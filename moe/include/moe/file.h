@@ -8,11 +8,16 @@
 #include <stddef.h>
 #include <stdio.h>
 
+// The code of an errno from opening, stat-ing or listing an input: a path
+// that is missing (MOE_ENOTFOUND), not permitted, a link loop or too long
+// (MOE_EINVAL) is bad input, exit 2 in every command; anything else, such as
+// EIO, is an I/O failure (MOE_EIO, exit 1).
+int moe_input_errno_code(int err);
 // Opens path read-only (close-on-exec) after checking it is a regular file.
 // The open itself never blocks (O_NONBLOCK, cleared once the type is known).
 // Errors: MOE_ENOTFOUND (no such file), MOE_EFORMAT (not a regular file),
-// MOE_EIO (cannot open otherwise), with a message naming
-// path. On error *fd is -1.
+// those of moe_input_errno_code (cannot open otherwise), with a message
+// naming path. On error *fd is -1.
 int moe_open_regular(const char *path, int *fd);
 // The same as a stdio stream ("rb"); on error *f is NULL.
 int moe_fopen_regular(const char *path, FILE **f);

@@ -33,10 +33,15 @@ const char *moe_fs_fault_op(void);
 // The POSIX calls, counted. They return what the call returns (-1 and errno
 // on failure); moe_fs_write writes the whole buffer (retrying short writes).
 int moe_fs_create(const char *path); // O_WRONLY | O_CREAT | O_TRUNC, mode 0644
+// O_WRONLY | O_CREAT | O_EXCL, mode 0644: fails with EEXIST when path exists
+// (another writer's file, or one a killed writer left), never truncating it.
+int moe_fs_create_excl(const char *path);
 int moe_fs_mkstemp(char *tmpl);
 int moe_fs_write(int fd, const void *buf, size_t len);
 int moe_fs_fsync(int fd);
 int moe_fs_rename(const char *from, const char *to);
+// rename that fails with EEXIST instead of replacing an existing `to`.
+int moe_fs_rename_noreplace(const char *from, const char *to);
 int moe_fs_unlink(const char *path);
 int moe_fs_mkdir(const char *path, mode_t mode);
 int moe_fs_rmdir(const char *path);

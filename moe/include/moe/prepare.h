@@ -56,8 +56,9 @@ typedef struct {
     long shard_tokens; // tokens per shard (the last one holds the rest)
     void (*progress)(void *ctx, const moe_prepare_progress *p); // NULL: none
     void *progress_ctx;
-    // NULL, or a flag a signal handler sets: prepare then stops between
-    // documents, removes what it wrote and returns MOE_EIO ("interrupted").
+    // NULL, or a flag a signal handler sets: prepare then stops before the
+    // next part of a document (part_bytes) or before renaming its shards into
+    // place, removes what it wrote and returns MOE_EIO ("interrupted").
     const volatile sig_atomic_t *stop;
     // A document longer than this is encoded in parts of at most this many
     // bytes, cut after a newline, else before a space, else between two

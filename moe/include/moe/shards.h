@@ -56,7 +56,9 @@ static inline int32_t moe_token_at(const moe_token_file *f, long i) {
 
 // Expands pattern (glob(3), sorted; a plain path names itself) into *paths
 // (*n of them; free with moe_glob_free). No match is MOE_ENOTFOUND with a
-// message naming key and pattern.
+// message naming key and pattern (and, when a file of the pattern's literal
+// name exists, how to escape its glob characters); a folder that cannot be
+// listed is moe_input_errno_code's code (moe/file.h).
 int moe_glob_paths(const char *key, const char *pattern, char ***paths, int *n);
 void moe_glob_free(char **paths, int n);
 

@@ -89,7 +89,7 @@ static void stable_csv(const char *path, char *buf, size_t cap) {
     fclose(f);
 }
 
-#define STOP_GRID "--steps 3000 --grid train.lr=1e-3,2e-3,3e-3 --set train.eval_every=100 "
+#define STOP_GRID "--steps 1500 --grid train.lr=1e-3,2e-3,3e-3 --set train.eval_every=100 "
 
 // Ctrl-C during run 2 of 3: run_001 saves a checkpoint, the tables hold the
 // finished run and the stopped one, exit 130; the same command with --resume

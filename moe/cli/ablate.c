@@ -51,12 +51,14 @@ static const char *help =
     "          moe ablate --grid "
     "config=configs/router_softmax_aux.json,configs/expert_choice.json\n";
 
-// The command line again, shell-quoted, with --resume: what continues the grid.
+// The command line again, shell-quoted, with --resume (and without --overwrite):
+// what continues the grid.
 static void print_resume(int argc, char **argv, bool resume) {
     char q[PATH_MAX + 8];
     moe_cli_shell_quote(q, sizeof q, moe_cli_program());
     fprintf(stderr, "continue with: %s ablate", q);
     for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--overwrite")) continue; // it would replace what --resume keeps
         moe_cli_shell_quote(q, sizeof q, argv[i]);
         fprintf(stderr, " %s", q);
     }

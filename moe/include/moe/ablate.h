@@ -29,7 +29,7 @@ typedef struct {
 typedef struct {
     int idx[MOE_GRID_MAX_AXES]; // value index per axis
     int ok;                     // 1: trained (its loss may still be NaN or Inf)
-    char error[256];            // why it failed ('"' and '|' replaced)
+    char error[256];            // why it failed, or where it stopped (the tables escape it)
     double val_loss, tokens_per_s, drop_rate, max_vio, seconds;
     int rc; // the run's status (0: trained)
     int n_tasks;

@@ -546,6 +546,51 @@ START_TEST(test_ablate_report_tokens_per_s_is_the_tables_figure) {
 }
 END_TEST
 
+// A damaged ablate.json is refused by --resume with a message naming the
+// file (and the run), never a crash nor a silently shorter grid.
+START_TEST(test_ablate_resume_refuses_a_damaged_state_file) {
+    moe_config c;
+    small_config(&c);
+    moe_grid_axis ax;
+    char out[700], p[800];
+    snprintf(out, sizeof out, "%s/damaged", tu_tmpdir());
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "router.top_k=1,2"), 0);
+    moe_ablate_opts o = {.out = out};
+    ck_assert_msg(moe_ablate_run(&c, &ax, 1, &o) == 0, "%s", moe_last_error());
+    snprintf(p, sizeof p, "%s/ablate.json", out);
+    static char good[1 << 16];
+    snprintf(good, sizeof good, "%s", text_of(p));
+    const char *runs = strstr(good, "\"runs\"");
+    ck_assert_ptr_nonnull(runs);
+    const int head = (int)(runs - good);
+    static const char *const tails[][2] = {
+        {"\"runs\": [null]}", "one entry per run"},
+        {"\"runs\": [null, 3]}", "runs[1]: expected an object or null"},
+        {"\"runs\": [null, {\"status\": \"ok\"}]}", "runs[1]: expected status"},
+        {"\"runs\": [null, {", ""}, // cut short
+    };
+    o.resume = true;
+    for (int i = 0; i < 4; i++) {
+        FILE *f = fopen(p, "w");
+        fprintf(f, "%.*s%s", head, good, tails[i][0]);
+        fclose(f);
+        ck_assert_int_eq(moe_ablate_run(&c, &ax, 1, &o), MOE_EINVAL);
+        ck_assert_msg(strstr(moe_last_error(), "ablate.json") != NULL, "%s", moe_last_error());
+        ck_assert_msg(strstr(moe_last_error(), tails[i][1]) != NULL, "%s", moe_last_error());
+    }
+    // a bad status value in an otherwise whole file
+    char *st = strstr(good, "\"status\": \"ok\"");
+    ck_assert_ptr_nonnull(st);
+    memcpy(st + 11, "no", 2);
+    FILE *f = fopen(p, "w");
+    fputs(good, f);
+    fclose(f);
+    ck_assert_int_eq(moe_ablate_run(&c, &ax, 1, &o), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "status must be ok, failed or stopped") != NULL, "%s",
+                  moe_last_error());
+}
+END_TEST
+
 static Suite *ablate_suite(void) {
     Suite *s = suite_create("ablate");
     TCase *tc = tcase_create("ablate");
@@ -566,6 +611,7 @@ static Suite *ablate_suite(void) {
     tcase_add_test(tc, test_ablate_refuses_a_data_path_grid_on_synthetic_data);
     tcase_add_test(tc, test_ablate_resume_refuses_another_grid_or_config);
     tcase_add_test(tc, test_ablate_report_tokens_per_s_is_the_tables_figure);
+    tcase_add_test(tc, test_ablate_resume_refuses_a_damaged_state_file);
     suite_add_tcase(s, tc);
     return s;
 }

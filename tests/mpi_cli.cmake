@@ -72,9 +72,10 @@ function(expect_refused name pattern)
     set(wa --wdir ${X_WDIR_A})
     set(wb --wdir ${X_WDIR_B})
   endif()
+  # (train.steps by --set: the steps case sets it again, which --steps refuses)
   execute_process(COMMAND ${run} -np 1 ${wa} ${MOE} train ${SRC}/configs/tiny.json ${small}
-                          --steps 3 ${X_A} : -np 1 ${wb} ${MOE} train ${SRC}/configs/tiny.json
-                          ${small} --steps 3 ${X_B}
+                          --set train.steps=3 ${X_A} : -np 1 ${wb} ${MOE} train
+                          ${SRC}/configs/tiny.json ${small} --set train.steps=3 ${X_B}
                   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out TIMEOUT 60)
   string(REGEX MATCHALL "moe train: [^\n]*" lines "${out}")
   list(LENGTH lines n)

@@ -37,7 +37,9 @@ START_TEST(test_grid_runs_every_combination) {
     snprintf(out, sizeof out, "%s/grid", tu_tmpdir());
     // A combination the config check refuses stops the grid before any run.
     ck_assert_int_eq(moe_ablate(&c, ax, 2, NULL, 0, out, NULL), MOE_EINVAL);
-    ck_assert_ptr_nonnull(strstr(moe_last_error(), "--grid run 3: "));
+    ck_assert_msg(strstr(moe_last_error(), "--grid router.top_k: ") != NULL, "%s",
+                  moe_last_error());
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "(grid run 3 of 4: "));
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "exceeds"));
     ck_assert_int_eq(access(out, F_OK), -1);
     // A run that fails while training (lr 1e30 diverges) is a row of the
@@ -373,6 +375,222 @@ START_TEST(test_ablate_tables_use_the_union_of_tasks) {
 }
 END_TEST
 
+// A value with a double quote and a message with quotes and '|': CSV cells
+// are quoted with the quotes doubled (RFC 4180), Markdown cells escape '|'.
+START_TEST(test_ablate_tables_escape_quotes_and_pipes) {
+    moe_grid_axis ax;
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "config=a\"b.json,x|y.json"), 0);
+    moe_ablate_row rows[2] = {row(0, 1, 2.0, 0, NULL, NULL), row(1, 0, 0, 0, NULL, NULL)};
+    snprintf(rows[1].error, sizeof rows[1].error, "say \"hi\" | there");
+    char out[700], p[800];
+    snprintf(out, sizeof out, "%s", tu_tmpdir());
+    ck_assert_int_eq(moe_ablate_write_results(out, &ax, 1, rows, 2), 0);
+    snprintf(p, sizeof p, "%s/results.csv", out);
+    const char *csv = text_of(p);
+    ck_assert_msg(strstr(csv, "\n0,\"a\"\"b.json\",ok,") != NULL, "%s", csv);
+    ck_assert_msg(strstr(csv, ",\"say \"\"hi\"\" | there\"\n") != NULL, "%s", csv);
+    snprintf(p, sizeof p, "%s/results.md", out);
+    const char *md = text_of(p);
+    ck_assert_msg(strstr(md, "| x\\|y.json | failed: say \"hi\" \\| there |") != NULL, "%s", md);
+    // every row has as many unescaped '|' as the header
+    int want = -1;
+    for (const char *l = md; *l;) {
+        int bars = 0;
+        for (; *l && *l != '\n'; l++)
+            bars += *l == '|' && l[-1] != '\\';
+        if (want < 0) want = bars;
+        ck_assert_int_eq(bars, want);
+        l += *l == '\n';
+    }
+}
+END_TEST
+
+// A failed run has no throughput nor drop rate: empty cells, as README says
+// of every missing figure (it printed 0.0 and 0.000000).
+START_TEST(test_ablate_failed_row_leaves_its_figures_empty) {
+    moe_grid_axis ax;
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "train.lr=1,2"), 0);
+    moe_ablate_row rows[2] = {row(0, 1, 2.0, 0, NULL, NULL), row(1, 0, 0, 0, NULL, NULL)};
+    rows[1].seconds = 1.5;
+    char out[700], p[800];
+    snprintf(out, sizeof out, "%s", tu_tmpdir());
+    ck_assert_int_eq(moe_ablate_write_results(out, &ax, 1, rows, 2), 0);
+    snprintf(p, sizeof p, "%s/results.csv", out);
+    const char *csv = text_of(p);
+    ck_assert_msg(strstr(csv, "\n1,\"2\",failed,,,,,1.5,\"boom\"\n") != NULL, "%s", csv);
+}
+END_TEST
+
+// Grid values that clash with the base are named by their --grid key (the
+// message said "default"), whichever key of the pair the grid set.
+START_TEST(test_ablate_cell_errors_name_the_grid_key) {
+    moe_config c;
+    small_config(&c);
+    char out[700];
+    snprintf(out, sizeof out, "%s/named", tu_tmpdir());
+    static const char *const grids[][2] = {
+        {"router.top_k=1,8", "--grid router.top_k: router.top_k = 8 exceeds"},
+        {"moe.num_experts=1,4", "--grid moe.num_experts: router.top_k = 2 exceeds"},
+        {"model.d_model=30,32", "--grid model.d_model: model.d_model = 30"}};
+    for (int g = 0; g < 3; g++) {
+        moe_grid_axis ax;
+        ck_assert_int_eq(moe_grid_axis_parse(&ax, grids[g][0]), 0);
+        ck_assert_int_eq(moe_ablate(&c, &ax, 1, NULL, 0, out, NULL), MOE_EINVAL);
+        ck_assert_msg(strstr(moe_last_error(), grids[g][1]) != NULL, "%s", moe_last_error());
+        ck_assert_ptr_null(strstr(moe_last_error(), "default"));
+        ck_assert_int_eq(access(out, F_OK), -1);
+    }
+}
+END_TEST
+
+// parallel.ep = 2 cannot run in ablate's one process: refused before run 1
+// trains (it trained run 1, then failed run 2 at run time).
+START_TEST(test_ablate_refuses_expert_parallel_cells_before_training) {
+    moe_config c;
+    small_config(&c);
+    moe_grid_axis ax;
+    char out[700];
+    snprintf(out, sizeof out, "%s/ep", tu_tmpdir());
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "parallel.ep=1,2"), 0);
+    ck_assert_int_eq(moe_ablate(&c, &ax, 1, NULL, 0, out, NULL), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "--grid parallel.ep: parallel.ep = 2") != NULL, "%s",
+                  moe_last_error());
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "grid run 2 of 2"));
+    ck_assert_int_eq(access(out, F_OK), -1);
+}
+END_TEST
+
+// Synthetic data reads no data.path: a grid over it would train one run
+// several times.
+START_TEST(test_ablate_refuses_a_data_path_grid_on_synthetic_data) {
+    moe_config c;
+    small_config(&c);
+    moe_grid_axis ax;
+    char out[700];
+    snprintf(out, sizeof out, "%s/paths", tu_tmpdir());
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "data.path=/x,/y"), 0);
+    ck_assert_int_eq(moe_ablate(&c, &ax, 1, NULL, 0, out, NULL), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "--grid data.path: every run uses data.kind = "
+                                           "synthetic") != NULL,
+                  "%s", moe_last_error());
+    ck_assert_int_eq(access(out, F_OK), -1);
+}
+END_TEST
+
+// --resume continues only the grid the folder holds: another grid or another
+// base config is refused naming the difference; the same grid, finished,
+// keeps every run and rewrites the tables.
+START_TEST(test_ablate_resume_refuses_another_grid_or_config) {
+    moe_config c;
+    small_config(&c);
+    moe_grid_axis ax;
+    char out[700], p[800];
+    snprintf(out, sizeof out, "%s/res", tu_tmpdir());
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "router.top_k=1,2"), 0);
+    moe_ablate_opts o = {.out = out};
+    o.resume = true;
+    ck_assert_int_eq(moe_ablate_run(&c, &ax, 1, &o), MOE_EINVAL); // nothing to resume
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "holds no ablation to continue"));
+    o.resume = false;
+    ck_assert_msg(moe_ablate_run(&c, &ax, 1, &o) == 0, "%s", moe_last_error());
+    snprintf(p, sizeof p, "%s/results.csv", out);
+    char before[16384];
+    snprintf(before, sizeof before, "%s", text_of(p));
+    o.resume = true;
+    moe_grid_axis other;
+    ck_assert_int_eq(moe_grid_axis_parse(&other, "router.top_k=1,2,3"), 0);
+    ck_assert_int_eq(moe_ablate_run(&c, &other, 1, &o), MOE_EINVAL);
+    ck_assert_msg(
+        strstr(moe_last_error(), "router.top_k=1,2, this command's is router.top_k=1,2,3") != NULL,
+        "%s", moe_last_error());
+    moe_config c2 = c;
+    ck_assert_int_eq(moe_config_set(&c2, NULL, "train.lr=0.5"), 0);
+    ck_assert_int_eq(moe_ablate_run(&c2, &ax, 1, &o), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "train.lr = ") != NULL, "%s", moe_last_error());
+    ck_assert_msg(moe_ablate_run(&c, &ax, 1, &o) == 0, "%s", moe_last_error());
+    ck_assert(!o.interrupted);
+    // kept, not retrained: the same figures, the same seconds
+    ck_assert_str_eq(text_of(p), before);
+}
+END_TEST
+
+// One definition of tokens/s: report.html shows the run's tokens / train
+// seconds as results.csv does (it showed the mean of the steps' figures).
+START_TEST(test_ablate_report_tokens_per_s_is_the_tables_figure) {
+    moe_config c;
+    small_config(&c);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "train.steps=4"), 0);
+    moe_grid_axis ax;
+    char out[700], p[800];
+    snprintf(out, sizeof out, "%s/tps", tu_tmpdir());
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "router.top_k=2"), 0);
+    ck_assert_msg(moe_ablate(&c, &ax, 1, NULL, 0, out, NULL) == 0, "%s", moe_last_error());
+    snprintf(p, sizeof p, "%s/results.csv", out);
+    const char *csv = text_of(p);
+    const char *row0 = strstr(csv, "\n0,");
+    ck_assert_ptr_nonnull(row0);
+    double loss, tps;
+    ck_assert_int_eq(sscanf(row0, "\n0,\"2\",ok,%lf,%lf,", &loss, &tps), 2);
+    // results.csv rounds to 0.1: the page's whole number is one of the two
+    // around it
+    char lo[64], hi[64];
+    snprintf(lo, sizeof lo, "<td class=\"num\">%.0f</td>", floor(tps));
+    snprintf(hi, sizeof hi, "<td class=\"num\">%.0f</td>", ceil(tps));
+    snprintf(p, sizeof p, "%s/report.html", out);
+    FILE *f = fopen(p, "r");
+    ck_assert_ptr_nonnull(f);
+    static char html[1 << 20];
+    html[fread(html, 1, sizeof html - 1, f)] = 0;
+    fclose(f);
+    ck_assert_msg(strstr(html, lo) || strstr(html, hi), "neither %s nor %s in report.html", lo, hi);
+}
+END_TEST
+
+// A damaged ablate.json is refused by --resume with a message naming the
+// file (and the run), never a crash nor a silently shorter grid.
+START_TEST(test_ablate_resume_refuses_a_damaged_state_file) {
+    moe_config c;
+    small_config(&c);
+    moe_grid_axis ax;
+    char out[700], p[800];
+    snprintf(out, sizeof out, "%s/damaged", tu_tmpdir());
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "router.top_k=1,2"), 0);
+    moe_ablate_opts o = {.out = out};
+    ck_assert_msg(moe_ablate_run(&c, &ax, 1, &o) == 0, "%s", moe_last_error());
+    snprintf(p, sizeof p, "%s/ablate.json", out);
+    static char good[1 << 16];
+    snprintf(good, sizeof good, "%s", text_of(p));
+    const char *runs = strstr(good, "\"runs\"");
+    ck_assert_ptr_nonnull(runs);
+    const int head = (int)(runs - good);
+    static const char *const tails[][2] = {
+        {"\"runs\": [null]}", "one entry per run"},
+        {"\"runs\": [null, 3]}", "runs[1]: expected an object or null"},
+        {"\"runs\": [null, {\"status\": \"ok\"}]}", "runs[1]: expected status"},
+        {"\"runs\": [null, {", ""}, // cut short
+    };
+    o.resume = true;
+    for (int i = 0; i < 4; i++) {
+        FILE *f = fopen(p, "w");
+        fprintf(f, "%.*s%s", head, good, tails[i][0]);
+        fclose(f);
+        ck_assert_int_eq(moe_ablate_run(&c, &ax, 1, &o), MOE_EINVAL);
+        ck_assert_msg(strstr(moe_last_error(), "ablate.json") != NULL, "%s", moe_last_error());
+        ck_assert_msg(strstr(moe_last_error(), tails[i][1]) != NULL, "%s", moe_last_error());
+    }
+    // a bad status value in an otherwise whole file
+    char *st = strstr(good, "\"status\": \"ok\"");
+    ck_assert_ptr_nonnull(st);
+    memcpy(st + 11, "no", 2);
+    FILE *f = fopen(p, "w");
+    fputs(good, f);
+    fclose(f);
+    ck_assert_int_eq(moe_ablate_run(&c, &ax, 1, &o), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "status must be ok, failed or stopped") != NULL, "%s",
+                  moe_last_error());
+}
+END_TEST
+
 static Suite *ablate_suite(void) {
     Suite *s = suite_create("ablate");
     TCase *tc = tcase_create("ablate");
@@ -386,6 +604,14 @@ static Suite *ablate_suite(void) {
     tcase_add_test(tc, test_ablate_refuses_a_grid_key_given_twice);
     tcase_add_test(tc, test_ablate_tables_rank_non_finite_losses_last);
     tcase_add_test(tc, test_ablate_tables_use_the_union_of_tasks);
+    tcase_add_test(tc, test_ablate_tables_escape_quotes_and_pipes);
+    tcase_add_test(tc, test_ablate_failed_row_leaves_its_figures_empty);
+    tcase_add_test(tc, test_ablate_cell_errors_name_the_grid_key);
+    tcase_add_test(tc, test_ablate_refuses_expert_parallel_cells_before_training);
+    tcase_add_test(tc, test_ablate_refuses_a_data_path_grid_on_synthetic_data);
+    tcase_add_test(tc, test_ablate_resume_refuses_another_grid_or_config);
+    tcase_add_test(tc, test_ablate_report_tokens_per_s_is_the_tables_figure);
+    tcase_add_test(tc, test_ablate_resume_refuses_a_damaged_state_file);
     suite_add_tcase(s, tc);
     return s;
 }

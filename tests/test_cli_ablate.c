@@ -3,17 +3,21 @@
 // a bad grid exit 2 (README "Exit codes").
 #include "testutil.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static char dir[600];
 
 #define TINY MOE_SOURCE_DIR "/configs/tiny.json"
-#define SMALL                                                                                      \
+#define SMALL_MODEL                                                                                \
     " --set model.d_model=32 --set model.n_layers=1 --set model.d_ff=32 --set model.seq_len=16 "   \
-    "--set train.batch_size=2 --set train.eval_every=0 --steps 1 "
+    "--set train.batch_size=2 --set train.eval_every=0 "
+#define SMALL SMALL_MODEL "--steps 1 "
 
 static int ablate(const char *args) {
     char cmd[4096];
@@ -67,6 +71,129 @@ START_TEST(test_cli_ablate_failed_run_is_exit_1) {
 }
 END_TEST
 
+// results.csv without the columns a rerun cannot repeat (tokens_per_s and
+// seconds: fields 4 and 7 of a one-axis grid).
+static void stable_csv(const char *path, char *buf, size_t cap) {
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "%s missing", path);
+    size_t n = 0;
+    int field = 0, c;
+    bool quoted = false;
+    while ((c = fgetc(f)) != EOF && n + 1 < cap) {
+        if (c == '"') quoted = !quoted;
+        if (!quoted && c == ',') field++;
+        if (field != 4 && field != 7) buf[n++] = (char)c;
+        if (!quoted && c == '\n') field = 0;
+    }
+    buf[n] = 0;
+    fclose(f);
+}
+
+#define STOP_GRID "--steps 1500 --grid train.lr=1e-3,2e-3,3e-3 --set train.eval_every=100 "
+
+// Ctrl-C during run 2 of 3: run_001 saves a checkpoint, the tables hold the
+// finished run and the stopped one, exit 130; the same command with --resume
+// continues run_001 from its checkpoint, trains run_002 and writes tables
+// equal to an uninterrupted grid's (but for tokens/s and seconds). The signal
+// is sent once run_001 has started (its metrics.jsonl exists): no sleep
+// decides the order.
+START_TEST(test_cli_ablate_ctrl_c_stops_and_resume_finishes_the_grid) {
+    char args[2048], cmd[4096], p[800];
+    // Long enough runs that run_001 is still training when the signal lands.
+    snprintf(args, sizeof args, "ablate " TINY SMALL_MODEL STOP_GRID "--out '%s/whole'", dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 0);
+    snprintf(args, sizeof args, "ablate " TINY SMALL_MODEL STOP_GRID "--out '%s/stop'", dir);
+    snprintf(cmd, sizeof cmd, "exec '%s' %s >'%s/out.txt' 2>'%s/err.txt'", getenv("MOE_BIN"), args,
+             dir, dir);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    snprintf(p, sizeof p, "%s/stop/run_001/metrics.jsonl", dir);
+    int st;
+    while (access(p, F_OK) != 0 && waitpid(pid, &st, WNOHANG) == 0)
+        usleep(1000);
+    ck_assert_int_eq(kill(pid, SIGINT), 0);
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 130, "status %d: %s", st, err_text());
+    ck_assert_ptr_nonnull(strstr(err_text(), "--resume"));
+    snprintf(p, sizeof p, "%s/stop/results.csv", dir);
+    FILE *f = fopen(p, "r");
+    ck_assert_ptr_nonnull(f);
+    fclose(f);
+    const char *csv = tu_file_text(dir, "stop/results.csv");
+    ck_assert_msg(strstr(csv, "\n0,\"1e-3\",ok,") != NULL, "%s", csv);
+    ck_assert_msg(strstr(csv, "\n1,\"2e-3\",stopped,") != NULL, "%s", csv);
+    ck_assert_ptr_null(strstr(csv, "\n2,"));
+    snprintf(p, sizeof p, "%s/stop/run_001/checkpoint", dir);
+    ck_assert_int_eq(access(p, F_OK), 0);
+    // The same command again is refused (no --resume nor --overwrite): the
+    // finished run stays.
+    snprintf(cmd, sizeof cmd, "%s", args);
+    ck_assert_int_eq(tu_run_moe(dir, cmd), 2);
+    ck_assert_ptr_nonnull(strstr(err_text(), "--resume"));
+    snprintf(cmd + strlen(cmd), sizeof cmd - strlen(cmd), " --resume");
+    ck_assert_msg(tu_run_moe(dir, cmd) == 0, "%s", err_text());
+    static char whole[16384], resumed[16384];
+    snprintf(p, sizeof p, "%s/whole/results.csv", dir);
+    stable_csv(p, whole, sizeof whole);
+    snprintf(p, sizeof p, "%s/stop/results.csv", dir);
+    stable_csv(p, resumed, sizeof resumed);
+    ck_assert_str_eq(resumed, whole);
+}
+END_TEST
+
+// --steps N next to a train.steps from --set or --grid: one would silently
+// win, so both is exit 2 naming both; a bad --steps names --steps.
+START_TEST(test_cli_ablate_steps_beside_a_train_steps_setting_is_exit_2) {
+    char args[1024];
+    snprintf(args, sizeof args, "--set train.steps=5 --grid train.lr=1e-3 --out '%s/st'", dir);
+    ck_assert_int_eq(ablate(args), 2);
+    ck_assert_ptr_nonnull(strstr(err_text(), "--steps 1 and --set train.steps=5 both set"));
+    snprintf(args, sizeof args, "--grid train.steps=5,3 --out '%s/st'", dir);
+    ck_assert_int_eq(ablate(args), 2);
+    ck_assert_ptr_nonnull(strstr(err_text(), "--steps 1 and --grid train.steps both set"));
+    snprintf(args, sizeof args, "ablate " TINY " --steps 0 --grid train.lr=1e-3 --out '%s/st'",
+             dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 2);
+    ck_assert_msg(strstr(err_text(), "moe ablate: --steps 0: train.steps = 0") != NULL, "%s",
+                  err_text());
+    snprintf(args, sizeof args, "%s/st", dir);
+    ck_assert_int_eq(access(args, F_OK), -1);
+}
+END_TEST
+
+// --overwrite over a run_000 that is a link removes the link; the run it
+// points to (someone else's) is neither cleared nor trained into.
+START_TEST(test_cli_ablate_overwrite_removes_a_run_link_not_its_target) {
+    char args[1024], p[800], target[700];
+    snprintf(args, sizeof args, "--grid train.lr=1e-3 --out '%s/theirs'", dir);
+    ck_assert_int_eq(ablate(args), 0);
+    snprintf(target, sizeof target, "%s/theirs/run_000", dir);
+    snprintf(p, sizeof p, "%s/mine", dir);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/mine/run_000", dir);
+    ck_assert_int_eq(symlink(target, p), 0);
+    snprintf(p, sizeof p, "%s/theirs/run_000/metrics.jsonl", dir);
+    struct stat before, after;
+    ck_assert_int_eq(stat(p, &before), 0);
+    snprintf(args, sizeof args, "--grid train.lr=2e-3 --out '%s/mine' --overwrite", dir);
+    ck_assert_msg(ablate(args) == 0, "%s", err_text());
+    ck_assert_int_eq(stat(p, &after), 0);
+    ck_assert_int_eq(after.st_ino, before.st_ino);
+    ck_assert_int_eq(after.st_mtime, before.st_mtime);
+    ck_assert_int_eq(after.st_size, before.st_size);
+    const char *theirs = tu_file_text(dir, "theirs/run_000/config.json");
+    ck_assert_ptr_nonnull(strstr(theirs, "\"lr\": 0.001"));
+    ck_assert_ptr_null(strstr(theirs, "\"lr\": 0.002"));
+    snprintf(p, sizeof p, "%s/mine/run_000", dir);
+    ck_assert_int_eq(lstat(p, &after), 0);
+    ck_assert(S_ISDIR(after.st_mode));
+}
+END_TEST
+
 static Suite *cli_ablate_suite(void) {
     Suite *s = suite_create("cli_ablate");
     TCase *tc = tcase_create("cli_ablate");
@@ -74,6 +201,9 @@ static Suite *cli_ablate_suite(void) {
     tcase_add_test(tc, test_cli_ablate_out_holding_an_ablation_needs_overwrite);
     tcase_add_test(tc, test_cli_ablate_grid_key_given_twice_is_exit_2);
     tcase_add_test(tc, test_cli_ablate_failed_run_is_exit_1);
+    tcase_add_test(tc, test_cli_ablate_ctrl_c_stops_and_resume_finishes_the_grid);
+    tcase_add_test(tc, test_cli_ablate_steps_beside_a_train_steps_setting_is_exit_2);
+    tcase_add_test(tc, test_cli_ablate_overwrite_removes_a_run_link_not_its_target);
     suite_add_tcase(s, tc);
     return s;
 }

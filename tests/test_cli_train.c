@@ -162,6 +162,25 @@ START_TEST(test_cli_ctrl_c_saves_checkpoint) {
 }
 END_TEST
 
+// --steps N beside --set train.steps=M: the later one silently won, so both
+// is exit 2 naming both (nothing trained); a bad --steps names --steps.
+START_TEST(test_cli_train_steps_beside_set_train_steps_is_exit_2) {
+    char args[2048];
+    write_text("s.json", small);
+    snprintf(args, sizeof args, "train '%s/s.json' --steps 2 --set train.steps=5 --out '%s/st'",
+             dir, dir);
+    ck_assert_int_eq(run_moe(args), 2);
+    ck_assert_ptr_nonnull(
+        strstr(file_text("err.txt"), "--steps 2 and --set train.steps=5 both set train.steps"));
+    snprintf(args, sizeof args, "train '%s/s.json' --steps 0 --out '%s/st'", dir, dir);
+    ck_assert_int_eq(run_moe(args), 2);
+    ck_assert_msg(strstr(file_text("err.txt"), "moe train: --steps 0: train.steps = 0") != NULL,
+                  "%s", file_text("err.txt"));
+    snprintf(args, sizeof args, "%s/st", dir);
+    ck_assert_int_eq(access(args, F_OK), -1);
+}
+END_TEST
+
 static Suite *cli_train_suite(void) {
     Suite *s = suite_create("cli_train");
     TCase *tc = tcase_create("cli");
@@ -169,6 +188,7 @@ static Suite *cli_train_suite(void) {
     tcase_add_test(tc, test_cli_train_errors_and_success);
     tcase_add_test(tc, test_cli_ctrl_c_saves_checkpoint);
     tcase_add_test(tc, test_cli_train_device_cuda_refused_with_reason);
+    tcase_add_test(tc, test_cli_train_steps_beside_set_train_steps_is_exit_2);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -1,9 +1,12 @@
 // Ablation grids: every combination of --grid values is trained from the same
-// base config and seed; results.csv lists every run and results.md sorts the
-// finished ones by final validation loss. A run that fails is reported in its
-// row and the grid goes on.
+// base config and seed (tables in trainer/ablate_tables.c). A run that fails
+// is reported in its row and the grid goes on; a stop saves the current run
+// and --resume continues the grid from out/ablate.json (trainer/ablate_state.c).
 #include "moe/ablate.h"
+#include "ablate_internal.h"
+#include "config_internal.h"
 #include "moe/checkpoint.h"
+#include "moe/data.h"
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/fsio.h"
@@ -74,175 +77,38 @@ static char *grid_set(const moe_grid_axis *a, int i) {
 
 // The config of the run at grid indices idx: base, then the file of a
 // `config` axis (its keys over the base's) with the --set assignments again
-// (they win over every file), then the other axes' values. log: echo them.
+// (they win over every file), then the other axes' values. src (NULL: none)
+// records where each key was set, a grid value as "--grid key". log: echo them.
 static int run_config(moe_config *c, const moe_config *base, const moe_grid_axis *axes, int n_axes,
-                      const int *idx, const char *const *sets, int n_sets, FILE *log) {
+                      const int *idx, const char *const *sets, int n_sets, moe_config_src *src,
+                      FILE *log) {
     *c = *base;
     for (int a = 0; a < n_axes; a++) {
         if (strcmp(axes[a].key, MOE_GRID_CONFIG)) continue;
-        MOE_TRY(moe_config_load(c, NULL, axes[a].values[idx[a]]));
+        MOE_TRY(moe_config_load(c, src, axes[a].values[idx[a]]));
         for (int i = 0; i < n_sets; i++)
-            MOE_TRY(moe_config_set(c, NULL, sets[i]));
+            MOE_TRY(moe_config_set(c, src, sets[i]));
         if (log) fprintf(log, " %s", axes[a].values[idx[a]]);
     }
     for (int a = 0; a < n_axes; a++) {
         if (!strcmp(axes[a].key, MOE_GRID_CONFIG)) continue;
         char *set = grid_set(&axes[a], idx[a]);
-        int rc = set ? moe_config_set(c, NULL, set) : moe_fail(MOE_ENOMEM, "ablate: out of memory");
+        int rc = set ? moe_config_set(c, src, set)
+                     : moe_fail(MOE_ENOMEM, "out of memory (ablation grid)");
+        if (rc < 0 && set) { // moe_config_set's "--set: " is ours to name
+            const char *msg = moe_last_error();
+            rc = moe_fail(rc, "--grid %s: %s", set, msg + (strncmp(msg, "--set: ", 7) ? 0 : 7));
+        }
         if (rc == 0 && log) fprintf(log, " %s", set);
+        if (rc == 0 && src) {
+            char where[sizeof axes[a].key + 8];
+            snprintf(where, sizeof where, "--grid %s", axes[a].key);
+            moe_config_src_mark(src, axes[a].key, where);
+        }
         free(set);
         MOE_TRY(rc);
     }
     return 0;
-}
-
-// results.md's order: finished runs with a finite loss, ascending; then
-// finished runs whose loss is NaN or Inf (status "nan"); then failed runs.
-// Ties keep the run order (qsort is not stable: the index decides).
-static int rank_class(const moe_ablate_row *r) {
-    return !r->ok ? 2 : isfinite(r->val_loss) ? 0 : 1;
-}
-
-static int by_loss(const void *a, const void *b) {
-    const moe_ablate_row *x = *(const moe_ablate_row *const *)a,
-                         *y = *(const moe_ablate_row *const *)b;
-    const int cx = rank_class(x), cy = rank_class(y);
-    if (cx != cy) return cx - cy;
-    if (cx == 0 && x->val_loss != y->val_loss) return x->val_loss < y->val_loss ? -1 : 1;
-    return (x > y) - (x < y);
-}
-
-static const char *status_of(const moe_ablate_row *r) {
-    return !r->ok ? "failed" : isfinite(r->val_loss) ? "ok" : "nan";
-}
-
-// Column of task name in cols (the union over every run, first seen first).
-static int task_col(char (*cols)[MOE_NAME_MAX], int n_cols, const char *name) {
-    for (int c = 0; c < n_cols; c++)
-        if (!strcmp(cols[c], name)) return c;
-    return -1;
-}
-
-// Run r's accuracy in column c: -1 when r has no such task or no figure for it.
-static double acc_in(const moe_ablate_row *r, char (*cols)[MOE_NAME_MAX], int c) {
-    for (int t = 0; r->ok && t < r->n_tasks; t++)
-        if (!strcmp(r->task[t], cols[c])) return r->accuracy[t];
-    return -1;
-}
-
-// Closes f; true when a write or the close failed (full disk, I/O error).
-static bool closed_bad(FILE *f) {
-    bool bad = ferror(f) != 0;
-    return fclose(f) != 0 || bad;
-}
-
-// results.csv in run order, results.md in rank order. Task columns are the
-// union of every run's tasks (grids over data.tasks give runs different
-// sets); a run without a figure leaves its cell empty in both files.
-int moe_ablate_write_results(const char *out, const moe_grid_axis *axes, int n_axes,
-                             const moe_ablate_row *rows, int n) {
-    char(*cols)[MOE_NAME_MAX] = calloc((size_t)n * MOE_MAX_TASKS + 1, sizeof *cols);
-    const moe_ablate_row **order = calloc((size_t)n, sizeof *order);
-    if (!cols || !order) {
-        free(cols);
-        free(order);
-        return moe_fail(MOE_ENOMEM, "ablate: out of memory");
-    }
-    int n_cols = 0;
-    for (int i = 0; i < n; i++) {
-        order[i] = &rows[i];
-        for (int t = 0; t < rows[i].n_tasks; t++)
-            if (task_col(cols, n_cols, rows[i].task[t]) < 0)
-                snprintf(cols[n_cols++], MOE_NAME_MAX, "%s", rows[i].task[t]);
-    }
-    int rc = 0;
-    char path[PATH_MAX];
-    snprintf(path, sizeof path, "%s/results.csv", out);
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
-        goto done;
-    }
-    fprintf(f, "run");
-    for (int a = 0; a < n_axes; a++)
-        fprintf(f, ",%s", axes[a].key);
-    fprintf(f, ",status,val_loss,tokens_per_s,drop_rate,max_vio,seconds");
-    for (int c = 0; c < n_cols; c++)
-        fprintf(f, ",acc_%s", cols[c]);
-    fprintf(f, ",error\n");
-    for (int i = 0; i < n; i++) {
-        const moe_ablate_row *r = &rows[i];
-        fprintf(f, "%d", i);
-        for (int a = 0; a < n_axes; a++)
-            fprintf(f, ",\"%s\"", axes[a].values[r->idx[a]]);
-        fprintf(f, ",%s,", status_of(r)); // a failed run has no loss nor MaxVio: empty cells
-        if (r->ok) fprintf(f, "%.6f", r->val_loss);
-        fprintf(f, ",%.1f,%.6f,", r->tokens_per_s, r->drop_rate);
-        if (r->ok) fprintf(f, "%.4f", r->max_vio);
-        fprintf(f, ",%.1f", r->seconds);
-        for (int c = 0; c < n_cols; c++) {
-            const double acc = acc_in(r, cols, c);
-            if (acc >= 0)
-                fprintf(f, ",%.4f", acc);
-            else
-                fputc(',', f);
-        }
-        fprintf(f, ",\"%s\"\n", r->error);
-    }
-    if (closed_bad(f)) {
-        rc = moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
-        goto done;
-    }
-    qsort(order, n, sizeof *order, by_loss);
-    snprintf(path, sizeof path, "%s/results.md", out);
-    f = fopen(path, "w");
-    if (!f) {
-        rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
-        goto done;
-    }
-    fprintf(f, "| rank |");
-    for (int a = 0; a < n_axes; a++)
-        fprintf(f, " %s |", axes[a].key);
-    fprintf(f, " val loss |");
-    for (int c = 0; c < n_cols; c++)
-        fprintf(f, " acc %s |", cols[c]);
-    fprintf(f, " tokens/s | drop rate | MaxVio |\n|---|");
-    for (int a = 0; a < n_axes + 4 + n_cols; a++)
-        fprintf(f, "---|");
-    fputc('\n', f);
-    for (int i = 0; i < n; i++) {
-        const moe_ablate_row *r = order[i];
-        fprintf(f, "| %d |", i + 1);
-        for (int a = 0; a < n_axes; a++)
-            fprintf(f, " %s |", axes[a].values[r->idx[a]]);
-        if (!r->ok) {
-            fprintf(f, " failed: %s |", r->error);
-            for (int t = 0; t < n_cols + 3; t++)
-                fprintf(f, " |");
-            fputc('\n', f);
-            continue;
-        }
-        if (isfinite(r->val_loss))
-            fprintf(f, " %.4f |", r->val_loss);
-        else // ranked after every finite loss
-            fprintf(f, " %s (not finite) |",
-                    isnan(r->val_loss) ? "nan"
-                    : r->val_loss > 0  ? "inf"
-                                       : "-inf");
-        for (int c = 0; c < n_cols; c++) {
-            const double acc = acc_in(r, cols, c);
-            if (acc < 0)
-                fprintf(f, " n/a |");
-            else
-                fprintf(f, " %.1f%% |", 100 * acc);
-        }
-        fprintf(f, " %.0f | %.2f%% | %.3f |\n", r->tokens_per_s, 100 * r->drop_rate, r->max_vio);
-    }
-    if (closed_bad(f)) rc = moe_fail(MOE_EIO, "%s: write failed: %s", path, strerror(errno));
-done:
-    free(cols);
-    free(order);
-    return rc;
 }
 
 // report.html beside the tables: the runs' loss curves overlaid and their
@@ -254,14 +120,15 @@ static int write_report(const char *out, const moe_grid_axis *axes, int n_axes,
     } names;
     names *nm = calloc(n, sizeof *nm);
     moe_report_run *runs = calloc(n, sizeof *runs);
-    int rc = nm && runs ? 0 : moe_fail(MOE_ENOMEM, "ablate: out of memory");
+    int rc = nm && runs ? 0 : moe_fail(MOE_ENOMEM, "out of memory (ablation grid)");
     for (int i = 0; i < n && rc == 0; i++) {
         snprintf(nm[i].dir, sizeof nm[i].dir, "%s/run_%03d", out, i);
         snprintf(nm[i].name, sizeof nm[i].name, "run_%03d", i);
         for (int a = 0, len = 0; a < n_axes; a++)
             len += snprintf(nm[i].label + len, sizeof nm[i].label - len, "%s%s=%s", a ? " " : "",
                             axes[a].key, axes[a].values[rows[i].idx[a]]);
-        runs[i] = (moe_report_run){nm[i].dir, nm[i].name, nm[i].label, rows[i].error};
+        runs[i] = (moe_report_run){nm[i].dir, nm[i].name, nm[i].label, rows[i].error,
+                                   rows[i].ok ? rows[i].tokens_per_s : 0};
     }
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/report.html", out);
@@ -281,7 +148,8 @@ static bool is_run_name(const char *name) {
 }
 
 // The files of an ablation in out: its tables and report, and run_NNN folders.
-static const char *const ablate_files[] = {"results.csv", "results.md", "report.html", NULL};
+static const char *const ablate_files[] = {"results.csv", "results.md", "report.html",
+                                           MOE_ABLATE_STATE, NULL};
 
 // 1 when out holds an earlier ablation's files, else 0.
 static int holds_ablation(const char *out) {
@@ -319,7 +187,14 @@ static int clear_ablation(const char *out) {
         if (!is_run_name(e->d_name)) continue;
         if (snprintf(p, sizeof p, "%s/%s", out, e->d_name) >= (int)sizeof p) continue;
         struct stat st;
-        if (lstat(p, &st) < 0 || !S_ISDIR(st.st_mode)) continue;
+        if (lstat(p, &st) < 0) continue;
+        // A link (or file) named run_NNN is removed, never followed: the run
+        // it points to belongs to someone else.
+        if (!S_ISDIR(st.st_mode)) {
+            if (unlink(p) < 0 && errno != ENOENT)
+                rc = moe_fail(MOE_EIO, "%s: cannot remove: %s", p, strerror(errno));
+            continue;
+        }
         rc = moe_run_clear(p);
         if (rc == 0 && rmdir(p) < 0 && errno != ENOTEMPTY && errno != EEXIST)
             rc = moe_fail(MOE_EIO, "%s: cannot remove: %s", p, strerror(errno));
@@ -328,10 +203,192 @@ static int clear_ablation(const char *out) {
     return rc;
 }
 
-static int ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes,
-                  const char *const *sets, int n_sets, const char *out, bool overwrite, FILE *log) {
+// "key=value key=value" of the cell at idx.
+static void cell_label(char *buf, size_t cap, const moe_grid_axis *axes, int n_axes,
+                       const int *idx) {
+    buf[0] = 0;
+    for (int a = 0, len = 0; a < n_axes && len < (int)cap; a++)
+        len += snprintf(buf + len, cap - len, "%s%s=%s", a ? " " : "", axes[a].key,
+                        axes[a].values[idx[a]]);
+}
+
+// A cell's config checked as moe train checks its own before training: the
+// key ranks and combinations, one process (parallel.ep = 1), the device, and
+// synthetic data (all config, free to open). Errors name where each key was
+// set: the base file's line, --set, or --grid KEY.
+static int check_cell(moe_config *c, const moe_config *base, const moe_grid_axis *axes, int n_axes,
+                      const int *idx, const moe_ablate_opts *o) {
+    moe_config_src *src = moe_config_src_new();
+    if (!src) return moe_fail(MOE_ENOMEM, "out of memory (ablation grid)");
+    int rc = 0;
+    if (o->config_path) { // only for src: base holds the values already
+        moe_config scratch;
+        moe_config_default(&scratch);
+        rc = moe_config_load(&scratch, src, o->config_path);
+        for (int i = 0; rc == 0 && i < o->n_sets; i++)
+            rc = moe_config_set(&scratch, src, o->sets[i]);
+    } else {
+        for (int i = 0; rc == 0 && i < o->n_sets; i++) {
+            moe_config scratch = *base;
+            rc = moe_config_set(&scratch, src, o->sets[i]);
+        }
+    }
+    if (rc == 0) rc = run_config(c, base, axes, n_axes, idx, o->sets, o->n_sets, src, NULL);
+    if (rc == 0) rc = moe_config_check(c, src);
+    if (rc == 0 && c->parallel.ep != 1)
+        rc = moe_fail(MOE_EINVAL,
+                      "%s: parallel.ep = %d needs %d ranks, and moe ablate trains every run in "
+                      "one process (parallel.ep = 1)",
+                      moe_config_where(src, "parallel.ep"), c->parallel.ep, c->parallel.ep);
+    if (rc == 0 && (rc = moe_device_check(c->train.device)) < 0)
+        rc = moe_fail(rc, "%s: %s", moe_config_where(src, "train.device"), moe_last_error());
+    if (rc == 0 && !strcmp(c->data.kind, "synthetic")) {
+        moe_data d;
+        if ((rc = moe_data_open(&d, c)) == 0) moe_data_close(&d);
+    }
+    moe_config_src_free(src);
+    return rc;
+}
+
+// Which grid cell run i is: axis 0 varies fastest.
+static void cell_of(int i, const moe_grid_axis *axes, int n_axes, int *idx) {
+    for (int a = 0; a < n_axes; a++) {
+        idx[a] = i % axes[a].n;
+        i /= axes[a].n;
+    }
+}
+
+// Checks the whole grid before anything is written or trained.
+static int check_grid(const moe_config *base, const moe_grid_axis *axes, int n_axes,
+                      moe_ablate_row *rows, int n, const moe_ablate_opts *o) {
     if (n_axes < 1 || n_axes > MOE_GRID_MAX_AXES)
-        return moe_fail(MOE_EINVAL, "ablate: %d grid axes (1..%d)", n_axes, MOE_GRID_MAX_AXES);
+        return moe_fail(MOE_EINVAL, "--grid: %d axes (1..%d)", n_axes, MOE_GRID_MAX_AXES);
+    bool read_data[MOE_GRID_MAX_AXES] = {false}; // some cell reads data.path / data.val_path
+    for (int i = 0; i < n; i++) {
+        cell_of(i, axes, n_axes, rows[i].idx);
+        moe_config c;
+        int rc = check_cell(&c, base, axes, n_axes, rows[i].idx, o);
+        if (rc < 0) {
+            char label[MOE_GRID_MAX_AXES * 200];
+            cell_label(label, sizeof label, axes, n_axes, rows[i].idx);
+            return moe_fail(rc, "%s (grid run %d of %d: %s)", moe_last_error(), i + 1, n, label);
+        }
+        for (int a = 0; a < n_axes; a++)
+            read_data[a] |= strcmp(c.data.kind, "synthetic") != 0;
+    }
+    // A grid over a key no run reads trains the same run several times.
+    for (int a = 0; a < n_axes; a++)
+        if (!read_data[a] &&
+            (!strcmp(axes[a].key, "data.path") || !strcmp(axes[a].key, "data.val_path")))
+            return moe_fail(MOE_EINVAL,
+                            "--grid %s: every run uses data.kind = synthetic, which reads no "
+                            "%s: the runs would be the same",
+                            axes[a].key, axes[a].key);
+    return 0;
+}
+
+// A run --resume continues: its figures before the stop and after are one
+// run's when the resume started where the stop saved.
+static void join_stopped(moe_ablate_row *r, const moe_ablate_row *prev,
+                         const moe_train_result *res) {
+    if (!prev || res->steps - res->steps_run != prev->steps) return;
+    const long s1 = prev->steps_run, s2 = r->steps_run, s = s1 + s2;
+    if (s > 0) {
+        r->drop_rate = (prev->drop_rate * s1 + r->drop_rate * s2) / s;
+        r->max_vio = (prev->max_vio * s1 + r->max_vio * s2) / s;
+    }
+    r->steps_run = s;
+    r->seconds += prev->seconds;
+}
+
+// Trains run i into dir; with resume, continues a run folder that holds a
+// checkpoint (prev: its stopped row, NULL if none) or restarts one that holds
+// none.
+static void train_run(moe_ablate_row *r, const moe_config *c, const char *dir, bool resume,
+                      const moe_ablate_row *prev, volatile sig_atomic_t *stop, FILE *log) {
+    char ck[PATH_MAX];
+    struct stat st;
+    const bool exists = lstat(dir, &st) == 0;
+    const bool from_ckpt = resume && exists && moe_ckpt_resolve(dir, ck, sizeof ck, NULL) == 0;
+    moe_train_opts o = {.out_dir = dir, .quiet = true, .stop = stop};
+    o.resume_dir = from_ckpt ? dir : NULL;
+    o.overwrite = exists && !from_ckpt; // started, nothing saved: from the start
+    if (log && from_ckpt) fprintf(log, " (resuming)");
+    if (log && o.overwrite) fprintf(log, " (restarting: no checkpoint)");
+    if (log) fprintf(log, " ..."), fflush(log);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    moe_train_result res;
+    int idx[MOE_GRID_MAX_AXES];
+    memcpy(idx, r->idx, sizeof idx);
+    const int rc = moe_train(c, &o, &res);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    memset(r, 0, sizeof *r);
+    memcpy(r->idx, idx, sizeof idx);
+    r->seconds = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
+    r->rc = rc;
+    r->total_steps = c->train.steps;
+    if (rc < 0) {
+        snprintf(r->error, sizeof r->error, "%s", moe_last_error());
+        if (log) fprintf(log, " failed: %s\n", r->error);
+        return;
+    }
+    r->steps = res.steps;
+    r->steps_run = res.steps_run;
+    r->tokens_per_s = res.tokens_per_s;
+    r->drop_rate = res.drop_rate;
+    r->max_vio = res.max_vio;
+    join_stopped(r, from_ckpt ? prev : NULL, &res);
+    if (res.interrupted) {
+        r->stopped = 1;
+        snprintf(r->error, sizeof r->error,
+                 "stopped at step %ld of %ld (checkpoint saved; --resume continues it)", r->steps,
+                 r->total_steps);
+        if (log) fprintf(log, " %s\n", r->error);
+        return;
+    }
+    r->ok = 1;
+    r->val_loss = res.eval.val_loss;
+    r->n_tasks = res.eval.n_tasks;
+    for (int t = 0; t < r->n_tasks; t++) {
+        snprintf(r->task[t], MOE_NAME_MAX, "%s", res.eval.task[t]);
+        r->accuracy[t] = res.eval.accuracy[t];
+    }
+    moe_eval_result_free(&res.eval);
+    if (log)
+        fprintf(log, " val loss %.4f, MaxVio %.3f (%.0f s)\n", r->val_loss, r->max_vio, r->seconds);
+}
+
+// Where the folder stands before the first run: new (refused if it holds an
+// ablation), replaced (--overwrite) or continued (--resume: rows and done
+// from its ablate.json, whose grid and base config must be this call's).
+static int prepare_out(const moe_config *base, const moe_grid_axis *axes, int n_axes,
+                       moe_ablate_row *rows, bool *done, int n, const moe_ablate_opts *o) {
+    const char *out = o->out;
+    struct stat sb;
+    if (stat(out, &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return moe_fail(MOE_EINVAL, "--out %s: exists and is not a folder", out);
+    if (o->resume) return moe_ablate_state_read(out, base, axes, n_axes, rows, done, n);
+    // Runs of an earlier grid would be replaced one by one, and those beyond this
+    // grid's size left matching nothing in the new tables.
+    if (!o->overwrite && holds_ablation(out))
+        return moe_fail(MOE_EINVAL,
+                        "--out %s already holds an ablation (results.csv, " MOE_ABLATE_STATE
+                        " or run_NNN folders); continue a stopped one with --resume, replace it "
+                        "with --overwrite, or choose another --out",
+                        out);
+    if (o->overwrite) MOE_TRY(clear_ablation(out));
+    // the tables land here even when every run fails before making its folder
+    MOE_TRY(moe_make_dirs(out));
+    return moe_ablate_state_write(out, base, axes, n_axes, rows, done, n);
+}
+
+int moe_ablate_run(const moe_config *base, const moe_grid_axis *axes, int n_axes,
+                   moe_ablate_opts *o) {
+    o->interrupted = false;
+    if (o->resume && o->overwrite)
+        return moe_fail(MOE_EINVAL,
+                        "--resume continues a grid and --overwrite replaces it: give one");
     // A key twice would train one cell labelled with both values but run with the last.
     for (int a = 0; a < n_axes; a++)
         for (int b = 0; b < a; b++)
@@ -341,117 +398,79 @@ static int ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes,
                                 "--grid %s=v1,v2,...)",
                                 axes[a].key, axes[a].key);
     int n = 1;
-    for (int a = 0; a < n_axes; a++) {
+    for (int a = 0; a < n_axes && a < MOE_GRID_MAX_AXES; a++) {
         n *= axes[a].n;
-        if (n > 4096) return moe_fail(MOE_EINVAL, "ablate: more than 4096 runs");
+        if (n > MOE_GRID_MAX_RUNS)
+            return moe_fail(MOE_EINVAL,
+                            "--grid: more than %d runs (the product of the value "
+                            "counts); split the grid",
+                            MOE_GRID_MAX_RUNS);
     }
     moe_ablate_row *rows = calloc(n, sizeof *rows);
-    if (!rows) return moe_fail(MOE_ENOMEM, "ablate: out of memory");
-    // Validate every combination before training anything: each run's whole
-    // config too, since a value valid alone can clash with the base
-    // (router.top_k above moe.num_experts).
-    for (int i = 0; i < n; i++) {
-        for (int a = 0, rest = i; a < n_axes; a++) {
-            rows[i].idx[a] = rest % axes[a].n;
-            rest /= axes[a].n;
-        }
-        moe_config c;
-        int rc = run_config(&c, base, axes, n_axes, rows[i].idx, sets, n_sets, NULL);
-        if (rc == 0) rc = moe_config_check(&c, NULL);
-        if (rc < 0) {
-            const char *msg = moe_last_error(); // moe_config_set's "--set: " is ours to name
-            rc = moe_fail(rc, "--grid run %d: %s", i + 1,
-                          msg + (strncmp(msg, "--set: ", 7) ? 0 : 7));
-            free(rows);
-            return rc;
-        }
-    }
-    struct stat sb;
-    if (stat(out, &sb) == 0 && !S_ISDIR(sb.st_mode)) {
-        free(rows);
-        return moe_fail(MOE_EINVAL, "--out %s: exists and is not a folder", out);
-    }
-    // Runs of an earlier grid would be replaced one by one, and those beyond this
-    // grid's size left matching nothing in the new tables.
-    if (!overwrite && holds_ablation(out)) {
-        free(rows);
-        return moe_fail(MOE_EINVAL,
-                        "--out %s already holds an ablation (results.csv or run_NNN folders); "
-                        "replace it with --overwrite, or choose another --out",
-                        out);
-    }
-    { // the tables land here even when every run fails before making its folder
-        int rc = overwrite ? clear_ablation(out) : 0;
-        if (rc == 0) rc = moe_make_dirs(out);
-        if (rc < 0) {
-            free(rows);
-            return rc;
-        }
-    }
-    for (int i = 0; i < n; i++) {
+    bool *done = calloc(n, sizeof *done);
+    int rc = rows && done ? 0 : moe_fail(MOE_ENOMEM, "out of memory (ablation grid)");
+    // Every cell before training anything: a value valid alone can clash with
+    // the base (router.top_k above moe.num_experts).
+    if (rc == 0) rc = check_grid(base, axes, n_axes, rows, n, o);
+    if (rc == 0) rc = prepare_out(base, axes, n_axes, rows, done, n, o);
+    int n_rows = n; // rows in the tables: those started, when a stop ends the grid early
+    for (int i = 0; rc == 0 && i < n; i++) {
         moe_ablate_row *r = &rows[i];
+        if (done[i] && !r->stopped) { // finished before a --resume
+            if (o->log)
+                fprintf(o->log, "[%d/%d] run_%03d: %s earlier, kept\n", i + 1, n, i,
+                        r->ok ? "finished" : "failed");
+            continue;
+        }
+        if (o->stop && *o->stop) { // between two runs
+            o->interrupted = true;
+            n_rows = i;
+            break;
+        }
         moe_config c;
         char dir[PATH_MAX];
-        if (log) fprintf(log, "[%d/%d]", i + 1, n);
-        run_config(&c, base, axes, n_axes, r->idx, sets, n_sets, log); // validated above
-        snprintf(dir, sizeof dir, "%s/run_%03d", out, i);
-        if (log) fprintf(log, " ..."), fflush(log);
-        struct timespec t0, t1;
-        clock_gettime(CLOCK_MONOTONIC, &t0);
-        moe_train_opts o = {.out_dir = dir, .quiet = true};
-        moe_train_result res;
-        int rc = moe_train(&c, &o, &res);
-        clock_gettime(CLOCK_MONOTONIC, &t1);
-        r->seconds = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
-        r->ok = rc == 0;
-        r->rc = rc;
-        if (rc < 0) {
-            snprintf(r->error, sizeof r->error, "%s", moe_last_error());
-            for (char *q = r->error; *q; q++)
-                if (*q == '"' || *q == '|') *q = '\'';
-            if (log) fprintf(log, " failed: %s\n", r->error);
-        } else {
-            r->val_loss = res.eval.val_loss;
-            r->tokens_per_s = res.tokens_per_s;
-            r->drop_rate = res.drop_rate;
-            r->max_vio = res.max_vio;
-            r->n_tasks = res.eval.n_tasks;
-            for (int t = 0; t < r->n_tasks; t++) {
-                snprintf(r->task[t], MOE_NAME_MAX, "%s", res.eval.task[t]);
-                r->accuracy[t] = res.eval.accuracy[t];
-            }
-            moe_eval_result_free(&res.eval);
-            if (log)
-                fprintf(log, " val loss %.4f, MaxVio %.3f (%.0f s)\n", r->val_loss, r->max_vio,
-                        r->seconds);
+        if (o->log) fprintf(o->log, "[%d/%d]", i + 1, n);
+        run_config(&c, base, axes, n_axes, r->idx, o->sets, o->n_sets, NULL, o->log);
+        snprintf(dir, sizeof dir, "%s/run_%03d", o->out, i);
+        const moe_ablate_row prev = *r;
+        train_run(r, &c, dir, o->resume, done[i] ? &prev : NULL, o->stop, o->log);
+        done[i] = true;
+        rc = moe_ablate_state_write(o->out, base, axes, n_axes, rows, done, n);
+        if (r->stopped) {
+            o->interrupted = true;
+            n_rows = i + 1;
+            break;
         }
     }
     int failed = 0, first = -1;
-    for (int i = 0; i < n; i++)
-        if (!rows[i].ok && failed++ == 0) first = i;
-    int rc = write_report(out, axes, n_axes, rows, n);
-    if (rc == 0) rc = moe_ablate_write_results(out, axes, n_axes, rows, n);
+    for (int i = 0; i < n_rows; i++)
+        if (!rows[i].ok && !rows[i].stopped && failed++ == 0) first = i;
+    if (rc == 0) rc = write_report(o->out, axes, n_axes, rows, n_rows);
+    if (rc == 0) rc = moe_ablate_write_results(o->out, axes, n_axes, rows, n_rows);
     // A grid with a failed run is a failed ablation, the table written all the
     // same: a runtime failure (exit 1) whatever the run's own code, since every
-    // config was checked before the first run.
-    if (rc == 0 && failed) {
+    // config was checked before the first run. A stopped grid reports the stop.
+    if (rc == 0 && failed && !o->interrupted) {
         const int code = rows[first].rc == MOE_ENOMEM || rows[first].rc == MOE_EIO ? rows[first].rc
                                                                                    : MOE_ENUMERIC;
         rc = moe_fail(code,
                       "%d of %d runs failed (first: %s/run_%03d: %s); the table of all runs is in "
                       "%s/results.md",
-                      failed, n, out, first, rows[first].error, out);
+                      failed, n, o->out, first, rows[first].error, o->out);
     }
     free(rows);
+    free(done);
     return rc;
 }
 
 int moe_ablate(const moe_config *base, const moe_grid_axis *axes, int n_axes,
                const char *const *sets, int n_sets, const char *out, FILE *log) {
-    return ablate(base, axes, n_axes, sets, n_sets, out, false, log);
+    moe_ablate_opts o = {.out = out, .sets = sets, .n_sets = n_sets, .log = log};
+    return moe_ablate_run(base, axes, n_axes, &o);
 }
 
 int moe_ablate_overwrite(const moe_config *base, const moe_grid_axis *axes, int n_axes,
                          const char *const *sets, int n_sets, const char *out, FILE *log) {
-    return ablate(base, axes, n_axes, sets, n_sets, out, true, log);
+    moe_ablate_opts o = {.out = out, .sets = sets, .n_sets = n_sets, .log = log, .overwrite = true};
+    return moe_ablate_run(base, axes, n_axes, &o);
 }

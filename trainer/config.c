@@ -854,6 +854,11 @@ const char *moe_config_where(const moe_config_src *src, const char *key) {
     return src_where(src, key);
 }
 
+void moe_config_src_mark(moe_config_src *src, const char *key, const char *where) {
+    const key_def *k = find_key(key);
+    if (k) src_note(src, k, xprintf("%s", where));
+}
+
 // Adds key `k`'s value to its section object.
 static json_t *value_json(const moe_config *cfg, const key_def *k) {
     const char *base = (const char *)cfg;

@@ -21,7 +21,7 @@
 // at fault where it sets n_heads) or b came from --set and a did not.
 static const char *src_where2(const moe_config_src *src, const char *a, const char *b) {
     const char *w = moe_config_where(src, a), *wb = moe_config_where(src, b);
-    if (!strncmp(wb, "--set", 5) && strncmp(w, "--set", 5)) return wb;
+    if (!strncmp(wb, "--", 2) && strncmp(w, "--", 2)) return wb; // --set or --grid (ablate)
     return strcmp(w, "default") ? w : wb;
 }
 
@@ -35,7 +35,7 @@ static const char *where_named(const moe_config_src *src, const char *msg) {
         size_t n = strspn(p, "abcdefghijklmnopqrstuvwxyz_.");
         snprintf(key, sizeof key, "%.*s", (int)(n < sizeof key ? n : sizeof key - 1), p);
         const char *w = moe_config_where(src, key);
-        if (!strncmp(w, "--set", 5)) return w;
+        if (!strncmp(w, "--", 2)) return w;
         if (!file && strcmp(w, "default")) file = w;
         p += n;
     }

@@ -458,7 +458,8 @@ static void run_row(FILE *f, const moe_report_run *r, const moe_run_metrics *m,
     double v[6] = {loss && loss->n ? loss->step[loss->n - 1] : NAN,
                    last_value(loss, 0),
                    last_value(moe_metrics_find(m, "eval.val_loss"), 0),
-                   mean_value(moe_metrics_find(m, "tokens_per_s")),
+                   r->tokens_per_s > 0 ? r->tokens_per_s
+                                       : mean_value(moe_metrics_find(m, "tokens_per_s")),
                    100 * mean_value(moe_metrics_find(m, "drop_rate")),
                    mean_over_layers(m, "max_vio")};
     static const char *fmt[6] = {"%.0f", "%.4f", "%.4f", "%.0f", "%.2f%%", "%.3f"};

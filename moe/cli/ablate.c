@@ -1,41 +1,101 @@
 // `moe ablate [CONFIG] --grid key=v1,v2 [--grid ...] [--steps N] [--set k=v] [--out DIR]
-// [--overwrite]`: one process trains the runs one after another (never under mpirun).
+// [--overwrite | --resume]`: one process trains the runs one after another (never under
+// mpirun); Ctrl-C stops the current run at a checkpoint and --resume continues the grid.
 #include "moe/ablate.h"
 #include "moe/cli/cli.h"
 #include "moe/comm.h"
 #include "moe/error.h"
 
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+static volatile sig_atomic_t interrupted;
+
+// Only sets the flag: the current run saves a checkpoint after its step and
+// the grid stops there. A second Ctrl-C ends the process at once.
+static void on_stop_signal(int sig) {
+    interrupted = 1;
+    signal(sig, SIG_DFL);
+}
+
 static const char *help =
     "usage: moe ablate [CONFIG.json] --grid key=v1,v2[,...] [--grid ...] [--steps N]\n"
-    "                  [--set key=value]... [--out DIR] [--overwrite]\n"
+    "                  [--set key=value]... [--out DIR] [--overwrite | --resume]\n"
     "\n"
     "Trains every combination of the grid values (same seed and data), then writes\n"
     "results.csv (every run) and results.md (sorted by final validation loss: per-task\n"
     "accuracy, tokens/s, drop rate, MaxVio) into DIR (default runs/ablate-<config name>), and\n"
     "report.html: the runs' loss curves overlaid and a table of their final figures.\n"
+    "tokens/s is a run's training tokens / training seconds, in every table.\n"
     "The grid key `config` takes config files: each run loads its file over CONFIG (or\n"
     "the defaults), then the --set values again, then the other grid values, so whole\n"
-    "families of settings compare in one grid. A key may be given to --grid once.\n"
-    "An --out that holds an earlier ablation (results.csv, results.md, report.html or\n"
-    "run_NNN folders) is refused; --overwrite removes those files first (in run_NNN,\n"
-    "what moe train writes). Exit 1 when a run fails (its row says why), 2 when the\n"
-    "grid is bad. One process trains every run: ablate does not run under mpirun.\n"
+    "families of settings compare in one grid. A key may be given to --grid once, with at\n"
+    "most 16 values; at most 8 --grid keys and 4096 runs. Every run's config is checked\n"
+    "before the first run (exit 2 naming the --grid key and the run). --steps N sets\n"
+    "train.steps for every run: it cannot be combined with a train.steps --set or --grid.\n"
+    "An --out that holds an earlier ablation (results.csv, results.md, report.html,\n"
+    "ablate.json or run_NNN folders) is refused; --overwrite removes those files first (in\n"
+    "run_NNN, what moe train writes; a run_NNN link is removed, not followed).\n"
+    "Ctrl-C (or SIGTERM) stops the current run after its step with a checkpoint, writes\n"
+    "the tables of the runs so far (that run's status: stopped) and exits 130; the same\n"
+    "command with --resume keeps the finished runs, resumes the stopped one from its\n"
+    "checkpoint (a run with none starts again), trains the rest and writes the full tables.\n"
+    "--resume refuses a grid, config, --set or --steps other than the folder's, naming it.\n"
+    "Exit 1 when a run fails (its row says why), 2 when the grid is bad, 130 when stopped.\n"
+    "One process trains every run: ablate does not run under mpirun.\n"
     "Examples: moe ablate configs/tiny.json --grid router.slot_order=position,priority \\\n"
     "            --grid router.capacity_factor=0.5,1.0,2.0 --steps 200\n"
     "          moe ablate --grid "
     "config=configs/router_softmax_aux.json,configs/expert_choice.json\n";
+
+// The command line again, shell-quoted, with --resume (and without --overwrite):
+// what continues the grid.
+static void print_resume(int argc, char **argv, bool resume) {
+    char q[PATH_MAX + 8];
+    moe_cli_shell_quote(q, sizeof q, moe_cli_program());
+    fprintf(stderr, "continue with: %s ablate", q);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--overwrite")) continue; // it would replace what --resume keeps
+        moe_cli_shell_quote(q, sizeof q, argv[i]);
+        fprintf(stderr, " %s", q);
+    }
+    fprintf(stderr, "%s\n", resume ? "" : " --resume");
+}
+
+// --steps N is train.steps=N for every run: a train.steps from --set or
+// --grid as well would silently win over it (or lose), so both is refused.
+static int check_steps(const char *steps, const char *const *sets, int n_sets,
+                       const moe_grid_axis *axes, int n_axes) {
+    moe_config scratch;
+    moe_config_default(&scratch);
+    char set[128];
+    snprintf(set, sizeof set, "train.steps=%.100s", steps);
+    if (moe_config_set(&scratch, NULL, set) < 0) {
+        const char *msg = moe_last_error();
+        return moe_fail(MOE_EINVAL, "--steps %s: %s", steps,
+                        msg + (strncmp(msg, "--set: ", 7) ? 0 : 7));
+    }
+    for (int i = 0; i < n_sets; i++)
+        if (!strncmp(sets[i], "train.steps=", 12))
+            return moe_fail(MOE_EINVAL, "--steps %s and --set %s both set train.steps: give one",
+                            steps, sets[i]);
+    for (int a = 0; a < n_axes; a++)
+        if (!strcmp(axes[a].key, "train.steps"))
+            return moe_fail(MOE_EINVAL,
+                            "--steps %s and --grid train.steps both set train.steps: give one",
+                            steps);
+    return 0;
+}
 
 int moe_cli_ablate(int argc, char **argv) {
     const char *config = NULL, *out = NULL, *steps = NULL;
     const char **sets = malloc(sizeof *sets * (size_t)argc); // one per argument at most
     char *steps_set = NULL;
     int n_sets = 0, n_axes = 0, code = MOE_EXIT_OK;
-    bool overwrite = false;
+    bool overwrite = false, resume = false;
     moe_grid_axis axes[MOE_GRID_MAX_AXES];
     if (!sets) return moe_cli_fail("ablate", MOE_EXIT_RUNTIME, "out of memory");
     for (int i = 1; i < argc && code == MOE_EXIT_OK; i++) {
@@ -59,16 +119,9 @@ int moe_cli_ablate(int argc, char **argv) {
             else
                 sets[n_sets++] = v;
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--steps", &steps)) != 0) {
-            size_t len = steps ? strlen(steps) + sizeof "train.steps=" : 0;
-            if (m < 0)
-                code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
-            else if (!(steps_set = malloc(len)))
-                code = moe_cli_fail("ablate", MOE_EXIT_RUNTIME, "out of memory");
-            else {
-                snprintf(steps_set, len, "train.steps=%s", steps);
-                sets[n_sets++] = steps_set;
-            }
-        } else if ((m = moe_cli_flag(argv[i], "--overwrite", &overwrite)) != 0) {
+            if (m < 0) code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
+        } else if ((m = moe_cli_flag(argv[i], "--overwrite", &overwrite)) != 0 ||
+                   (m = moe_cli_flag(argv[i], "--resume", &resume)) != 0) {
             if (m < 0) code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
         } else if ((m = moe_cli_opt_path(argc, argv, &i, "--out", &out)) != 0) {
             if (m < 0) code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
@@ -86,6 +139,18 @@ int moe_cli_ablate(int argc, char **argv) {
     bool config_axis = false; // --grid config=a.json,b.json: each run's own file
     for (int a = 0; a < n_axes; a++)
         config_axis |= !strcmp(axes[a].key, MOE_GRID_CONFIG);
+    // --steps last among the assignments, checked against the others first.
+    if (code == MOE_EXIT_OK && steps) {
+        size_t len = strlen(steps) + sizeof "train.steps=";
+        if (check_steps(steps, sets, n_sets, axes, n_axes) < 0)
+            code = moe_cli_fail("ablate", MOE_EXIT_USAGE, "%s", moe_last_error());
+        else if (!(steps_set = malloc(len)))
+            code = moe_cli_fail("ablate", MOE_EXIT_RUNTIME, "out of memory");
+        else {
+            snprintf(steps_set, len, "train.steps=%s", steps);
+            sets[n_sets++] = steps_set;
+        }
+    }
     moe_config cfg;
     if (code == MOE_EXIT_OK && !config && !config_axis)
         code = moe_cli_fail("ablate", MOE_EXIT_USAGE,
@@ -109,13 +174,35 @@ int moe_cli_ablate(int argc, char **argv) {
         out = def;
     }
     // The runs' folders are created by the trainer; results land next to them.
-    int rc = code != MOE_EXIT_OK ? 0
-             : overwrite ? moe_ablate_overwrite(&cfg, axes, n_axes, sets, n_sets, out, stderr)
-                         : moe_ablate(&cfg, axes, n_axes, sets, n_sets, out, stderr);
+    moe_ablate_opts o = {.out = out,
+                         .config_path = config,
+                         .sets = sets,
+                         .n_sets = n_sets,
+                         .overwrite = overwrite,
+                         .resume = resume,
+                         .stop = &interrupted,
+                         .log = stderr};
+    int rc = 0;
+    if (code == MOE_EXIT_OK) {
+        interrupted = 0;
+        void (*old_int)(int) = signal(SIGINT, on_stop_signal);
+        void (*old_term)(int) = signal(SIGTERM, on_stop_signal);
+        rc = moe_ablate_run(&cfg, axes, n_axes, &o);
+        signal(SIGINT, old_int);
+        signal(SIGTERM, old_term);
+    }
     free(steps_set);
     free(sets);
     if (code != MOE_EXIT_OK) return code;
     if (rc < 0) return moe_cli_fail("ablate", moe_cli_exit_code(rc), "%s", moe_last_error());
+    if (o.interrupted) {
+        fprintf(stderr,
+                "moe ablate: interrupted; the tables of the runs so far are in %s/results.md "
+                "and %s/results.csv\n",
+                out, out);
+        print_resume(argc, argv, resume);
+        return 130;
+    }
     printf("results: %s/results.md and %s/results.csv; report: %s/report.html\n", out, out, out);
     return MOE_EXIT_OK;
 }

@@ -39,7 +39,7 @@ static const char *train_help =
     "Trains the model CONFIG describes (a JSON file of sections: model, moe, router,\n"
     "capacity, train, data, ...; keys not given take their defaults). --set overrides a\n"
     "key (typed by the key: --set router.top_k=1 --set moe.num_experts=[4,8]); --steps N\n"
-    "is --set train.steps=N, --device D is --set train.device=D. The run folder\n"
+    "is --set train.steps=N (not both), --device D is --set train.device=D. The run folder\n"
     "(default runs/<config name>) receives config.json (resolved), metrics.jsonl and\n"
     "checkpoint/ (or checkpoint-STEP/ folders and `latest`, with train.keep_checkpoints).\n"
     "A folder that already holds a run is refused unless --resume continues it or\n"
@@ -154,6 +154,22 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, train_args *
             config = argv[i];
         } else {
             moe_fail(MOE_EINVAL, "more than one config file ('%s', '%s')", config, argv[i]);
+            goto usage;
+        }
+    }
+    for (int i = 0; steps && i < n_sets; i++) // one of the two would silently win
+        if (sets[i] != owned[0] && !strncmp(sets[i], "train.steps=", 12)) {
+            moe_fail(MOE_EINVAL, "--steps %s and --set %s both set train.steps: give one", steps,
+                     sets[i]);
+            goto usage;
+        }
+    if (steps) { // named as --steps, not as the --set it becomes
+        moe_config scratch;
+        moe_config_default(&scratch);
+        if (moe_config_set(&scratch, NULL, owned[0]) < 0) {
+            const char *msg = moe_last_error();
+            moe_fail(MOE_EINVAL, "--steps %s: %s", steps,
+                     msg + (strncmp(msg, "--set: ", 7) ? 0 : 7));
             goto usage;
         }
     }

@@ -105,6 +105,9 @@ typedef struct {
     const char *name;  // short, for legends ("run_003")
     const char *label; // what differs ("router.top_k=2 train.lr=0.01")
     const char *error; // "" when the run finished
+    // Training tokens / training seconds of the whole run, as results.csv has
+    // it; 0: the mean of the steps' tokens_per_s in its metrics instead.
+    double tokens_per_s;
 } moe_report_run;
 // Loss curves of every run overlaid and a table of final figures per run.
 int moe_report_compare_html(const char *path, const char *title, const moe_report_run *runs, int n);

@@ -15,22 +15,9 @@
 
 static char dir[600];
 
-// Runs moe with args (printf-style) from dir, stdout and stderr to
-// dir/out.txt and dir/err.txt; returns the exit status.
-static int run_moe(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static int run_moe(const char *fmt, ...) {
-    const char *bin = getenv("MOE_BIN");
-    ck_assert_msg(bin != NULL, "MOE_BIN is not set (run under ctest)");
-    char args[4096], cmd[6000];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s >out.txt 2>err.txt", dir, bin, args);
-    int st = system(cmd);
-    ck_assert(WIFEXITED(st));
-    return WEXITSTATUS(st);
-}
+// moe with args (printf-style), dir as working directory, stdout and stderr
+// to dir/out.txt and dir/err.txt: its exit status.
+#define run_moe(...) tu_run_moe_in(dir, __VA_ARGS__)
 
 static const char *err_text(void) {
     return tu_file_text(dir, "err.txt");

@@ -14,6 +14,7 @@
 #include <dirent.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -196,6 +197,20 @@ int tu_run_moe(const char *dir, const char *args) {
     ck_assert_msg(bin != NULL, "MOE_BIN is not set (run under ctest)");
     char cmd[4096];
     snprintf(cmd, sizeof cmd, "'%s' %s >'%s/out.txt' 2>'%s/err.txt'", bin, args, dir, dir);
+    int st = system(cmd);
+    ck_assert(WIFEXITED(st));
+    return WEXITSTATUS(st);
+}
+
+int tu_run_moe_in(const char *dir, const char *fmt, ...) {
+    const char *bin = getenv("MOE_BIN");
+    ck_assert_msg(bin != NULL, "MOE_BIN is not set (run under ctest)");
+    char args[4096], cmd[6000];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof cmd, "cd '%s' && '%s' %s >out.txt 2>err.txt", dir, bin, args);
     int st = system(cmd);
     ck_assert(WIFEXITED(st));
     return WEXITSTATUS(st);

@@ -64,6 +64,8 @@ void tu_refresh_manifest(const char *dir);
 // Runs the moe binary ($MOE_BIN, set by ctest) with args (a shell word list),
 // stdout to dir/out.txt and stderr to dir/err.txt; returns its exit status.
 int tu_run_moe(const char *dir, const char *args);
+// The same with dir as the working directory and args formatted printf-style.
+int tu_run_moe_in(const char *dir, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 // The text of dir/name (up to 64 KiB; "" when missing), in a static buffer.
 const char *tu_file_text(const char *dir, const char *name);
 

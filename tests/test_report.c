@@ -481,8 +481,8 @@ START_TEST(test_report_refuses_to_overwrite_the_runs_inputs) {
     ck_assert_int_eq(link(target, in_dir("hard.html")), 0);
     const char *bad[] = {"metrics.jsonl", "config.json", "notes.txt", "hard.html", "."};
     const char *why[] = {"is the run's metrics.jsonl", "is the run's config.json",
-                         "not a report page written by moe report", "is the run's metrics.jsonl",
-                         "is a folder"};
+                         "not a run report page written by moe report",
+                         "is the run's metrics.jsonl", "is a folder"};
     char args[2048];
     for (int i = 0; i < 5; i++) {
         snprintf(args, sizeof args, "report '%s' --out '%s/%s'", dir, dir, bad[i]);
@@ -519,6 +519,69 @@ START_TEST(test_report_refuses_to_overwrite_the_runs_inputs) {
     char *html = slurp(in_dir("empty.html"));
     ck_assert_ptr_null(well_formed(html));
     free(html);
+}
+END_TEST
+
+// moe ablate's page (ABL/report.html) is not an earlier output of moe report:
+// --out naming it is refused and the page stays; moe ablate still replaces
+// its own page, and not a run's.
+START_TEST(test_report_refuses_to_overwrite_an_ablation_page) {
+    metrics_of(3);
+    moe_report_run run = {dir, "run_000", "router.top_k=1", NULL};
+    ck_assert_msg(moe_report_compare_html(in_dir("abl.html"), "grid", &run, 1) == 0, "%s",
+                  moe_last_error());
+    char *page = slurp(in_dir("abl.html"));
+    ck_assert_ptr_nonnull(strstr(page, "ablation report"));
+    char args[2048];
+    snprintf(args, sizeof args, "report '%s' --out '%s/abl.html'", dir, dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 2);
+    ck_assert_msg(strstr(tu_file_text(dir, "err.txt"), "is not a run report page"), "%s",
+                  tu_file_text(dir, "err.txt"));
+    char *now = slurp(in_dir("abl.html"));
+    ck_assert_str_eq(now, page);
+    free(now), free(page);
+    ck_assert_int_eq(moe_report_compare_html(in_dir("abl.html"), "grid", &run, 1), 0);
+    snprintf(args, sizeof args, "report '%s' --out '%s/run.html'", dir, dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 0);
+    ck_assert_int_eq(moe_report_compare_html(in_dir("run.html"), "grid", &run, 1), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "is not an ablation page"));
+}
+END_TEST
+
+// --out naming one of the CSVs --csv writes (loss.csv), by any spelling:
+// refused before anything is written, naming both flags.
+START_TEST(test_report_refuses_an_out_that_is_one_of_its_csvs) {
+    metrics_of(3);
+    mkdir(in_dir("csv"), 0755);
+    const char *outs[] = {"csv/loss.csv", "csv/./loss.csv", "new/loss.csv"};
+    const char *csvs[] = {"csv", "csv/", "new"};
+    char args[2048];
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "report '%s' --out '%s/%s' --csv '%s/%s'", dir, dir, outs[i],
+                 dir, csvs[i]);
+        ck_assert_msg(tu_run_moe(dir, args) == 2, "--out %s --csv %s", outs[i], csvs[i]);
+        const char *err = tu_file_text(dir, "err.txt");
+        ck_assert_msg(strstr(err, "--out") && strstr(err, "--csv") && strstr(err, "loss.csv"), "%s",
+                      err);
+        ck_assert_int_eq(tu_count_entries(in_dir("csv")), 0);
+    }
+    struct stat st;
+    ck_assert_msg(stat(in_dir("new"), &st) != 0, "the CSV folder was created");
+}
+END_TEST
+
+START_TEST(test_report_refuses_an_empty_out_or_csv_path) {
+    metrics_of(3);
+    const char *flags[] = {"--out", "--csv"};
+    char args[2048];
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "report '%s' %s ''", dir, flags[i]);
+        ck_assert_int_eq(tu_run_moe(dir, args), 2);
+        char want[64];
+        snprintf(want, sizeof want, "%s needs a path", flags[i]);
+        ck_assert_msg(strstr(tu_file_text(dir, "err.txt"), want), "%s",
+                      tu_file_text(dir, "err.txt"));
+    }
 }
 END_TEST
 
@@ -954,6 +1017,9 @@ int main(void) {
     tcase_add_test(tc, test_report_draws_unknown_per_layer_fields);
     tcase_add_test(tc, test_report_resumed_steps_replace_earlier_rows);
     tcase_add_test(tc, test_report_refuses_to_overwrite_the_runs_inputs);
+    tcase_add_test(tc, test_report_refuses_to_overwrite_an_ablation_page);
+    tcase_add_test(tc, test_report_refuses_an_out_that_is_one_of_its_csvs);
+    tcase_add_test(tc, test_report_refuses_an_empty_out_or_csv_path);
     tcase_add_test(tc, test_report_failed_write_keeps_the_earlier_report);
     tcase_add_test(tc, test_report_every_failed_call_leaves_old_or_new_files);
     tcase_add_test(tc, test_report_csv_numbers_read_back_exactly);

@@ -615,6 +615,42 @@ int moe_report_csv_check(const moe_run_metrics *m, const char *dir) {
     return rc;
 }
 
+// path with its folder resolved (symlinks, "..", "."): "a/./b/x" and "a/b/x"
+// name one file. The last part stays as given; so does a path whose folder
+// does not resolve (the write then fails on its own).
+static void resolved(const char *path, char *out, size_t cap) {
+    char dir[PATH_MAX], real[PATH_MAX];
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    if (realpath(dir, real))
+        snprintf(out, cap, "%s/%s", real, base);
+    else
+        snprintf(out, cap, "%s", path);
+}
+
+int moe_report_csv_collision(const moe_run_metrics *m, const char *dir, const char *page,
+                             char *series, size_t cap) {
+    csv_name *names = csv_names(m, dir, NULL, 0);
+    if (!names) return MOE_ENOMEM;
+    char want[PATH_MAX + 8], path[PATH_MAX + sizeof(csv_name)], got[PATH_MAX + 8];
+    resolved(page, want, sizeof want);
+    struct stat a, b;
+    const bool page_exists = stat(page, &a) == 0;
+    int hit = 0;
+    for (int i = 0; i < m->n_usage + m->n && !hit; i++) {
+        snprintf(path, sizeof path, "%s/%s.csv", dir, names[i]);
+        resolved(path, got, sizeof got);
+        hit = !strcmp(want, got) ||
+              (page_exists && stat(path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino);
+        if (hit && series) snprintf(series, cap, "%s", names[i]);
+    }
+    free(names);
+    return hit;
+}
+
 int moe_report_csv(const moe_run_metrics *m, const char *dir, int *n_files, char *note,
                    size_t note_cap) {
     *n_files = 0;

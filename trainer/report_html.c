@@ -26,7 +26,8 @@ static const char *css =
     "text-align:left}th{background:#f6f6f6}td.num{text-align:right;font-variant-numeric:"
     "tabular-nums}.warn{color:#a40}";
 
-// title starts with "moe ": the page then begins with REPORT_HTML_MAGIC.
+// title starts with "moe ": the page then begins with REPORT_HTML_MAGIC (and
+// REPORT_HTML_RUN or REPORT_HTML_ABLATE for the two titles used).
 static void page_open(FILE *f, const char *title, const char *sub) {
     fputs(REPORT_HTML_MAGIC, f);
     svg_esc(f, title + 4);
@@ -519,7 +520,7 @@ int moe_report_compare_html(const char *path, const char *title, const moe_repor
     fputs("</div>\n", f);
     page_close(f);
     if (rc == 0)
-        rc = report_out_commit(&o, path, REPORT_OUT_HTML, NULL);
+        rc = report_out_commit(&o, path, REPORT_OUT_ABLATE_HTML, NULL);
     else
         report_out_discard(&o);
 done:

@@ -878,6 +878,7 @@ static uint64_t rd_varint(const unsigned char **p, const unsigned char *end) {
 // What a test needs of one decoded Event: step, file_version, scalars.
 typedef struct {
     long step;
+    int session_status; // SessionLog.status (1: START), 0 when absent
     char version[32];
     int n;
     char tag[64][64];
@@ -914,6 +915,11 @@ static void decode_event(const unsigned char *p, const unsigned char *end, tb_ev
         else if (wt == 2) {
             uint64_t n = rd_varint(&p, end);
             if (field == 3) snprintf(ev->version, sizeof ev->version, "%.*s", (int)n, p);
+            if (field == 7) { // SessionLog: status (field 1, varint)
+                const unsigned char *q = p;
+                ck_assert_int_eq((int)rd_varint(&q, p + n), 1 << 3 | 0);
+                ev->session_status = (int)rd_varint(&q, p + n);
+            }
             if (field == 5) { // Summary: repeated Value (field 1)
                 const unsigned char *q = p, *qe = p + n;
                 while (q < qe) {
@@ -998,6 +1004,108 @@ START_TEST(test_tensorboard_events_verify_and_match_the_metrics) {
 }
 END_TEST
 
+// The event files of folder p, in name order (as TensorBoard reads them).
+static int event_files(const char *p, char names[][300], int max) {
+    DIR *d = opendir(p);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *de;
+    int n = 0;
+    while ((de = readdir(d)))
+        if (!strncmp(de->d_name, "events.out.tfevents.", 20) && n < max)
+            snprintf(names[n++], 300, "%s", de->d_name);
+    closedir(d);
+    qsort(names, n, 300, (int (*)(const void *, const void *))strcmp);
+    return n;
+}
+
+// Every event of one file, CRCs verified; *n gets the count.
+static tb_event *read_events(const char *path, int *n) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc(size + 1);
+    ck_assert_int_eq((long)fread(buf, 1, size, f), size);
+    fclose(f);
+    tb_event *ev = NULL;
+    *n = 0;
+    for (long off = 0; off < size; ++*n) {
+        ck_assert_int_le(off + 12, size);
+        uint64_t len = rd_le(buf + off, 8);
+        ck_assert_uint_eq(rd_le(buf + off + 8, 4), moe_tb_masked_crc(buf + off, 8));
+        ck_assert_int_le(off + 16 + (long)len, size);
+        ck_assert_uint_eq(rd_le(buf + off + 12 + len, 4), moe_tb_masked_crc(buf + off + 12, len));
+        ev = realloc(ev, (*n + 1) * sizeof *ev);
+        decode_event(buf + off + 12, buf + off + 12 + len, &ev[*n]);
+        off += 16 + len;
+    }
+    free(buf);
+    return ev;
+}
+
+// A run resumed from its step-8 checkpoint after reaching step 12: the new
+// event file opens with a session_log START at step 9, and TensorBoard's
+// purge (every earlier point at that step or later dropped when the START
+// is read, files in name order) leaves one train/loss point per step, steps
+// rising, equal to metrics.jsonl's. Without the START it would keep 16.
+START_TEST(test_tensorboard_resume_purges_the_redone_steps) {
+    write_file("cfg.json", cfg_json);
+    char args[2048], p[2000];
+    snprintf(args, sizeof args,
+             "train '%s/cfg.json' --quiet --out '%s/run' --set train.tensorboard=true --set "
+             "train.ckpt_every=4 --set train.keep_checkpoints=5",
+             dir, dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    snprintf(args, sizeof args,
+             "train '%s/run/config.json' --quiet --resume '%s/run/checkpoint-8' --out '%s/run'",
+             dir, dir, dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    snprintf(p, sizeof p, "%s/run", dir);
+    char names[4][300];
+    ck_assert_int_eq(event_files(p, names, 4), 2);
+    long step[64];
+    float loss[64];
+    int kept = 0;
+    for (int fi = 0; fi < 2; fi++) {
+        snprintf(p, sizeof p, "%s/run/%s", dir, names[fi]);
+        int n;
+        tb_event *ev = read_events(p, &n);
+        ck_assert_int_ge(n, 2);
+        ck_assert_str_eq(ev[0].version, "brain.Event:2");
+        if (fi == 1) { // the resumed run's file: START at its first step
+            ck_assert_int_eq(ev[1].session_status, 1);
+            ck_assert_int_eq(ev[1].step, 9);
+        }
+        for (int i = 1; i < n; i++) {
+            if (ev[i].session_status == 1) { // TensorBoard's purge
+                int k = 0;
+                for (int j = 0; j < kept; j++)
+                    if (step[j] < ev[i].step) step[k] = step[j], loss[k] = loss[j], k++;
+                kept = k;
+            }
+            float v = tag_value(&ev[i], "train/loss");
+            if (isfinite(v)) {
+                ck_assert_int_lt(kept, 64);
+                step[kept] = ev[i].step, loss[kept++] = v;
+            }
+        }
+        free(ev);
+    }
+    moe_run_metrics m;
+    snprintf(p, sizeof p, "%s/run", dir);
+    ck_assert_int_eq(moe_metrics_read(p, &m), 0);
+    const moe_series *ls = moe_metrics_find(&m, "loss");
+    ck_assert_int_eq(ls->n, 12);
+    ck_assert_int_eq(kept, 12);
+    for (int i = 0; i < kept; i++) {
+        ck_assert_int_eq(step[i], i + 1);
+        ck_assert_float_eq_tol(loss[i], ls->v[i], 1e-5);
+    }
+    moe_metrics_free(&m);
+}
+END_TEST
+
 static void fresh_dir(void) {
     snprintf(dir, sizeof dir, "%s", tu_tmpdir());
 }
@@ -1032,6 +1140,7 @@ int main(void) {
     tcase_add_test(tc, test_ablate_writes_a_comparison_report);
     tcase_add_test(tc, test_crc32c_matches_the_check_value);
     tcase_add_test(tc, test_tensorboard_events_verify_and_match_the_metrics);
+    tcase_add_test(tc, test_tensorboard_resume_purges_the_redone_steps);
     suite_add_tcase(s, tc);
     return tu_run(s);
 }

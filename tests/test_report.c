@@ -308,6 +308,59 @@ START_TEST(test_report_downsamples_long_series) {
 }
 END_TEST
 
+// 1000 experts: drawn as 125 rows of 8 (at most MOE_REPORT_MAX_ROWS), a row
+// the summed share of its experts: all load on experts 0..7 is one row at
+// 100%. (65536 experts took 30 s and a 22 MB page before.)
+START_TEST(test_report_heatmap_draws_ranges_of_many_experts) {
+    FILE *f = metrics_file();
+    for (int st = 1; st <= 2; st++) {
+        fprintf(f, "{\"step\": %d, \"loss\": 1, \"layers\": [{\"layer\": 0, \"load\": [", st);
+        for (int e = 0; e < 1000; e++)
+            fprintf(f, "%s%d", e ? "," : "", e < 8 ? 1 : 0);
+        fputs("]}]}\n", f);
+    }
+    fclose(f);
+    moe_run_metrics m;
+    ck_assert_msg(moe_metrics_read(dir, &m) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(moe_report_html(&m, dir, in_dir("r.html")), 0);
+    moe_metrics_free(&m);
+    char *html = slurp(in_dir("r.html"));
+    ck_assert_ptr_null(well_formed(html));
+    char *svg = figure(html, "load", 0, 0);
+    ck_assert_ptr_nonnull(svg);
+    ck_assert_int_eq(count(svg, "class=\"cell\""), 125 * 2);
+    ck_assert_ptr_nonnull(strstr(svg, "<title>e0-e7, step 1: 100</title>"));
+    ck_assert_ptr_nonnull(strstr(svg, "<title>e8-e15, step 1: 0</title>"));
+    ck_assert_ptr_nonnull(
+        strstr(html, "1000 experts drawn as 125 rows, each the summed share of 8."));
+    free(svg), free(html);
+}
+END_TEST
+
+// A list longer than a series takes is skipped, the warning naming the limit;
+// a step above 2^53 (a double cannot tell it from its neighbours) is refused.
+START_TEST(test_report_names_the_list_and_step_limits) {
+    FILE *f = metrics_file();
+    fputs("{\"step\": 1, \"loss\": 1, \"x\": [", f);
+    for (int i = 0; i < 65537; i++)
+        fprintf(f, "%s1", i ? "," : "");
+    fputs("]}\n", f);
+    fclose(f);
+    char args[2048];
+    snprintf(args, sizeof args, "report '%s'", dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 0);
+    ck_assert_msg(strstr(tu_file_text(dir, "err.txt"), "'x' is a list longer than 65536"), "%s",
+                  tu_file_text(dir, "err.txt"));
+    f = metrics_file();
+    fputs("{\"step\": 9223372036854775807, \"loss\": 1}\n", f);
+    fclose(f);
+    ck_assert_int_eq(tu_run_moe(dir, args), 2);
+    ck_assert_msg(strstr(tu_file_text(dir, "err.txt"),
+                         "metrics.jsonl:1: 'step' is 9223372036854775807, above 2^53"),
+                  "%s", tu_file_text(dir, "err.txt"));
+}
+END_TEST
+
 START_TEST(test_report_refuses_a_malformed_line_naming_it) {
     FILE *f = metrics_file();
     record(f, 1, 5, 1);
@@ -1118,6 +1171,8 @@ int main(void) {
     tcase_add_test(tc, test_report_has_one_chart_per_figure_with_a_point_per_step);
     tcase_add_test(tc, test_report_csv_has_a_row_per_step);
     tcase_add_test(tc, test_report_downsamples_long_series);
+    tcase_add_test(tc, test_report_heatmap_draws_ranges_of_many_experts);
+    tcase_add_test(tc, test_report_names_the_list_and_step_limits);
     tcase_add_test(tc, test_report_refuses_a_malformed_line_naming_it);
     tcase_add_test(tc, test_report_skips_a_truncated_last_line);
     tcase_add_test(tc, test_report_refuses_missing_folder_and_empty_metrics);

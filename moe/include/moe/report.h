@@ -73,8 +73,9 @@ void moe_metrics_free(moe_run_metrics *m);
 moe_series *moe_metrics_find(const moe_run_metrics *m, const char *name);
 
 // Points per line at most; longer series are drawn as means of equal buckets
-// (the chart's caption says so). Heatmaps keep at most MOE_REPORT_MAX_COLUMNS.
-enum { MOE_REPORT_MAX_POINTS = 1000, MOE_REPORT_MAX_COLUMNS = 120 };
+// (the chart's caption says so). Heatmaps keep at most MOE_REPORT_MAX_COLUMNS
+// (buckets of steps) and MOE_REPORT_MAX_ROWS (ranges of experts) likewise.
+enum { MOE_REPORT_MAX_POINTS = 1000, MOE_REPORT_MAX_COLUMNS = 120, MOE_REPORT_MAX_ROWS = 128 };
 
 // One HTML page (inline SVG and CSS, nothing fetched) for the run read into m,
 // written all or nothing (a failed write leaves an earlier page whole). An

@@ -171,7 +171,7 @@ static int run(const char *compute, int steps, int mini_seq, const char *recompu
     char dir[] = "/tmp/moe_gpu_train_XXXXXX";
     if (!mkdtemp(dir)) return moe_fail(MOE_EIO, "mkdtemp failed");
     moe_model_mem mem;
-    MOE_TRY(moe_model_memory(&c, c.train.batch_size, c.model.seq_len, 1, 1, 0, &mem));
+    MOE_TRY(moe_model_memory(&c, c.train.batch_size, c.model.seq_len, 1, 1, 0, 0, &mem));
     moe_train_opts o = {0};
     o.out_dir = dir;
     o.quiet = true;

@@ -7,12 +7,15 @@
 //   training (ep = 4, group-limited top-4, Gumbel noise, drops): losses and
 //   weights bit-identical with and without node_dedup and to one process;
 //   dropless training: inter-node bytes (all ranks) with node_dedup below
-//   those without, and falling with router.topk_groups = 1, 2, 4 (printed).
+//   those without, and falling with router.topk_groups = 1, 2, 4 (printed);
+//   every rank's allocation peak equal to moe plan's figure for it.
 #include "kernels/ops.h"
+#include "moe/alloc.h"
 #include "moe/comm.h"
 #include "moe/error.h"
 #include "moe/moe_layer.h"
 #include "moe/parallel.h"
+#include "moe/plan.h"
 #include "moe/safetensors.h"
 #include "moe/train.h"
 #include "mpi_testutil.h"
@@ -203,6 +206,34 @@ static void bytes_fall(moe_comm *world, const char *dir, const char *a2a) {
                    a2a, STEPS, tg[i], b[i][1], b[i][0]);
 }
 
+// Every rank's allocation peak over a run equals moe plan's figure for it:
+// the exchange's buffers are allocated at their largest (the plan ignored
+// them: 8 MiB short on configs/tiny.json). ep = 4 spans both nodes (N = 2),
+// ep = 2 stays on one (N = 1); world's nodes hold ranks_per_node ranks.
+static void plan_matches_peak(moe_comm *world, const char *dir, int ranks_per_node) {
+    for (int ep = 4; ep >= 2; ep /= 2) {
+        moe_config c = base("flat", true);
+        c.parallel.ep = ep;
+        c.comm.ranks_per_node = ranks_per_node;
+        moe_mem_plan plan;
+        CHECK(moe_plan_memory(&c, W, rank, &plan) == 0, "plan: %s", moe_last_error());
+        char out[800];
+        snprintf(out, sizeof out, "%s/peak-%d-%d", dir, ep, ranks_per_node);
+        MPI_Barrier(MPI_COMM_WORLD);
+        const size_t before = moe_mem_in_use();
+        moe_mem_reset_peak();
+        moe_train_result r;
+        if (mpi_train_with(rank, c,
+                           (moe_train_opts){.out_dir = out, .world = world, .stop_after = STEPS},
+                           &r, out))
+            return;
+        const size_t measured = moe_mem_peak() - before;
+        CHECK(measured == plan.total,
+              "rank %d, ep %d, %d ranks per node: allocation peak %zu bytes, plan %zu", rank, ep,
+              ranks_per_node, measured, plan.total);
+    }
+}
+
 int main(int argc, char **argv) {
     char dir[512];
     int rc = mpi_test_begin(&argc, &argv, "mpi_node_dedup", W, &rank, dir);
@@ -218,6 +249,13 @@ int main(int argc, char **argv) {
     equals_one_process(world, dir, "hierarchical");
     bytes_fall(world, dir, "flat");
     bytes_fall(world, dir, "hierarchical");
+    plan_matches_peak(world, dir, 2);
     moe_comm_free(world);
+    if (moe_comm_mpi_world(&world, 1) == 0) { // four nodes of one rank
+        plan_matches_peak(world, dir, 1);
+        moe_comm_free(world);
+    } else {
+        CHECK(0, "world of one rank per node: %s", moe_last_error());
+    }
     return mpi_test_end("mpi_node_dedup", rank);
 }

@@ -85,7 +85,7 @@ START_TEST(test_activations_linear_in_seq_len) {
         size_t a[3];
         for (int i = 0; i < 3; i++) {
             moe_model_mem mm;
-            ck_assert_msg(moe_model_memory(&c, 2, 256 * (i + 1), 1, 1, 0, &mm) == 0, "%s",
+            ck_assert_msg(moe_model_memory(&c, 2, 256 * (i + 1), 1, 1, 0, 0, &mm) == 0, "%s",
                           moe_last_error());
             a[i] = mm.activations;
         }

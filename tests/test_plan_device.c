@@ -169,7 +169,7 @@ START_TEST(test_cuda_plan_parts_follow_size_functions) {
     ck_assert_int_gt(n_moe, 0);
     ck_assert_uint_eq(p.moe, moe);
     moe_model_mem mm;
-    ck_assert_int_eq(moe_model_memory(&c, B, T, 1, 1, 0, &mm), 0);
+    ck_assert_int_eq(moe_model_memory(&c, B, T, 1, 1, 0, 0, &mm), 0);
     size_t opt = 0;
     ck_assert_uint_eq(p.trainer + p.optimizer,
                       moe_gpu_trainer_bytes(mm.n_params, (size_t)B * T, &moe_ops_cuda_sizes, &opt));

@@ -308,6 +308,59 @@ START_TEST(test_report_downsamples_long_series) {
 }
 END_TEST
 
+// 1000 experts: drawn as 125 rows of 8 (at most MOE_REPORT_MAX_ROWS), a row
+// the summed share of its experts: all load on experts 0..7 is one row at
+// 100%. (65536 experts took 30 s and a 22 MB page before.)
+START_TEST(test_report_heatmap_draws_ranges_of_many_experts) {
+    FILE *f = metrics_file();
+    for (int st = 1; st <= 2; st++) {
+        fprintf(f, "{\"step\": %d, \"loss\": 1, \"layers\": [{\"layer\": 0, \"load\": [", st);
+        for (int e = 0; e < 1000; e++)
+            fprintf(f, "%s%d", e ? "," : "", e < 8 ? 1 : 0);
+        fputs("]}]}\n", f);
+    }
+    fclose(f);
+    moe_run_metrics m;
+    ck_assert_msg(moe_metrics_read(dir, &m) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(moe_report_html(&m, dir, in_dir("r.html")), 0);
+    moe_metrics_free(&m);
+    char *html = slurp(in_dir("r.html"));
+    ck_assert_ptr_null(well_formed(html));
+    char *svg = figure(html, "load", 0, 0);
+    ck_assert_ptr_nonnull(svg);
+    ck_assert_int_eq(count(svg, "class=\"cell\""), 125 * 2);
+    ck_assert_ptr_nonnull(strstr(svg, "<title>e0-e7, step 1: 100</title>"));
+    ck_assert_ptr_nonnull(strstr(svg, "<title>e8-e15, step 1: 0</title>"));
+    ck_assert_ptr_nonnull(
+        strstr(html, "1000 experts drawn as 125 rows, each the summed share of 8."));
+    free(svg), free(html);
+}
+END_TEST
+
+// A list longer than a series takes is skipped, the warning naming the limit;
+// a step above 2^53 (a double cannot tell it from its neighbours) is refused.
+START_TEST(test_report_names_the_list_and_step_limits) {
+    FILE *f = metrics_file();
+    fputs("{\"step\": 1, \"loss\": 1, \"x\": [", f);
+    for (int i = 0; i < 65537; i++)
+        fprintf(f, "%s1", i ? "," : "");
+    fputs("]}\n", f);
+    fclose(f);
+    char args[2048];
+    snprintf(args, sizeof args, "report '%s'", dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 0);
+    ck_assert_msg(strstr(tu_file_text(dir, "err.txt"), "'x' is a list longer than 65536"), "%s",
+                  tu_file_text(dir, "err.txt"));
+    f = metrics_file();
+    fputs("{\"step\": 9223372036854775807, \"loss\": 1}\n", f);
+    fclose(f);
+    ck_assert_int_eq(tu_run_moe(dir, args), 2);
+    ck_assert_msg(strstr(tu_file_text(dir, "err.txt"),
+                         "metrics.jsonl:1: 'step' is 9223372036854775807, above 2^53"),
+                  "%s", tu_file_text(dir, "err.txt"));
+}
+END_TEST
+
 START_TEST(test_report_refuses_a_malformed_line_naming_it) {
     FILE *f = metrics_file();
     record(f, 1, 5, 1);
@@ -481,8 +534,8 @@ START_TEST(test_report_refuses_to_overwrite_the_runs_inputs) {
     ck_assert_int_eq(link(target, in_dir("hard.html")), 0);
     const char *bad[] = {"metrics.jsonl", "config.json", "notes.txt", "hard.html", "."};
     const char *why[] = {"is the run's metrics.jsonl", "is the run's config.json",
-                         "not a report page written by moe report", "is the run's metrics.jsonl",
-                         "is a folder"};
+                         "not a run report page written by moe report",
+                         "is the run's metrics.jsonl", "is a folder"};
     char args[2048];
     for (int i = 0; i < 5; i++) {
         snprintf(args, sizeof args, "report '%s' --out '%s/%s'", dir, dir, bad[i]);
@@ -519,6 +572,69 @@ START_TEST(test_report_refuses_to_overwrite_the_runs_inputs) {
     char *html = slurp(in_dir("empty.html"));
     ck_assert_ptr_null(well_formed(html));
     free(html);
+}
+END_TEST
+
+// moe ablate's page (ABL/report.html) is not an earlier output of moe report:
+// --out naming it is refused and the page stays; moe ablate still replaces
+// its own page, and not a run's.
+START_TEST(test_report_refuses_to_overwrite_an_ablation_page) {
+    metrics_of(3);
+    moe_report_run run = {dir, "run_000", "router.top_k=1", NULL};
+    ck_assert_msg(moe_report_compare_html(in_dir("abl.html"), "grid", &run, 1) == 0, "%s",
+                  moe_last_error());
+    char *page = slurp(in_dir("abl.html"));
+    ck_assert_ptr_nonnull(strstr(page, "ablation report"));
+    char args[2048];
+    snprintf(args, sizeof args, "report '%s' --out '%s/abl.html'", dir, dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 2);
+    ck_assert_msg(strstr(tu_file_text(dir, "err.txt"), "is not a run report page"), "%s",
+                  tu_file_text(dir, "err.txt"));
+    char *now = slurp(in_dir("abl.html"));
+    ck_assert_str_eq(now, page);
+    free(now), free(page);
+    ck_assert_int_eq(moe_report_compare_html(in_dir("abl.html"), "grid", &run, 1), 0);
+    snprintf(args, sizeof args, "report '%s' --out '%s/run.html'", dir, dir);
+    ck_assert_int_eq(tu_run_moe(dir, args), 0);
+    ck_assert_int_eq(moe_report_compare_html(in_dir("run.html"), "grid", &run, 1), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "is not an ablation page"));
+}
+END_TEST
+
+// --out naming one of the CSVs --csv writes (loss.csv), by any spelling:
+// refused before anything is written, naming both flags.
+START_TEST(test_report_refuses_an_out_that_is_one_of_its_csvs) {
+    metrics_of(3);
+    mkdir(in_dir("csv"), 0755);
+    const char *outs[] = {"csv/loss.csv", "csv/./loss.csv", "new/loss.csv"};
+    const char *csvs[] = {"csv", "csv/", "new"};
+    char args[2048];
+    for (int i = 0; i < 3; i++) {
+        snprintf(args, sizeof args, "report '%s' --out '%s/%s' --csv '%s/%s'", dir, dir, outs[i],
+                 dir, csvs[i]);
+        ck_assert_msg(tu_run_moe(dir, args) == 2, "--out %s --csv %s", outs[i], csvs[i]);
+        const char *err = tu_file_text(dir, "err.txt");
+        ck_assert_msg(strstr(err, "--out") && strstr(err, "--csv") && strstr(err, "loss.csv"), "%s",
+                      err);
+        ck_assert_int_eq(tu_count_entries(in_dir("csv")), 0);
+    }
+    struct stat st;
+    ck_assert_msg(stat(in_dir("new"), &st) != 0, "the CSV folder was created");
+}
+END_TEST
+
+START_TEST(test_report_refuses_an_empty_out_or_csv_path) {
+    metrics_of(3);
+    const char *flags[] = {"--out", "--csv"};
+    char args[2048];
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args, "report '%s' %s ''", dir, flags[i]);
+        ck_assert_int_eq(tu_run_moe(dir, args), 2);
+        char want[64];
+        snprintf(want, sizeof want, "%s needs a path", flags[i]);
+        ck_assert_msg(strstr(tu_file_text(dir, "err.txt"), want), "%s",
+                      tu_file_text(dir, "err.txt"));
+    }
 }
 END_TEST
 
@@ -815,6 +931,7 @@ static uint64_t rd_varint(const unsigned char **p, const unsigned char *end) {
 // What a test needs of one decoded Event: step, file_version, scalars.
 typedef struct {
     long step;
+    int session_status; // SessionLog.status (1: START), 0 when absent
     char version[32];
     int n;
     char tag[64][64];
@@ -851,6 +968,11 @@ static void decode_event(const unsigned char *p, const unsigned char *end, tb_ev
         else if (wt == 2) {
             uint64_t n = rd_varint(&p, end);
             if (field == 3) snprintf(ev->version, sizeof ev->version, "%.*s", (int)n, p);
+            if (field == 7) { // SessionLog: status (field 1, varint)
+                const unsigned char *q = p;
+                ck_assert_int_eq((int)rd_varint(&q, p + n), 1 << 3 | 0);
+                ev->session_status = (int)rd_varint(&q, p + n);
+            }
             if (field == 5) { // Summary: repeated Value (field 1)
                 const unsigned char *q = p, *qe = p + n;
                 while (q < qe) {
@@ -935,6 +1057,108 @@ START_TEST(test_tensorboard_events_verify_and_match_the_metrics) {
 }
 END_TEST
 
+// The event files of folder p, in name order (as TensorBoard reads them).
+static int event_files(const char *p, char names[][300], int max) {
+    DIR *d = opendir(p);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *de;
+    int n = 0;
+    while ((de = readdir(d)))
+        if (!strncmp(de->d_name, "events.out.tfevents.", 20) && n < max)
+            snprintf(names[n++], 300, "%s", de->d_name);
+    closedir(d);
+    qsort(names, n, 300, (int (*)(const void *, const void *))strcmp);
+    return n;
+}
+
+// Every event of one file, CRCs verified; *n gets the count.
+static tb_event *read_events(const char *path, int *n) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = malloc(size + 1);
+    ck_assert_int_eq((long)fread(buf, 1, size, f), size);
+    fclose(f);
+    tb_event *ev = NULL;
+    *n = 0;
+    for (long off = 0; off < size; ++*n) {
+        ck_assert_int_le(off + 12, size);
+        uint64_t len = rd_le(buf + off, 8);
+        ck_assert_uint_eq(rd_le(buf + off + 8, 4), moe_tb_masked_crc(buf + off, 8));
+        ck_assert_int_le(off + 16 + (long)len, size);
+        ck_assert_uint_eq(rd_le(buf + off + 12 + len, 4), moe_tb_masked_crc(buf + off + 12, len));
+        ev = realloc(ev, (*n + 1) * sizeof *ev);
+        decode_event(buf + off + 12, buf + off + 12 + len, &ev[*n]);
+        off += 16 + len;
+    }
+    free(buf);
+    return ev;
+}
+
+// A run resumed from its step-8 checkpoint after reaching step 12: the new
+// event file opens with a session_log START at step 9, and TensorBoard's
+// purge (every earlier point at that step or later dropped when the START
+// is read, files in name order) leaves one train/loss point per step, steps
+// rising, equal to metrics.jsonl's. Without the START it would keep 16.
+START_TEST(test_tensorboard_resume_purges_the_redone_steps) {
+    write_file("cfg.json", cfg_json);
+    char args[2048], p[2000];
+    snprintf(args, sizeof args,
+             "train '%s/cfg.json' --quiet --out '%s/run' --set train.tensorboard=true --set "
+             "train.ckpt_every=4 --set train.keep_checkpoints=5",
+             dir, dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    snprintf(args, sizeof args,
+             "train '%s/run/config.json' --quiet --resume '%s/run/checkpoint-8' --out '%s/run'",
+             dir, dir, dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    snprintf(p, sizeof p, "%s/run", dir);
+    char names[4][300];
+    ck_assert_int_eq(event_files(p, names, 4), 2);
+    long step[64];
+    float loss[64];
+    int kept = 0;
+    for (int fi = 0; fi < 2; fi++) {
+        snprintf(p, sizeof p, "%s/run/%s", dir, names[fi]);
+        int n;
+        tb_event *ev = read_events(p, &n);
+        ck_assert_int_ge(n, 2);
+        ck_assert_str_eq(ev[0].version, "brain.Event:2");
+        if (fi == 1) { // the resumed run's file: START at its first step
+            ck_assert_int_eq(ev[1].session_status, 1);
+            ck_assert_int_eq(ev[1].step, 9);
+        }
+        for (int i = 1; i < n; i++) {
+            if (ev[i].session_status == 1) { // TensorBoard's purge
+                int k = 0;
+                for (int j = 0; j < kept; j++)
+                    if (step[j] < ev[i].step) step[k] = step[j], loss[k] = loss[j], k++;
+                kept = k;
+            }
+            float v = tag_value(&ev[i], "train/loss");
+            if (isfinite(v)) {
+                ck_assert_int_lt(kept, 64);
+                step[kept] = ev[i].step, loss[kept++] = v;
+            }
+        }
+        free(ev);
+    }
+    moe_run_metrics m;
+    snprintf(p, sizeof p, "%s/run", dir);
+    ck_assert_int_eq(moe_metrics_read(p, &m), 0);
+    const moe_series *ls = moe_metrics_find(&m, "loss");
+    ck_assert_int_eq(ls->n, 12);
+    ck_assert_int_eq(kept, 12);
+    for (int i = 0; i < kept; i++) {
+        ck_assert_int_eq(step[i], i + 1);
+        ck_assert_float_eq_tol(loss[i], ls->v[i], 1e-5);
+    }
+    moe_metrics_free(&m);
+}
+END_TEST
+
 static void fresh_dir(void) {
     snprintf(dir, sizeof dir, "%s", tu_tmpdir());
 }
@@ -947,6 +1171,8 @@ int main(void) {
     tcase_add_test(tc, test_report_has_one_chart_per_figure_with_a_point_per_step);
     tcase_add_test(tc, test_report_csv_has_a_row_per_step);
     tcase_add_test(tc, test_report_downsamples_long_series);
+    tcase_add_test(tc, test_report_heatmap_draws_ranges_of_many_experts);
+    tcase_add_test(tc, test_report_names_the_list_and_step_limits);
     tcase_add_test(tc, test_report_refuses_a_malformed_line_naming_it);
     tcase_add_test(tc, test_report_skips_a_truncated_last_line);
     tcase_add_test(tc, test_report_refuses_missing_folder_and_empty_metrics);
@@ -954,6 +1180,9 @@ int main(void) {
     tcase_add_test(tc, test_report_draws_unknown_per_layer_fields);
     tcase_add_test(tc, test_report_resumed_steps_replace_earlier_rows);
     tcase_add_test(tc, test_report_refuses_to_overwrite_the_runs_inputs);
+    tcase_add_test(tc, test_report_refuses_to_overwrite_an_ablation_page);
+    tcase_add_test(tc, test_report_refuses_an_out_that_is_one_of_its_csvs);
+    tcase_add_test(tc, test_report_refuses_an_empty_out_or_csv_path);
     tcase_add_test(tc, test_report_failed_write_keeps_the_earlier_report);
     tcase_add_test(tc, test_report_every_failed_call_leaves_old_or_new_files);
     tcase_add_test(tc, test_report_csv_numbers_read_back_exactly);
@@ -966,6 +1195,7 @@ int main(void) {
     tcase_add_test(tc, test_ablate_writes_a_comparison_report);
     tcase_add_test(tc, test_crc32c_matches_the_check_value);
     tcase_add_test(tc, test_tensorboard_events_verify_and_match_the_metrics);
+    tcase_add_test(tc, test_tensorboard_resume_purges_the_redone_steps);
     suite_add_tcase(s, tc);
     return tu_run(s);
 }

@@ -256,7 +256,7 @@ fail:
 }
 
 int moe_model_memory(const moe_config *cfg, int B, int T, int n_tasks, int ep_size, int ep_rank,
-                     moe_model_mem *out) {
+                     int dedup_G, moe_model_mem *out) {
     moe_model m;
     size_t moe_off[MOE_MAX_LAYERS];
     moe_ep_group g = {ep_size, ep_rank, NULL, NULL, 0, NULL}; // sizes only: never called
@@ -270,6 +270,7 @@ int moe_model_memory(const moe_config *cfg, int B, int T, int n_tasks, int ep_si
     for (int l = 0; l < m.L; l++) {
         if (!m.is_moe[l]) continue;
         out->moe += moe_layer_acts_bytes(&m.moe_cfg[l], m.ops);
+        out->moe += moe_layer_node_dedup_bytes(&m.moe_cfg[l], dedup_G);
         if (cfg->router.capacity_mode == MOE_CAPACITY_DYNAMIC)
             out->moe += (size_t)m.moe_cfg[l].E * (sizeof(double) + sizeof(int));
     }

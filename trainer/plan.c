@@ -58,7 +58,27 @@ static size_t placement_bytes(const moe_config *cfg, int B, int T) {
            stage * sizeof(float);
 }
 
-int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *out) {
+// The dedup_G of rank's expert-parallel group under comm.node_dedup (0: off)
+// on nodes of g consecutive ranks (g <= 0: all ranks on one node), as the
+// communicator finds it (comm/topology.c): the ranks of the group's first
+// node, when every node of the group holds as many and no node two runs.
+static int plan_dedup_G(const moe_config *cfg, int rank, int g) {
+    const int ep = cfg->parallel.ep, base = rank - rank % ep;
+    if (!cfg->comm.node_dedup || ep < 2) return 0;
+    if (g <= 0) return ep;
+    int G = 1;
+    while (G < ep && (base + G) / g == base / g)
+        G++;
+    if (ep % G) return 1;
+    for (int r = 0; r < ep; r++) {
+        const int lead = r - r % G;
+        if ((base + r) / g != (base + lead) / g) return 1;
+    }
+    return G;
+}
+
+static int plan_memory(const moe_config *cfg, int world, int rank, int ranks_per_node,
+                       moe_mem_plan *out) {
     memset(out, 0, sizeof *out);
     MOE_TRY(moe_config_check(cfg, NULL));
     const int ep = cfg->parallel.ep, B = cfg->train.batch_size, T = cfg->model.seq_len;
@@ -68,7 +88,8 @@ int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *ou
     char names[MOE_MAX_TASKS][MOE_NAME_MAX];
     int n_tasks = moe_config_task_names(cfg, names);
     moe_model_mem mm;
-    MOE_TRY(moe_model_memory(cfg, B, T, n_tasks, ep, rank % ep, &mm));
+    MOE_TRY(moe_model_memory(cfg, B, T, n_tasks, ep, rank % ep,
+                             plan_dedup_G(cfg, rank, ranks_per_node), &mm));
     const size_t n = mm.n_params;
     out->n_params = n;
     out->params = mm.params;
@@ -113,6 +134,10 @@ int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *ou
     out->total = out->params + out->grads + out->optimizer + out->activations + out->moe +
                  out->step + out->data + out->grad_pack + out->ckpt_snapshot;
     return 0;
+}
+
+int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *out) {
+    return plan_memory(cfg, world, rank, cfg->comm.ranks_per_node, out);
 }
 
 int moe_plan_device_memory(const moe_config *cfg, const moe_ops *ops, moe_gpu_mem_plan *out) {
@@ -353,7 +378,7 @@ static int device_print(const moe_config *cfg, FILE *f) {
 
 int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
     moe_mem_plan m;
-    MOE_TRY(moe_plan_memory(cfg, mc->world, 0, &m));
+    MOE_TRY(plan_memory(cfg, mc->world, 0, mc->ranks_per_node, &m));
     const int ep = cfg->parallel.ep;
     fprintf(f, "plan: %d node%s x %d ranks = %d ranks; expert parallel %d x data parallel %d\n",
             mc->nodes, mc->nodes == 1 ? "" : "s", mc->ranks_per_node, mc->world, ep,

@@ -85,8 +85,11 @@ static int add_scalar(moe_run_metrics *m, const char *name, double step, double 
     return series_add(s, step, &v, where);
 }
 
+// The widest list a series takes (columns: experts, tasks).
+enum { MAX_LIST = 1 << 16 };
+
 static bool all_numbers(json_t *a) {
-    if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > 1 << 16) return false;
+    if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > MAX_LIST) return false;
     for (size_t i = 0; i < json_array_size(a); i++)
         if (!json_is_number(json_array_get(a, i))) return false;
     return true;
@@ -94,7 +97,7 @@ static bool all_numbers(json_t *a) {
 
 // A list of numbers where null (a non-finite value) may stand for any of them.
 static bool numbers_or_nulls(json_t *a) {
-    if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > 1 << 16) return false;
+    if (!json_is_array(a) || json_array_size(a) == 0 || json_array_size(a) > MAX_LIST) return false;
     for (size_t i = 0; i < json_array_size(a); i++) {
         json_t *x = json_array_get(a, i);
         if (!json_is_number(x) && !json_is_null(x)) return false;
@@ -107,6 +110,8 @@ static const char *kind_of(json_t *v) {
     if (json_is_boolean(v)) return "a boolean";
     if (json_is_object(v)) return "an object";
     if (json_is_array(v) && json_array_size(v) == 0) return "an empty list";
+    if (json_is_array(v) && json_array_size(v) > MAX_LIST)
+        return "a list longer than 65536 (the most columns a series takes)";
     return "a list of other than numbers";
 }
 
@@ -311,6 +316,12 @@ static int read_record(moe_run_metrics *m, json_t *rec, const char *where) {
     if (!json_is_integer(which) || json_integer_value(which) < 0)
         return moe_fail(MOE_EFORMAT, "%s: '%s' is not a non-negative integer", where,
                         st ? "step" : "eval_step");
+    // Steps are kept as doubles: above 2^53 two steps could read as one.
+    if (json_integer_value(which) > (json_int_t)1 << 53)
+        return moe_fail(MOE_EFORMAT,
+                        "%s: '%s' is %lld, above 2^53 = 9007199254740992 (the largest "
+                        "step the report holds exactly)",
+                        where, st ? "step" : "eval_step", (long long)json_integer_value(which));
     double step = (double)json_integer_value(which);
     MOE_TRY(keep_step(m, st ? 0 : 1, step, where));
     return st ? read_train(m, rec, step, where) : read_eval(m, rec, step, where);
@@ -613,6 +624,42 @@ int moe_report_csv_check(const moe_run_metrics *m, const char *dir) {
     }
     free(names);
     return rc;
+}
+
+// path with its folder resolved (symlinks, "..", "."): "a/./b/x" and "a/b/x"
+// name one file. The last part stays as given; so does a path whose folder
+// does not resolve (the write then fails on its own).
+static void resolved(const char *path, char *out, size_t cap) {
+    char dir[PATH_MAX], real[PATH_MAX];
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    if (slash == path)
+        snprintf(dir, sizeof dir, "/");
+    else
+        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+    if (realpath(dir, real))
+        snprintf(out, cap, "%s/%s", real, base);
+    else
+        snprintf(out, cap, "%s", path);
+}
+
+int moe_report_csv_collision(const moe_run_metrics *m, const char *dir, const char *page,
+                             char *series, size_t cap) {
+    csv_name *names = csv_names(m, dir, NULL, 0);
+    if (!names) return MOE_ENOMEM;
+    char want[PATH_MAX + 8], path[PATH_MAX + sizeof(csv_name)], got[PATH_MAX + 8];
+    resolved(page, want, sizeof want);
+    struct stat a, b;
+    const bool page_exists = stat(page, &a) == 0;
+    int hit = 0;
+    for (int i = 0; i < m->n_usage + m->n && !hit; i++) {
+        snprintf(path, sizeof path, "%s/%s.csv", dir, names[i]);
+        resolved(path, got, sizeof got);
+        hit = !strcmp(want, got) ||
+              (page_exists && stat(path, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino);
+        if (hit && series) snprintf(series, cap, "%s", names[i]);
+    }
+    free(names);
+    return hit;
 }
 
 int moe_report_csv(const moe_run_metrics *m, const char *dir, int *n_files, char *note,

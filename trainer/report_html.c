@@ -26,7 +26,8 @@ static const char *css =
     "text-align:left}th{background:#f6f6f6}td.num{text-align:right;font-variant-numeric:"
     "tabular-nums}.warn{color:#a40}";
 
-// title starts with "moe ": the page then begins with REPORT_HTML_MAGIC.
+// title starts with "moe ": the page then begins with REPORT_HTML_MAGIC (and
+// REPORT_HTML_RUN or REPORT_HTML_ABLATE for the two titles used).
 static void page_open(FILE *f, const char *title, const char *sub) {
     fputs(REPORT_HTML_MAGIC, f);
     svg_esc(f, title + 4);
@@ -85,49 +86,69 @@ static int series_heatmap(FILE *f, const char *figure, int layer, const char *ti
                           const moe_series *s, bool share) {
     long k = (s->n + MOE_REPORT_MAX_COLUMNS - 1) / MOE_REPORT_MAX_COLUMNS;
     if (k < 1) k = 1;
-    int cols = (int)((s->n + k - 1) / k), rows = s->ncol;
+    // Rows (experts, columns of the series) likewise: kr consecutive ones per
+    // drawn row, their shares summed (a range of experts' share) or their
+    // values averaged.
+    const int ncol = s->ncol, kr = (ncol + MOE_REPORT_MAX_ROWS - 1) / MOE_REPORT_MAX_ROWS;
+    int cols = (int)((s->n + k - 1) / k), rows = (ncol + kr - 1) / kr;
     double *v = calloc((size_t)rows * cols + 1, sizeof(double)),
-           *xs = calloc((size_t)cols + 1, sizeof(double));
+           *xs = calloc((size_t)cols + 1, sizeof(double)),
+           *tot = calloc((size_t)k + 1, sizeof(double));
     const char **names = calloc((size_t)rows + 1, sizeof(char *));
-    if (!v || !xs || !names) {
-        free(v), free(xs), free(names);
+    char(*range)[2 * MOE_NAME_MAX + 4] = kr > 1 ? calloc((size_t)rows, sizeof *range) : NULL;
+    if (!v || !xs || !tot || !names || (kr > 1 && !range)) {
+        free(v), free(xs), free(tot), free(names), free(range);
         return moe_fail(MOE_ENOMEM, "report: out of memory");
     }
     double vmin = INFINITY, vmax = -INFINITY;
     for (int c = 0; c < cols; c++) {
         long lo = c * k, hi = lo + k < s->n ? lo + k : s->n;
         xs[c] = s->step[hi - 1];
+        for (long i = lo; i < hi && share; i++) { // each step's total, once
+            tot[i - lo] = 0;
+            for (int e = 0; e < ncol; e++)
+                tot[i - lo] += s->v[i * ncol + e];
+        }
         for (int r = 0; r < rows; r++) {
+            const int e0 = r * kr, e1 = e0 + kr < ncol ? e0 + kr : ncol;
             double sum = 0;
             long n = 0;
             for (long i = lo; i < hi; i++) {
-                const double *row = s->v + i * rows;
-                double tot = 0;
-                if (share)
-                    for (int e = 0; e < rows; e++)
-                        tot += row[e];
-                double x = share ? (tot > 0 ? row[r] / tot : NAN) : row[r];
-                if (isfinite(x)) sum += x, n++;
+                const double *row = s->v + i * ncol;
+                double x = 0;
+                int nx = 0;
+                for (int e = e0; e < e1; e++) {
+                    double y = share ? (tot[i - lo] > 0 ? row[e] / tot[i - lo] : NAN) : row[e];
+                    if (isfinite(y)) x += y, nx++;
+                }
+                if (nx) sum += share ? x : x / nx, n++;
             }
             v[(size_t)r * cols + c] = n ? sum / n : NAN;
             if (n) vmin = fmin(vmin, sum / n), vmax = fmax(vmax, sum / n);
         }
     }
-    for (int r = 0; r < rows; r++)
-        names[r] = s->col[r];
+    for (int r = 0; r < rows; r++) {
+        const int e0 = r * kr, e1 = e0 + kr < ncol ? e0 + kr : ncol;
+        if (kr > 1) snprintf(range[r], sizeof range[r], "%s-%s", s->col[e0], s->col[e1 - 1]);
+        names[r] = kr > 1 ? range[r] : s->col[r];
+    }
     if (share) vmin = 0;
     if (!(vmin <= vmax)) vmin = 0, vmax = 1; // every cell empty
     svg_grid g = {rows, cols, v, names, xs, NULL, vmin, vmax, false};
     svg_chart c = {figure,          layer, title, "step", share ? "expert" : "column",
                    share ? 100 : 1, false, false};
-    char cap[256];
+    char cap[400];
+    int w = 0;
+    cap[0] = 0;
     if (k > 1)
-        snprintf(cap, sizeof cap, "%ld steps drawn as %d columns, each the mean of %ld steps.",
-                 s->n, cols, k);
-    else
-        cap[0] = 0;
+        w = snprintf(cap, sizeof cap, "%ld steps drawn as %d columns, each the mean of %ld steps.",
+                     s->n, cols, k);
+    if (kr > 1)
+        snprintf(cap + w, sizeof cap - w, "%s%d %s drawn as %d rows, each the %s of %d.",
+                 w ? " " : "", ncol, share ? "experts" : "columns", rows,
+                 share ? "summed share" : "mean", kr);
     int rc = svg_heatmap(f, &c, &g, cap);
-    free(v), free(xs), free(names);
+    free(v), free(xs), free(tot), free(names), free(range);
     return rc;
 }
 
@@ -520,7 +541,7 @@ int moe_report_compare_html(const char *path, const char *title, const moe_repor
     fputs("</div>\n", f);
     page_close(f);
     if (rc == 0)
-        rc = report_out_commit(&o, path, REPORT_OUT_HTML, NULL);
+        rc = report_out_commit(&o, path, REPORT_OUT_ABLATE_HTML, NULL);
     else
         report_out_discard(&o);
 done:

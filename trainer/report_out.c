@@ -40,14 +40,19 @@ static bool same_file(const struct stat *a, const char *run_dir, const char *nam
 // Whether the existing regular file at path begins the way our outputs of
 // this kind do (or is empty: nothing to lose).
 static bool ours(const char *path, report_out_kind kind) {
-    char head[sizeof REPORT_HTML_MAGIC] = {0};
+    char head[sizeof REPORT_HTML_MAGIC + sizeof REPORT_HTML_ABLATE] = {0};
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return false;
     ssize_t n = read(fd, head, sizeof head - 1);
     close(fd);
     if (n == 0) return true;
     if (n < 0) return false;
-    if (kind == REPORT_OUT_HTML) return !strcmp(head, REPORT_HTML_MAGIC);
+    const size_t k = strlen(REPORT_HTML_MAGIC);
+    if (kind != REPORT_OUT_CSV && strncmp(head, REPORT_HTML_MAGIC, k)) return false;
+    if (kind == REPORT_OUT_HTML)
+        return !strncmp(head + k, REPORT_HTML_RUN, strlen(REPORT_HTML_RUN));
+    if (kind == REPORT_OUT_ABLATE_HTML)
+        return !strncmp(head + k, REPORT_HTML_ABLATE, strlen(REPORT_HTML_ABLATE));
     return !strncmp(head, "step,", 5) || !strncmp(head, "task,", 5); // the header rows we write
 }
 
@@ -61,11 +66,14 @@ int report_out_check(const char *path, report_out_kind kind, const char *run_dir
                             inputs[i]);
     if (S_ISDIR(sb.st_mode)) return moe_fail(MOE_EINVAL, "%s: is a folder, expected a file", path);
     if (!S_ISREG(sb.st_mode)) return moe_fail(MOE_EINVAL, "%s: not a regular file", path);
+    static const char *what[] = {"a run report page written by moe report",
+                                 "an ablation page written by moe ablate",
+                                 "a CSV written by moe report"};
     if (!ours(path, kind))
         return moe_fail(MOE_EINVAL,
-                        "%s: exists and is not a%s written by moe report: refusing to overwrite it "
-                        "(remove it or choose another path)",
-                        path, kind == REPORT_OUT_HTML ? " report page" : " CSV");
+                        "%s: exists and is not %s: refusing to overwrite it (remove it or choose "
+                        "another path)",
+                        path, what[kind]);
     return 0;
 }
 

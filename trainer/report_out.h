@@ -6,12 +6,18 @@
 
 #include <stdio.h>
 
-typedef enum { REPORT_OUT_HTML, REPORT_OUT_CSV } report_out_kind;
+// The run page of moe report, the comparison page of moe ablate, a CSV. Each
+// kind replaces only an earlier file of its own kind: moe report --out
+// ABL/report.html must not destroy an ablation's page.
+typedef enum { REPORT_OUT_HTML, REPORT_OUT_ABLATE_HTML, REPORT_OUT_CSV } report_out_kind;
 
-// The first bytes of every page moe report and moe ablate write: what tells
-// an earlier report (replaced) from any other file (refused).
+// The first bytes of every page moe report and moe ablate write, then the
+// rest of the <title>: REPORT_HTML_RUN or REPORT_HTML_ABLATE. What tells an
+// earlier page of the same kind (replaced) from any other file (refused).
 #define REPORT_HTML_MAGIC                                                                          \
     "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"/><title>moe "
+#define REPORT_HTML_RUN "run report</title>"
+#define REPORT_HTML_ABLATE "ablation report</title>"
 
 // An in-memory stream for one output file.
 typedef struct {

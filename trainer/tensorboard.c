@@ -1,10 +1,12 @@
 // TensorBoard event files: TFRecord framing with masked CRC-32C and a minimal
 // protobuf encoding of tensorflow.Event (wall_time = 1 double, step = 2
 // int64, file_version = 3 string, summary = 5 Summary{value = 1 Value{tag = 1
-// string, simple_value = 2 float}}), the subset TensorBoard's scalars use.
+// string, simple_value = 2 float}}, session_log = 7 SessionLog{status = 1}),
+// the subset TensorBoard's scalars and its purge on a restart use.
 #include "moe/tensorboard.h"
 #include "moe/error.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdlib.h>
@@ -110,19 +112,50 @@ static void event_head(buf *b, double wall_time, long step) {
     varint(b, (uint64_t)step);
 }
 
-int moe_tb_open(moe_tb_writer *w, const char *dir) {
+// The seconds in the name of the latest event file of dir (0: none).
+// TensorBoard reads a folder's event files in name order, so a resume's file
+// must sort after the files it supersedes, even when it opens in their second.
+static long long latest_seconds(const char *dir) {
+    static const char prefix[] = "events.out.tfevents.";
+    long long latest = 0;
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    while (d && (e = readdir(d)) != NULL) {
+        if (strncmp(e->d_name, prefix, sizeof prefix - 1)) continue;
+        char *end;
+        long long t = strtoll(e->d_name + sizeof prefix - 1, &end, 10);
+        if (*end == '.' && t > latest) latest = t;
+    }
+    if (d) closedir(d);
+    return latest;
+}
+
+int moe_tb_open(moe_tb_writer *w, const char *dir, long purge_step) {
     memset(w, 0, sizeof *w);
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    // the pid keeps a resume within the same second from overwriting the first file
-    snprintf(w->path, sizeof w->path, "%s/events.out.tfevents.%lld.moe.%ld", dir,
-             (long long)ts.tv_sec, (long)getpid());
+    long long secs = ts.tv_sec;
+    const long long latest = latest_seconds(dir);
+    if (secs <= latest) secs = latest + 1;
+    snprintf(w->path, sizeof w->path, "%s/events.out.tfevents.%lld.moe.%ld", dir, secs,
+             (long)getpid());
     if (!(w->f = fopen(w->path, "wb")))
         return moe_fail(MOE_EIO, "%s: cannot create: %s", w->path, strerror(errno));
+    const double now = ts.tv_sec + 1e-9 * ts.tv_nsec;
     buf b = {0};
-    event_head(&b, ts.tv_sec + 1e-9 * ts.tv_nsec, 0);
+    event_head(&b, now, 0);
     bytes_field(&b, 3, "brain.Event:2", 13);
     int rc = b.bad ? moe_fail(MOE_ENOMEM, "%s: out of memory", w->path) : write_record(w, &b);
+    if (rc == 0 && purge_step > 0) {
+        // session_log (field 7) = SessionLog{status (1) = START (1)} at
+        // purge_step: TensorBoard then drops the points of every earlier file
+        // at that step or later (torch's SummaryWriter(purge_step=N) does so).
+        static const unsigned char start[] = {1 << 3 | 0, 1};
+        b.n = 0;
+        event_head(&b, now, purge_step);
+        bytes_field(&b, 7, start, sizeof start);
+        rc = b.bad ? moe_fail(MOE_ENOMEM, "%s: out of memory", w->path) : write_record(w, &b);
+    }
     free(b.p);
     return rc;
 }

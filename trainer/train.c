@@ -642,7 +642,8 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         if (rc == 0 && o->resume_dir) rc = drop_records_after(path, st.step);
         if (rc == 0 && !(metrics = fopen(path, o->resume_dir ? "a" : "w")))
             rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
-        if (rc == 0 && cfg->train.tensorboard) rc = moe_tb_open(&tb, o->out_dir);
+        if (rc == 0 && cfg->train.tensorboard)
+            rc = moe_tb_open(&tb, o->out_dir, o->resume_dir ? st.step + 1 : 0);
     }
     rc = moe_comm_agree(world, rc);
     r->agreed = rc < 0;

@@ -32,8 +32,8 @@ int moe_cli_report(int argc, char **argv) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(help, stdout);
             return MOE_EXIT_OK;
-        } else if ((m = moe_cli_opt_once(argc, argv, &i, "--out", &out)) != 0 ||
-                   (m = moe_cli_opt_once(argc, argv, &i, "--csv", &csv)) != 0) {
+        } else if ((m = moe_cli_opt_path(argc, argv, &i, "--out", &out)) != 0 ||
+                   (m = moe_cli_opt_path(argc, argv, &i, "--csv", &csv)) != 0) {
             if (m < 0) return moe_cli_fail("report", MOE_EXIT_USAGE, "%s", moe_last_error());
         } else if (argv[i][0] == '-') {
             return moe_cli_unknown_option("report", argv[i], help);
@@ -57,7 +57,16 @@ int moe_cli_report(int argc, char **argv) {
     for (int i = 0; i < 3; i++)
         if (warn[i][0]) fprintf(stderr, "moe report: warning: %s\n", warn[i]);
     if (m.superseded[0]) fprintf(stderr, "moe report: note: %s\n", m.superseded);
-    rc = csv ? moe_report_csv_check(&m, csv) : 0; // a refusal writes no page either
+    char clash[128] = "";
+    rc = csv ? moe_report_csv_collision(&m, csv, out, clash, sizeof clash) : 0;
+    if (rc > 0) {
+        moe_metrics_free(&m);
+        return moe_cli_fail("report", MOE_EXIT_USAGE,
+                            "--out %s is also the CSV %s.csv that --csv %s would write: choose "
+                            "another --out or --csv",
+                            out, clash, csv);
+    }
+    if (rc == 0) rc = csv ? moe_report_csv_check(&m, csv) : 0; // a refusal writes no page either
     if (rc == 0) rc = moe_report_html(&m, run, out);
     int n_csv = 0;
     char renamed[1024] = "";

@@ -65,8 +65,46 @@ static int grow_to(void *p, size_t *cap, size_t bytes, void **q) {
         rc_;                                                                                       \
     })
 
-// The state of a group of P ranks in nodes of G (one node per rank when G
-// does not divide P), allocated on first use.
+// Nodes of G consecutive ranks in a group of P (one node per rank when G
+// does not divide P).
+static int node_size(int P, int dedup_G) {
+    return dedup_G > 0 && P % dedup_G == 0 ? dedup_G : 1;
+}
+
+// The bytes of each buffer at its largest, allocated once with the state so
+// the memory peak is the same whatever the routing (moe plan counts exactly
+// these): choice_of_row, pos_of_tok, u_tok, sidx, ridx, then srows, rrows,
+// fwd, stage. A source sends at most `rows` rows (the token side's xe) and
+// T_max distinct tokens to each node; a forwarder passes on at most its N
+// sources' rows; the expert side receives at most P * rows (its xr).
+enum { NODE_BUFS = 9 };
+static void node_bytes(const moe_layer_config *cfg, int P, int G, size_t b[NODE_BUFS]) {
+    const size_t N = (size_t)(P / G), T = (size_t)cfg->T_max, rows = moe_layer_expert_rows(cfg);
+    const size_t rb = (size_t)cfg->D * sizeof(float);
+    const size_t n[NODE_BUFS] = {rows * sizeof(int),
+                                 T * sizeof(int),
+                                 N * T * sizeof(int),
+                                 ((size_t)P + 2 * rows) * sizeof(int),
+                                 N * ((size_t)G + 2 * rows) * sizeof(int),
+                                 N * T * rb,
+                                 N * T * rb,
+                                 N * rows * rb,
+                                 (size_t)P * rows * rb};
+    for (int i = 0; i < NODE_BUFS; i++)
+        b[i] = n[i] ? n[i] : 1;
+}
+
+size_t moe_layer_node_dedup_bytes(const moe_layer_config *cfg, int dedup_G) {
+    if (cfg->ep_size < 2 || dedup_G <= 0) return 0;
+    const int P = cfg->ep_size;
+    size_t b[NODE_BUFS], total = sizeof(struct moe_node_state) + 6 * (size_t)P * sizeof(int);
+    node_bytes(cfg, P, node_size(P, dedup_G), b);
+    for (int i = 0; i < NODE_BUFS; i++)
+        total += b[i];
+    return total;
+}
+
+// The state of a group of P ranks in nodes of G, allocated on first use.
 static int state(moe_layer_acts *a, struct moe_node_state **out) {
     const moe_ep_group *g = a->ep;
     if (!g || g->size != a->cfg.ep_size || g->rank != a->cfg.ep_rank)
@@ -77,12 +115,25 @@ static int state(moe_layer_acts *a, struct moe_node_state **out) {
         if (!s) return moe_fail(MOE_ENOMEM, "node-deduplicated dispatch state");
         a->node = s;
         s->P = g->size;
-        s->G = g->dedup_G > 0 && g->size % g->dedup_G == 0 ? g->dedup_G : 1;
+        s->G = node_size(g->size, g->dedup_G);
         s->N = s->P / s->G;
         int **arr[] = {&s->u_cnt, &s->sidx_n, &s->ridx_n, &s->rrows_n, &s->fwd_n, &s->stage_n};
         for (size_t i = 0; i < sizeof arr / sizeof arr[0]; i++)
             if (!(*arr[i] = moe_calloc((size_t)s->P, sizeof(int))))
                 return moe_fail(MOE_ENOMEM, "node-deduplicated dispatch state");
+        size_t b[NODE_BUFS];
+        node_bytes(&a->cfg, s->P, s->G, b);
+        void **buf[NODE_BUFS] = {
+            (void **)&s->choice_of_row, (void **)&s->pos_of_tok, (void **)&s->u_tok,
+            (void **)&s->sidx,          (void **)&s->ridx,       (void **)&s->srows,
+            (void **)&s->rrows,         (void **)&s->fwd,        (void **)&s->stage};
+        size_t *cap[NODE_BUFS] = {&s->cap[0],  &s->cap[1],  &s->cap[2],  &s->cap[3], &s->cap[4],
+                                  &s->fcap[0], &s->fcap[1], &s->fcap[2], &s->fcap[3]};
+        for (int i = 0; i < NODE_BUFS; i++) {
+            if (!(*buf[i] = moe_malloc(b[i])))
+                return moe_fail(MOE_ENOMEM, "node-deduplicated dispatch: %zu bytes", b[i]);
+            *cap[i] = b[i];
+        }
     }
     *out = a->node;
     return 0;
@@ -265,7 +316,7 @@ int moe_node_dispatch(moe_layer_acts *a) {
         s->rrows_n[dst] = s->u_cnt[m];
     }
     // Index and distinct rows to (m, l); receive from (m', l).
-    const size_t icap = (size_t)N * (G + 2 * (size_t)cfg->T_max * k);
+    const size_t icap = s->cap[4] / sizeof(int); // every source's counts and index
     MOE_TRY(grow(&s->ridx, &s->cap[4], icap * sizeof(int)));
     MOE_TRY(g->alltoallv(g->ctx, s->sidx, s->sidx_n, s->ridx, s->ridx_n, icap, sizeof(int)));
     MOE_TRY(grow(&s->rrows, &s->fcap[1], (size_t)N * cfg->T_max * rb));

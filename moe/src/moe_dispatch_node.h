@@ -24,6 +24,10 @@ int moe_node_dispatch(moe_layer_acts *a);
 // with the last forward's routing.
 int moe_node_redispatch(moe_layer_acts *a, const float *dy, float *to);
 
+// Rows of the layer's token-side expert buffers (xe): a source's rows to
+// all ranks together (moe/src/moe_layer.c).
+size_t moe_layer_expert_rows(const moe_layer_config *cfg);
+
 // Frees a->node (NULL: nothing).
 void moe_node_state_free(moe_layer_acts *a);
 

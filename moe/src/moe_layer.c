@@ -103,6 +103,18 @@ int moe_layer_param_table(moe_param_table *t, const char *prefix, const moe_laye
 
 // ---- activations -----------------------------------------------------------------------
 
+size_t moe_layer_expert_rows(const moe_layer_config *cfg) {
+    const size_t T = (size_t)cfg->T_max, E = (size_t)cfg->E, k = (size_t)plan_k(cfg);
+    // Expert-side buffers hold one chunk: Tc tokens, Tc*k rows.
+    const size_t Tc = cfg->n_chunks > 1 ? (T + cfg->n_chunks - 1) / cfg->n_chunks : T;
+    // Expert choice: an expert takes C of all T tokens, and at most Tc of a chunk's.
+    if (cfg->router.type == MOE_ROUTER_EXPERT_CHOICE) {
+        const size_t C = (size_t)moe_expert_choice_capacity(&cfg->router, (int)T, cfg->E);
+        return E * (C < Tc ? C : Tc);
+    }
+    return Tc * k;
+}
+
 // Every activation and scratch buffer of the layer, in one list: with total
 // NULL it allocates them (a->field), else it only adds the bytes the backend
 // would reserve to *total, so the memory estimate is the allocation itself.
@@ -116,12 +128,7 @@ static int layer_buffers(moe_layer_acts *a, const moe_layer_config *cfg, const m
     const int chunked = cfg->n_chunks > 1;
     size_t Tc = chunked ? (T + cfg->n_chunks - 1) / cfg->n_chunks : T;
     size_t Hm = H > Hs ? H : Hs;
-    size_t rows = Tc * k;
-    // Expert choice: an expert takes C of all T tokens, and at most Tc of a chunk's.
-    if (cfg->router.type == MOE_ROUTER_EXPERT_CHOICE) {
-        const size_t C = (size_t)moe_expert_choice_capacity(&cfg->router, (int)T, cfg->E);
-        rows = E * (C < Tc ? C : Tc);
-    }
+    const size_t rows = moe_layer_expert_rows(cfg);
     size_t bytes = 0;
 #define ALLOC(field, n)                                                                            \
     do {                                                                                           \

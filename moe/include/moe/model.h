@@ -130,8 +130,10 @@ typedef struct {
     size_t moe;           // MoE layers: routing plans, expert buffers, capacity state
     size_t n_params;      // floats on this rank
 } moe_model_mem;
+// dedup_G: the ranks per node of the expert-parallel group when its exchange
+// is node-deduplicated (comm.node_dedup; moe_ep_group.dedup_G), else 0.
 int moe_model_memory(const moe_config *cfg, int B, int T, int n_tasks, int ep_size, int ep_rank,
-                     moe_model_mem *out);
+                     int dedup_G, moe_model_mem *out);
 // The device copy's buffers (moe_model_gpu_init) on the table ops (NULL: the
 // CUDA table's sizes, moe_ops_cuda_sizes, in any build), each request rounded
 // as ops->alloc_size: params, grads, activations (the activation block and

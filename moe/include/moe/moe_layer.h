@@ -169,6 +169,10 @@ typedef struct {
 int moe_layer_acts_alloc(moe_layer_acts *a, const moe_layer_config *cfg, const moe_ops *ops);
 // Bytes moe_layer_acts_alloc takes for cfg on ops (the routing plan included).
 size_t moe_layer_acts_bytes(const moe_layer_config *cfg, const moe_ops *ops);
+// Bytes the node-deduplicated exchange (moe_ep_group.dedup_G) adds to a
+// layer of cfg in a group whose nodes hold dedup_G ranks, allocated on the
+// first forward (0 when dedup_G <= 0 or ep_size < 2).
+size_t moe_layer_node_dedup_bytes(const moe_layer_config *cfg, int dedup_G);
 void moe_layer_acts_free(moe_layer_acts *a);
 
 // y [T, D] = MoE(x [T, D]) (+ shared expert). task_id [T]: required with

@@ -25,7 +25,9 @@ typedef struct {
     size_t n_params;                 // parameters held by this rank
 } moe_mem_plan;
 
-// Memory of rank `rank` of `world` ranks for cfg (parallel.ep from cfg).
+// Memory of rank `rank` of `world` ranks for cfg (parallel.ep from cfg). The
+// buffers of comm.node_dedup depend on the nodes: comm.ranks_per_node ranks
+// each (0: every rank on one node), as a run of cfg finds them.
 int moe_plan_memory(const moe_config *cfg, int world, int rank, moe_mem_plan *out);
 
 // Device memory of one rank training on the GPU (train.device = cuda): the

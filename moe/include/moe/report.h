@@ -73,8 +73,9 @@ void moe_metrics_free(moe_run_metrics *m);
 moe_series *moe_metrics_find(const moe_run_metrics *m, const char *name);
 
 // Points per line at most; longer series are drawn as means of equal buckets
-// (the chart's caption says so). Heatmaps keep at most MOE_REPORT_MAX_COLUMNS.
-enum { MOE_REPORT_MAX_POINTS = 1000, MOE_REPORT_MAX_COLUMNS = 120 };
+// (the chart's caption says so). Heatmaps keep at most MOE_REPORT_MAX_COLUMNS
+// (buckets of steps) and MOE_REPORT_MAX_ROWS (ranges of experts) likewise.
+enum { MOE_REPORT_MAX_POINTS = 1000, MOE_REPORT_MAX_COLUMNS = 120, MOE_REPORT_MAX_ROWS = 128 };
 
 // One HTML page (inline SVG and CSS, nothing fetched) for the run read into m,
 // written all or nothing (a failed write leaves an earlier page whole). An
@@ -96,6 +97,13 @@ int moe_report_html(moe_run_metrics *m, const char *run_dir, const char *path);
 int moe_report_csv_check(const moe_run_metrics *m, const char *dir);
 int moe_report_csv(const moe_run_metrics *m, const char *dir, int *n_files, char *note,
                    size_t note_cap);
+// 1 when one of the CSVs moe_report_csv would write into dir is the file
+// page (the HTML page's path; the same file by its resolved folder, or by
+// device and inode when both exist), with that CSV's name (no ".csv") in
+// series; 0 when none is; MOE_ENOMEM. moe report refuses the pair up front:
+// the page would be written and then refused as "not a CSV of ours".
+int moe_report_csv_collision(const moe_run_metrics *m, const char *dir, const char *page,
+                             char *series, size_t cap);
 
 // Runs of a grid for the comparison page: each run folder's metrics are read
 // here; a run that failed (error non-empty) or left no readable metrics gets

@@ -14,9 +14,13 @@ typedef struct {
     char path[4096];
 } moe_tb_writer;
 
-// Creates dir/events.out.tfevents.SECONDS.moe.PID and writes the file_version
-// event TensorBoard expects first.
-int moe_tb_open(moe_tb_writer *w, const char *dir);
+// Creates dir/events.out.tfevents.SECONDS.moe.PID (SECONDS past those of the
+// folder's earlier event files, so it is read after them) and writes the
+// file_version event TensorBoard expects first. purge_step > 0 (a resumed
+// run's first step) then writes a session_log START event at purge_step:
+// TensorBoard drops the earlier files' points at purge_step and later, the
+// steps the resume redoes, as the run's metrics.jsonl drops their records.
+int moe_tb_open(moe_tb_writer *w, const char *dir, long purge_step);
 // One event at step holding n scalars (tags[i] = values[i]); flushed, so a
 // TensorBoard watching the run sees it at once.
 int moe_tb_scalars(moe_tb_writer *w, long step, double wall_time, const char *const *tags,

@@ -7,19 +7,9 @@
 #include "moe/error.h"
 
 #include <limits.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static volatile sig_atomic_t interrupted;
-
-// Only sets the flag: the current run saves a checkpoint after its step and
-// the grid stops there. A second Ctrl-C ends the process at once.
-static void on_stop_signal(int sig) {
-    interrupted = 1;
-    signal(sig, SIG_DFL);
-}
 
 static const char *help =
     "usage: moe ablate [CONFIG.json] --grid key=v1,v2[,...] [--grid ...] [--steps N]\n"
@@ -69,19 +59,7 @@ static void print_resume(int argc, char **argv, bool resume) {
 // --grid as well would silently win over it (or lose), so both is refused.
 static int check_steps(const char *steps, const char *const *sets, int n_sets,
                        const moe_grid_axis *axes, int n_axes) {
-    moe_config scratch;
-    moe_config_default(&scratch);
-    char set[128];
-    snprintf(set, sizeof set, "train.steps=%.100s", steps);
-    if (moe_config_set(&scratch, NULL, set) < 0) {
-        const char *msg = moe_last_error();
-        return moe_fail(MOE_EINVAL, "--steps %s: %s", steps,
-                        msg + (strncmp(msg, "--set: ", 7) ? 0 : 7));
-    }
-    for (int i = 0; i < n_sets; i++)
-        if (!strncmp(sets[i], "train.steps=", 12))
-            return moe_fail(MOE_EINVAL, "--steps %s and --set %s both set train.steps: give one",
-                            steps, sets[i]);
+    MOE_TRY(moe_cli_check_steps(steps, sets, n_sets, NULL));
     for (int a = 0; a < n_axes; a++)
         if (!strcmp(axes[a].key, "train.steps"))
             return moe_fail(MOE_EINVAL,
@@ -180,16 +158,12 @@ int moe_cli_ablate(int argc, char **argv) {
                          .n_sets = n_sets,
                          .overwrite = overwrite,
                          .resume = resume,
-                         .stop = &interrupted,
                          .log = stderr};
     int rc = 0;
     if (code == MOE_EXIT_OK) {
-        interrupted = 0;
-        void (*old_int)(int) = signal(SIGINT, on_stop_signal);
-        void (*old_term)(int) = signal(SIGTERM, on_stop_signal);
+        o.stop = moe_cli_stop_catch(); // the current run saves and the grid stops
         rc = moe_ablate_run(&cfg, axes, n_axes, &o);
-        signal(SIGINT, old_int);
-        signal(SIGTERM, old_term);
+        moe_cli_stop_release();
     }
     free(steps_set);
     free(sets);

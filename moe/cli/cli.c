@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -298,4 +299,41 @@ int moe_cli_main(int argc, char **argv) {
                               strerror(err));
     }
     return rc;
+}
+
+static volatile sig_atomic_t stop_flag;
+static void (*old_int)(int), (*old_term)(int);
+
+static void on_stop_signal(int sig) {
+    stop_flag = 1;
+    signal(sig, SIG_DFL);
+}
+
+volatile sig_atomic_t *moe_cli_stop_catch(void) {
+    stop_flag = 0;
+    old_int = signal(SIGINT, on_stop_signal);
+    old_term = signal(SIGTERM, on_stop_signal);
+    return &stop_flag;
+}
+
+void moe_cli_stop_release(void) {
+    signal(SIGINT, old_int);
+    signal(SIGTERM, old_term);
+}
+
+int moe_cli_check_steps(const char *steps, const char *const *sets, int n_sets, const char *skip) {
+    for (int i = 0; i < n_sets; i++)
+        if (sets[i] != skip && !strncmp(sets[i], "train.steps=", 12))
+            return moe_fail(MOE_EINVAL, "--steps %s and --set %s both set train.steps: give one",
+                            steps, sets[i]);
+    moe_config scratch; // named as --steps, not as the --set it becomes
+    moe_config_default(&scratch);
+    char set[128];
+    snprintf(set, sizeof set, "train.steps=%.100s", steps);
+    if (moe_config_set(&scratch, NULL, set) < 0) {
+        const char *msg = moe_last_error();
+        return moe_fail(MOE_EINVAL, "--steps %s: %s", steps,
+                        msg + (strncmp(msg, "--set: ", 7) ? 0 : 7));
+    }
+    return 0;
 }

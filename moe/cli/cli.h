@@ -6,6 +6,7 @@
 
 #include "moe/config.h"
 
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -99,6 +100,18 @@ int moe_cli_mpi_world(struct moe_comm **world, int ranks_per_node);
 // (0 when not launched by one): who prints a failure every rank shares.
 int moe_cli_mpi_rank(void);
 void moe_cli_mpi_finalize(struct moe_comm *world);
+
+// Ctrl-C and SIGTERM around a long command: moe_cli_stop_catch clears the flag
+// it returns and installs handlers that only set it (the library polls it,
+// stops at a safe point and cleans up); a second signal ends the process at
+// once (the default action). moe_cli_stop_release restores the handlers.
+volatile sig_atomic_t *moe_cli_stop_catch(void);
+void moe_cli_stop_release(void);
+
+// --steps N of train and ablate: N must be a valid train.steps, and no --set
+// among sets (but skip, the one --steps became) may set train.steps too, since
+// one of the two would silently win. Returns 0 or MOE_EINVAL with a message.
+int moe_cli_check_steps(const char *steps, const char *const *sets, int n_sets, const char *skip);
 
 // Parses a base-10 integer in [lo, hi]; false on junk or out of range.
 bool moe_cli_parse_long(const char *s, long long lo, long long hi, long long *out);

@@ -5,7 +5,6 @@
 #include "moe/cli/cli.h"
 #include "moe/error.h"
 
-#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,15 +49,6 @@ static const char *prepare_help =
 typedef struct {
     int tty, last_tenth;
 } bar_state;
-
-static volatile sig_atomic_t interrupted;
-
-// The first Ctrl-C or SIGTERM asks prepare to stop and clean up; a second one
-// ends the process at once (the default action).
-static void on_stop_signal(int sig) {
-    interrupted = 1;
-    signal(sig, SIG_DFL);
-}
 
 static int term_width(void) {
     struct winsize ws;
@@ -188,19 +178,15 @@ int moe_cli_prepare(int argc, char **argv) {
     o.tokenizer = &tk;
     if (!quiet) o.progress = progress, o.progress_ctx = &b;
     moe_prepare_result r;
-    interrupted = 0;
-    o.stop = &interrupted;
-    void (*old_int)(int) = signal(SIGINT, on_stop_signal);
-    void (*old_term)(int) = signal(SIGTERM, on_stop_signal);
+    o.stop = moe_cli_stop_catch(); // prepare stops and removes what it wrote
     rc = moe_prepare(&o, &r);
-    signal(SIGINT, old_int);
-    signal(SIGTERM, old_term);
+    moe_cli_stop_release();
     if (!quiet && b.tty) fputc('\n', stderr);
     moe_prepare_tokenizer_close(&tk);
     free(inputs);
     // A missing, non-regular or non-UTF-8 input is bad input (2); a failed
     // write, a failed mapping or no memory is a runtime failure (1).
-    if (rc < 0 && interrupted) return moe_cli_fail("prepare", 130, "%s", moe_last_error());
+    if (rc < 0 && *o.stop) return moe_cli_fail("prepare", 130, "%s", moe_last_error());
     if (rc < 0) return moe_cli_fail("prepare", moe_cli_exit_code(rc), "%s", moe_last_error());
     printf("prepared %d files (%zu bytes, tokenizer %s): train %ld documents, %ld tokens in %d "
            "shards; validation %ld documents, %ld tokens in %d shards; %s/manifest.json\n",

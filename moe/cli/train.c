@@ -13,21 +13,11 @@
 
 #include <dirent.h>
 #include <limits.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static volatile sig_atomic_t interrupted;
-
-// Only sets the flag: the loop checks it after each step, saves a checkpoint
-// and returns. A second Ctrl-C ends the process at once.
-static void on_stop_signal(int sig) {
-    interrupted = 1;
-    signal(sig, SIG_DFL);
-}
 
 static const char *train_help =
     "usage: moe train CONFIG.json [--set key=value]... [--out DIR] [--resume DIR]\n"
@@ -157,22 +147,7 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, train_args *
             goto usage;
         }
     }
-    for (int i = 0; steps && i < n_sets; i++) // one of the two would silently win
-        if (sets[i] != owned[0] && !strncmp(sets[i], "train.steps=", 12)) {
-            moe_fail(MOE_EINVAL, "--steps %s and --set %s both set train.steps: give one", steps,
-                     sets[i]);
-            goto usage;
-        }
-    if (steps) { // named as --steps, not as the --set it becomes
-        moe_config scratch;
-        moe_config_default(&scratch);
-        if (moe_config_set(&scratch, NULL, owned[0]) < 0) {
-            const char *msg = moe_last_error();
-            moe_fail(MOE_EINVAL, "--steps %s: %s", steps,
-                     msg + (strncmp(msg, "--set: ", 7) ? 0 : 7));
-            goto usage;
-        }
-    }
+    if (steps && moe_cli_check_steps(steps, sets, n_sets, owned[0]) < 0) goto usage;
     if (a->resume && a->overwrite) {
         moe_fail(MOE_EINVAL, "--resume continues a run and --overwrite replaces it: give one");
         goto usage;
@@ -398,16 +373,14 @@ int moe_cli_train(int argc, char **argv) {
         moe_cli_mpi_finalize(world);
         return code;
     }
-    interrupted = 0;
-    void (*old_int)(int) = signal(SIGINT, on_stop_signal);
-    void (*old_term)(int) = signal(SIGTERM, on_stop_signal);
-    moe_train_opts o = {a.out, a.resume, &interrupted, stdout, a.quiet, NULL, 0, NULL, NULL, false};
+    // The loop checks the flag after each step, saves a checkpoint and returns.
+    moe_train_opts o = {a.out, a.resume, moe_cli_stop_catch(), stdout, a.quiet, NULL, 0, NULL,
+                        NULL,  false};
     o.world = world;
     o.overwrite = a.overwrite;
     moe_train_result r;
     rc = moe_train(&cfg, &o, &r);
-    signal(SIGINT, old_int);
-    signal(SIGTERM, old_term);
+    moe_cli_stop_release();
     if (rc < 0) {
         int code = moe_cli_exit_code(rc);
         // A failure every rank agreed on is reported once; a failure of one

@@ -263,7 +263,7 @@ static int check_grid(const moe_config *base, const moe_grid_axis *axes, int n_a
                       moe_ablate_row *rows, int n, const moe_ablate_opts *o) {
     if (n_axes < 1 || n_axes > MOE_GRID_MAX_AXES)
         return moe_fail(MOE_EINVAL, "--grid: %d axes (1..%d)", n_axes, MOE_GRID_MAX_AXES);
-    bool read_data[MOE_GRID_MAX_AXES] = {false}; // some cell reads data.path / data.val_path
+    bool reads_data = false; // some cell reads data.path / data.val_path
     for (int i = 0; i < n; i++) {
         cell_of(i, axes, n_axes, rows[i].idx);
         moe_config c;
@@ -273,12 +273,11 @@ static int check_grid(const moe_config *base, const moe_grid_axis *axes, int n_a
             cell_label(label, sizeof label, axes, n_axes, rows[i].idx);
             return moe_fail(rc, "%s (grid run %d of %d: %s)", moe_last_error(), i + 1, n, label);
         }
-        for (int a = 0; a < n_axes; a++)
-            read_data[a] |= strcmp(c.data.kind, "synthetic") != 0;
+        reads_data |= strcmp(c.data.kind, "synthetic") != 0;
     }
     // A grid over a key no run reads trains the same run several times.
     for (int a = 0; a < n_axes; a++)
-        if (!read_data[a] &&
+        if (!reads_data &&
             (!strcmp(axes[a].key, "data.path") || !strcmp(axes[a].key, "data.val_path")))
             return moe_fail(MOE_EINVAL,
                             "--grid %s: every run uses data.kind = synthetic, which reads no "

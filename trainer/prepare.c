@@ -298,6 +298,13 @@ static int refuse_taken(const char *path) {
                     path);
 }
 
+// tmp renamed to fin, which must not exist yet.
+static int put_in_place(const char *tmp, const char *fin) {
+    if (moe_fs_rename_noreplace(tmp, fin) == 0) return 0;
+    if (errno == EEXIST) return refuse_taken(fin);
+    return moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", tmp, fin, strerror(errno));
+}
+
 static int shard_close(shard_writer *w) {
     if (!w->f) return 0;
     unsigned char hdr[MOE_LLMC_HEADER];
@@ -647,18 +654,10 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
         for (; w[s].renamed < w[s].done.n && rc == 0;) {
             const char *fin = w[s].done.path[w[s].renamed];
             tmp_name(p, sizeof p, fin);
-            if (moe_fs_rename_noreplace(p, fin) != 0)
-                rc = errno == EEXIST ? refuse_taken(fin)
-                                     : moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", p, fin,
-                                                strerror(errno));
-            else
-                w[s].renamed++;
+            if ((rc = put_in_place(p, fin)) == 0) w[s].renamed++;
         }
     tmp_name(p, sizeof p, manifest);
-    if (rc == 0 && moe_fs_rename_noreplace(p, manifest) != 0)
-        rc = errno == EEXIST
-                 ? refuse_taken(manifest)
-                 : moe_fail(MOE_EIO, "%s: cannot rename to %s: %s", p, manifest, strerror(errno));
+    if (rc == 0) rc = put_in_place(p, manifest);
 fail:
     // Only what this run created goes: a name it did not create or rename into
     // place belongs to another prepare.

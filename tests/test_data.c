@@ -188,6 +188,31 @@ START_TEST(test_bin_files) {
 }
 END_TEST
 
+// 2000 tokens: the last 10% (200) validate, 4 windows of 49 at stride 48;
+// batches of 4 rows: batch 0 holds each once, batch 1 starts over.
+START_TEST(test_val_batches_before_windows_repeat) {
+    size_t n;
+    unsigned char *b = bin_file(20240520, 1, 2000, 2000, &n);
+    moe_data d;
+    ck_assert_int_eq(open_kind("bin", write_file(b, n), &d), 0);
+    free(b);
+    ck_assert_int_eq(moe_data_val_distinct_batches(&d), 1);
+    int32_t in[2][4 * 48], tg[4 * 48], tk[4];
+    for (int k = 0; k < 2; k++)
+        ck_assert_int_eq(moe_data_batch(&d, MOE_SPLIT_VAL, (uint64_t)k, in[k], tg, tk), 0);
+    const size_t row = sizeof(int32_t) * 48;
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < i; j++)
+            ck_assert(memcmp(in[0] + 48 * i, in[0] + 48 * j, row));
+    ck_assert(!memcmp(in[1], in[0], row)); // batch 1's first row: window 0 again
+    moe_data_close(&d);
+    moe_config c = synth_cfg();
+    ck_assert_int_eq(moe_data_open(&d, &c), 0);
+    ck_assert_int_eq(moe_data_val_distinct_batches(&d), -1);
+    moe_data_close(&d);
+}
+END_TEST
+
 START_TEST(test_text_files) {
     char text[4000];
     for (int i = 0; i < 3999; i++)
@@ -209,6 +234,7 @@ static Suite *data_suite(void) {
     tcase_add_test(tc, test_synthetic_answers_are_right);
     tcase_add_test(tc, test_synthetic_split_disjoint_and_deterministic);
     tcase_add_test(tc, test_bin_files);
+    tcase_add_test(tc, test_val_batches_before_windows_repeat);
     tcase_add_test(tc, test_text_files);
     suite_add_tcase(s, tc);
     return s;

@@ -210,6 +210,18 @@ int moe_data_batch(moe_data *d, int split, uint64_t index, int32_t *inputs, int3
     return 0;
 }
 
+long moe_data_val_distinct_batches(const moe_data *d) {
+    if (d->kind == 0) return -1;
+    // row r goes to task r % n_tasks as its (r / n_tasks)-th row: task t's
+    // first repeat is row n_windows * n_tasks + t
+    uint64_t first = UINT64_MAX;
+    for (int t = 0; t < d->n_tasks; t++) {
+        const uint64_t r = (uint64_t)d->part[t][MOE_SPLIT_VAL].n_windows * d->n_tasks + t;
+        if (r < first) first = r;
+    }
+    return (long)(first / (uint64_t)d->B);
+}
+
 int moe_data_next(moe_data *d, int split, int32_t *inputs, int32_t *targets, int32_t *task) {
     MOE_TRY(moe_data_batch(d, split, d->cursor[split], inputs, targets, task));
     d->cursor[split]++;

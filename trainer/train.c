@@ -581,6 +581,13 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 "on (windows do not cross files: each file's tail, or all of a file shorter "
                 "than a window): use fewer, larger files or a smaller model.seq_len",
                 100 * d.unused_share, d.T + 1);
+    const long val_distinct = rc == 0 ? moe_data_val_distinct_batches(&d) : -1;
+    if (lead && val_distinct >= 0 && val_distinct < EVAL_BATCHES)
+        moe_log(MOE_LOG_WARN,
+                "each evaluation reads %d batches of %d rows, but the validation windows start "
+                "over after %ld batch%s: some count more than once (raise data.val_fraction, or give more "
+                "tokens in data.val_path)",
+                EVAL_BATCHES, d.B, val_distinct, val_distinct == 1 ? "" : "es");
     if (rc == 0)
         rc = moe_model_init_ep(&m, cfg, d.B, d.T, d.n_tasks, par.ep_size > 1 ? &par.group : NULL);
     moe_adamw_state ost = MOE_ADAMW_FP32;

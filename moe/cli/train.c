@@ -431,7 +431,9 @@ static const char *eval_help =
     "the inference engine (moe generate) loaded with that option against its exact task-\n"
     "routed load, with the experts and expert bytes each keeps; the load is tried first,\n"
     "so what it needs (task_experts.json for a budget) is refused before evaluating.\n"
-    "With data.val_path only the validation files are read (data.path may be gone).\n";
+    "With data.val_path only the validation files are read (data.path may be gone).\n"
+    "--batches N (default 8) reads N fixed validation batches from the first; token files\n"
+    "hold finitely many validation windows, and a note says when N batches read some twice.\n";
 
 // Per task: validation loss of the exact task-routed load and of the load with
 // the given budget / int8, through the inference engine.
@@ -641,6 +643,12 @@ int moe_cli_eval(int argc, char **argv) {
     // files need not be there
     if ((rc = moe_data_open_val(&d, &cfg)) < 0)
         return moe_cli_fail("eval", moe_cli_input_exit_code(rc), "%s", moe_last_error());
+    const long distinct = moe_data_val_distinct_batches(&d);
+    if (distinct >= 0 && batches > distinct)
+        fprintf(stderr,
+                "moe eval: note: the validation windows start over after %ld batch%s of %d "
+                "rows; --batches %lld reads some of them more than once\n",
+                distinct, distinct == 1 ? "" : "es", d.B, batches);
     // Reading the checkpoint is input (exit 2 when unusable); evaluating is not.
     bool loaded = false;
     if ((rc = moe_model_init(&m, &cfg, d.B, d.T, d.n_tasks)) == 0 &&

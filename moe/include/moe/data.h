@@ -93,6 +93,12 @@ int moe_data_next(moe_data *d, int split, int32_t *inputs, int32_t *targets, int
 int moe_data_batch(moe_data *d, int split, uint64_t index, int32_t *inputs, int32_t *targets,
                    int32_t *task);
 
+// Validation batches (from batch 0) before a window repeats: file data holds
+// finitely many validation windows, and rows past them start over (taking
+// the tasks in turn, a task runs out at its own count). -1: synthetic data,
+// which never repeats.
+long moe_data_val_distinct_batches(const moe_data *d);
+
 // Deterministic sample number `index` of task `task` in `split`.
 void moe_synth_sample(const moe_data *d, int split, int task, uint64_t index, moe_sample *s);
 

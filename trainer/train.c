@@ -586,8 +586,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         moe_log(MOE_LOG_WARN,
                 "each evaluation reads %d batches of %d rows, but the validation windows start "
                 "over after %ld batch%s: some count more than once (raise data.val_fraction, or "
-                "give more "
-                "tokens in data.val_path)",
+                "give more tokens in data.val_path)",
                 EVAL_BATCHES, d.B, val_distinct, val_distinct == 1 ? "" : "es");
     if (rc == 0)
         rc = moe_model_init_ep(&m, cfg, d.B, d.T, d.n_tasks, par.ep_size > 1 ? &par.group : NULL);

@@ -310,7 +310,8 @@ END_TEST
 
 // 1000 experts: drawn as 125 rows of 8 (at most MOE_REPORT_MAX_ROWS), a row
 // the summed share of its experts: all load on experts 0..7 is one row at
-// 100%. (65536 experts took 30 s and a 22 MB page before.)
+// 100%. (65536 experts took 30 s and a 22 MB page before.) The task x expert
+// matrix likewise: 125 columns, e0-e7 at 100%.
 START_TEST(test_report_heatmap_draws_ranges_of_many_experts) {
     FILE *f = metrics_file();
     for (int st = 1; st <= 2; st++) {
@@ -319,6 +320,12 @@ START_TEST(test_report_heatmap_draws_ranges_of_many_experts) {
             fprintf(f, "%s%d", e ? "," : "", e < 8 ? 1 : 0);
         fputs("]}]}\n", f);
     }
+    fputs("{\"eval_step\": 2, \"val_loss\": 1, \"tasks\": [{\"name\": \"copy\", \"loss\": 1, "
+          "\"accuracy\": null}], \"usage\": [{\"layer\": 0, \"counts\": [[",
+          f);
+    for (int e = 0; e < 1000; e++)
+        fprintf(f, "%s%d", e ? "," : "", e < 8 ? 3 : 0);
+    fputs("]]}]}\n", f);
     fclose(f);
     moe_run_metrics m;
     ck_assert_msg(moe_metrics_read(dir, &m) == 0, "%s", moe_last_error());
@@ -333,6 +340,14 @@ START_TEST(test_report_heatmap_draws_ranges_of_many_experts) {
     ck_assert_ptr_nonnull(strstr(svg, "<title>e8-e15, step 1: 0</title>"));
     ck_assert_ptr_nonnull(
         strstr(html, "1000 experts drawn as 125 rows, each the summed share of 8."));
+    free(svg);
+    svg = figure(html, "task_experts", 0, 0);
+    ck_assert_ptr_nonnull(svg);
+    ck_assert_int_eq(count(svg, "class=\"cell\""), 125);
+    ck_assert_ptr_nonnull(strstr(svg, "<title>copy, e0-e7: 100</title>"));
+    ck_assert_ptr_nonnull(strstr(svg, "<title>copy, e992-e999: 0</title>"));
+    ck_assert_ptr_nonnull(
+        strstr(html, "1000 experts drawn as 125 columns, each the summed share of 8."));
     free(svg), free(html);
 }
 END_TEST
@@ -580,7 +595,7 @@ END_TEST
 // its own page, and not a run's.
 START_TEST(test_report_refuses_to_overwrite_an_ablation_page) {
     metrics_of(3);
-    moe_report_run run = {dir, "run_000", "router.top_k=1", NULL};
+    moe_report_run run = {dir, "run_000", "router.top_k=1", NULL, 0};
     ck_assert_msg(moe_report_compare_html(in_dir("abl.html"), "grid", &run, 1) == 0, "%s",
                   moe_last_error());
     char *page = slurp(in_dir("abl.html"));

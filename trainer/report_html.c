@@ -153,12 +153,16 @@ static int series_heatmap(FILE *f, const char *figure, int layer, const char *ti
 }
 
 // Task x expert shares of one layer's first choices (each task's row sums to
-// 100%).
+// 100%). Past MOE_REPORT_MAX_ROWS experts, ke consecutive ones share a
+// column, their shares summed (a range of experts' share), as the rows of the
+// heatmaps over steps.
 static int usage_heatmap(FILE *f, const moe_run_metrics *m, const moe_usage *u) {
-    double *v = malloc(sizeof(double) * ((size_t)m->n_tasks * u->E + 1));
+    const int ke = (u->E + MOE_REPORT_MAX_ROWS - 1) / MOE_REPORT_MAX_ROWS,
+              nc = (u->E + ke - 1) / ke;
+    double *v = calloc((size_t)m->n_tasks * nc + 1, sizeof(double));
     const char **rows = calloc((size_t)m->n_tasks + 1, sizeof(char *)),
-               **cols = calloc((size_t)u->E + 1, sizeof(char *));
-    char(*cn)[12] = calloc((size_t)u->E + 1, sizeof *cn);
+               **cols = calloc((size_t)nc + 1, sizeof(char *));
+    char(*cn)[24] = calloc((size_t)nc + 1, sizeof *cn);
     int rc = 0;
     if (!v || !rows || !cols || !cn) {
         rc = moe_fail(MOE_ENOMEM, "report: out of memory");
@@ -169,19 +173,26 @@ static int usage_heatmap(FILE *f, const moe_run_metrics *m, const moe_usage *u) 
         for (int e = 0; e < u->E; e++)
             tot += u->counts[t * u->E + e];
         for (int e = 0; e < u->E; e++)
-            v[t * u->E + e] = tot > 0 ? u->counts[t * u->E + e] / tot : NAN;
+            v[t * nc + e / ke] += tot > 0 ? u->counts[t * u->E + e] / tot : NAN;
         rows[t] = m->task[t];
     }
-    for (int e = 0; e < u->E; e++) {
-        snprintf(cn[e], sizeof cn[e], "e%d", e);
-        cols[e] = cn[e];
+    for (int c = 0; c < nc; c++) {
+        const int e1 = (c + 1) * ke < u->E ? (c + 1) * ke : u->E;
+        if (ke > 1)
+            snprintf(cn[c], sizeof cn[c], "e%d-e%d", c * ke, e1 - 1);
+        else
+            snprintf(cn[c], sizeof cn[c], "e%d", c);
+        cols[c] = cn[c];
     }
-    svg_grid g = {m->n_tasks, u->E, v, rows, NULL, cols, 0, 1, true};
-    char title[96], cap[160];
+    svg_grid g = {m->n_tasks, nc, v, rows, NULL, cols, 0, 1, true};
+    char title[96], cap[240];
     snprintf(title, sizeof title, "Layer %d: share of each task's tokens per expert (%%)",
              u->layer);
-    snprintf(cap, sizeof cap, "First choices on the validation batches at step %ld.",
-             m->usage_step);
+    int w = snprintf(cap, sizeof cap, "First choices on the validation batches at step %ld.",
+                     m->usage_step);
+    if (ke > 1)
+        snprintf(cap + w, sizeof cap - w,
+                 " %d experts drawn as %d columns, each the summed share of %d.", u->E, nc, ke);
     svg_chart c = {"task_experts", u->layer, title, "expert", "task", 100, false, false};
     rc = svg_heatmap(f, &c, &g, cap);
 done:

@@ -185,6 +185,35 @@ START_TEST(test_prepare_walk_enters_each_folder_once) {
 }
 END_TEST
 
+// Entries of a folder that are no file or folder are passed over, counted
+// and the first named (they were skipped without a word): here a broken link
+// and a FIFO; a folder holding only such entries is refused naming them.
+START_TEST(test_prepare_counts_and_names_skipped_entries) {
+    char dir[600], L[700], p[900], out[700];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(L, sizeof L, "%s/L", dir);
+    ck_assert_int_eq(mkdir(L, 0755), 0);
+    snprintf(p, sizeof p, "%s/a_broken", L);
+    ck_assert_int_eq(symlink("nowhere", p), 0);
+    snprintf(p, sizeof p, "%s/b_fifo", L);
+    ck_assert_int_eq(mkfifo(p, 0644), 0);
+    const char *in[] = {L};
+    moe_prepare_result r;
+    snprintf(out, sizeof out, "%s/out", dir);
+    ck_assert_int_eq(prepare(out, in, 1, 0, MOE_DOC_FILE, 100, &r), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "2 entries skipped") &&
+                      strstr(moe_last_error(), "a_broken: broken link"),
+                  "%s", moe_last_error());
+    snprintf(p, sizeof p, "%s/c.txt", L);
+    write_text(p, "text\n");
+    ck_assert_msg(prepare(out, in, 1, 0, MOE_DOC_FILE, 100, &r) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(r.files, 1);
+    ck_assert_int_eq(r.skipped, 2);
+    snprintf(p, sizeof p, "%s/a_broken: broken link", L);
+    ck_assert_str_eq(r.skip, p);
+}
+END_TEST
+
 // One file reached twice would be trained on twice (and could sit in both
 // splits): refused whether given twice, inside a folder also given, or
 // through a link; a link given alone is read as its file.
@@ -551,6 +580,7 @@ static Suite *prepare_suite(void) {
     tcase_add_test(tc, test_prepare_bad_utf8_names_file_and_offset);
     tcase_add_test(tc, test_prepare_train_generate_cli);
     tcase_add_test(tc, test_prepare_walk_enters_each_folder_once);
+    tcase_add_test(tc, test_prepare_counts_and_names_skipped_entries);
     tcase_add_test(tc, test_prepare_refuses_a_file_included_twice);
     tcase_add_test(tc, test_prepare_refuses_an_out_folder_with_old_shards);
     tcase_add_test(tc, test_prepare_stopped_leaves_no_shard);

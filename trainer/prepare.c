@@ -133,6 +133,8 @@ typedef struct {
         ino_t ino;
         int at; // index into paths
     } * id;
+    int skipped;     // entries of folders that are no file or folder (or cannot be read)
+    char skip[4200]; // the first of them and why
 } input_list;
 
 static int input_add(input_list *in, const char *p, const struct stat *st) {
@@ -224,8 +226,21 @@ static int dir_set_add(dir_set *d, dev_t dev, ino_t ino) {
     return 1;
 }
 
+// An entry of a folder that walk passes over: counted, the first named.
+static void skip_entry(input_list *l, const char *p, const char *why) {
+    if (!l->skipped++) snprintf(l->skip, sizeof l->skip, "%s: %s", p, why);
+}
+
+static const char *not_walked(const char *p, const struct stat *st, int err) {
+    struct stat ls;
+    if (err == ENOENT && lstat(p, &ls) == 0 && S_ISLNK(ls.st_mode)) return "broken link";
+    if (err) return strerror(err);
+    return S_ISFIFO(st->st_mode) ? "a FIFO" : S_ISSOCK(st->st_mode) ? "a socket" : "a device";
+}
+
 // Regular files under dir, sorted by name, hidden entries skipped; links are
-// followed, but a folder already entered is skipped.
+// followed, but a folder already entered is skipped. Anything else (a broken
+// link, a FIFO, an entry stat cannot read) is skipped and counted.
 static int walk(input_list *l, dir_set *seen, const char *dir, int depth) {
     if (depth > 64) return moe_fail(MOE_EINVAL, "%s: folders nested deeper than 64", dir);
     struct dirent **ents;
@@ -240,10 +255,14 @@ static int walk(input_list *l, dir_set *seen, const char *dir, int depth) {
         if (rc == 0 && name[0] != '.') {
             if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p)
                 rc = moe_fail(MOE_EINVAL, "%s/%s: path too long", dir, name);
-            else if (stat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
+            else if (stat(p, &st) != 0)
+                skip_entry(l, p, not_walked(p, &st, errno));
+            else if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+                skip_entry(l, p, not_walked(p, &st, 0));
+            else if (S_ISDIR(st.st_mode)) {
                 if ((rc = dir_set_add(seen, st.st_dev, st.st_ino)) > 0)
                     rc = walk(l, seen, p, depth + 1);
-            } else if (stat(p, &st) == 0 && S_ISREG(st.st_mode))
+            } else
                 rc = input_add(l, p, &st);
         }
         free(ents[i]);
@@ -572,7 +591,12 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
         total += m.len;
         unmap_text(&m);
     }
-    if (rc == 0 && in->n == 0) rc = moe_fail(MOE_EINVAL, "no files in the inputs given");
+    if (rc == 0 && in->n == 0)
+        rc = inl.skipped ? moe_fail(MOE_EINVAL,
+                                    "no files in the inputs given (%d entries skipped, the first "
+                                    "%s)",
+                                    inl.skipped, inl.skip)
+                         : moe_fail(MOE_EINVAL, "no files in the inputs given");
     if (rc == 0) rc = refuse_duplicates(&inl);
     if (rc == 0 && total == 0) rc = moe_fail(MOE_EFORMAT, "the inputs hold no text (all empty)");
     if (rc < 0) goto fail;
@@ -643,6 +667,8 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
         goto fail;
     }
     r->files = in->n;
+    r->skipped = inl.skipped;
+    snprintf(r->skip, sizeof r->skip, "%s", inl.skip);
     r->bytes = total;
     r->shards[0] = w[0].done.n, r->shards[1] = w[1].done.n;
     snprintf(manifest, sizeof manifest, "%s/manifest.json", o->out_dir);

@@ -188,6 +188,11 @@ int moe_cli_prepare(int argc, char **argv) {
     // write, a failed mapping or no memory is a runtime failure (1).
     if (rc < 0 && *o.stop) return moe_cli_fail("prepare", 130, "%s", moe_last_error());
     if (rc < 0) return moe_cli_fail("prepare", moe_cli_exit_code(rc), "%s", moe_last_error());
+    if (r.skipped)
+        fprintf(stderr,
+                "moe prepare: note: skipped %d entr%s of the input folders that %s no regular "
+                "file or folder (the first %s)\n",
+                r.skipped, r.skipped == 1 ? "y" : "ies", r.skipped == 1 ? "is" : "are", r.skip);
     printf("prepared %d files (%zu bytes, tokenizer %s): train %ld documents, %ld tokens in %d "
            "shards; validation %ld documents, %ld tokens in %d shards; %s/manifest.json\n",
            r.files, r.bytes, tk.name, r.documents[0], r.tokens[0], r.shards[0], r.documents[1],

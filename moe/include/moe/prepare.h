@@ -76,6 +76,11 @@ typedef struct {
     long documents[2], tokens[2]; // per split
     int shards[2];
     int version; // llm.c header version written: 1 (uint16) or 2 (uint32)
+    // Entries of input folders that are neither regular files nor folders (a
+    // broken link, a FIFO, one stat cannot read): passed over, the first named
+    // in skip ("PATH: broken link").
+    int skipped;
+    char skip[4200];
 } moe_prepare_result;
 
 // Validates every input first (readable regular files, UTF-8: the first bad

@@ -137,6 +137,16 @@ START_TEST(test_grid_over_config_files) {
     ck_assert_int_eq(r.router.score, MOE_SCORE_SOFTMAX);
     ck_assert_int_eq(r.train.steps, 3); // --set over the file's 500
     ck_assert_int_eq(r.router.top_k, 2);
+    // --resume with the files as they ran keeps every run; after an edit of
+    // b.json it is refused naming the file (the kept runs trained the old one).
+    moe_ablate_opts o = {.out = out, .sets = sets, .n_sets = 8, .resume = true};
+    ck_assert_msg(moe_ablate_run(&c, ax, 2, &o) == 0, "%s", moe_last_error());
+    f = fopen(b, "w");
+    fputs("{\"router\": {\"score\": \"sigmoid\", \"bias_update_rate\": 0.01}}", f);
+    fclose(f);
+    ck_assert_int_eq(moe_ablate_run(&c, ax, 2, &o), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "b.json: the file differs") != NULL, "%s",
+                  moe_last_error());
     // A file that does not load stops the grid before any run.
     snprintf(spec, sizeof spec, "config=%s,%s/none.json", a, dir);
     ck_assert_int_eq(moe_grid_axis_parse(&ax[0], spec), 0);

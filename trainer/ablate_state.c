@@ -46,12 +46,26 @@ static json_t *row_json(const moe_ablate_row *r) {
                      (json_int_t)r->steps_run, "tasks", tasks);
 }
 
+// The contents of the config files a `config` axis names, by name: a file
+// edited between a stop and --resume would put two grids in one table. (A
+// file that no longer parses: null; the grid's check refuses it first.)
+static json_t *config_files_json(const moe_grid_axis *axes, int n_axes) {
+    json_t *files = json_object();
+    for (int a = 0; files && a < n_axes; a++)
+        for (int v = 0; !strcmp(axes[a].key, MOE_GRID_CONFIG) && v < axes[a].n; v++) {
+            json_t *j = json_load_file(axes[a].values[v], JSON_REJECT_DUPLICATES, NULL);
+            json_object_set_new(files, axes[a].values[v], j ? j : json_null());
+        }
+    return files;
+}
+
 int moe_ablate_state_write(const char *out, const moe_config *base, const moe_grid_axis *axes,
                            int n_axes, const moe_ablate_row *rows, const bool *done, int n) {
-    json_t *grid = json_array(), *runs = json_array(), *cfg = config_json(base);
-    json_t *doc = cfg ? json_pack("{s:i, s:o, s:o, s:o}", "version", 1, "base", cfg, "grid", grid,
-                                  "runs", runs)
-                      : NULL;
+    json_t *grid = json_array(), *runs = json_array(), *cfg = config_json(base),
+           *files = config_files_json(axes, n_axes);
+    json_t *doc = cfg && files ? json_pack("{s:i, s:o, s:o, s:o, s:o}", "version", 1, "base", cfg,
+                                           "grid", grid, "config_files", files, "runs", runs)
+                               : NULL;
     bool ok = doc != NULL;
     for (int a = 0; ok && a < n_axes; a++) {
         json_t *vals = json_array();
@@ -194,6 +208,27 @@ static int same_base(const char *path, json_t *there, const moe_config *cfg) {
     return rc;
 }
 
+// The config files of the grid as the folder recorded them against their
+// contents now (a folder written before they were recorded: not checked).
+static int same_files(const char *path, json_t *there, const moe_grid_axis *axes, int n_axes) {
+    if (!there) return 0;
+    json_t *here = config_files_json(axes, n_axes);
+    int rc = here ? 0 : moe_fail(MOE_ENOMEM, "out of memory (ablation grid)");
+    const char *name;
+    json_t *v;
+    json_object_foreach(rc == 0 ? here : NULL, name, v) {
+        if (json_equal(v, json_object_get(there, name))) continue;
+        rc = moe_fail(MOE_EINVAL,
+                      "--resume: --grid %s=%s: the file differs from the one %s records the "
+                      "grid running (edited since?): restore it, or run the grid anew with "
+                      "--overwrite",
+                      MOE_GRID_CONFIG, name, path);
+        break;
+    }
+    json_decref(here);
+    return rc;
+}
+
 int moe_ablate_state_read(const char *out, const moe_config *base, const moe_grid_axis *axes,
                           int n_axes, moe_ablate_row *rows, bool *done, int n) {
     char path[PATH_MAX];
@@ -213,6 +248,7 @@ int moe_ablate_state_read(const char *out, const moe_config *base, const moe_gri
     json_t *runs = json_object_get(doc, "runs");
     rc = same_grid(path, json_object_get(doc, "grid"), axes, n_axes);
     if (rc == 0) rc = same_base(path, json_object_get(doc, "base"), base);
+    if (rc == 0) rc = same_files(path, json_object_get(doc, "config_files"), axes, n_axes);
     if (rc == 0 && (!json_is_array(runs) || (int)json_array_size(runs) != n))
         rc = bad(path, -1, "expected a \"runs\" list with one entry per run of the grid");
     for (int i = 0; rc == 0 && i < n; i++) {

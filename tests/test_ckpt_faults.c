@@ -94,7 +94,7 @@ static void make_state(int v, moe_train_state *st) {
                 wm.cap[l].ema[e] = v + e * 0.25;
                 wm.cap[l].capacity[e] = 4 + (v + e) % 3;
             }
-    *st = (moe_train_state){v, {(uint64_t)v * 10, (uint64_t)v}, 0, 0};
+    *st = (moe_train_state){.step = v, .cursor = {(uint64_t)v * 10, (uint64_t)v}};
 }
 
 static int save_version(int v) {
@@ -110,7 +110,7 @@ static int save_version(int v) {
 // Which version the checkpoint at dir holds (bitwise params, moments and
 // step), or -1 when it does not load or matches none.
 static int loaded_version(void) {
-    moe_train_state st = {-1, {0, 0}, 0, 0};
+    moe_train_state st = {.step = -1};
     if (moe_ckpt_load(rot_keep > 0 ? run : dir, &rm, &ropt, &st) != 0) return -1;
     int v = (int)st.step;
     for (size_t i = 0; i < rm.table.numel; i++)
@@ -335,7 +335,7 @@ START_TEST(test_rotation_keeps_exactly_n_and_latest_names_the_newest) {
     }
     char p[800];
     snprintf(p, sizeof p, "%s/checkpoint-4", run); // the oldest kept, readable by name
-    moe_train_state st = {-1, {0, 0}, 0, 0};
+    moe_train_state st = {.step = -1};
     ck_assert_int_eq(moe_ckpt_load(p, &rm, &ropt, &st), 0);
     ck_assert_int_eq(st.step, 4);
     // without `latest` (removed by hand), the highest-numbered checkpoint is read
@@ -431,7 +431,7 @@ static void refuse_edit(const char *edit_json, const char *want) {
     ck_assert_int_eq(rename(p, orig), 0);
     ck_assert_int_eq(rename(bak, p), 0);
     tu_refresh_manifest(dir); // past the manifest's size check, to the field checks
-    moe_train_state st = {-7, {0, 0}, 0, 0};
+    moe_train_state st = {.step = -7};
     double ema0 = rm.cap[0].ema[0];
     int rc = moe_ckpt_load(dir, &rm, &ropt, &st);
     const char *msg = moe_last_error();
@@ -471,6 +471,10 @@ START_TEST(test_trainer_state_fields_are_validated) {
     refuse_edit("{\"data_cursor\": [-1, 0]}", "data_cursor[0]");
     refuse_edit("{\"data_cursor\": [0, \"x\"]}", "data_cursor[1]");
     refuse_edit("{\"data_cursor\": [0]}", "data_cursor");
+    refuse_edit("{\"drop_rate_sum\": -1}", "drop_rate_sum");
+    refuse_edit("{\"mfu_sum\": \"x\"}", "mfu_sum");
+    refuse_edit("{\"summed_steps\": 99}", "'summed_steps'"); // more steps than the state's
+    refuse_edit("{\"mfu_steps\": 0.5}", "'mfu_steps'");
     // the untouched file still loads
     ck_assert_int_eq(loaded_version(), 1);
 }
@@ -489,7 +493,7 @@ static void save_real(const char *d) {
     ck_assert_int_eq(moe_model_init(&m, &c, data.B, data.T, data.n_tasks), 0);
     ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
     ck_assert_int_eq(moe_task_share_measure(&m, &data, 1), 0);
-    moe_train_state st = {0, {0, 0}, 0, 0};
+    moe_train_state st = {.step = 0};
     ck_assert_int_eq(moe_ckpt_save(d, &m, &opt, &st, NULL), 0);
     moe_adamw_free(&opt);
     moe_model_free(&m);

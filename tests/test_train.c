@@ -70,6 +70,8 @@ START_TEST(test_resume_is_bit_exact) {
     moe_train_opts o = {.out_dir = a, .quiet = true, .losses = la};
     ck_assert_int_eq(moe_train(&c, &o, &r), 0);
     moe_eval_result_free(&r.eval);
+    const moe_train_result ra = r;
+    ck_assert(ra.drop_rate > 0);
     moe_train_opts h1 = {.out_dir = b, .quiet = true, .losses = lb, .stop_after = 4};
     ck_assert_int_eq(moe_train(&c, &h1, &r), 0);
     ck_assert(r.interrupted);
@@ -78,6 +80,11 @@ START_TEST(test_resume_is_bit_exact) {
     ck_assert_int_eq(moe_train(&c, &h2, &r), 0);
     ck_assert_int_eq(r.steps, 8);
     moe_eval_result_free(&r.eval);
+    // the summary's means are the whole run's, as the uninterrupted run's
+    ck_assert_int_eq(r.steps_run, 4);
+    ck_assert_int_eq(r.steps_summed, 8);
+    ck_assert_double_eq(r.drop_rate, ra.drop_rate);
+    ck_assert_double_eq(r.max_vio, ra.max_vio);
     for (int i = 0; i < 8; i++)
         ck_assert_msg(la[i] == lb[i], "step %d: %.9g vs %.9g", i, la[i], lb[i]);
     snprintf(pa, sizeof pa, "%s/checkpoint", a);

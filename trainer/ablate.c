@@ -287,12 +287,13 @@ static int check_grid(const moe_config *base, const moe_grid_axis *axes, int n_a
 }
 
 // A run --resume continues: its figures before the stop and after are one
-// run's when the resume started where the stop saved.
+// run's when the resume started where the stop saved. (Its means cover the
+// whole run already unless its checkpoint predates the sums they need.)
 static void join_stopped(moe_ablate_row *r, const moe_ablate_row *prev,
                          const moe_train_result *res) {
     if (!prev || res->steps - res->steps_run != prev->steps) return;
     const long s1 = prev->steps_run, s2 = r->steps_run, s = s1 + s2;
-    if (s > 0) {
+    if (s > 0 && res->steps_summed < res->steps) {
         r->drop_rate = (prev->drop_rate * s1 + r->drop_rate * s2) / s;
         r->max_vio = (prev->max_vio * s1 + r->max_vio * s2) / s;
     }

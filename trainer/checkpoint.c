@@ -123,6 +123,11 @@ static int render_state(blob *b, const moe_model *m, const moe_adamw *opt,
     json_object_set_new(doc, "data_cursor", cur);
     json_object_set_new(doc, "tokens", json_real(st->tokens)); // whole-run summary figures
     json_object_set_new(doc, "train_seconds", json_real(st->seconds));
+    json_object_set_new(doc, "drop_rate_sum", json_real(st->drop_sum));
+    json_object_set_new(doc, "max_vio_sum", json_real(st->vio_sum));
+    json_object_set_new(doc, "mfu_sum", json_real(st->mfu_sum));
+    json_object_set_new(doc, "summed_steps", json_integer(st->summed));
+    json_object_set_new(doc, "mfu_steps", json_integer(st->mfu_steps));
     for (int l = 0; l < m->L; l++) {
         const moe_capacity_ctl *c = &m->cap[l];
         if (!c->capacity) continue;
@@ -1107,15 +1112,22 @@ static int load_state(const char *path, moe_model *m, moe_adamw *opt, moe_train_
         cur[k] = (uint64_t)json_integer_value(v);
     }
     // Summary figures (absent in older checkpoints: 0). Non-negative numbers.
-    double sums[2] = {0, 0};
-    static const char *const sum_keys[2] = {"tokens", "train_seconds"};
-    for (int k = 0; k < 2; k++) {
+    double sums[5] = {0, 0, 0, 0, 0};
+    static const char *const sum_keys[5] = {"tokens", "train_seconds", "drop_rate_sum",
+                                            "max_vio_sum", "mfu_sum"};
+    for (int k = 0; k < 5; k++) {
         json_t *v = json_object_get(doc, sum_keys[k]);
         if (v &&
             (!json_is_number(v) || !isfinite(json_number_value(v)) || json_number_value(v) < 0))
             MOE_TRY_GOTO(bad_field(path, sum_keys[k], "a finite number >= 0"), rc);
         sums[k] = v ? json_number_value(v) : 0;
     }
+    // the steps those sums cover: at most the checkpoint's
+    json_int_t summed[2] = {0, 0};
+    static const char *const summed_keys[2] = {"summed_steps", "mfu_steps"};
+    for (int k = 0; k < 2; k++)
+        if (json_object_get(doc, summed_keys[k]))
+            MOE_TRY_GOTO(state_int(doc, summed_keys[k], path, step, &summed[k]), rc);
     json_t *caps = json_object_get(doc, "capacity");
     for (int l = 0; l < m->L; l++)
         n_dyn += m->cap[l].capacity != NULL;
@@ -1158,6 +1170,8 @@ static int load_state(const char *path, moe_model *m, moe_adamw *opt, moe_train_
         st->cursor[1] = cur[1];
         st->tokens = sums[0];
         st->seconds = sums[1];
+        st->drop_sum = sums[2], st->vio_sum = sums[3], st->mfu_sum = sums[4];
+        st->summed = (long)summed[0], st->mfu_steps = (long)summed[1];
     }
     if (opt) opt->step = (long)adam_step;
 fail:

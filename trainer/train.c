@@ -597,7 +597,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         rc = moe_fail(MOE_EINVAL, "placement.mode = %s needs the CPU training path",
                       cfg->placement.mode);
     if (rc == 0) rc = moe_parallel_placement_init(&par, &m, cfg);
-    moe_train_state st = {0, {0, 0}, 0, 0};
+    moe_train_state st = {.step = 0};
     // The placement first: moved experts rename the views the load finds by name.
     if (rc == 0 && o->resume_dir) {
         rc = moe_parallel_placement_resume(&par, &m, o->resume_dir);
@@ -669,10 +669,10 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 total, d.B, d.T, accum, W);
     // MFU against this machine's sgemm rate (moe/mfu.h); the GPU path has no
     // measured rate and reports none.
-    double sgemm = 0, flops_tok = on_gpu ? 0 : moe_model_flops_per_token(cfg), mfu_sum = 0;
+    double sgemm = 0, flops_tok = on_gpu ? 0 : moe_model_flops_per_token(cfg);
     const double routed_tok = moe_model_routed_flops_per_token(cfg);
     if (!on_gpu) MOE_TRY_GOTO(moe_sgemm_rate(0, &sgemm), rc);
-    double t_start = now(), tokens = 0, drop_sum = 0, vio_sum = 0, ema = 0;
+    double t_start = now(), tokens = 0, ema = 0;
     long steps_run = 0;
     const double tokens0 = st.tokens, seconds0 = st.seconds; // before a resume
     for (long step = st.step; step < total; step++) {
@@ -788,12 +788,13 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         double dt = now() - t0, tps = (double)nt * accum * W / dt,
                drop = step_drop_rate(routing, (int)(routing_len / (size_t)stride), stride);
         tokens += (double)nt * accum * W;
-        drop_sum += drop;
-        vio_sum += mean_max_vio(fm);
+        st.drop_sum += drop;
+        st.vio_sum += mean_max_vio(fm);
+        st.summed++;
         // Dropped assignments are not computed: count the kept ones only.
         const double done_tok = flops_tok - routed_tok * drop;
         const double mfu = sgemm > 0 ? done_tok * tps / (W * sgemm * 1e9) : -1;
-        mfu_sum += mfu;
+        if (mfu >= 0) st.mfu_sum += mfu, st.mfu_steps++;
         steps_run++;
         ema = LOSS_EMA * ema + (1 - LOSS_EMA) * loss;
         st.tokens = tokens0 + tokens;
@@ -885,10 +886,11 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     r->tokens = st.tokens;
     r->seconds = st.seconds;
     r->tokens_per_s = st.seconds > 0 ? st.tokens / st.seconds : 0;
-    r->drop_rate = steps_run ? drop_sum / steps_run : 0;
-    r->max_vio = steps_run ? vio_sum / steps_run : 0;
+    r->steps_summed = st.summed;
+    r->drop_rate = st.summed ? st.drop_sum / st.summed : 0;
+    r->max_vio = st.summed ? st.vio_sum / st.summed : 0;
     r->rank_imbalance = moe_parallel_placement_imbalance(&par, &r->place_a2a_bytes);
-    r->mfu = steps_run && sgemm > 0 ? mfu_sum / steps_run : 0;
+    r->mfu = st.mfu_steps && sgemm > 0 ? st.mfu_sum / st.mfu_steps : 0;
     r->sgemm_gflops = sgemm;
     r->mem_peak = moe_mem_peak();
     if (!r->interrupted) {
@@ -918,9 +920,10 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
             goto fail;
         }
         if (o->report && lead) {
-            char resumed[64] = ""; // the figures cover the whole run, resumes included
+            char resumed[96] = ""; // the figures cover the whole run, resumes included
             if (r->steps_run < r->steps)
-                snprintf(resumed, sizeof resumed, " (%ld of them after resuming)", r->steps_run);
+                snprintf(resumed, sizeof resumed, " (%ld of them after resuming%s)", r->steps_run,
+                         r->steps_summed < r->steps ? "; the means cover only those" : "");
             fprintf(o->report,
                     "\ntrained %ld steps%s: %.0f tokens in %.1f s, %.0f tokens/s, mean drop rate "
                     "%.2f%%, mean MaxVio %.3f\n",

@@ -26,7 +26,7 @@ static void setup(void) {
         moe_adamw_init(&opt, &model.table, false) < 0)
         abort();
     snprintf(ckpt, sizeof ckpt, "%s", fuzz_path("checkpoint"));
-    moe_train_state st = {3, {7, 1}, 0, 0};
+    moe_train_state st = {.step = 3, .cursor = {7, 1}};
     if (moe_ckpt_save(ckpt, &model, &opt, &st, NULL) < 0) abort();
 }
 

@@ -60,6 +60,12 @@ typedef struct {
     uint64_t cursor[2]; // data cursors (train, val)
     double tokens;      // training tokens over the whole run (resumes included)
     double seconds;     // training time over the whole run (resumes included)
+    // Per-step figures summed over the run (resumes included), for its means:
+    // drop rate and MaxVio over `summed` steps, MFU over the `mfu_steps` that
+    // measured it (a checkpoint older than these sums: 0, the means then
+    // cover the steps after the resume).
+    double drop_sum, vio_sum, mfu_sum;
+    long summed, mfu_steps;
 } moe_train_state;
 
 // How a checkpoint folder stores its tensors.

@@ -63,14 +63,16 @@ typedef struct {
     long steps_run;           // of them, steps run by this call (the rest before a resume)
     double tokens, seconds;   // training tokens and time over the whole run, resumes included
     double tokens_per_s;      // tokens / seconds
-    double drop_rate;         // mean over the steps of this call
-    double max_vio;           // MaxVio (router/bias.c), mean over MoE layers and steps
+    double drop_rate;         // mean over the run's steps (steps_summed of them)
+    double max_vio;           // MaxVio (router/bias.c), mean over MoE layers and those steps
+    long steps_summed;        // steps the means cover: all, or those after resuming a
+                              // checkpoint older than the sums (moe_train_state)
     long a2a_bytes, a2a_msgs; // all-to-all payload this rank sent over the run
     size_t mem_peak;          // high-water mark of the library's allocations (moe/alloc.h)
     moe_eval_result eval;     // final evaluation (caller frees)
     long a2a_inter_bytes;     // the part of a2a_bytes sent to other nodes
     // Model FLOPs utilisation (moe/mfu.h), CPU path only (0 on the GPU path):
-    // mean over the steps of this call, and the sgemm rate it is measured against.
+    // mean over the run's steps that measured it, and this call's sgemm rate.
     double mfu, sgemm_gflops;
     // placement.mode = replicate: max / mean expert-side rows per rank of the
     // EP group over the run (1: balanced), and the expert rows' all-to-all

@@ -165,6 +165,17 @@ START_TEST(test_task_expert_mismatch_names_both_full_sets) {
     snprintf(args, sizeof args, "export '%s' --hf '%s/hf' --task copy", ck, root);
     ck_assert_int_eq(tu_run_moe(root, args), 2);
     ck_assert_msg(strstr(tu_file_text(root, "err.txt"), want), "%s", tu_file_text(root, "err.txt"));
+    // the routed set in another order is no other set: refused as unordered
+    doc = json_load_file(in_ck("task_experts.json"), 0, &err);
+    ck_assert_ptr_nonnull(doc);
+    row = json_array_get(
+        json_object_get(json_array_get(json_object_get(doc, "layers"), 1), "experts"), 0);
+    json_array_set_new(row, 0, json_integer(a > b ? a : b));
+    json_array_set_new(row, 1, json_integer(a > b ? b : a));
+    write_json("task_experts.json", doc);
+    tu_refresh_manifest(ck);
+    every_reader_refuses("layer 1 task 'copy': expert indices must be distinct and ascending",
+                         false);
 }
 END_TEST
 

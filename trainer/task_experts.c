@@ -278,6 +278,13 @@ static int read_layer(const char *path, json_t *o, moe_task_experts *te) {
                                     "%s: layer %d task '%s': expert index not in 0..%d", path, l,
                                     te->task[t], E - 1);
                 te->set[l][(size_t)t * width + j] = (int)json_integer_value(v);
+                // a set, as written: ascending ({4, 0} read as "recorded {4, 0}, routed
+                // {0, 4}", as if the sets differed)
+                if (j > 0 && te->set[l][(size_t)t * width + j - 1] >= json_integer_value(v))
+                    return moe_fail(MOE_EFORMAT,
+                                    "%s: layer %d task '%s': expert indices must be distinct "
+                                    "and ascending",
+                                    path, l, te->task[t]);
             } else {
                 if (!json_is_number(v))
                     return moe_fail(MOE_EFORMAT, "%s: layer %d task '%s': share is not a number",

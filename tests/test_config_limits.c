@@ -229,7 +229,12 @@ START_TEST(test_underflowing_numbers_are_taken_and_range_checked) {
                       !strstr(moe_last_error(), "finite"),
                   "%s", moe_last_error()); // 0: the range (0, ...] refuses it
     ck_assert_int_eq(moe_config_set(&c, NULL, "data.task_temperature=1e999"), MOE_EINVAL);
-    ck_assert_ptr_nonnull(strstr(moe_last_error(), "expected a finite number"));
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "expected a finite decimal number"));
+    // hex floats, which strtod reads and a config file refuses
+    ck_assert_int_eq(moe_config_set(&c, NULL, "train.lr=0x10"), MOE_EINVAL);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "train.lr=0x1p-3"), MOE_EINVAL);
+    ck_assert_ptr_nonnull(
+        strstr(moe_last_error(), "train.lr = '0x1p-3': expected a finite decimal"));
 }
 END_TEST
 

@@ -25,8 +25,11 @@ int moe_parse_double(const char *key, const char *v, double *out) {
     double d = strtod(v, &end);
     // ERANGE on underflow (1e-320) still gives the nearest finite value: the
     // key's range check speaks for it. On overflow d is infinite.
-    if (end == v || *end || blank_first(v) || (errno && errno != ERANGE) || !isfinite(d))
-        return moe_fail(MOE_EINVAL, "%s = '%.*s%s': expected a finite number", key, QUOTE(v));
+    // strtod also reads hex floats (0x10, 0x1p-3), which a config file (JSON) refuses
+    if (end == v || *end || blank_first(v) || (errno && errno != ERANGE) || !isfinite(d) ||
+        strpbrk(v, "xX"))
+        return moe_fail(MOE_EINVAL, "%s = '%.*s%s': expected a finite decimal number", key,
+                        QUOTE(v));
     *out = d;
     return 0;
 }

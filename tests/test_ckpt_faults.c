@@ -288,6 +288,13 @@ START_TEST(test_complete_tmp_is_found_and_kept_through_a_second_crash) {
     ck_assert_int_eq(moe_ckpt_complete(tmp), 0);
     ck_assert_int_eq(moe_ckpt_resolve(dir, out, sizeof out, NULL), 0);
     ck_assert_str_eq(out, old);
+    // with DIR.old gone too, nothing resolves, and the message says the .tmp is cut off
+    char old2[900];
+    snprintf(old2, sizeof old2, "%s/old.bak", root);
+    ck_assert_int_eq(rename(old, old2), 0);
+    ck_assert_int_eq(moe_ckpt_resolve(dir, out, sizeof out, NULL), MOE_ENOTFOUND);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "its .tmp is incomplete: a save was cut off"));
+    ck_assert_int_eq(rename(old2, old), 0);
     ck_assert_int_eq(rename(q, p), 0);
     // the second crash, at every point of the next save: version 2 survives
     for (long n = 1;; n++) {

@@ -120,9 +120,9 @@ static int run_target(const char *dir, char *out, size_t cap) {
         int sfx;
         if (!moe_ckpt_step_name(line, &s, &sfx) || sfx != MOE_CKPT_NAME_PLAIN)
             return moe_fail(MOE_EFORMAT,
-                            "%s: expected one line naming the newest checkpoint "
+                            "%s: %sexpected one line naming the newest checkpoint "
                             "(checkpoint-STEP)",
-                            p);
+                            p, S_ISREG(st.st_mode) ? "" : "not a regular file (a link?): ");
         if (snprintf(out, cap, "%s/%s", dir, line) >= (int)cap)
             return moe_fail(MOE_EINVAL, "%s: path too long", dir);
         return 1;
@@ -179,8 +179,8 @@ int moe_ckpt_resolve(const char *dir_in, char *out, size_t out_size, moe_ckpt_la
     } else if (is_dir(old)) {
         pick = old;
     } else {
-        return moe_fail(MOE_ENOTFOUND, "%s: no checkpoint here (no such folder, nor %s.old)", dir,
-                        dir);
+        return moe_fail(MOE_ENOTFOUND, "%s: no checkpoint here (no such folder, nor %s.old%s)", dir,
+                        dir, is_dir(tmp) ? "; its .tmp is incomplete: a save was cut off" : "");
     }
     if (snprintf(out, out_size, "%s", pick) >= (int)out_size ||
         snprintf(single, sizeof single, "%s/model.safetensors", pick) >= (int)sizeof single ||

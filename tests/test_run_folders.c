@@ -9,11 +9,13 @@
 #include "testutil.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -179,6 +181,84 @@ START_TEST(test_dry_run_checks_synthetic_data) {
     expect_in_err("model.vocab_size >= 130");
     ck_assert_int_eq(run_moe("train %s/tiny.json --dry-run --set 'data.tasks=[]'", dir), 2);
     expect_in_err("data.tasks is empty");
+}
+END_TEST
+
+// A second moe train into a folder another one is writing (two new runs, or
+// two --resume of one run) is refused before it touches anything: the lock
+// is held here as the first process would hold it.
+START_TEST(test_train_refuses_a_run_folder_another_train_is_writing) {
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r", dir, dir), 0);
+    char p[1400];
+    snprintf(p, sizeof p, "cp -r '%s/r' '%s/before'", dir, dir);
+    ck_assert_int_eq(system(p), 0);
+    snprintf(p, sizeof p, "%s/r", dir);
+    int fd = open(p, O_RDONLY | O_DIRECTORY);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), 0);
+    ck_assert_int_eq(run_moe("train --resume %s/r --steps 5 --quiet", dir), 2);
+    expect_in_err("another moe train is writing");
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r --overwrite", dir, dir), 2);
+    expect_in_err("another moe train is writing");
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 4);
+    ck_assert(same_bytes("r/metrics.jsonl", "before/metrics.jsonl"));
+    ck_assert(same_bytes("r/checkpoint/model.safetensors", "before/checkpoint/model.safetensors"));
+    ck_assert(same_bytes("r/config.json", "before/config.json"));
+    // the lock goes with its holder: the run is then free to continue
+    close(fd);
+    ck_assert_int_eq(run_moe("train --resume %s/r --steps 5 --quiet", dir), 0);
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 7); // + steps 4, 5 and their eval
+}
+END_TEST
+
+// A run refused at setup leaves no folder behind, the lock's included.
+START_TEST(test_a_refused_run_leaves_no_folder) {
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --steps 3 --quiet --out %s/new/r --set model.vocab_size=3", dir,
+                dir),
+        2);
+    struct stat st;
+    char p[800];
+    snprintf(p, sizeof p, "%s/new", dir);
+    ck_assert_msg(stat(p, &st) != 0, "%s was left: %s", p, err_text());
+}
+END_TEST
+
+// A config.json moe train did not write (a `moe export --hf` folder) is no
+// run, but a run would replace it: refused, with --overwrite too.
+START_TEST(test_train_refuses_an_out_holding_a_foreign_config) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/hf", dir);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    write_text("hf/config.json", "{\"model_type\": \"mixtral\"}\n");
+    write_text("hf/model.safetensors", "x");
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/hf", dir, dir), 2);
+    expect_in_err("hf/config.json was not written by moe train");
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --steps 3 --quiet --out %s/hf --overwrite", dir, dir), 2);
+    expect_in_err("hf/config.json was not written by moe train");
+    ck_assert_str_eq(tu_file_text(dir, "hf/config.json"), "{\"model_type\": \"mixtral\"}\n");
+    ck_assert_str_eq(tu_file_text(dir, "hf/model.safetensors"), "x");
+    // a resume into it alike
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r", dir, dir), 0);
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --resume %s/r --steps 4 --quiet --out %s/hf", dir, dir, dir),
+        2);
+    expect_in_err("hf/config.json was not written by moe train");
+    ck_assert_str_eq(tu_file_text(dir, "hf/config.json"), "{\"model_type\": \"mixtral\"}\n");
+}
+END_TEST
+
+// --out naming a file is bad input, with or without --overwrite.
+START_TEST(test_train_out_that_is_a_file_is_usage_error) {
+    write_text("file", "keep\n");
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/file", dir, dir), 2);
+    expect_in_err("exists and is not a folder");
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --steps 3 --quiet --out %s/file --overwrite", dir, dir), 2);
+    expect_in_err("exists and is not a folder");
+    ck_assert_str_eq(tu_file_text(dir, "file"), "keep\n");
 }
 END_TEST
 
@@ -449,6 +529,10 @@ int main(void) {
     tcase_add_test(tc, test_did_you_mean_for_every_class_of_name);
     tcase_add_test(tc, test_set_list_forms_are_accepted_by_every_command);
     tcase_add_test(tc, test_ablate_exits_nonzero_when_a_run_failed);
+    tcase_add_test(tc, test_train_refuses_a_run_folder_another_train_is_writing);
+    tcase_add_test(tc, test_a_refused_run_leaves_no_folder);
+    tcase_add_test(tc, test_train_refuses_an_out_holding_a_foreign_config);
+    tcase_add_test(tc, test_train_out_that_is_a_file_is_usage_error);
     tcase_add_test(tc, test_version_names_the_project_version);
     suite_add_tcase(s, tc);
     return tu_run(s);

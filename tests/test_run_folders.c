@@ -262,6 +262,22 @@ START_TEST(test_train_out_that_is_a_file_is_usage_error) {
 }
 END_TEST
 
+// A file-size limit (ulimit -f) fails a write with EFBIG, named, exit 1 as a
+// full disk does, instead of killing the process by SIGXFSZ without a word.
+START_TEST(test_file_size_limit_fails_the_write_with_a_message) {
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && ulimit -f 20 && exec '%s' train tiny.json --steps 3 --quiet --out r "
+             ">out.txt 2>err.txt",
+             dir, getenv("MOE_BIN"));
+    const int st = system(cmd);
+    ck_assert_msg(WIFEXITED(st), "killed by a signal: %s", err_text());
+    ck_assert_int_eq(WEXITSTATUS(st), 1);
+    expect_in_err("File too large");
+    expect_in_err("model.safetensors");
+}
+END_TEST
+
 // Event files in the run folder r.
 static int count_events(void) {
     char p[800];
@@ -533,6 +549,7 @@ int main(void) {
     tcase_add_test(tc, test_a_refused_run_leaves_no_folder);
     tcase_add_test(tc, test_train_refuses_an_out_holding_a_foreign_config);
     tcase_add_test(tc, test_train_out_that_is_a_file_is_usage_error);
+    tcase_add_test(tc, test_file_size_limit_fails_the_write_with_a_message);
     tcase_add_test(tc, test_version_names_the_project_version);
     suite_add_tcase(s, tc);
     return tu_run(s);

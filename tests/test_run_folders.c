@@ -278,6 +278,35 @@ START_TEST(test_file_size_limit_fails_the_write_with_a_message) {
 }
 END_TEST
 
+// A resume refuses a metrics.jsonl moe report would refuse (a complete line
+// that is no JSON: a cut-off last one is dropped instead), and one that is no
+// regular file or a link (another run's file), before it resumes anything.
+START_TEST(test_resume_refuses_a_bad_metrics_file_naming_it) {
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r", dir, dir), 0);
+    char p[800], q[800];
+    snprintf(p, sizeof p, "%s/r/metrics.jsonl", dir);
+    FILE *f = fopen(p, "a");
+    ck_assert_ptr_nonnull(f);
+    fputs("garbage\n", f);
+    fclose(f);
+    ck_assert_int_eq(run_moe("train --resume %s/r --steps 4", dir), 2);
+    expect_in_err("r/metrics.jsonl:5:7: not JSON");
+    ck_assert_msg(!strstr(err_text(), "resumed"), "resumed first: %s", err_text());
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 5); // untouched
+    // a folder, and a link to another file
+    snprintf(q, sizeof q, "%s/r/m.old", dir);
+    ck_assert_int_eq(rename(p, q), 0);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    ck_assert_int_eq(run_moe("train --resume %s/r --steps 4 --quiet", dir), 2);
+    expect_in_err("metrics.jsonl: not a regular file");
+    ck_assert_int_eq(rmdir(p), 0);
+    ck_assert_int_eq(symlink("m.old", p), 0);
+    ck_assert_int_eq(run_moe("train --resume %s/r --steps 4 --quiet", dir), 2);
+    expect_in_err("metrics.jsonl: is a symbolic link");
+    ck_assert_int_eq(count_lines("r/m.old"), 5);
+}
+END_TEST
+
 // Event files in the run folder r.
 static int count_events(void) {
     char p[800];
@@ -550,6 +579,7 @@ int main(void) {
     tcase_add_test(tc, test_train_refuses_an_out_holding_a_foreign_config);
     tcase_add_test(tc, test_train_out_that_is_a_file_is_usage_error);
     tcase_add_test(tc, test_file_size_limit_fails_the_write_with_a_message);
+    tcase_add_test(tc, test_resume_refuses_a_bad_metrics_file_naming_it);
     tcase_add_test(tc, test_version_names_the_project_version);
     suite_add_tcase(s, tc);
     return tu_run(s);

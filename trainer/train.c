@@ -417,6 +417,48 @@ static int drop_cut_record(const char *path) {
     return rc;
 }
 
+// The metrics.jsonl a resume appends to, checked before anything is resumed:
+// a regular file (a link could be another run's file), each complete line a
+// JSON object, as `moe report` reads it. A cut-off last line (no newline) is
+// a crash's and drop_cut_record handles it; any other bad line was not
+// written by moe train and is refused, naming it, not kept or dropped.
+static int check_metrics(const char *out) {
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/metrics.jsonl", out) >= (int)sizeof path)
+        return moe_fail(MOE_EINVAL, "%s: path too long", out);
+    struct stat sb;
+    if (lstat(path, &sb) != 0)
+        return errno == ENOENT ? 0 : moe_fail(MOE_EIO, "%s: %s", path, strerror(errno));
+    if (S_ISLNK(sb.st_mode))
+        return moe_fail(MOE_EINVAL,
+                        "%s: is a symbolic link; a run's metrics.jsonl is a regular file of its "
+                        "own (the link may name another run's)",
+                        path);
+    if (!S_ISREG(sb.st_mode)) return moe_fail(MOE_EINVAL, "%s: not a regular file", path);
+    FILE *f = fopen(path, "r");
+    if (!f) return moe_fail(MOE_EIO, "%s: cannot open: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    long no = 0;
+    int rc = 0;
+    for (ssize_t n; rc == 0 && (n = getline(&line, &cap, f)) > 0;) {
+        no++;
+        if (line[n - 1] != '\n') break; // cut off: drop_cut_record's
+        json_error_t e;
+        json_t *rec = json_loadb(line, (size_t)n, 0, &e);
+        if (!rec || !json_is_object(rec))
+            rc = moe_fail(MOE_EINVAL,
+                          "%s:%ld:%d: %s; moe train writes one JSON object a line: remove or "
+                          "repair the line, then resume",
+                          path, no, rec ? 1 : e.column, rec ? "not a JSON object" : "not JSON");
+        json_decref(rec);
+    }
+    if (rc == 0 && ferror(f)) rc = moe_fail(MOE_EIO, "%s: read failed: %s", path, strerror(errno));
+    free(line);
+    fclose(f);
+    return rc;
+}
+
 // Records of steps after the checkpoint a resume starts from (a run that went
 // on past its last save, then crashed or failed) describe training the resume
 // discards and redoes: they go, as TensorBoard's purge_step drops events, so
@@ -610,6 +652,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         // Named like the CLI's own checks of the model file, which ran before.
         if (rc < 0) moe_fail(rc, "--resume: %s", moe_last_error());
     }
+    if (rc == 0 && lead && o->resume_dir) rc = check_metrics(o->out_dir);
     if (rc == 0 && cfg->train.async_checkpoint) rc = moe_ckpt_async_init(&ack, &m, &par);
     if (rc == 0 && on_gpu)
         rc = moe_gpu_trainer_init(&gpu, &m, &opt, cfg, (size_t)d.B * d.T, o->device_ops);

@@ -307,6 +307,16 @@ START_TEST(test_resume_refuses_a_bad_metrics_file_naming_it) {
 }
 END_TEST
 
+// Resuming a finished run trains nothing and writes no second evaluation of
+// its last step: the file keeps one record per step.
+START_TEST(test_resume_of_a_finished_run_adds_no_records) {
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r", dir, dir), 0);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(run_moe("train --resume %s/r --quiet", dir), 0);
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 4); // 3 steps, one final eval
+}
+END_TEST
+
 // Event files in the run folder r.
 static int count_events(void) {
     char p[800];
@@ -580,6 +590,7 @@ int main(void) {
     tcase_add_test(tc, test_train_out_that_is_a_file_is_usage_error);
     tcase_add_test(tc, test_file_size_limit_fails_the_write_with_a_message);
     tcase_add_test(tc, test_resume_refuses_a_bad_metrics_file_naming_it);
+    tcase_add_test(tc, test_resume_of_a_finished_run_adds_no_records);
     tcase_add_test(tc, test_version_names_the_project_version);
     suite_add_tcase(s, tc);
     return tu_run(s);

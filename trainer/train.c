@@ -464,7 +464,7 @@ static int check_metrics(const char *out) {
 // discards and redoes: they go, as TensorBoard's purge_step drops events, so
 // the file keeps one record per step. Records are appended in step order, so
 // the first one past step cuts the file there.
-static int drop_records_after(const char *path, long step) {
+static int drop_records_after(const char *path, long step, bool *eval_at_step) {
     FILE *f = fopen(path, "r+");
     if (!f) return errno == ENOENT ? 0 : moe_fail(MOE_EIO, "%s: %s", path, strerror(errno));
     char *line = NULL;
@@ -472,8 +472,10 @@ static int drop_records_after(const char *path, long step) {
     long at = 0, cut = -1, dropped = 0;
     for (ssize_t n; (n = getline(&line, &cap, f)) > 0; at += n) {
         long s;
-        if (sscanf(line, "{\"step\": %ld", &s) != 1 && sscanf(line, "{\"eval_step\": %ld", &s) != 1)
+        const bool eval = sscanf(line, "{\"eval_step\": %ld", &s) == 1;
+        if (!eval && sscanf(line, "{\"step\": %ld", &s) != 1)
             continue; // not one of ours: kept where it is
+        if (eval && s == step) *eval_at_step = true;
         if (cut < 0 && s > step) cut = at;
         dropped += cut >= 0;
     }
@@ -640,6 +642,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                       cfg->placement.mode);
     if (rc == 0) rc = moe_parallel_placement_init(&par, &m, cfg);
     moe_train_state st = {.step = 0};
+    bool eval_at_start = false; // metrics.jsonl holds an evaluation of the resumed step
     // The placement first: moved experts rename the views the load finds by name.
     if (rc == 0 && o->resume_dir) {
         rc = moe_parallel_placement_resume(&par, &m, o->resume_dir);
@@ -689,7 +692,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         if (!o->resume_dir) rc = write_run_config(cfg, o->out_dir);
         snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
         if (rc == 0 && o->resume_dir) rc = drop_cut_record(path);
-        if (rc == 0 && o->resume_dir) rc = drop_records_after(path, st.step);
+        if (rc == 0 && o->resume_dir) rc = drop_records_after(path, st.step, &eval_at_start);
         if (rc == 0 && !(metrics = fopen(path, o->resume_dir ? "a" : "w")))
             rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
         if (rc == 0 && cfg->train.tensorboard)
@@ -953,12 +956,15 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 MOE_TRY_GOTO(write_run_config(cfg, o->out_dir), rc);
         }
         MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &r->eval), rc);
-        if (metrics && write_eval(metrics, st.step, &r->eval) < 0) {
+        // A resume of a finished run trains nothing: its final evaluation is
+        // recorded already, and the file keeps one record per step.
+        const bool recorded = eval_at_start && steps_run == 0;
+        if (metrics && !recorded && write_eval(metrics, st.step, &r->eval) < 0) {
             moe_eval_result_free(&r->eval);
             rc = metrics_failed(o->out_dir);
             goto fail;
         }
-        if (tb.f && (rc = tb_eval(&tb, st.step, &r->eval)) < 0) {
+        if (tb.f && !recorded && (rc = tb_eval(&tb, st.step, &r->eval)) < 0) {
             moe_eval_result_free(&r->eval);
             goto fail;
         }

@@ -259,6 +259,13 @@ START_TEST(test_train_out_that_is_a_file_is_usage_error) {
         run_moe("train %s/tiny.json --steps 3 --quiet --out %s/file --overwrite", dir, dir), 2);
     expect_in_err("exists and is not a folder");
     ck_assert_str_eq(tu_file_text(dir, "file"), "keep\n");
+    // a folder name longer than the file system takes is bad input too
+    char name[301];
+    memset(name, 'a', 300);
+    name[300] = 0;
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/%s", dir, dir, name),
+                     2);
+    expect_in_err("File name too long");
 }
 END_TEST
 

@@ -160,6 +160,16 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, train_args *
         }
     }
     if (steps && moe_cli_check_steps(steps, sets, n_sets, owned[0]) < 0) goto usage;
+    if (device) { // named as --device, not as the --set it becomes
+        moe_config scratch;
+        moe_config_default(&scratch);
+        if (moe_config_set(&scratch, NULL, owned[1]) < 0) {
+            const char *msg = moe_last_error();
+            moe_fail(MOE_EINVAL, "--device %s: %s", device,
+                     msg + (strncmp(msg, "--set: ", 7) ? 0 : 7));
+            goto usage;
+        }
+    }
     if (a->resume && a->overwrite) {
         moe_fail(MOE_EINVAL, "--resume continues a run and --overwrite replaces it: give one");
         goto usage;

@@ -475,6 +475,7 @@ START_TEST(test_trainer_state_fields_are_validated) {
     refuse_edit("{\"step\": -3}", "'step'");
     refuse_edit("{\"step\": \"12\"}", "'step'");
     refuse_edit("{\"adam_step\": 1e3}", "'adam_step'");
+    refuse_edit("{\"step\": 5, \"adam_step\": 6}", "'adam_step' must be at most"); // more updates
     refuse_edit("{\"data_cursor\": [-1, 0]}", "data_cursor[0]");
     refuse_edit("{\"data_cursor\": [0, \"x\"]}", "data_cursor[1]");
     refuse_edit("{\"data_cursor\": [0]}", "data_cursor");

@@ -99,6 +99,9 @@ START_TEST(test_cli_train_device_cuda_refused_with_reason) {
     snprintf(args, sizeof args, "train '%s/small.json' --device tpu --out '%s/g'", dir, dir);
     ck_assert_int_eq(run_moe(args), 2);
     ck_assert_msg(strstr(file_text("err.txt"), "train.device"), "%s", file_text("err.txt"));
+    // named as the option given, not as the --set it becomes
+    ck_assert_msg(strstr(file_text("err.txt"), "moe train: --device tpu: train.device"), "%s",
+                  file_text("err.txt"));
     snprintf(args, sizeof args, "train '%s/small.json' --device cpu --steps 2 --quiet --out '%s/c'",
              dir, dir);
     ck_assert_int_eq(run_moe(args), 0);

@@ -9,11 +9,13 @@
 #include "testutil.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -179,6 +181,146 @@ START_TEST(test_dry_run_checks_synthetic_data) {
     expect_in_err("model.vocab_size >= 130");
     ck_assert_int_eq(run_moe("train %s/tiny.json --dry-run --set 'data.tasks=[]'", dir), 2);
     expect_in_err("data.tasks is empty");
+}
+END_TEST
+
+// A second moe train into a folder another one is writing (two new runs, or
+// two --resume of one run) is refused before it touches anything: the lock
+// is held here as the first process would hold it.
+START_TEST(test_train_refuses_a_run_folder_another_train_is_writing) {
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r", dir, dir), 0);
+    char p[1400];
+    snprintf(p, sizeof p, "cp -r '%s/r' '%s/before'", dir, dir);
+    ck_assert_int_eq(system(p), 0);
+    snprintf(p, sizeof p, "%s/r", dir);
+    int fd = open(p, O_RDONLY | O_DIRECTORY);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), 0);
+    ck_assert_int_eq(run_moe("train --resume %s/r --steps 5 --quiet", dir), 2);
+    expect_in_err("another moe train is writing");
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r --overwrite", dir, dir), 2);
+    expect_in_err("another moe train is writing");
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 4);
+    ck_assert(same_bytes("r/metrics.jsonl", "before/metrics.jsonl"));
+    ck_assert(same_bytes("r/checkpoint/model.safetensors", "before/checkpoint/model.safetensors"));
+    ck_assert(same_bytes("r/config.json", "before/config.json"));
+    // the lock goes with its holder: the run is then free to continue
+    close(fd);
+    ck_assert_int_eq(run_moe("train --resume %s/r --steps 5 --quiet", dir), 0);
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 7); // + steps 4, 5 and their eval
+}
+END_TEST
+
+// A run refused at setup leaves no folder behind, the lock's included.
+START_TEST(test_a_refused_run_leaves_no_folder) {
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --steps 3 --quiet --out %s/new/r --set model.vocab_size=3", dir,
+                dir),
+        2);
+    struct stat st;
+    char p[800];
+    snprintf(p, sizeof p, "%s/new", dir);
+    ck_assert_msg(stat(p, &st) != 0, "%s was left: %s", p, err_text());
+}
+END_TEST
+
+// A config.json moe train did not write (a `moe export --hf` folder) is no
+// run, but a run would replace it: refused, with --overwrite too.
+START_TEST(test_train_refuses_an_out_holding_a_foreign_config) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/hf", dir);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    write_text("hf/config.json", "{\"model_type\": \"mixtral\"}\n");
+    write_text("hf/model.safetensors", "x");
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/hf", dir, dir), 2);
+    expect_in_err("hf/config.json was not written by moe train");
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --steps 3 --quiet --out %s/hf --overwrite", dir, dir), 2);
+    expect_in_err("hf/config.json was not written by moe train");
+    ck_assert_str_eq(tu_file_text(dir, "hf/config.json"), "{\"model_type\": \"mixtral\"}\n");
+    ck_assert_str_eq(tu_file_text(dir, "hf/model.safetensors"), "x");
+    // a resume into it alike
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r", dir, dir), 0);
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --resume %s/r --steps 4 --quiet --out %s/hf", dir, dir, dir),
+        2);
+    expect_in_err("hf/config.json was not written by moe train");
+    ck_assert_str_eq(tu_file_text(dir, "hf/config.json"), "{\"model_type\": \"mixtral\"}\n");
+}
+END_TEST
+
+// --out naming a file is bad input, with or without --overwrite.
+START_TEST(test_train_out_that_is_a_file_is_usage_error) {
+    write_text("file", "keep\n");
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/file", dir, dir), 2);
+    expect_in_err("exists and is not a folder");
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --steps 3 --quiet --out %s/file --overwrite", dir, dir), 2);
+    expect_in_err("exists and is not a folder");
+    ck_assert_str_eq(tu_file_text(dir, "file"), "keep\n");
+    // a folder name longer than the file system takes is bad input too
+    char name[301];
+    memset(name, 'a', 300);
+    name[300] = 0;
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/%s", dir, dir, name),
+                     2);
+    expect_in_err("File name too long");
+}
+END_TEST
+
+// A file-size limit (ulimit -f) fails a write with EFBIG, named, exit 1 as a
+// full disk does, instead of killing the process by SIGXFSZ without a word.
+START_TEST(test_file_size_limit_fails_the_write_with_a_message) {
+    char cmd[2400];
+    snprintf(cmd, sizeof cmd,
+             "cd '%s' && ulimit -f 20 && exec '%s' train tiny.json --steps 3 --quiet --out r "
+             ">out.txt 2>err.txt",
+             dir, getenv("MOE_BIN"));
+    const int st = system(cmd);
+    ck_assert_msg(WIFEXITED(st), "killed by a signal: %s", err_text());
+    ck_assert_int_eq(WEXITSTATUS(st), 1);
+    expect_in_err("File too large");
+    expect_in_err("model.safetensors");
+}
+END_TEST
+
+// A resume refuses a metrics.jsonl moe report would refuse (a complete line
+// that is no JSON: a cut-off last one is dropped instead), and one that is no
+// regular file or a link (another run's file), before it resumes anything.
+START_TEST(test_resume_refuses_a_bad_metrics_file_naming_it) {
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r", dir, dir), 0);
+    char p[800], q[800];
+    snprintf(p, sizeof p, "%s/r/metrics.jsonl", dir);
+    FILE *f = fopen(p, "a");
+    ck_assert_ptr_nonnull(f);
+    fputs("garbage\n", f);
+    fclose(f);
+    ck_assert_int_eq(run_moe("train --resume %s/r --steps 4", dir), 2);
+    expect_in_err("r/metrics.jsonl:5:7: not JSON");
+    ck_assert_msg(!strstr(err_text(), "resumed"), "resumed first: %s", err_text());
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 5); // untouched
+    // a folder, and a link to another file
+    snprintf(q, sizeof q, "%s/r/m.old", dir);
+    ck_assert_int_eq(rename(p, q), 0);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    ck_assert_int_eq(run_moe("train --resume %s/r --steps 4 --quiet", dir), 2);
+    expect_in_err("metrics.jsonl: not a regular file");
+    ck_assert_int_eq(rmdir(p), 0);
+    ck_assert_int_eq(symlink("m.old", p), 0);
+    ck_assert_int_eq(run_moe("train --resume %s/r --steps 4 --quiet", dir), 2);
+    expect_in_err("metrics.jsonl: is a symbolic link");
+    ck_assert_int_eq(count_lines("r/m.old"), 5);
+}
+END_TEST
+
+// Resuming a finished run trains nothing and writes no second evaluation of
+// its last step: the file keeps one record per step.
+START_TEST(test_resume_of_a_finished_run_adds_no_records) {
+    ck_assert_int_eq(run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r", dir, dir), 0);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(run_moe("train --resume %s/r --quiet", dir), 0);
+    ck_assert_int_eq(count_lines("r/metrics.jsonl"), 4); // 3 steps, one final eval
 }
 END_TEST
 
@@ -449,6 +591,13 @@ int main(void) {
     tcase_add_test(tc, test_did_you_mean_for_every_class_of_name);
     tcase_add_test(tc, test_set_list_forms_are_accepted_by_every_command);
     tcase_add_test(tc, test_ablate_exits_nonzero_when_a_run_failed);
+    tcase_add_test(tc, test_train_refuses_a_run_folder_another_train_is_writing);
+    tcase_add_test(tc, test_a_refused_run_leaves_no_folder);
+    tcase_add_test(tc, test_train_refuses_an_out_holding_a_foreign_config);
+    tcase_add_test(tc, test_train_out_that_is_a_file_is_usage_error);
+    tcase_add_test(tc, test_file_size_limit_fails_the_write_with_a_message);
+    tcase_add_test(tc, test_resume_refuses_a_bad_metrics_file_naming_it);
+    tcase_add_test(tc, test_resume_of_a_finished_run_adds_no_records);
     tcase_add_test(tc, test_version_names_the_project_version);
     suite_add_tcase(s, tc);
     return tu_run(s);

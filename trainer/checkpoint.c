@@ -1100,6 +1100,10 @@ static int load_state(const char *path, moe_model *m, moe_adamw *opt, moe_train_
     // at most train.steps' largest value: a later step could never resume
     MOE_TRY_GOTO(state_int(doc, "step", path, 1000000000, &step), rc);
     MOE_TRY_GOTO(state_int(doc, "adam_step", path, 1000000000, &adam_step), rc);
+    // one optimizer update a training step at most: a larger count would give
+    // the resumed updates another bias correction than the run's own
+    if (adam_step > step)
+        MOE_TRY_GOTO(bad_field(path, "adam_step", "at most \"step\" (one update a step)"), rc);
     json_t *jcur = json_object_get(doc, "data_cursor");
     if (!json_is_array(jcur) || json_array_size(jcur) != 2)
         MOE_TRY_GOTO(bad_field(path, "data_cursor", "two non-negative integers (train, val)"), rc);

@@ -6,15 +6,18 @@
 #include "checkpoint_internal.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
+#include "moe/file.h"
 #include "moe/fsio.h"
 #include "moe/log.h"
 
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -218,7 +221,85 @@ int moe_run_exists(const char *run) {
     return found;
 }
 
+int moe_run_foreign_config(const char *run) {
+    static const char *const marks[] = {"metrics.jsonl", "latest", NULL};
+    char p[PATH_MAX];
+    struct stat st;
+    if (snprintf(p, sizeof p, "%s/config.json", run) >= (int)sizeof p || lstat(p, &st) != 0)
+        return 0;
+    // a run that failed before its first step has config.json and an empty
+    // metrics.jsonl: moe train's own, which a new run may replace
+    for (int i = 0; marks[i]; i++)
+        if (snprintf(p, sizeof p, "%s/%s", run, marks[i]) < (int)sizeof p && lstat(p, &st) == 0)
+            return 0;
+    return !moe_run_exists(run);
+}
+
+int moe_run_lock(const char *run, moe_run_lock_t *lk) {
+    lk->fd = -1;
+    lk->created[0] = 0;
+    if (snprintf(lk->run, sizeof lk->run, "%s", run) >= (int)sizeof lk->run)
+        return moe_fail(MOE_EINVAL, "%.200s...: path longer than %d characters", run,
+                        (int)sizeof lk->run - 1);
+    // the topmost missing folder of RUN's path, removed again by an unlock
+    // after a refusal
+    char p[sizeof lk->run];
+    snprintf(p, sizeof p, "%s", run);
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s) continue;
+        const char c = *s;
+        *s = 0;
+        struct stat st;
+        if (lstat(p, &st) != 0 && errno == ENOENT) {
+            snprintf(lk->created, sizeof lk->created, "%s", p);
+            break;
+        }
+        if (!(*s = c)) break;
+    }
+    MOE_TRY(moe_make_dirs(run));
+    lk->fd = open(run, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (lk->fd < 0)
+        return moe_fail(errno == ENOTDIR ? MOE_EINVAL : MOE_EIO, "%s: cannot open: %s", run,
+                        strerror(errno));
+    if (flock(lk->fd, LOCK_EX | LOCK_NB) != 0) {
+        const int err = errno;
+        close(lk->fd);
+        lk->fd = -1;
+        lk->created[0] = 0; // not ours to remove
+        if (err == EWOULDBLOCK)
+            return moe_fail(MOE_EINVAL,
+                            "%s: another moe train is writing this run folder (it holds the "
+                            "folder's lock); wait for it to end, or give another --out",
+                            run);
+        return moe_fail(MOE_EIO, "%s: cannot lock: %s", run, strerror(err));
+    }
+    return 0;
+}
+
+void moe_run_unlock(moe_run_lock_t *lk, bool remove_created) {
+    if (lk->fd < 0) return;
+    // Empty folders first, while the lock still keeps a second run out; rmdir
+    // removes nothing a run wrote.
+    if (remove_created && lk->created[0]) {
+        char p[sizeof lk->run];
+        snprintf(p, sizeof p, "%s", lk->run);
+        for (;;) {
+            if (rmdir(p) != 0 || !strcmp(p, lk->created)) break;
+            char *slash = strrchr(p, '/');
+            if (!slash || slash == p) break;
+            *slash = 0;
+        }
+    }
+    close(lk->fd);
+    lk->fd = -1;
+}
+
 int moe_run_clear(const char *run) {
+    if (moe_run_foreign_config(run))
+        return moe_fail(MOE_EINVAL,
+                        "%s/config.json: not written by moe train (the folder holds no "
+                        "metrics.jsonl or checkpoint); --overwrite removes only a run's files",
+                        run);
     static const char *const names[] = {"metrics.jsonl",  "config.json",      "latest",
                                         "latest.tmp",     "checkpoint.trash", "checkpoint",
                                         "checkpoint.tmp", "checkpoint.old",   NULL};

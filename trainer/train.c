@@ -417,12 +417,54 @@ static int drop_cut_record(const char *path) {
     return rc;
 }
 
+// The metrics.jsonl a resume appends to, checked before anything is resumed:
+// a regular file (a link could be another run's file), each complete line a
+// JSON object, as `moe report` reads it. A cut-off last line (no newline) is
+// a crash's and drop_cut_record handles it; any other bad line was not
+// written by moe train and is refused, naming it, not kept or dropped.
+static int check_metrics(const char *out) {
+    char path[PATH_MAX];
+    if (snprintf(path, sizeof path, "%s/metrics.jsonl", out) >= (int)sizeof path)
+        return moe_fail(MOE_EINVAL, "%s: path too long", out);
+    struct stat sb;
+    if (lstat(path, &sb) != 0)
+        return errno == ENOENT ? 0 : moe_fail(MOE_EIO, "%s: %s", path, strerror(errno));
+    if (S_ISLNK(sb.st_mode))
+        return moe_fail(MOE_EINVAL,
+                        "%s: is a symbolic link; a run's metrics.jsonl is a regular file of its "
+                        "own (the link may name another run's)",
+                        path);
+    if (!S_ISREG(sb.st_mode)) return moe_fail(MOE_EINVAL, "%s: not a regular file", path);
+    FILE *f = fopen(path, "r");
+    if (!f) return moe_fail(MOE_EIO, "%s: cannot open: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    long no = 0;
+    int rc = 0;
+    for (ssize_t n; rc == 0 && (n = getline(&line, &cap, f)) > 0;) {
+        no++;
+        if (line[n - 1] != '\n') break; // cut off: drop_cut_record's
+        json_error_t e;
+        json_t *rec = json_loadb(line, (size_t)n, 0, &e);
+        if (!rec || !json_is_object(rec))
+            rc = moe_fail(MOE_EINVAL,
+                          "%s:%ld:%d: %s; moe train writes one JSON object a line: remove or "
+                          "repair the line, then resume",
+                          path, no, rec ? 1 : e.column, rec ? "not a JSON object" : "not JSON");
+        json_decref(rec);
+    }
+    if (rc == 0 && ferror(f)) rc = moe_fail(MOE_EIO, "%s: read failed: %s", path, strerror(errno));
+    free(line);
+    fclose(f);
+    return rc;
+}
+
 // Records of steps after the checkpoint a resume starts from (a run that went
 // on past its last save, then crashed or failed) describe training the resume
 // discards and redoes: they go, as TensorBoard's purge_step drops events, so
 // the file keeps one record per step. Records are appended in step order, so
 // the first one past step cuts the file there.
-static int drop_records_after(const char *path, long step) {
+static int drop_records_after(const char *path, long step, bool *eval_at_step) {
     FILE *f = fopen(path, "r+");
     if (!f) return errno == ENOENT ? 0 : moe_fail(MOE_EIO, "%s: %s", path, strerror(errno));
     char *line = NULL;
@@ -430,8 +472,10 @@ static int drop_records_after(const char *path, long step) {
     long at = 0, cut = -1, dropped = 0;
     for (ssize_t n; (n = getline(&line, &cap, f)) > 0; at += n) {
         long s;
-        if (sscanf(line, "{\"step\": %ld", &s) != 1 && sscanf(line, "{\"eval_step\": %ld", &s) != 1)
+        const bool eval = sscanf(line, "{\"eval_step\": %ld", &s) == 1;
+        if (!eval && sscanf(line, "{\"step\": %ld", &s) != 1)
             continue; // not one of ours: kept where it is
+        if (eval && s == step) *eval_at_step = true;
         if (cut < 0 && s > step) cut = at;
         dropped += cut >= 0;
     }
@@ -598,6 +642,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                       cfg->placement.mode);
     if (rc == 0) rc = moe_parallel_placement_init(&par, &m, cfg);
     moe_train_state st = {.step = 0};
+    bool eval_at_start = false; // metrics.jsonl holds an evaluation of the resumed step
     // The placement first: moved experts rename the views the load finds by name.
     if (rc == 0 && o->resume_dir) {
         rc = moe_parallel_placement_resume(&par, &m, o->resume_dir);
@@ -610,6 +655,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         // Named like the CLI's own checks of the model file, which ran before.
         if (rc < 0) moe_fail(rc, "--resume: %s", moe_last_error());
     }
+    if (rc == 0 && lead && o->resume_dir) rc = check_metrics(o->out_dir);
     if (rc == 0 && cfg->train.async_checkpoint) rc = moe_ckpt_async_init(&ack, &m, &par);
     if (rc == 0 && on_gpu)
         rc = moe_gpu_trainer_init(&gpu, &m, &opt, cfg, (size_t)d.B * d.T, o->device_ops);
@@ -646,7 +692,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         if (!o->resume_dir) rc = write_run_config(cfg, o->out_dir);
         snprintf(path, sizeof path, "%s/metrics.jsonl", o->out_dir);
         if (rc == 0 && o->resume_dir) rc = drop_cut_record(path);
-        if (rc == 0 && o->resume_dir) rc = drop_records_after(path, st.step);
+        if (rc == 0 && o->resume_dir) rc = drop_records_after(path, st.step, &eval_at_start);
         if (rc == 0 && !(metrics = fopen(path, o->resume_dir ? "a" : "w")))
             rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
         if (rc == 0 && cfg->train.tensorboard)
@@ -910,12 +956,15 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 MOE_TRY_GOTO(write_run_config(cfg, o->out_dir), rc);
         }
         MOE_TRY_GOTO(moe_eval(&m, &d, EVAL_BATCHES, EVAL_SAMPLES, &r->eval), rc);
-        if (metrics && write_eval(metrics, st.step, &r->eval) < 0) {
+        // A resume of a finished run trains nothing: its final evaluation is
+        // recorded already, and the file keeps one record per step.
+        const bool recorded = eval_at_start && steps_run == 0;
+        if (metrics && !recorded && write_eval(metrics, st.step, &r->eval) < 0) {
             moe_eval_result_free(&r->eval);
             rc = metrics_failed(o->out_dir);
             goto fail;
         }
-        if (tb.f && (rc = tb_eval(&tb, st.step, &r->eval)) < 0) {
+        if (tb.f && !recorded && (rc = tb_eval(&tb, st.step, &r->eval)) < 0) {
             moe_eval_result_free(&r->eval);
             goto fail;
         }

@@ -33,7 +33,9 @@ static const char *train_help =
     "(default runs/<config name>) receives config.json (resolved), metrics.jsonl and\n"
     "checkpoint/ (or checkpoint-STEP/ folders and `latest`, with train.keep_checkpoints).\n"
     "A folder that already holds a run is refused unless --resume continues it or\n"
-    "--overwrite replaces it. --resume takes a run folder (its latest checkpoint) or a\n"
+    "--overwrite replaces it; one holding another tool's config.json (an export) is\n"
+    "refused, and so is a folder another moe train is writing (it holds the folder's\n"
+    "lock until it exits). --resume takes a run folder (its latest checkpoint) or a\n"
     "checkpoint folder and continues bit-exactly; with no CONFIG it takes the config and\n"
     "the run folder from the run itself. A resumed run writes into the run it resumes or a\n"
     "folder that holds no run, never into another run. Ctrl-C (or SIGTERM) stops after\n"
@@ -85,6 +87,15 @@ static int resume_run_dir(const char *resume, char *run, size_t cap) {
     return 0;
 }
 
+// The run's config.json would replace it: another tool's file (an export).
+static int foreign_config(const char *out) {
+    return moe_fail(MOE_EINVAL,
+                    "--out %s: %s/config.json was not written by moe train (no metrics.jsonl or "
+                    "checkpoint beside it; a `moe export --hf` folder?) and a run would replace "
+                    "it; give another --out",
+                    out, out);
+}
+
 // A resumed run writes its checkpoints, config and metrics into --out: that
 // must be the run being resumed (the same folder, however named) or a folder
 // that holds no run, never a second run it would silently replace.
@@ -95,6 +106,7 @@ static int check_resume_out(const char *resume, const char *out) {
     if (stat(out, &so) == 0 && stat(run, &sr) == 0 && so.st_dev == sr.st_dev &&
         so.st_ino == sr.st_ino)
         return 0;
+    if (moe_run_foreign_config(out)) return foreign_config(out);
     if (!moe_run_exists(out)) return 0;
     return moe_fail(MOE_EINVAL,
                     "--out %s already holds a run other than the one --resume %s continues (run "
@@ -148,6 +160,16 @@ static int parse_train_args(int argc, char **argv, moe_config *cfg, train_args *
         }
     }
     if (steps && moe_cli_check_steps(steps, sets, n_sets, owned[0]) < 0) goto usage;
+    if (device) { // named as --device, not as the --set it becomes
+        moe_config scratch;
+        moe_config_default(&scratch);
+        if (moe_config_set(&scratch, NULL, owned[1]) < 0) {
+            const char *msg = moe_last_error();
+            moe_fail(MOE_EINVAL, "--device %s: %s", device,
+                     msg + (strncmp(msg, "--set: ", 7) ? 0 : 7));
+            goto usage;
+        }
+    }
     if (a->resume && a->overwrite) {
         moe_fail(MOE_EINVAL, "--resume continues a run and --overwrite replaces it: give one");
         goto usage;
@@ -259,14 +281,23 @@ static int agree_exit(moe_comm *world, int code) {
 
 // The run folder and the checkpoint of a new or resumed run; returns the exit
 // code (0: usable) with the message recorded.
-static int check_run_folders(const train_args *a) {
+// Rank 0 (the process writing the run folder) takes its lock first: the
+// checks below then see the folder no other moe train is changing.
+static moe_run_lock_t run_lock = {.fd = -1};
+
+static int check_run_folders(const train_args *a, int rank) {
     int rc;
     // A checkpoint to resume from is input: unusable is exit 2, as in eval.
     if (a->resume && (rc = moe_cli_check_ckpt(a->resume)) < 0) {
         moe_fail(rc, "--resume: %s", moe_last_error());
         return moe_cli_input_exit_code(rc);
     }
+    if (rank == 0 && (rc = moe_run_lock(a->out, &run_lock)) < 0) return moe_cli_exit_code(rc);
     if (a->resume && check_resume_out(a->resume, a->out) < 0) return MOE_EXIT_USAGE;
+    if (!a->resume && moe_run_foreign_config(a->out)) {
+        foreign_config(a->out);
+        return MOE_EXIT_USAGE;
+    }
     // A second run into a run folder would mix two runs' metrics and replace
     // the first one's checkpoint: the user says which they mean.
     char ckpt[PATH_MAX];
@@ -286,7 +317,16 @@ static int check_run_folders(const train_args *a) {
     return 0;
 }
 
+static int train_main(int argc, char **argv);
+
 int moe_cli_train(int argc, char **argv) {
+    const int code = train_main(argc, argv);
+    // a run refused or failed before writing leaves no folder it created
+    moe_run_unlock(&run_lock, code != MOE_EXIT_OK && code != 130);
+    return code;
+}
+
+static int train_main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(train_help, stdout);
@@ -326,7 +366,7 @@ int moe_cli_train(int argc, char **argv) {
             code = MOE_EXIT_USAGE; // (agreed inside)
         }
     }
-    if (code == 0 && !a.dry_run) code = check_run_folders(&a);
+    if (code == 0 && !a.dry_run) code = check_run_folders(&a, rank);
     if (world) code = agree_exit(world, code);
     // The node layout the config asks for: every rank holds the same value now,
     // so a refusal (it does not divide the ranks) is the same on every rank.

@@ -180,6 +180,9 @@ int moe_make_dirs(const char *dir) {
         if (err == EEXIST && stat(p, &sb) == 0 && S_ISDIR(sb.st_mode)) err = 0;
         if (err == EEXIST || err == ENOTDIR) // a file where a folder goes
             return moe_fail(MOE_EINVAL, "%s: exists and is not a folder", p);
+        if (err == ENAMETOOLONG) // the name given, not the machine, is at fault
+            return moe_fail(MOE_EINVAL, "%s: cannot create: %s (at most %d bytes a name)", p,
+                            strerror(err), NAME_MAX);
         if (err) return moe_fail(MOE_EIO, "%s: cannot create: %s", p, strerror(err));
         if (!(*s = c)) return 0;
     }

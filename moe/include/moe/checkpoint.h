@@ -211,7 +211,26 @@ int moe_ckpt_step_name(const char *name, long *step, int *suffix);
 int moe_run_exists(const char *run);
 // Removes what a run wrote into RUN (metrics.jsonl, config.json, checkpoint*,
 // latest*, its TensorBoard event files), for train --overwrite; other files
-// are left alone.
+// are left alone. A config.json moe train did not write (moe_run_foreign_config)
+// is refused (MOE_EINVAL), not removed.
 int moe_run_clear(const char *run);
+// 1 when RUN holds a config.json but nothing else moe train writes (no
+// metrics.jsonl, checkpoint or latest): another tool's file (a `moe export --hf`
+// folder), which a run must not replace.
+int moe_run_foreign_config(const char *run);
+// The exclusive lock of a run folder, held by the one process writing it for
+// the whole run: two `moe train` with one --out would delete each other's
+// checkpoint.tmp and interleave metrics.jsonl. moe_run_lock creates RUN (and
+// its missing parents) and flocks the folder itself, so no file is added; a
+// folder another process holds is refused (MOE_EINVAL, naming it). Released
+// at exit at the latest; moe_run_unlock with remove_created also removes the
+// folders it created while they are still empty (a run refused at setup
+// leaves nothing behind).
+typedef struct {
+    int fd;                        // -1: not held
+    char run[4096], created[4096]; // created: the topmost folder moe_run_lock made ("" none)
+} moe_run_lock_t;
+int moe_run_lock(const char *run, moe_run_lock_t *lk);
+void moe_run_unlock(moe_run_lock_t *lk, bool remove_created);
 
 #endif

@@ -6,6 +6,7 @@
 #include "moe/checkpoint.h"
 #include "moe/config.h"
 #include "moe/error.h"
+#include "moe/export.h"
 #include "moe/fsio.h"
 #include "moe/infer.h"
 #include "moe/model.h"
@@ -14,6 +15,7 @@
 #include "moe/tokenizer.h"
 #include "testutil.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -801,6 +803,118 @@ START_TEST(test_a_replaced_tokenizer_is_refused_by_every_reader) {
 }
 END_TEST
 
+// A copy of the checkpoint with a unigram SentencePiece model of 600 pieces
+// as its tokenizer (manifest refreshed); path into uni, the model into model.
+static void unigram_checkpoint(char *uni, size_t cap, char *model, size_t mcap) {
+    char prefix[700], cmd[8000];
+    snprintf(uni, cap, "%s/uni-ck", root);
+    snprintf(prefix, sizeof prefix, "%s/uni", root);
+    snprintf(model, mcap, "%s.model", prefix);
+    if (access(uni, F_OK) == 0) return;
+    snprintf(cmd, sizeof cmd,
+             "spm_train --input=" MOE_SOURCE_DIR "/README.md --model_prefix='%s' "
+             "--vocab_size=600 --model_type=unigram --byte_fallback=true >/dev/null 2>&1 && "
+             "cp -r '%s' '%s' && cp '%s' '%s/tokenizer.model'",
+             prefix, ckpt, uni, model, uni);
+    ck_assert_int_eq(system(cmd), 0);
+    tu_refresh_manifest(uni);
+}
+
+static const char *const export_names[] = {"model.safetensors",     "config.json",
+                                           "tokenizer.model",       "tokenizer.json",
+                                           "tokenizer_config.json", "special_tokens_map.json"};
+
+// Every export file of b equal to the same file of a, and no other file.
+static void assert_same_folder(const char *a, const char *b, long call) {
+    ck_assert_msg(tu_count_entries(a) == tu_count_entries(b), "fault at call %ld: %d files, not %d",
+                  call, tu_count_entries(b), tu_count_entries(a));
+    char pa[1000], pb[1000];
+    for (int i = 0; i < 6; i++) {
+        snprintf(pa, sizeof pa, "%s/%s", a, export_names[i]);
+        snprintf(pb, sizeof pb, "%s/%s", b, export_names[i]);
+        ck_assert_int_eq(access(pa, F_OK), access(pb, F_OK));
+        if (access(pa, F_OK) == 0) tu_assert_same_file(pa, pb);
+    }
+}
+
+// Exports `from` into out, then `to` over it failing at each of its counted
+// file-system calls in turn: each failure leaves the first export byte for
+// byte and names errno's text. Sets bit i of *named for each file of
+// export_names a failure message named.
+static void fail_over(const char *from, const char *to, const char *out, unsigned *named) {
+    char snap[900], cmd[4000];
+    snprintf(snap, sizeof snap, "%s.snap", out);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s'", out, snap);
+    ck_assert_int_eq(system(cmd), 0);
+    ck_assert_msg(moe_export_hf(from, out) == 0, "%s", moe_last_error());
+    snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", out, snap);
+    ck_assert_int_eq(system(cmd), 0);
+    char redo[2000];
+    snprintf(redo, sizeof redo, "rm -rf '%s' && cp -r '%s' '%s'", out, snap, out);
+    moe_fs_fault_arm(0, MOE_FAULT_OFF);
+    ck_assert_msg(moe_export_hf(to, out) == 0, "%s", moe_last_error());
+    const long n = moe_fs_op_count();
+    for (long i = 1; i <= n; i++) {
+        ck_assert_int_eq(system(redo), 0);
+        moe_fs_fault_arm(i, MOE_FAULT_FAIL);
+        int rc = moe_export_hf(to, out);
+        moe_fs_fault_arm(0, MOE_FAULT_OFF);
+        if (rc == 0) continue; // a best-effort call (a folder's fsync) failed
+        const char *err = moe_last_error();
+        ck_assert_msg(strstr(err, strerror(EIO)), "fault at call %ld: %s", i, err);
+        for (int f = 0; f < 6; f++) {
+            char slash[64];
+            snprintf(slash, sizeof slash, "/%s", export_names[f]);
+            if (strstr(err, slash)) *named |= 1u << f;
+        }
+        assert_same_folder(snap, out, i);
+    }
+}
+
+// An export over an earlier one that fails at any counted call of the
+// export (moe/fsio.h: every file of it is written through them) leaves the
+// earlier export as it was, with no file of its own.
+START_TEST(test_a_failed_export_leaves_the_earlier_export_as_it_was) {
+    train_model();
+    char out[900], bytes_ck[900], uni[900], uni_model[900];
+    snprintf(out, sizeof out, "%s/hf-over", root);
+    snprintf(bytes_ck, sizeof bytes_ck, "%s/bytes-ck", root);
+    moe_config c = tu_ckpt_config();
+    tu_save_checkpoint(&c, bytes_ck);
+    unigram_checkpoint(uni, sizeof uni, uni_model, sizeof uni_model);
+    unsigned named = 0;
+    fail_over(ckpt, bytes_ck, out, &named); // the tokenizer files go
+    fail_over(ckpt, uni, out, &named);      // tokenizer.json goes
+    fail_over(bytes_ck, ckpt, out, &named); // all six come
+    ck_assert_msg(named == 0x3f, "only the files of mask 0x%x failed", named);
+}
+END_TEST
+
+// A byte model's export over a SentencePiece one leaves no tokenizer file; a
+// unigram SentencePiece model has no tokenizer.json (transformers converts
+// it): its export over a BPE export leaves no stale tokenizer.json that
+// AutoTokenizer would load instead.
+START_TEST(test_an_export_removes_the_tokenizer_files_it_does_not_write) {
+    train_model();
+    char out[900], uni[900], uni_model[900], bytes_ck[900], p[1000];
+    snprintf(out, sizeof out, "%s/hf-uni", root);
+    unigram_checkpoint(uni, sizeof uni, uni_model, sizeof uni_model);
+    ck_assert_msg(moe_export_hf(ckpt, out) == 0, "%s", moe_last_error());
+    snprintf(p, sizeof p, "%s/tokenizer.json", out);
+    ck_assert_int_eq(access(p, F_OK), 0);
+    ck_assert_msg(moe_export_hf(uni, out) == 0, "%s", moe_last_error());
+    ck_assert_int_ne(access(p, F_OK), 0);
+    snprintf(p, sizeof p, "%s/tokenizer.model", out);
+    tu_assert_same_file(p, uni_model);
+    ck_assert_int_eq(tu_count_entries(out), 5);
+    snprintf(bytes_ck, sizeof bytes_ck, "%s/bytes-ck2", root);
+    moe_config c = tu_ckpt_config();
+    tu_save_checkpoint(&c, bytes_ck);
+    ck_assert_msg(moe_export_hf(bytes_ck, out) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(tu_count_entries(out), 2); // config.json and model.safetensors
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("tokenizer");
     TCase *tc = tcase_create("bytes");
@@ -836,6 +950,8 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_export_writes_the_tokenizer_for_transformers);
     tcase_add_test(tc, test_a_tokenizer_larger_than_the_model_is_refused_by_generate_and_export);
     tcase_add_test(tc, test_a_replaced_tokenizer_is_refused_by_every_reader);
+    tcase_add_test(tc, test_a_failed_export_leaves_the_earlier_export_as_it_was);
+    tcase_add_test(tc, test_an_export_removes_the_tokenizer_files_it_does_not_write);
     tcase_add_unchecked_fixture(tc, NULL, suite_teardown);
     suite_add_tcase(s, tc);
     return s;

@@ -25,6 +25,7 @@
 #include "moe/checkpoint.h"
 #include "moe/error.h"
 #include "moe/file.h"
+#include "moe/fsio.h"
 #include "moe/model.h"
 #include "moe/safetensors.h"
 #include "moe/task_experts.h"
@@ -140,18 +141,11 @@ static void unsupported(const moe_config *c, char *msg, size_t cap) {
 }
 #undef ADD
 
-// A JSON document to path (plain stdio: an export is not a checkpoint).
+// A JSON document to path through the counted calls (moe/fsio.h), so a
+// test can fail any write of an export.
 static int dump_json(const char *path, json_t *o) {
-    FILE *f = fopen(path, "w");
-    int rc = 0;
-    if (!f) {
-        rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
-    } else {
-        int bad = json_dumpf(o, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-        bad |= fputc('\n', f) == EOF;
-        bad |= fclose(f) != 0;
-        if (bad) rc = moe_fail(MOE_EIO, "%s: write failed", path);
-    }
+    int rc =
+        moe_fs_write_json(path, o, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(o);
     return rc;
 }
@@ -163,21 +157,35 @@ static json_t *piece_json(const moe_tokenizer *t, int id) {
     return json_string(buf);
 }
 
+// The files an export writes. Each is written under a temp name first
+// (NAME.export-tmp) and renamed into place only when all are written, so a
+// failed export over an earlier one leaves the earlier one as it was.
+enum { F_MODEL, F_CONFIG, F_TOK_MODEL, F_TOK_JSON, F_TOK_CONFIG, F_TOK_MAP, N_OUT_FILES };
+static const char *const out_files[N_OUT_FILES] = {
+    "model.safetensors", "config.json",           "tokenizer.model",
+    "tokenizer.json",    "tokenizer_config.json", "special_tokens_map.json"};
+
+#define TMP ".export-tmp"
+#define OLD ".export-old" // an earlier export's file, moved aside while the new one goes in
+
+// out/NAME plus suffix ("", TMP or OLD); moe_export_hf_task checks the length.
+static void out_path(char *p, size_t cap, const char *out, int f, const char *suffix) {
+    snprintf(p, cap, "%s/%s%s", out, out_files[f], suffix);
+}
+
 // tokenizer.model, tokenizer_config.json (LlamaTokenizer: BOS added before
 // the text, no EOS, the SentencePiece model's own pieces for the specials)
-// and special_tokens_map.json.
-static int write_tokenizer(const char *out, const moe_tokenizer *t, int seq_len) {
+// and special_tokens_map.json, under their temp names; wrote[f] marks each.
+static int write_tokenizer(const char *out, const moe_tokenizer *t, int seq_len, bool *wrote) {
     char p[PATH_MAX];
     size_t len;
     const void *bytes = moe_tok_model_bytes(t, &len);
-    snprintf(p, sizeof p, "%s/tokenizer.model", out);
-    FILE *f = fopen(p, "wb");
-    if (!f) return moe_fail(MOE_EIO, "%s: cannot create: %s", p, strerror(errno));
-    bool bad = fwrite(bytes, 1, len, f) != len;
-    bad |= fclose(f) != 0;
-    if (bad) return moe_fail(MOE_EIO, "%s: write failed", p);
+    out_path(p, sizeof p, out, F_TOK_MODEL, TMP);
+    wrote[F_TOK_MODEL] = true; // a failed write removes its file itself; cleanup is harmless
+    MOE_TRY(moe_fs_write_file(p, bytes, len));
     if (moe_tok_model_type(t) == 2) { // BPE; transformers converts the others itself
-        snprintf(p, sizeof p, "%s/tokenizer.json", out);
+        out_path(p, sizeof p, out, F_TOK_JSON, TMP);
+        wrote[F_TOK_JSON] = true;
         MOE_TRY(moe_export_tokenizer_json(p, t));
     }
     const int bos = moe_tok_bos_id(t), eos = moe_tok_eos_id(t);
@@ -193,13 +201,15 @@ static int write_tokenizer(const char *out, const moe_tokenizer *t, int seq_len)
     json_object_set_new(o, "legacy", json_true());
     json_object_set_new(o, "clean_up_tokenization_spaces", json_false());
     json_object_set_new(o, "model_max_length", json_integer(seq_len));
-    snprintf(p, sizeof p, "%s/tokenizer_config.json", out);
+    out_path(p, sizeof p, out, F_TOK_CONFIG, TMP);
+    wrote[F_TOK_CONFIG] = true;
     MOE_TRY(dump_json(p, o));
     o = json_object();
     json_object_set_new(o, "bos_token", piece_json(t, bos));
     json_object_set_new(o, "eos_token", piece_json(t, eos));
     json_object_set_new(o, "unk_token", piece_json(t, 0));
-    snprintf(p, sizeof p, "%s/special_tokens_map.json", out);
+    out_path(p, sizeof p, out, F_TOK_MAP, TMP);
+    wrote[F_TOK_MAP] = true;
     return dump_json(p, o);
 }
 
@@ -503,6 +513,8 @@ int moe_export_hf_task(const char *ckpt, const char *out, const char *task) {
     moe_st_set *s = NULL;
     int n = 0, m = 0, rc = 0;
     bool created = false;
+    // per file: temp written, final moved aside, new one in place
+    bool wrote[N_OUT_FILES] = {false}, moved[N_OUT_FILES] = {false}, placed[N_OUT_FILES] = {false};
     char p[PATH_MAX];
     moe_st_entry *e = NULL;
     void **data = NULL;
@@ -523,8 +535,9 @@ int moe_export_hf_task(const char *ckpt, const char *out, const char *task) {
         if (!set || !w) MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "export: out of memory"), rc);
         MOE_TRY_GOTO(task_routes(&c, s, task_id, set, w), rc);
     }
+    if (strlen(out) + sizeof "/special_tokens_map.json" OLD > PATH_MAX)
+        MOE_TRY_GOTO(moe_fail(MOE_EINVAL, "%s: path too long", out), rc);
     MOE_TRY_GOTO(check_out_dir(ckpt, out), rc);
-    const bool was_export = is_export(out);
     for (int i = 0; i < s->n_files; i++)
         n += s->files[i]->n_tensors;
     e = calloc((size_t)n + 1, sizeof *e);
@@ -576,29 +589,54 @@ int moe_export_hf_task(const char *ckpt, const char *out, const char *task) {
     else if (errno != EEXIST)
         MOE_TRY_GOTO(moe_fail(MOE_EIO, "%s: cannot create: %s", out, strerror(errno)), rc);
     const char *meta[] = {"format", "pt", NULL};
-    snprintf(p, sizeof p, "%s/model.safetensors", out);
+    out_path(p, sizeof p, out, F_MODEL, TMP);
+    wrote[F_MODEL] = true;
     MOE_TRY_GOTO(moe_st_write(p, e, m, meta), rc);
-    snprintf(p, sizeof p, "%s/config.json", out);
+    out_path(p, sizeof p, out, F_CONFIG, TMP);
+    wrote[F_CONFIG] = true;
     MOE_TRY_GOTO(write_config(p, &c, tok, task), rc);
-    if (tok) MOE_TRY_GOTO(write_tokenizer(out, tok, c.model.seq_len), rc);
-    for (int i = 0; !tok && was_export && i < 4; i++) { // a SentencePiece export's, now stale
-        static const char *const stale[] = {"tokenizer.model", "tokenizer.json",
-                                            "tokenizer_config.json", "special_tokens_map.json"};
-        snprintf(p, sizeof p, "%s/%s", out, stale[i]);
-        unlink(p);
+    if (tok) MOE_TRY_GOTO(write_tokenizer(out, tok, c.model.seq_len, wrote), rc);
+    // All written: into place. The earlier export's files are first moved
+    // aside (NAME.export-old) so that a failed rename puts them back; those
+    // this export does not write (a tokenizer.json AutoTokenizer would load)
+    // go with them.
+    for (int f = 0; f < N_OUT_FILES; f++) {
+        char old[PATH_MAX];
+        out_path(p, sizeof p, out, f, "");
+        out_path(old, sizeof old, out, f, OLD);
+        struct stat sb;
+        if (lstat(p, &sb) != 0) continue;
+        if (moe_fs_rename(p, old) != 0)
+            MOE_TRY_GOTO(moe_fail(MOE_EIO, "%s: cannot move the earlier export's file aside: %s", p,
+                                  strerror(errno)),
+                         rc);
+        moved[f] = true;
     }
+    for (int f = 0; f < N_OUT_FILES; f++) {
+        char tmp[PATH_MAX];
+        out_path(tmp, sizeof tmp, out, f, TMP);
+        out_path(p, sizeof p, out, f, "");
+        if (!wrote[f]) continue;
+        if (moe_fs_rename(tmp, p) != 0)
+            MOE_TRY_GOTO(
+                moe_fail(MOE_EIO, "%s: cannot rename %s into place: %s", p, tmp, strerror(errno)),
+                rc);
+        wrote[f] = false, placed[f] = true;
+    }
+    moe_fs_fsync_dir(out); // best effort: the files are in place by then
 fail:
-    if (rc < 0 && created) { // a write failed: take back the folder this call made
-        snprintf(p, sizeof p, "%s/model.safetensors", out);
-        unlink(p);
-        static const char *const made[] = {"config.json", "tokenizer.model", "tokenizer.json",
-                                           "tokenizer_config.json", "special_tokens_map.json"};
-        for (int i = 0; i < 5; i++) {
-            snprintf(p, sizeof p, "%s/%s", out, made[i]);
-            unlink(p);
-        }
-        rmdir(out);
+    // Not counted below: the failure being handled may be an injected one.
+    for (int f = 0; f < N_OUT_FILES; f++) {
+        char old[PATH_MAX];
+        out_path(p, sizeof p, out, f, "");
+        out_path(old, sizeof old, out, f, OLD);
+        if (rc < 0 && placed[f]) unlink(p);
+        if (rc < 0 && moved[f]) rename(old, p); // the earlier export back
+        if (rc == 0 && moved[f]) unlink(old);
+        out_path(p, sizeof p, out, f, TMP);
+        if (wrote[f]) unlink(p); // this call's temp files
     }
+    if (rc < 0 && created) rmdir(out);
     for (int i = 0; data && i < n; i++)
         free(data[i]);
     free(data);

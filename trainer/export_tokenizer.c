@@ -5,8 +5,8 @@
 // the merged piece, so both libraries apply the merges in the same order.
 #include "moe/error.h"
 #include "moe/export.h"
+#include "moe/fsio.h"
 
-#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -139,15 +139,7 @@ int moe_export_tokenizer_json(const char *path, const moe_tokenizer *t) {
     json_object_set_new(model, "merges", merges);
     json_object_set_new(doc, "model", model);
     added = vocab = merges = NULL; // owned by doc now
-    FILE *f = fopen(path, "w");
-    if (!f) {
-        rc = moe_fail(MOE_EIO, "%s: cannot create: %s", path, strerror(errno));
-    } else {
-        int bad = json_dumpf(doc, f, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
-        bad |= fputc('\n', f) == EOF;
-        bad |= fclose(f) != 0;
-        if (bad) rc = moe_fail(MOE_EIO, "%s: write failed", path);
-    }
+    rc = moe_fs_write_json(path, doc, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     json_decref(doc);
 fail:
     json_decref(vocab);

@@ -43,4 +43,9 @@ int moe_expert_choice_forward(moe_plan *plan, const float *logits, int T, int E,
 void moe_expert_choice_backward(float *dlogits, const float *dweight, const moe_plan *plan,
                                 const moe_router_config *cfg, float z_scale);
 
+// Parallel parts of a routing call of T tokens (the CPU pool's token ranges),
+// and the scratch bytes one part needs for E experts and k choices a token.
+int moe_router_token_parts(int T);
+size_t moe_router_rows_bytes(int E, int k);
+
 #endif

@@ -16,8 +16,16 @@ static size_t plan_words(int T_max, int E, int k) {
     return n_int + n_float + 1;
 }
 
+// Per-token scratch of the router's parallel parts (top-k heap, group masks,
+// backward dp): heap, not stack, since E and k reach 65536.
+static int rows_parts(int T_max) {
+    int parts = moe_router_token_parts(T_max);
+    return parts > 1 ? parts : 1;
+}
+
 size_t moe_plan_bytes(int T_max, int E, int k) {
-    return 4 * plan_words(T_max, E, k) + moe_slot_order_scratch_bytes(T_max) + 1;
+    return 4 * plan_words(T_max, E, k) + moe_slot_order_scratch_bytes(T_max) + 1 +
+           (size_t)rows_parts(T_max) * moe_router_rows_bytes(E, k);
 }
 
 int moe_plan_alloc(moe_plan *plan, int T_max, int E, int k) {
@@ -27,10 +35,14 @@ int moe_plan_alloc(moe_plan *plan, int T_max, int E, int k) {
     size_t tk = (size_t)T_max * k, te = (size_t)T_max * E;
     char *b = moe_calloc(plan_words(T_max, E, k), 4);
     plan->scratch = moe_malloc(moe_slot_order_scratch_bytes(T_max) + 1);
-    if (!b || !plan->scratch) {
+    plan->rows_parts = rows_parts(T_max);
+    plan->rows_bytes = moe_router_rows_bytes(E, k);
+    plan->rows = moe_malloc((size_t)plan->rows_parts * plan->rows_bytes);
+    if (!b || !plan->scratch || !plan->rows) {
         moe_mfree(b);
         moe_mfree(plan->scratch);
-        plan->scratch = NULL;
+        moe_mfree(plan->rows);
+        memset(plan, 0, sizeof *plan);
         return moe_fail(MOE_ENOMEM, "plan for T=%d E=%d k=%d: out of memory", T_max, E, k);
     }
     int *ip = (int *)b;
@@ -58,6 +70,7 @@ int moe_plan_alloc(moe_plan *plan, int T_max, int E, int k) {
 void moe_plan_free(moe_plan *plan) {
     moe_mfree(plan->block);
     moe_mfree(plan->scratch);
+    moe_mfree(plan->rows);
     memset(plan, 0, sizeof *plan);
 }
 

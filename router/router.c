@@ -12,10 +12,59 @@
 #include <math.h>
 #include <string.h>
 
+// One candidate of a token's top-k: its score and expert.
+typedef struct {
+    double s;
+    int e;
+} cand;
+
+// a ranks below b in (score desc, index asc): the tie goes to the lower expert.
+static inline bool ranks_below(cand a, cand b) {
+    return a.s < b.s || (a.s == b.s && a.e > b.e);
+}
+
+static void heap_down(cand *h, int n, int i) {
+    for (;;) {
+        int l = 2 * i + 1, m = i;
+        if (l < n && ranks_below(h[l], h[m])) m = l;
+        if (l + 1 < n && ranks_below(h[l + 1], h[m])) m = l + 1;
+        if (m == i) return;
+        cand t = h[i];
+        h[i] = h[m], h[m] = t, i = m;
+    }
+}
+
+// Offers expert e (experts arrive in index order) to the heap h of the best
+// *n <= k so far, worst at the root. A full heap takes e only with a strictly
+// larger score than the root's: e's index is above every kept one, so a tie
+// leaves it out.
+static inline void heap_offer(cand *h, int *n, int k, double s, int e) {
+    if (*n < k) {
+        int i = (*n)++;
+        h[i] = (cand){s, e};
+        while (i > 0 && ranks_below(h[i], h[(i - 1) / 2])) {
+            cand t = h[i];
+            h[i] = h[(i - 1) / 2], h[(i - 1) / 2] = t, i = (i - 1) / 2;
+        }
+    } else if (s > h[0].s) {
+        h[0] = (cand){s, e};
+        heap_down(h, k, 0);
+    }
+}
+
+// Empties the heap into ch[0..n) best first (the root is the worst left).
+static void heap_drain(int *ch, cand *h, int n) {
+    while (n > 0) {
+        ch[n - 1] = h[0].e;
+        h[0] = h[--n];
+        heap_down(h, n, 0);
+    }
+}
+
 // Picks the k choices of one token into ch[0..k). Choice 0 is argmax p;
 // later choices maximise p, or logits + Gumbel noise when gumbel != 0
 // (DeepSpeed top-2 samples the second expert this way). Ties go to the lower
-// expert index because only a strictly larger score replaces the best.
+// expert index.
 // bias [E] (NULL: none) is added to the scores for the choice only, never to
 // the weights: the slot of DeepSeek-V3's auxiliary-loss-free balancing bias.
 // The sum is a double of the two floats, so tiny scores that would round to a
@@ -25,46 +74,47 @@
 // token's groups, from the same biased scores; Gumbel-sampled choices stay
 // inside the groups too.
 //
-// Without Gumbel noise the k passes of argmax are one pass of insertion into a
-// list kept in (score desc, index asc) order: the j-th pass's argmax is the
-// list's j-th entry, because an expert enters ahead of an entry only with a
-// strictly larger score and experts arrive in index order. Most experts lose
-// to the list's last entry at the first compare, so a token costs about E
-// compares rather than k*E*k.
+// The k passes of argmax are the top k in (score desc, index asc) order: a
+// heap of k candidates keyed by that order, then drained best first. Most
+// experts lose to the root at the first compare, so a token costs about E
+// compares (E log k at worst) and k log k to drain, not E k. Under Gumbel
+// noise, choices 1..k-1 are the top k-1 noisy scores of the experts other
+// than choice 0: each expert's noise is drawn once. rows is the part's scratch
+// (moe_router_rows_bytes): k candidates, n_groups doubles, E allow bytes.
 static void topk_row(int *ch, const float *p, const float *bias, const float *x, int E, int k,
-                     int gumbel, const moe_router_config *cfg, uint64_t step, size_t row) {
+                     int gumbel, const moe_router_config *cfg, uint64_t step, size_t row,
+                     void *rows) {
     const bool grouped = moe_router_groups_active(cfg);
-    unsigned char allow[grouped ? E : 1];
-    double gscore[grouped ? cfg->n_groups : 1];
+    cand *h = rows;
+    double *gscore = (double *)(h + k);
+    unsigned char *allow = (unsigned char *)(gscore + E);
     if (grouped) moe_router_groups_allow(allow, gscore, p, bias, E, cfg);
+    int n = 0;
     if (!gumbel || k == 1) {
-        double top[k];
-        int n = 0;
         for (int e = 0; e < E; e++) {
             if (grouped && !allow[e]) continue;
-            double s = bias ? (double)p[e] + bias[e] : p[e];
-            if (n == k && !(s > top[k - 1])) continue;
-            int i = n < k ? n++ : k - 1;
-            for (; i > 0 && s > top[i - 1]; i--)
-                top[i] = top[i - 1], ch[i] = ch[i - 1];
-            top[i] = s, ch[i] = e;
+            heap_offer(h, &n, k, bias ? (double)p[e] + bias[e] : p[e], e);
         }
+        heap_drain(ch, h, n);
         return;
     }
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        double best_s = 0.0;
-        for (int e = 0; e < E; e++) {
-            int taken = grouped && !allow[e];
-            for (int i = 0; i < j; i++)
-                taken |= ch[i] == e;
-            if (taken) continue;
-            double s = bias ? (double)p[e] + bias[e] : p[e];
-            if (j > 0 && gumbel) s = x[e] + moe_noise_gumbel(cfg->seed, step, row * E + e);
-            if (best < 0 || s > best_s) best = e, best_s = s;
-        }
-        ch[j] = best;
+    int best = -1;
+    double best_s = 0.0;
+    for (int e = 0; e < E; e++) {
+        if (grouped && !allow[e]) continue;
+        double s = bias ? (double)p[e] + bias[e] : p[e];
+        if (best < 0 || s > best_s) best = e, best_s = s;
     }
+    ch[0] = best;
+    for (int e = 0; e < E; e++) {
+        if ((grouped && !allow[e]) || e == best) continue;
+        heap_offer(h, &n, k - 1, x[e] + moe_noise_gumbel(cfg->seed, step, row * E + e), e);
+    }
+    heap_drain(ch + 1, h, n);
+}
+
+size_t moe_router_rows_bytes(int E, int k) {
+    return ((sizeof(cand) * (size_t)k + 9 * (size_t)E + 15) / 16) * 16;
 }
 
 int moe_router_plan_k(const moe_router_config *cfg, int E) {
@@ -93,9 +143,21 @@ typedef struct {
 
 enum { TOKENS_PER_PART = 64 };
 
-static int token_parts(int T) {
+int moe_router_token_parts(int T) {
     int parts = (T + TOKENS_PER_PART - 1) / TOKENS_PER_PART, cap = 4 * moe_cpu_threads();
     return parts < cap ? parts : cap;
+}
+
+// The parts of a call over the plan: at most the parts its row scratch holds
+// (the thread count may have grown since moe_plan_alloc; the split changes no
+// result).
+static int plan_parts(const moe_plan *plan, int T) {
+    int parts = moe_router_token_parts(T);
+    return parts < plan->rows_parts ? parts : plan->rows_parts;
+}
+
+static void *part_rows(const moe_plan *plan, int i) {
+    return (char *)plan->rows + (size_t)i * plan->rows_bytes;
 }
 
 static void part_range(int T, int parts, int i, int *t0, int *t1) {
@@ -120,7 +182,7 @@ static void scores_part(void *ctx, int i) {
             plan->lse[t] = moe_score_softmax_row(p, x, E);
         }
         topk_row(plan->choice + (size_t)t * k, p, plan->bias, x, E, k, j->gumbel, j->cfg, j->step,
-                 t);
+                 t, part_rows(plan, i));
     }
 }
 
@@ -182,7 +244,7 @@ int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, 
                    .T = T,
                    .E = E,
                    .k = k,
-                   .parts = token_parts(T),
+                   .parts = plan_parts(plan, T),
                    .sigmoid = sigmoid,
                    .gumbel = training && cfg->noise == MOE_NOISE_GUMBEL};
 
@@ -253,7 +315,7 @@ int moe_router_forward(moe_plan *plan, const float *logits, const int *task_id, 
             aux += job.fs[t];
         aux = T ? aux / T : 0.0;
     } else {
-        double P[E];
+        double *P = part_rows(plan, 0); // [E], the parts are done
         for (int e = 0; e < E; e++)
             P[e] = 0.0;
         for (int t = 0; t < T; t++) {
@@ -321,8 +383,10 @@ static void backward_part(void *ctx, int i) {
         const float *dw = J->dweight ? J->dweight + (size_t)t * k : NULL;
         float *dl = J->dlogits + (size_t)t * E;
 
-        // dp of each kept choice, in dpk[j] (k is small: at most E)
-        double dpk[k];
+        // dp of each kept choice, in dpk[j]; the old dlogits of the kept
+        // choices in dl0[j] (the part's row scratch holds 12 k bytes)
+        double *dpk = part_rows(plan, i);
+        float *dl0 = (float *)(dpk + k);
         double s = 0.0, dot_w = 0.0;
         for (int j = 0; j < k; j++) {
             dpk[j] = 0.0;
@@ -342,7 +406,6 @@ static void backward_part(void *ctx, int i) {
         // Every expert first takes the dp of an unchosen one, then the kept
         // choices redo their own entry from the saved input: O(E + k), not
         // O(E k), and no [E] scratch.
-        float dl0[k];
         for (int j = 0; j < k; j++)
             if (ex[j] >= 0) dl0[j] = dl[ex[j]];
         double zc = 2.0 * J->z_scale * plan->lse[t] / T;
@@ -388,6 +451,7 @@ void moe_router_backward(float *dlogits, const float *dweight, const moe_plan *p
         moe_expert_choice_backward(dlogits, dweight, plan, cfg, z_scale);
         return;
     }
-    bwd_job job = {dlogits, dweight, plan, cfg, (double)aux_scale * E / T, z_scale, token_parts(T)};
+    bwd_job job = {
+        dlogits, dweight, plan, cfg, (double)aux_scale * E / T, z_scale, plan_parts(plan, T)};
     moe_cpu_parallel_for(job.parts, backward_part, &job);
 }

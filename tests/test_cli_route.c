@@ -588,6 +588,28 @@ START_TEST(test_refused_config_prints_no_note) {
 }
 END_TEST
 
+// Logits wider than moe.num_experts allows ([1, 1100000]: the router's stack
+// arrays of E and k entries overflowed) exit 2 naming the tensor and the
+// limit, through the binary, with and without a top_k that large.
+START_TEST(test_logits_wider_than_the_expert_limit_exit_2) {
+    enum { WIDE = 1100000 };
+    float *x = calloc(WIDE, sizeof(float));
+    const char *in = tu_in_dir("wide.safetensors");
+    moe_st_entry e[1] = {{"logits", MOE_ST_F32, 2, {1, WIDE}, x}};
+    ck_assert_int_eq(moe_st_write(in, e, 1, NULL), 0);
+    free(x);
+    const char *sets[] = {"", "--set router.top_k=1048576"};
+    for (int i = 0; i < 2; i++) {
+        ck_assert_int_eq(tu_run_moe_in(tu_dir, "route --logits '%s' --out p.st %s", in, sets[i]),
+                         2);
+        const char *err = tu_file_text(tu_dir, "err.txt");
+        ck_assert_msg(strstr(err, "'logits'") && strstr(err, "65536") && strstr(err, "1100000"),
+                      "%s", err);
+        ck_assert_int_eq(access(tu_in_dir("p.st"), F_OK), -1);
+    }
+}
+END_TEST
+
 // The noise generator exactly as README "Router semantics" writes it, apart
 // from the code: splitmix64's finaliser chained over (seed, step, stream, i).
 static uint64_t doc_mix(uint64_t z) {
@@ -684,6 +706,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_zero_bias_routes_as_none_and_is_recorded_unused);
     tcase_add_test(tc, test_expert_choice_refuses_a_bias_tensor);
     tcase_add_test(tc, test_refused_config_prints_no_note);
+    tcase_add_test(tc, test_logits_wider_than_the_expert_limit_exit_2);
     tcase_add_test(tc, test_noise_follows_the_documented_generator);
     suite_add_tcase(s, tc);
     return s;

@@ -2,6 +2,7 @@
 // inputs, and central-difference gradient checks of the backward pass.
 #include "moe/error.h"
 #include "moe/router.h"
+#include "router/internal.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -453,6 +454,106 @@ START_TEST(test_router_backward_accumulates) {
 }
 END_TEST
 
+// The choices of one token by their definition (the router's former code):
+// k passes of argmax over the allowed experts not yet taken, on p + bias, or
+// on logits + Gumbel noise for choices 2..k; only a strictly larger score
+// replaces the best, so ties go to the lower expert.
+static void topk_reference(int *ch, const float *p, const float *bias, const float *x, int E, int k,
+                           bool gumbel, const moe_router_config *c, uint64_t step, size_t row) {
+    unsigned char allow[64];
+    double gscore[64];
+    const bool grouped = moe_router_groups_active(c);
+    if (grouped) moe_router_groups_allow(allow, gscore, p, bias, E, c);
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        double best_s = 0.0;
+        for (int e = 0; e < E; e++) {
+            int taken = grouped && !allow[e];
+            for (int i = 0; i < j; i++)
+                taken |= ch[i] == e;
+            if (taken) continue;
+            double s = bias ? (double)p[e] + bias[e] : p[e];
+            if (j > 0 && gumbel) s = x[e] + moe_noise_gumbel(c->seed, step, row * E + e);
+            if (best < 0 || s > best_s) best = e, best_s = s;
+        }
+        ch[j] = best;
+    }
+}
+
+// The heap top-k picks the same experts in the same order as k passes of
+// argmax, ties included: logits from three values (many equal scores), a bias
+// with ties of its own, groups and Gumbel noise on random small cases.
+START_TEST(test_topk_equals_argmax_passes_with_ties) {
+    tu_rng r;
+    tu_seed(&r, 77);
+    for (int iter = 0; iter < 600; iter++) {
+        int E = 1 + (int)(tu_uniform(&r) * 16), k = 1 + (int)(tu_uniform(&r) * E);
+        int T = 1 + (int)(tu_uniform(&r) * 20);
+        moe_router_config c = cfg_k(k, 0.0, 0);
+        c.score = tu_uniform(&r) < 0.3f ? MOE_SCORE_SIGMOID : MOE_SCORE_SOFTMAX;
+        bool gumbel = tu_uniform(&r) < 0.3f;
+        c.noise = gumbel ? MOE_NOISE_GUMBEL : MOE_NOISE_NONE;
+        c.seed = (uint64_t)iter;
+        for (int ng = E; ng > 1; ng--) // the largest group count whose groups can hold k
+            if (E % ng == 0 && tu_uniform(&r) < 0.3f) {
+                int tg = 1 + (int)(tu_uniform(&r) * ng);
+                if ((long)tg * (E / ng) >= k) c.n_groups = ng, c.topk_groups = tg;
+                break;
+            }
+        float *x = malloc(sizeof(float) * T * E), bias[16];
+        for (int i = 0; i < T * E; i++)
+            x[i] = 0.5f * (float)(int)(tu_uniform(&r) * 3);
+        for (int e = 0; e < E; e++)
+            bias[e] = 0.25f * (float)(int)(tu_uniform(&r) * 2);
+        moe_plan pl;
+        ck_assert_int_eq(moe_plan_alloc(&pl, T, E, k), 0);
+        pl.bias = tu_uniform(&r) < 0.4f ? bias : NULL;
+        const uint64_t step = 3;
+        ck_assert_msg(moe_router_forward(&pl, x, NULL, NULL, T, E, &c, true, step) == 0, "%s",
+                      moe_last_error());
+        int want[16];
+        for (int t = 0; t < T; t++) {
+            topk_reference(want, pl.probs + (size_t)t * E, pl.bias, x + (size_t)t * E, E, k, gumbel,
+                           &c, step, t);
+            for (int j = 0; j < k; j++)
+                ck_assert_msg(pl.choice[t * k + j] == want[j],
+                              "iter %d token %d choice %d: %d, want %d (E %d k %d)", iter, t, j,
+                              pl.choice[t * k + j], want[j], E, k);
+        }
+        moe_plan_free(&pl);
+        free(x);
+    }
+}
+END_TEST
+
+// top_k = E = 65536 (the moe.num_experts limit): no stack array of E or k
+// entries (they overflowed a thread's stack); every token takes every expert
+// in descending score, ties to the lower expert; the backward runs too.
+START_TEST(test_topk_at_the_expert_limit) {
+    enum { TW = 3, EW = MOE_MAX_EXPERTS };
+    float *x = malloc(sizeof(float) * TW * EW), *dl = calloc((size_t)TW * EW, sizeof(float));
+    float *dw = malloc(sizeof(float) * TW * EW);
+    for (int i = 0; i < TW * EW; i++)
+        x[i] = (float)((i * 7919) % 13) * 0.25f, dw[i] = 1.0f;
+    moe_router_config c = cfg_k(EW, 0.0, 0);
+    moe_plan pl;
+    ck_assert_int_eq(moe_plan_alloc(&pl, TW, EW, EW), 0);
+    ck_assert_int_eq(moe_router_forward(&pl, x, NULL, NULL, TW, EW, &c, false, 0), 0);
+    for (int t = 0; t < TW; t++) {
+        const int *ch = pl.choice + (size_t)t * EW;
+        const float *xt = x + (size_t)t * EW;
+        for (int j = 1; j < EW; j++)
+            ck_assert(xt[ch[j - 1]] > xt[ch[j]] ||
+                      (xt[ch[j - 1]] == xt[ch[j]] && ch[j - 1] < ch[j]));
+    }
+    moe_router_backward(dl, dw, &pl, &c, 0.01f, 0.001f);
+    for (int i = 0; i < TW * EW; i++)
+        ck_assert(isfinite(dl[i]));
+    moe_plan_free(&pl);
+    free(x), free(dl), free(dw);
+}
+END_TEST
+
 static Suite *router_suite(void) {
     Suite *s = suite_create("router");
     TCase *tc = tcase_create("core");
@@ -471,6 +572,8 @@ static Suite *router_suite(void) {
     tcase_add_test(tc, test_noise_is_seeded);
     tcase_add_test(tc, test_router_backward_finite_differences);
     tcase_add_test(tc, test_router_backward_accumulates);
+    tcase_add_test(tc, test_topk_equals_argmax_passes_with_ties);
+    tcase_add_test(tc, test_topk_at_the_expert_limit);
     suite_add_tcase(s, tc);
     return s;
 }

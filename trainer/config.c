@@ -68,7 +68,8 @@ static const key_def keys[] = {
     {"model.tokenizer", K_STR, F(model.tokenizer), NO, "bytes", NULL, R0,
      "bytes, or a SentencePiece .model file (train one with spm_train; model.vocab_size must "
      "be at least its vocabulary); checkpoints keep a copy"},
-    {"moe.num_experts", K_INTS, F(moe.num_experts), F(moe.n_num_experts), "8", NULL, RI(1, 1 << 16),
+    {"moe.num_experts", K_INTS, F(moe.num_experts), F(moe.n_num_experts), "8", NULL,
+     RI(1, MOE_MAX_EXPERTS),
      "experts per MoE layer: one number, or a list with one entry per MoE layer (pyramid)"},
     {"moe.d_expert", K_INT, F(moe.d_expert), NO, "0", NULL, RI(0, 1 << 20),
      "expert FFN hidden size (0: model.d_ff)"},

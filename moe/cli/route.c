@@ -26,7 +26,8 @@ static const char *const route_help =
     "\n"
     "Routes logits [T, E] with the router and writes the dispatch plan.\n"
     "\n"
-    "  --logits FILE    safetensors with 'logits' F32 [T, E] and optionally\n"
+    "  --logits FILE    safetensors with 'logits' F32 [T, E] (E <= 65536, the\n"
+    "                   moe.num_experts limit) and optionally\n"
     "                   'task_ids' I32 [T] (task of each token, >= 0) and 'bias'\n"
     "                   F32 [E] (expert selection bias of auxiliary-loss-free\n"
     "                   balancing: added to the scores, in double, for the top-k\n"
@@ -416,6 +417,14 @@ static int route_file(const route_args *a) {
         rc = moe_fail(MOE_EFORMAT,
                       "%s: logits are [%lld, %lld], expected T >= 1 tokens and E >= 1 experts",
                       a->logits_path, (long long)shape[0], (long long)shape[1]);
+        goto fail;
+    }
+    if (shape[1] > MOE_MAX_EXPERTS) {
+        rc = moe_fail(MOE_EFORMAT,
+                      "%s: tensor 'logits' is [%lld, %lld]: %lld experts exceed the limit of %d "
+                      "(moe.num_experts <= %d)",
+                      a->logits_path, (long long)shape[0], (long long)shape[1], (long long)shape[1],
+                      MOE_MAX_EXPERTS, MOE_MAX_EXPERTS);
         goto fail;
     }
     int T = (int)shape[0], E = (int)shape[1];

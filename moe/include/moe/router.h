@@ -86,6 +86,10 @@ bool moe_router_groups_active(const moe_router_config *cfg);
 void moe_router_groups_allow(unsigned char *allow, double *gscore, const float *p,
                              const float *bias, int E, const moe_router_config *cfg);
 
+// The most experts a layer has (moe.num_experts); readers of router inputs
+// (moe route --logits) refuse wider ones.
+enum { MOE_MAX_EXPERTS = 1 << 16 };
+
 // The dispatch plan of one routing call. Arrays are sized once for
 // (T_max, E, k) by moe_plan_alloc and reused every step. Under expert choice
 // k is E (moe_router_plan_k): token t's experts fill expert[t, 0..n_t) in
@@ -118,6 +122,9 @@ typedef struct {
 
     bool expert_choice; // routed by expert choice (counts = kept = capacity = C for every expert)
     int unrouted;       // expert choice: tokens that no expert took (they skip the experts)
+    void *rows;         // [rows_parts] router scratch of rows_bytes each, one per parallel part
+    size_t rows_bytes;
+    int rows_parts;
 } moe_plan;
 
 int moe_plan_alloc(moe_plan *plan, int T_max, int E, int k);

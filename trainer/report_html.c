@@ -162,7 +162,7 @@ static int usage_heatmap(FILE *f, const moe_run_metrics *m, const moe_usage *u) 
     double *v = calloc((size_t)m->n_tasks * nc + 1, sizeof(double));
     const char **rows = calloc((size_t)m->n_tasks + 1, sizeof(char *)),
                **cols = calloc((size_t)nc + 1, sizeof(char *));
-    char(*cn)[24] = calloc((size_t)nc + 1, sizeof *cn);
+    char(*cn)[32] = calloc((size_t)nc + 1, sizeof *cn);
     int rc = 0;
     if (!v || !rows || !cols || !cn) {
         rc = moe_fail(MOE_ENOMEM, "report: out of memory");

@@ -6,6 +6,7 @@
 #include "moe/error.h"
 #include "moe/infer.h"
 #include "moe/safetensors.h"
+#include "moe/tokenizer.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -211,6 +212,128 @@ START_TEST(test_bad_input_line_is_refused_before_any_answer) {
 }
 END_TEST
 
+// A short run of a SentencePiece model (trained on README.md, 1000 pieces,
+// model.seq_len 32), built by the first test that needs it; NULL without the
+// library.
+static char spm_ckpt[800];
+
+// Tests run in forked processes: a later one finds the folder an earlier made.
+static const char *spm_checkpoint(void) {
+    if (!moe_tok_have_sentencepiece()) return NULL;
+    snprintf(spm_ckpt, sizeof spm_ckpt, "%s/spmrun/checkpoint", root);
+    struct stat sb;
+    if (stat(spm_ckpt, &sb) == 0) return spm_ckpt;
+    char prefix[700], model[720], p[800];
+    snprintf(prefix, sizeof prefix, "%s/tok", root);
+    snprintf(model, sizeof model, "%s.model", prefix);
+    ck_assert_msg(moe_tok_train_spm(MOE_SOURCE_DIR "/README.md", prefix, 1000) == 0, "%s",
+                  moe_last_error());
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open(model, &t), 0);
+    const char text[] = "The router picks the top experts of every token and the trainer "
+                        "keeps the load of each expert in balance.";
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(moe_tok_encode(t, text, strlen(text), &ids, &n), 0);
+    moe_tok_free(t);
+    snprintf(p, sizeof p, "%s/spm.bin", root); // llm.c shard: 256-int header, uint16 ids
+    FILE *f = fopen(p, "wb");
+    ck_assert_ptr_nonnull(f);
+    int32_t hdr[256] = {20240520, 1, (int32_t)(64 * n)};
+    fwrite(hdr, sizeof hdr, 1, f);
+    for (int r = 0; r < 64; r++)
+        for (size_t i = 0; i < n; i++) {
+            uint16_t v = (uint16_t)ids[i];
+            fwrite(&v, 2, 1, f);
+        }
+    fclose(f);
+    free(ids);
+    snprintf(p, sizeof p, "%s/spm.json", root);
+    f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f,
+            "{\"model\": {\"vocab_size\": 1000, \"d_model\": 32, \"n_layers\": 2, \"d_ff\": 48,"
+            " \"seq_len\": 32, \"tokenizer\": \"%s\"},\n"
+            " \"moe\": {\"num_experts\": 4},\n"
+            " \"train\": {\"steps\": 2, \"batch_size\": 2, \"eval_every\": 0},\n"
+            " \"data\": {\"kind\": \"bin\", \"path\": \"%s/spm.bin\"}}\n",
+            model, root);
+    fclose(f);
+    ck_assert_msg(moe("train '%s' --quiet --out '%s/spmrun'", p, root) == 0, "%s", err_text());
+    return spm_ckpt;
+}
+
+// The longest prefix of an ASCII sentence that encodes to exactly n pieces
+// (no BOS) with the checkpoint's tokenizer, into buf.
+static void prompt_of_pieces(const char *dir, size_t n, char *buf, size_t cap) {
+    char p[900];
+    snprintf(p, sizeof p, "%s/tokenizer.model", dir);
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open(p, &t), 0);
+    const char *words = "the router picks the top experts of every token and the trainer keeps "
+                        "the load of each expert in balance while the checkpoint holds the "
+                        "weights of every layer and the optimizer state of the run";
+    size_t best = 0;
+    for (size_t len = 1; len <= strlen(words); len++) {
+        int32_t *ids;
+        size_t k;
+        ck_assert_int_eq(moe_tok_encode(t, words, len, &ids, &k), 0);
+        free(ids);
+        if (k == n && words[len - 1] != ' ') best = len;
+    }
+    moe_tok_free(t);
+    ck_assert_msg(best > 0 && best < cap, "no prefix of %zu pieces", n);
+    memcpy(buf, words, best);
+    buf[best] = 0;
+}
+
+// model.seq_len counts the BOS token a SentencePiece prompt gets: a prompt of
+// seq_len pieces is refused before anything is generated, one piece less fits.
+START_TEST(test_prompt_length_counts_the_bos_token) {
+    const char *dir = spm_checkpoint();
+    if (!dir) return; // no libsentencepiece: the byte path has no BOS
+    char prompt[400];
+    prompt_of_pieces(dir, 32, prompt, sizeof prompt);
+    ck_assert_int_eq(moe("generate '%s' --prompt '%s' --max-new 1 --quiet", dir, prompt), 2);
+    ck_assert_str_eq(out_text(), "");
+    expect_err("--prompt: the prompt has 33 tokens (with BOS); at most 32 fit the context "
+               "(model.seq_len)");
+    prompt_of_pieces(dir, 31, prompt, sizeof prompt);
+    ck_assert_msg(moe("generate '%s' --prompt '%s' --max-new 1 --quiet", dir, prompt) == 0, "%s",
+                  err_text());
+    ck_assert_int_eq(count_lines(out_text()), 1);
+}
+END_TEST
+
+// Invalid UTF-8 is refused for a SentencePiece model (it would become U+FFFD)
+// naming the offset of the first bad byte, in --prompt and in an --input line;
+// a byte model takes the same bytes (every byte is a token).
+START_TEST(test_invalid_utf8_prompt_is_refused_for_sentencepiece) {
+    const char *dir = spm_checkpoint();
+    if (dir) {
+        ck_assert_int_eq(moe("generate '%s' --prompt \"$(printf 'ab\\303(cd')\" --quiet", dir), 2);
+        ck_assert_str_eq(out_text(), "");
+        expect_err("--prompt: the prompt is not valid UTF-8 at byte 3");
+        char p[800], want[900];
+        snprintf(p, sizeof p, "%s/bad_utf8.txt", root);
+        FILE *f = fopen(p, "wb");
+        ck_assert_ptr_nonnull(f);
+        fputs("good text\nfine \xc3\xa9t\xc3\xa9\nbad \xed\xa0\x80 surrogate\n", f);
+        fclose(f);
+        ck_assert_int_eq(moe("generate '%s' --input '%s' --quiet", dir, p), 2);
+        ck_assert_str_eq(out_text(), "");
+        snprintf(want, sizeof want, "--input %s:3: the prompt is not valid UTF-8 at byte 5", p);
+        expect_err(want);
+    }
+    // bytes: the same bytes are a prompt of tokens 0..255
+    ck_assert_msg(
+        moe("generate '%s' --task copy --prompt \"$(printf 'ab\\303(cd=')\" --max-new 2 --quiet",
+            run) == 0,
+        "%s", err_text());
+    ck_assert_int_eq(count_lines(out_text()), 1);
+}
+END_TEST
+
 // A prompt near the context stops early: one note on stderr (exit 0); an answer
 // that ends within --max-new gets none.
 START_TEST(test_answer_cut_by_the_context_is_noted) {
@@ -406,6 +529,8 @@ int main(void) {
     tcase_add_test(tc, test_bad_input_line_is_refused_before_any_answer);
     tcase_add_test(tc, test_answer_cut_by_the_context_is_noted);
     tcase_add_test(tc, test_options_greedy_ignores_are_noted);
+    tcase_add_test(tc, test_prompt_length_counts_the_bos_token);
+    tcase_add_test(tc, test_invalid_utf8_prompt_is_refused_for_sentencepiece);
     suite_add_tcase(s, tc);
     tc = tcase_create("eval");
     tcase_add_unchecked_fixture(tc, setup, teardown);

@@ -6,6 +6,7 @@
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/infer.h"
+#include "moe/shards.h"
 #include "moe/task_experts.h"
 #include "moe/tokenizer.h"
 
@@ -42,7 +43,8 @@ static const char *generate_help =
     "decodes are produced (bytes: 0..255), also when model.vocab_size is larger.\n"
     "--max-new N (default 32) caps the tokens per answer; an answer also ends at the\n"
     "model's context (model.seq_len tokens, prompt included), noted once on stderr.\n"
-    "Every prompt is checked (not empty, fits the context) before the first answer; a\n"
+    "Every prompt is checked (not empty, fits the context with BOS; UTF-8 for a\n"
+    "SentencePiece model) before the first answer; a\n"
     "bad one is refused naming its line. Options that cannot change the answers (--top-k\n"
     "or --seed without --temperature, --raw without task markers) are named in a note.\n"
     "Answers go to stdout, bytes outside printable ASCII as \\xNN; what was loaded and\n"
@@ -253,17 +255,30 @@ static int encode_prompts(const gen_args *a, const moe_infer *m, const moe_token
         const int len = (int)strlen(lines[i]);
         int j = 0;
         if (tok) { // BOS, then the text's pieces (transformers' add_bos_token)
+            // SentencePiece would encode a bad sequence as U+FFFD, a prompt the
+            // user did not write. The byte path below takes any bytes: there a
+            // token is a byte, so every byte string is exactly representable
+            // (and byte models are trained on file data that need not be text).
+            const long bad = moe_utf8_bad(s, len);
+            if (bad >= 0)
+                return moe_fail(MOE_EINVAL,
+                                "%s: the prompt is not valid UTF-8 at byte %ld (offset from 0; "
+                                "a SentencePiece model takes UTF-8 text)",
+                                where, bad);
             int32_t *ids;
             size_t n_ids;
             MOE_TRY(moe_tok_encode(tok, lines[i], (size_t)len, &ids, &n_ids));
             const int bos = moe_tok_bos_id(tok);
-            if (n_ids == 0 || n_ids > (size_t)m->max_seq) {
+            // what the model is fed: the pieces and the BOS token before them
+            const size_t n_fed = n_ids + (bos >= 0);
+            if (n_ids == 0 || n_fed > (size_t)m->max_seq) {
                 free(ids);
-                return n_ids == 0 ? moe_fail(MOE_EINVAL, "%s: the prompt is empty", where)
-                                  : moe_fail(MOE_EINVAL,
-                                             "%s: the prompt has %zu tokens; at most %d fit the "
-                                             "context (model.seq_len)",
-                                             where, n_ids + (bos >= 0), m->max_seq);
+                return n_ids == 0
+                           ? moe_fail(MOE_EINVAL, "%s: the prompt is empty", where)
+                           : moe_fail(MOE_EINVAL,
+                                      "%s: the prompt has %zu tokens%s; at most %d fit the "
+                                      "context (model.seq_len)",
+                                      where, n_fed, bos >= 0 ? " (with BOS)" : "", m->max_seq);
             }
             if (!(prompt[i] = malloc(sizeof(int32_t) * (n_ids + 1)))) {
                 free(ids);

@@ -5,6 +5,7 @@
 // (dump path, task_experts.json, the shards it reads) before evaluating.
 #include "moe/error.h"
 #include "moe/infer.h"
+#include "moe/rng.h"
 #include "moe/safetensors.h"
 #include "moe/tokenizer.h"
 #include "testutil.h"
@@ -17,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static char root[600], run[700], run320[700];
@@ -106,6 +108,111 @@ START_TEST(test_sample_token_never_picks_ids_past_the_tokenizer) {
     o.n_vocab = 0; // unset: the whole row
     o.temperature = 0;
     ck_assert_int_eq(moe_sample_token(logits, V, &o, 0, 0, idx), V - 1);
+}
+END_TEST
+
+// The sampler before its top-k became a heap: k passes of selection over
+// (logit desc, id asc), O(k V). Kept as the reference the heap must match.
+static int sample_by_selection(const float *logits, int V, const moe_gen_opts *o, uint64_t b,
+                               uint64_t i, int *idx) {
+    if (o->n_vocab > 0 && o->n_vocab < V) V = o->n_vocab;
+    int best = 0;
+    for (int v = 1; v < V; v++)
+        if (logits[v] > logits[best]) best = v;
+    if (o->temperature <= 0) return best;
+    int k = o->top_k > 0 && o->top_k < V ? o->top_k : V;
+    for (int v = 0; v < V; v++)
+        idx[v] = v;
+    if (k < V)
+        for (int a = 0; a < k; a++)
+            for (int c = a + 1; c < V; c++)
+                if (logits[idx[c]] > logits[idx[a]] ||
+                    (logits[idx[c]] == logits[idx[a]] && idx[c] < idx[a])) {
+                    int t = idx[a];
+                    idx[a] = idx[c], idx[c] = t;
+                }
+    double sum = 0.0;
+    for (int j = 0; j < k; j++)
+        sum += exp(((double)logits[idx[j]] - logits[best]) / o->temperature);
+    double u = moe_u01(moe_hash4(o->seed, b, i, 0x53414D504C45ull)) * sum, acc = 0.0;
+    for (int j = 0; j < k; j++) {
+        acc += exp(((double)logits[idx[j]] - logits[best]) / o->temperature);
+        if (u < acc) return idx[j];
+    }
+    return idx[k - 1];
+}
+
+static double seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+// Top-k sampling draws exactly the tokens of the selection sampler: random
+// logits on a coarse grid (many ties, ties across the k-th place too), every
+// k from 1 past V, several temperatures and vocabulary cuts. Then one timing
+// line (V 32000, k 50) for the record, not asserted.
+START_TEST(test_top_k_sampling_draws_what_selection_drew) {
+    enum { VMAX = 300 };
+    float logits[VMAX];
+    int ia[VMAX], ib[VMAX];
+    uint64_t r = 12345;
+    const int Vs[] = {1, 2, 3, 17, 64, VMAX};
+    const double temps[] = {0.05, 0.7, 1.0, 30.0};
+    long draws = 0;
+    for (int vi = 0; vi < 6; vi++) {
+        const int V = Vs[vi];
+        for (int rep = 0; rep < 6; rep++) {
+            const int levels = rep % 2 ? 4 : 40; // few levels: ties everywhere
+            for (int v = 0; v < V; v++) {
+                r = r * 6364136223846793005ull + 1442695040888963407ull;
+                logits[v] = (float)((r >> 33) % levels) * 0.5f - 3.0f;
+            }
+            const int ks[] = {0, 1, 2, 3, 5, 8, 50, V - 1, V, V + 7};
+            for (int ki = 0; ki < 10; ki++)
+                for (int ti = 0; ti < 4; ti++)
+                    for (int cut = 0; cut < 2; cut++) {
+                        moe_gen_opts o = {.temperature = temps[ti],
+                                          .top_k = ks[ki] < 0 ? 0 : ks[ki],
+                                          .seed = (uint64_t)(rep * 31 + ki),
+                                          .n_vocab = cut ? (V + 1) / 2 : 0};
+                        for (uint64_t i = 0; i < 40; i++, draws++) {
+                            const int a = moe_sample_token(logits, V, &o, i % 3, i, ia);
+                            const int b = sample_by_selection(logits, V, &o, i % 3, i, ib);
+                            ck_assert_msg(a == b,
+                                          "V %d top_k %d T %g n_vocab %d draw %llu: %d, selection "
+                                          "%d",
+                                          V, o.top_k, o.temperature, o.n_vocab,
+                                          (unsigned long long)i, a, b);
+                        }
+                    }
+        }
+    }
+    ck_assert_int_gt(draws, 50000);
+    enum { BV = 32000, BK = 50, N = 20 };
+    float *big = malloc(sizeof(float) * BV);
+    int *idx = malloc(sizeof(int) * BV);
+    ck_assert(big && idx);
+    for (int v = 0; v < BV; v++) {
+        r = r * 6364136223846793005ull + 1442695040888963407ull;
+        big[v] = (float)((r >> 40) % 100000) * 1e-4f;
+    }
+    moe_gen_opts o = {.temperature = 0.8, .top_k = BK, .seed = 3};
+    int sink = 0;
+    double t0 = seconds();
+    for (int i = 0; i < N; i++)
+        sink += sample_by_selection(big, BV, &o, 0, (uint64_t)i, idx);
+    double t_sel = (seconds() - t0) / N;
+    t0 = seconds();
+    for (int i = 0; i < N; i++)
+        sink -= moe_sample_token(big, BV, &o, 0, (uint64_t)i, idx);
+    double t_heap = (seconds() - t0) / N;
+    ck_assert_int_eq(sink, 0);
+    printf("{\"op\": \"sample_top_k\", \"V\": %d, \"k\": %d, \"selection_us\": %.1f, "
+           "\"heap_us\": %.1f, \"speedup\": %.1f}\n",
+           BV, BK, t_sel * 1e6, t_heap * 1e6, t_heap > 0 ? t_sel / t_heap : 0.0);
+    free(big);
+    free(idx);
 }
 END_TEST
 
@@ -524,6 +631,7 @@ int main(void) {
     tcase_add_unchecked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_sample_token_never_picks_ids_past_the_tokenizer);
+    tcase_add_test(tc, test_top_k_sampling_draws_what_selection_drew);
     tcase_add_test(tc, test_byte_model_with_a_larger_vocabulary_prints_only_bytes);
     tcase_add_test(tc, test_sampling_is_keyed_by_the_input_line_not_the_batch_row);
     tcase_add_test(tc, test_bad_input_line_is_refused_before_any_answer);

@@ -10,6 +10,7 @@
 #include "moe/rng.h"
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -20,6 +21,48 @@ static double now(void) {
     return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
+// a ranks below b in (logit desc, id asc): the sampling order of the top k.
+static inline bool ranks_below(const float *l, int a, int b) {
+    return l[a] < l[b] || (l[a] == l[b] && a > b);
+}
+
+static void heap_down(int *h, int n, int i, const float *l) {
+    for (;;) {
+        int c = 2 * i + 1, m = i;
+        if (c < n && ranks_below(l, h[c], h[m])) m = c;
+        if (c + 1 < n && ranks_below(l, h[c + 1], h[m])) m = c + 1;
+        if (m == i) return;
+        int t = h[i];
+        h[i] = h[m], h[m] = t, i = m;
+    }
+}
+
+// idx[0..k) = the k best ids of l[0..V) in (logit desc, id asc) order, best
+// first: a heap of the best k so far with the worst at the root, O(V log k)
+// (most ids lose to the root at the first compare), then drained. Ids arrive
+// in ascending order, so a tie with the root never replaces it: the same list
+// as k passes of selection over (logit, id), the order sampling walks.
+static void top_k_ids(int *idx, const float *l, int V, int k) {
+    for (int v = 0; v < k; v++) { // sift up each of the first k
+        int i = v;
+        idx[i] = v;
+        while (i > 0 && ranks_below(l, idx[i], idx[(i - 1) / 2])) {
+            int t = idx[i];
+            idx[i] = idx[(i - 1) / 2], idx[(i - 1) / 2] = t, i = (i - 1) / 2;
+        }
+    }
+    for (int v = k; v < V; v++)
+        if (l[v] > l[idx[0]]) {
+            idx[0] = v;
+            heap_down(idx, k, 0, l);
+        }
+    for (int n = k; n > 1;) { // drain: the root (worst left) goes last
+        int t = idx[0];
+        idx[0] = idx[--n], idx[n] = t;
+        heap_down(idx, n, 0, l);
+    }
+}
+
 int moe_sample_token(const float *logits, int V, const moe_gen_opts *o, uint64_t b, uint64_t i,
                      int *idx) {
     if (o->n_vocab > 0 && o->n_vocab < V) V = o->n_vocab; // the rest cannot be decoded
@@ -27,18 +70,14 @@ int moe_sample_token(const float *logits, int V, const moe_gen_opts *o, uint64_t
     for (int v = 1; v < V; v++)
         if (logits[v] > logits[best]) best = v;
     if (o->temperature <= 0) return best;
-    // the top_k largest logits (ties to the lower id); then softmax(l / T)
+    // the top_k largest logits (ties to the lower id), best first; all ids in
+    // id order without top-k. Then softmax(l / T) over them.
     int k = o->top_k > 0 && o->top_k < V ? o->top_k : V;
-    for (int v = 0; v < V; v++)
-        idx[v] = v;
     if (k < V)
-        for (int a = 0; a < k; a++)
-            for (int c = a + 1; c < V; c++)
-                if (logits[idx[c]] > logits[idx[a]] ||
-                    (logits[idx[c]] == logits[idx[a]] && idx[c] < idx[a])) {
-                    int t = idx[a];
-                    idx[a] = idx[c], idx[c] = t;
-                }
+        top_k_ids(idx, logits, V, k);
+    else
+        for (int v = 0; v < V; v++)
+            idx[v] = v;
     double sum = 0.0; // two passes over the same exp() values: no [k] buffer
     for (int j = 0; j < k; j++)
         sum += exp(((double)logits[idx[j]] - logits[best]) / o->temperature);

@@ -41,22 +41,30 @@ int moe_router_groups_check(const moe_router_config *cfg, int E) {
 // Experts outside the chosen groups are excluded, not set to score 0 as
 // transformers' masked_fill does, so a negative biased score never loses to a
 // masked one.
-void moe_router_groups_allow(unsigned char *allow, double *gscore, const float *p,
-                             const float *bias, int E, const moe_router_config *cfg) {
+// With usable experts (inference under an expert budget) a group scores the
+// same rule over its usable experts only: a left-out expert must not make its
+// group win, and a group with one usable expert scores that expert, with none
+// -inf (chosen only when fewer than topk_groups groups have any).
+void moe_router_groups_allow_usable(unsigned char *allow, double *gscore, const float *p,
+                                    const float *bias, const bool *usable, int E,
+                                    const moe_router_config *cfg) {
     const int ng = cfg->n_groups, tg = cfg->topk_groups, s = E / ng;
     bool biased = false;
     for (int e = 0; bias && e < E; e++)
         biased |= bias[e] != 0.0f;
     for (int g = 0; g < ng; g++) {
         double b1 = -INFINITY, b2 = -INFINITY; // highest, second highest
+        int n = 0;
         for (int e = g * s; e < (g + 1) * s; e++) {
+            if (usable && !usable[e]) continue;
             double v = biased ? (double)p[e] + bias[e] : p[e];
+            n++;
             if (v > b1)
                 b2 = b1, b1 = v;
             else if (v > b2)
                 b2 = v;
         }
-        gscore[g] = biased && s > 1 ? b1 + b2 : b1;
+        gscore[g] = biased && n > 1 ? b1 + b2 : b1;
     }
     for (int e = 0; e < E; e++)
         allow[e] = 0;
@@ -69,4 +77,9 @@ void moe_router_groups_allow(unsigned char *allow, double *gscore, const float *
         for (int e = best * s; e < (best + 1) * s; e++)
             allow[e] = 1;
     }
+}
+
+void moe_router_groups_allow(unsigned char *allow, double *gscore, const float *p,
+                             const float *bias, int E, const moe_router_config *cfg) {
+    moe_router_groups_allow_usable(allow, gscore, p, bias, NULL, E, cfg);
 }

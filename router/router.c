@@ -81,18 +81,18 @@ static void heap_drain(int *ch, cand *h, int n) {
 // noise, choices 1..k-1 are the top k-1 noisy scores of the experts other
 // than choice 0: each expert's noise is drawn once. rows is the part's scratch
 // (moe_router_rows_bytes): k candidates, n_groups doubles, E allow bytes.
-static void topk_row(int *ch, const float *p, const float *bias, const float *x, int E, int k,
-                     int gumbel, const moe_router_config *cfg, uint64_t step, size_t row,
-                     void *rows) {
+static void topk_row(int *ch, const float *p, const float *bias, const bool *usable, const float *x,
+                     int E, int k, int gumbel, const moe_router_config *cfg, uint64_t step,
+                     size_t row, void *rows) {
     const bool grouped = moe_router_groups_active(cfg);
     cand *h = rows;
     double *gscore = (double *)(h + k);
     unsigned char *allow = (unsigned char *)(gscore + E);
-    if (grouped) moe_router_groups_allow(allow, gscore, p, bias, E, cfg);
+    if (grouped) moe_router_groups_allow_usable(allow, gscore, p, bias, usable, E, cfg);
     int n = 0;
     if (!gumbel || k == 1) {
         for (int e = 0; e < E; e++) {
-            if (grouped && !allow[e]) continue;
+            if ((grouped && !allow[e]) || (usable && !usable[e])) continue;
             heap_offer(h, &n, k, bias ? (double)p[e] + bias[e] : p[e], e);
         }
         heap_drain(ch, h, n);
@@ -101,13 +101,13 @@ static void topk_row(int *ch, const float *p, const float *bias, const float *x,
     int best = -1;
     double best_s = 0.0;
     for (int e = 0; e < E; e++) {
-        if (grouped && !allow[e]) continue;
+        if ((grouped && !allow[e]) || (usable && !usable[e])) continue;
         double s = bias ? (double)p[e] + bias[e] : p[e];
         if (best < 0 || s > best_s) best = e, best_s = s;
     }
     ch[0] = best;
     for (int e = 0; e < E; e++) {
-        if ((grouped && !allow[e]) || e == best) continue;
+        if ((grouped && !allow[e]) || (usable && !usable[e]) || e == best) continue;
         heap_offer(h, &n, k - 1, x[e] + moe_noise_gumbel(cfg->seed, step, row * E + e), e);
     }
     heap_drain(ch + 1, h, n);
@@ -181,8 +181,8 @@ static void scores_part(void *ctx, int i) {
         } else {
             plan->lse[t] = moe_score_softmax_row(p, x, E);
         }
-        topk_row(plan->choice + (size_t)t * k, p, plan->bias, x, E, k, j->gumbel, j->cfg, j->step,
-                 t, part_rows(plan, i));
+        topk_row(plan->choice + (size_t)t * k, p, plan->bias, plan->usable, x, E, k, j->gumbel,
+                 j->cfg, j->step, t, part_rows(plan, i));
     }
 }
 

@@ -560,6 +560,109 @@ START_TEST(test_expert_budget_and_int8_load_less) {
 }
 END_TEST
 
+// Task reverse's shares in every layer: experts 0, 2, 3 above a budget of
+// 0.2, expert 1 (group 0's other expert) below it.
+static void set_lonely_group_shares(json_t *doc) {
+    static const double sh[8] = {0.5, 0.01, 0.25, 0.24, 0, 0, 0, 0};
+    json_t *layers = json_object_get(doc, "layers");
+    for (size_t l = 0; l < json_array_size(layers); l++) {
+        json_t *row = json_array_get(json_object_get(json_array_get(layers, l), "share"), 1);
+        for (int e = 0; e < 8; e++)
+            ck_assert_int_eq(json_array_set_new(row, (size_t)e, json_real(sh[e])), 0);
+    }
+}
+
+// Group-limited routing (4 groups of 2 experts, one group a token, top-2)
+// under --expert-budget: every routed expert is loaded and within one group,
+// and the tokens and logits are those of a full load routed with the same
+// experts left out. Shares that keep experts 0, 2, 3 would leave group 0 one
+// expert short of top_k: expert 1 is kept too.
+START_TEST(test_expert_budget_with_group_limited_routing_routes_to_loaded_experts) {
+    char dir[800], p[900];
+    snprintf(dir, sizeof dir, "%s/groups", root);
+    moe_config c = small();
+    c.moe.n_task_layers = 0; // every layer token-routed: the budget applies to all
+    c.router.n_groups = 4;
+    c.router.topk_groups = 1;
+    make_ckpt(&c, dir);
+    const double budgets[] = {0.2, 0.05, 0.1, 0.2, 0.3}; // the first on the edited shares
+    int partial = 0;
+    for (int bi = 0; bi < 5; bi++) {
+        if (bi == 1) { // the measured shares
+            snprintf(dir, sizeof dir, "%s/groups_measured", root);
+            make_ckpt(&c, dir);
+        } else if (bi == 0) {
+            snprintf(p, sizeof p, "%s/task_experts.json", dir);
+            json_t *doc = json_load_file(p, 0, NULL);
+            ck_assert_ptr_nonnull(doc);
+            set_lonely_group_shares(doc);
+            ck_assert_int_eq(json_dump_file(doc, p, JSON_INDENT(1)), 0);
+            json_decref(doc);
+            snprintf(p, sizeof p, "%s/manifest.json", dir); // it lists the old size
+            ck_assert_int_eq(unlink(p), 0);
+        }
+        moe_infer bud, full;
+        moe_infer_opts o = {.task = "reverse", .max_batch = 3, .expert_budget = budgets[bi]};
+        ck_assert_msg(moe_infer_open(&bud, dir, &o) == 0, "%s", moe_last_error());
+        o.expert_budget = 0, o.full_load = true;
+        ck_assert_int_eq(moe_infer_open(&full, dir, &o), 0);
+        for (int l = 0; l < bud.L; l++) { // the full load routes as the budget does
+            moe_infer_layer *b = &bud.layer[l], *f = &full.layer[l];
+            if (bi == 0) {
+                ck_assert_int_eq(bud.stats.loaded[l], 4);
+                for (int e = 0; e < 8; e++)
+                    ck_assert_int_eq(b->allowed[e], e < 4);
+            }
+            if (!b->allowed) continue;
+            partial++;
+            ck_assert_ptr_eq(b->plan.usable, b->allowed);
+            f->allowed = malloc(sizeof(bool) * f->E);
+            memcpy(f->allowed, b->allowed, sizeof(bool) * f->E);
+            f->plan.usable = f->allowed;
+            ck_assert_ptr_null(f->bias);
+        }
+        int32_t p0[] = {129, 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', '='},
+                p1[] = {129, 'q', 'z', '='}, p2[] = {129, 'x', 'y', 'z', 'w', 'v', 'u', '='};
+        const int32_t *pr[3] = {p0, p1, p2};
+        int np[3] = {10, 4, 8};
+        // a prefill: every token's experts are loaded and in one group
+        int seq[10] = {0}, pos[10];
+        for (int i = 0; i < 10; i++)
+            pos[i] = i;
+        ck_assert_msg(moe_infer_forward(&bud, p0, seq, pos, 10) == 0, "%s", moe_last_error());
+        for (int l = 0; l < bud.L; l++) {
+            const moe_plan *pl = &bud.layer[l].plan;
+            for (int t = 0; t < 10; t++) {
+                const int *ex = pl->expert + (size_t)t * bud.k;
+                for (int j = 0; j < bud.k; j++) {
+                    ck_assert_int_ge(ex[j], 0);
+                    ck_assert_msg(bud.layer[l].slot[ex[j]] >= 0,
+                                  "budget %g layer %d token %d: expert %d not loaded", budgets[bi],
+                                  l, t, ex[j]);
+                    ck_assert_int_eq(ex[j] / 2, ex[0] / 2); // topk_groups = 1
+                }
+            }
+        }
+        for (int sampled = 0; sampled < 2; sampled++) {
+            moe_gen_opts g = {.max_new = 12, .stop = -1};
+            if (sampled) g.temperature = 0.9, g.top_k = 30, g.seed = 5;
+            int32_t a[36], b[36];
+            int na[3], nb[3];
+            moe_gen_stats st;
+            ck_assert_msg(moe_generate(&bud, 3, pr, np, &g, a, na, &st) == 0, "budget %g: %s",
+                          budgets[bi], moe_last_error());
+            ck_assert_int_eq(moe_generate(&full, 3, pr, np, &g, b, nb, &st), 0);
+            ck_assert_int_eq(memcmp(na, nb, sizeof na), 0);
+            ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+            ck_assert_int_eq(memcmp(bud.logits, full.logits, sizeof(float) * bud.V), 0);
+        }
+        moe_infer_free(&bud);
+        moe_infer_free(&full);
+    }
+    ck_assert_int_gt(partial, 0);
+}
+END_TEST
+
 // The moe binary: answers on stdout, what it loaded on stderr, exit 2 on bad input.
 static int run_moe(const char *args) {
     return tu_run_moe(root, args);
@@ -703,6 +806,7 @@ int main(void) {
     tcase_add_test(tc, test_task_expert_shares_outside_0_1_are_refused);
     tcase_add_test(tc, test_older_checkpoint_without_task_experts_derives_the_sets);
     tcase_add_test(tc, test_expert_budget_and_int8_load_less);
+    tcase_add_test(tc, test_expert_budget_with_group_limited_routing_routes_to_loaded_experts);
     tcase_add_test(tc, test_task_route_with_task_priorities_equals_position_order);
     tcase_add_test(tc, test_cli_generate);
     tcase_add_test(tc, test_decode_is_the_same_for_any_thread_count);

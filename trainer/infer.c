@@ -138,7 +138,9 @@ static int moe_block(moe_infer *m, int l, float *y, const float *x, int N) {
     } else {
         MOE_TRY(linear(m->mlogits, x, L->gate, N, E, D, 0.0f));
     }
-    if (L->allowed) // expert budget: the router never picks an expert left out
+    // expert budget: an expert left out gets softmax weight 0 here, and the
+    // plan's usable mask keeps it out of the choice and of group scores
+    if (L->allowed)
         for (int n = 0; n < N; n++)
             for (int e = 0; e < E; e++)
                 if (!L->allowed[e]) m->mlogits[(size_t)n * E + e] = -1e30f;

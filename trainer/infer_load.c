@@ -214,6 +214,46 @@ static int load_dense(moe_infer *m, moe_st_set *s, const char *dir) {
     return 0;
 }
 
+// Group-limited routing picks a token's topk_groups groups among those with a
+// kept expert, then its top_k experts inside them: every such choice of groups
+// must hold top_k kept experts. While the topk_groups groups with the fewest
+// kept experts hold fewer, the most used expert left out of those groups (by
+// the task's share, ties to the lower expert) is kept too. A full group set
+// always holds enough (moe_router_groups_check), so this ends.
+static void budget_fill_groups(bool *keep, const double *share, int E, int k,
+                               const moe_router_config *rc) {
+    const int ng = rc->n_groups, tg = rc->topk_groups, s = E / ng;
+    for (;;) {
+        int cnt[ng], worst[ng], n_ne = 0;
+        for (int g = 0; g < ng; g++) {
+            cnt[g] = 0;
+            for (int e = g * s; e < (g + 1) * s; e++)
+                cnt[g] += keep[e];
+            if (cnt[g] > 0) worst[n_ne++] = g;
+        }
+        // fewer non-empty groups than topk_groups: a token's groups hold every
+        // kept expert, at least k of them
+        if (n_ne < tg) return;
+        for (int a = 0; a < tg; a++) // the tg groups with the fewest kept experts
+            for (int b = a + 1; b < n_ne; b++)
+                if (cnt[worst[b]] < cnt[worst[a]]) {
+                    int t = worst[a];
+                    worst[a] = worst[b], worst[b] = t;
+                }
+        int sum = 0, add = -1;
+        for (int a = 0; a < tg; a++) {
+            const int g = worst[a];
+            sum += cnt[g];
+            for (int e = g * s; e < (g + 1) * s; e++)
+                if (!keep[e] &&
+                    (add < 0 || share[e] > share[add] || (share[e] == share[add] && e < add)))
+                    add = e;
+        }
+        if (sum >= k || add < 0) return;
+        keep[add] = true;
+    }
+}
+
 // Which experts each MoE layer keeps: y->slot, y->n_loaded, and y->allowed
 // (the router's mask) when an expert budget leaves experts out.
 static int choose_experts(moe_infer *m, const char *dir, const moe_infer_opts *o) {
@@ -269,6 +309,8 @@ static int choose_experts(moe_infer *m, const char *dir, const moe_infer_opts *o
                     }
             for (int j = 0; j < m->k; j++)
                 keep[order[j]] = true;
+            if (moe_router_groups_active(&m->cfg.router))
+                budget_fill_groups(keep, sh, y->E, m->k, &m->cfg.router);
         } else {
             for (int e = 0; e < y->E; e++)
                 keep[e] = true;
@@ -442,6 +484,7 @@ static int alloc_scratch(moe_infer *m) {
             for (int e = 0; y->bias && y->allowed && e < y->E; e++)
                 if (!y->allowed[e]) y->bias[e] = -1e30f;
             y->plan.bias = y->bias;
+            y->plan.usable = y->allowed; // left out: never chosen, in no group's score
         }
     return 0;
 }

@@ -85,6 +85,13 @@ bool moe_router_groups_active(const moe_router_config *cfg);
 // n_groups doubles of scratch. Needs moe_router_groups_active(cfg).
 void moe_router_groups_allow(unsigned char *allow, double *gscore, const float *p,
                              const float *bias, int E, const moe_router_config *cfg);
+// The same over the experts with usable[e] (NULL: all): the others count in
+// no group's score (a group scores its usable experts only, a single one by
+// its own score, a group with none below every other), so they never make a
+// group win (inference under an expert budget, moe_plan.usable).
+void moe_router_groups_allow_usable(unsigned char *allow, double *gscore, const float *p,
+                                    const float *bias, const bool *usable, int E,
+                                    const moe_router_config *cfg);
 
 // The most experts a layer has (moe.num_experts); readers of router inputs
 // (moe route --logits) refuse wider ones.
@@ -119,6 +126,12 @@ typedef struct {
     // after moe_plan_alloc. NULL (the default): no bias; a bias of zeros
     // routes bit for bit as NULL.
     const float *bias;
+    // [E] experts the token-choice router may choose (NULL, the default: all;
+    // training never sets it); owned and set by the caller after
+    // moe_plan_alloc. An expert left out is never chosen and counts in no
+    // group's score. The caller guarantees top_k usable experts in every
+    // token's reach (any topk_groups groups under group-limited routing).
+    const bool *usable;
 
     bool expert_choice; // routed by expert choice (counts = kept = capacity = C for every expert)
     int unrouted;       // expert choice: tokens that no expert took (they skip the experts)

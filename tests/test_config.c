@@ -95,6 +95,8 @@ START_TEST(test_errors_name_file_line_col) {
                  ":1:10:", "3 entries but the model has 4 MoE layers");
     assert_error("{\"parallel\": {\"ep\": 3}}", ":1:15:", "not divisible by parallel.ep = 3");
     assert_error("{\"moe\": {\"every\": 2, \"task_layers\": [0]}}", ":1:22:", "not an MoE layer");
+    assert_error("{\"moe\": {\"task_layers\": [1, 3,\n 1]}}", ":1:10:",
+                 "moe.task_layers lists layer 1 twice");
     assert_error("{\"model\": {\"d_model\": 64,}}", ":1:", ""); // syntax error, jansson position
     assert_error("[1, 2]", ":1:1:", "must be a JSON object");
     assert_error("{\"model\": 3}", ":1:2:", "must be an object");

@@ -277,6 +277,11 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
         if (l >= c->model.n_layers || !moe_config_is_moe(c, l))
             return moe_fail(MOE_EINVAL, "%s: moe.task_layers entry %d is not an MoE layer",
                             moe_config_where(src, "moe.task_layers"), l);
+        // A layer is task-routed or not: a second entry would be dead text.
+        for (int j = 0; j < i; j++)
+            if (c->moe.task_layers[j] == l)
+                return moe_fail(MOE_EINVAL, "%s: moe.task_layers lists layer %d twice",
+                                moe_config_where(src, "moe.task_layers"), l);
     }
     // A task-routed layer picks k experts per task (moe/task_experts.h derives
     // them from the gate alone): a token-load bias has nothing to balance there.

@@ -393,6 +393,13 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
             "%s: train.optimizer_state = bf16 with train.device = cuda: bf16 "
             "optimizer states are CPU-only; use train.optimizer_state = fp32 on the GPU",
             src_where2(src, "train.optimizer_state", "train.device"));
+    // bf16 tensor-core GEMMs exist only in the CUDA op table (trainer/train_gpu.c
+    // picks it); the CPU trainer would run fp32 under a config that says bf16.
+    if (strcmp(c->train.device, "cuda") && !strcmp(c->train.compute, "bf16"))
+        return moe_fail(MOE_EINVAL,
+                        "%s: train.compute = bf16 needs --device cuda (train.device = cuda): the "
+                        "CPU trainer computes in fp32; use train.compute = fp32 on the CPU",
+                        src_where2(src, "train.compute", "train.device"));
     // The overlapped exchange pipelines host transfers with device GEMMs
     // (moe/src/moe_layer_cuda_ep.c); the CPU layer has nothing to overlap with.
     const int od = c->comm.overlap_degree;

@@ -346,6 +346,9 @@ START_TEST(test_bad_inputs_exit_2_and_write_nothing) {
     ck_assert_int_eq(moe_st_write(tf, &f_e, 1, NULL), 0);
     expect_fails(MOE("route", "--logits", in, "--task-ids", tf, "--out", out), 2, out, n,
                  "has dtype F32, expected I32");
+    // Task priorities under position order would be ignored: refused, naming both keys.
+    expect_fails(MOE("route", "--logits", in, "--set", "router.task_priority=1,2", "--out", out), 2,
+                 out, n, "router.task_priority is set with router.slot_order = position");
     // A task id with no priority entry.
     expect_fails(MOE("route", "--logits", in, "--set", "router.slot_order=priority", "--set",
                      "router.task_priority=1,2", "--out", out),

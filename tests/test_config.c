@@ -95,8 +95,11 @@ START_TEST(test_errors_name_file_line_col) {
                  ":1:10:", "3 entries but the model has 4 MoE layers");
     assert_error("{\"parallel\": {\"ep\": 3}}", ":1:15:", "not divisible by parallel.ep = 3");
     assert_error("{\"moe\": {\"every\": 2, \"task_layers\": [0]}}", ":1:22:", "not an MoE layer");
-    assert_error("{\"moe\": {\"task_layers\": [1, 3,\n 1]}}", ":1:10:",
-                 "moe.task_layers lists layer 1 twice");
+    assert_error(
+        "{\"router\": {\"slot_order\": \"position\",\n  \"task_priority\": [1, 2, 3, 4, 5]}}",
+        ":2:3:", "router.task_priority is set with router.slot_order = position");
+    assert_error("{\"moe\": {\"task_layers\": [1, 3,\n 1]}}",
+                 ":1:10:", "moe.task_layers lists layer 1 twice");
     assert_error("{\"model\": {\"d_model\": 64,}}", ":1:", ""); // syntax error, jansson position
     assert_error("[1, 2]", ":1:1:", "must be a JSON object");
     assert_error("{\"model\": 3}", ":1:2:", "must be an object");
@@ -128,6 +131,14 @@ START_TEST(test_set_is_typed_by_key) {
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "unknown key 'nokey'"));
     ck_assert_int_eq(moe_config_set(&c, src, "router.top_k"), MOE_EINVAL);
     ck_assert_int_eq(moe_config_set(&c, src, "loss.impl=fancy"), MOE_EINVAL);
+    // the --set that broke a file's priority order is where the error is
+    ck_assert_int_eq(moe_config_set(&c, src, "router.task_priority=1,2"), 0); // copy, sort
+    ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(),
+                                 "--set router.task_priority: router.task_priority "
+                                 "is set with router.slot_order = position"));
+    ck_assert_int_eq(moe_config_set(&c, src, "router.slot_order=priority"), 0);
+    ck_assert_int_eq(moe_config_check(&c, src), 0);
     ck_assert_int_eq(moe_config_set(&c, src, "router.top_k=5"), 0);
     ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL); // 5 > 4 experts
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "--set router.top_k"));

@@ -298,6 +298,14 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
         return moe_fail(MOE_EINVAL, "%s: router.task_priority has %d entries for %d tasks",
                         moe_config_where(src, "router.task_priority"), c->router.n_task_priority,
                         c->data.n_tasks);
+    // Task priorities are the first key of the priority slot order (router/priority.c);
+    // position order hands out slots by token index and never reads them.
+    if (c->router.n_task_priority > 0 && c->router.slot_order == MOE_SLOT_POSITION)
+        return moe_fail(MOE_EINVAL,
+                        "%s: router.task_priority is set with router.slot_order = position, which "
+                        "never reads it: task priorities order tokens under router.slot_order = "
+                        "priority (set it, or router.task_priority = [])",
+                        src_where2(src, "router.task_priority", "router.slot_order"));
     // A synthetic sample scores nothing before its answer: the task marker, 4
     // input letters and '=' come first, so shorter sequences of the letter
     // tasks hold no target and every loss would be 0 / 0.

@@ -157,6 +157,13 @@ static int parse_args(int argc, char **argv, route_args *a) {
                             "capacity.mode = dynamic adapts capacity over many steps from "
                             "measured load; moe route routes one batch: use static "
                             "(router.capacity_factor, or <= 0 for dropless)");
+    // As the run config's check does: position order never reads task priorities.
+    // --example sets both keys itself (and refuses them from --set).
+    if (!a->example && a->cfg.n_task_priority > 0 && a->cfg.slot_order == MOE_SLOT_POSITION)
+        return moe_cli_fail(CMD, MOE_EXIT_USAGE,
+                            "router.task_priority is set with router.slot_order = position, "
+                            "which never reads it: task priorities order tokens under "
+                            "router.slot_order = priority (set it, or router.task_priority = [])");
     if (a->example) {
         if (a->logits_path || a->task_path)
             return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--example takes no --logits/--task-ids");

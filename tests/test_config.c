@@ -106,6 +106,26 @@ START_TEST(test_errors_name_file_line_col) {
 }
 END_TEST
 
+// RFC 8259 lets a parser ignore a leading UTF-8 byte order mark: the config
+// loads, and errors keep the positions an editor shows (the mark takes no
+// column), for the key scan and jansson's syntax errors alike.
+#define BOM "\xEF\xBB\xBF"
+START_TEST(test_leading_bom_is_ignored_and_positions_hold) {
+    moe_config c;
+    ck_assert_msg(load(&c, BOM "{\"router\": {\"top_k\": 1}}") == 0, "%s", moe_last_error());
+    ck_assert_int_eq(c.router.top_k, 1);
+    assert_error(BOM "{\"routerz\": {}}", ":1:2:", "unknown section");
+    assert_error(BOM "{\"router\": {\n    \"top_kk\": 2}}", ":2:5:", "unknown key 'router.top_kk'");
+    assert_error(BOM "{\"model\": {\"d_model\": 64,}}", ":1:26:", "string or '}' expected");
+    assert_error(BOM "{\"model\": {\n  \"d_model\": 64 x}}", ":2:17:", "'}' expected near 'x'");
+    // only a leading mark: one inside the text is not JSON
+    assert_error("{\"model\": " BOM "{}}", ":1:", "");
+    // columns count characters, as jansson's do: two-byte e-acute is one column
+    assert_error("{\"data\": {\"path\": \"\xC3\xA9\xC3\xA9\", \"foo\": 1}}",
+                 ":1:25:", "unknown key 'data.foo'");
+}
+END_TEST
+
 START_TEST(test_set_is_typed_by_key) {
     moe_config c;
     moe_config_default(&c);
@@ -201,6 +221,7 @@ static Suite *config_suite(void) {
     tcase_add_test(tc, test_defaults_are_valid);
     tcase_add_test(tc, test_load_sets_values);
     tcase_add_test(tc, test_errors_name_file_line_col);
+    tcase_add_test(tc, test_leading_bom_is_ignored_and_positions_hold);
     tcase_add_test(tc, test_set_is_typed_by_key);
     tcase_add_test(tc, test_pair_error_points_at_the_set_that_broke_it);
     tcase_add_test(tc, test_resolved_config_round_trip);

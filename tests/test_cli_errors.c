@@ -258,6 +258,36 @@ START_TEST(test_cli_route_example_refuses_the_keys_it_fixes) {
 }
 END_TEST
 
+// train.compute = bf16 is the GPU's tensor-core path: moe train on the CPU
+// refuses it, moe plan of a GPU run keeps it.
+START_TEST(test_cli_bf16_compute_is_refused_on_the_cpu) {
+    ck_assert_int_eq(run_moe("train " TINY " --set train.compute=bf16 --dry-run --out r"), 2);
+    assert_one_line_error("train", "--set train.compute: train.compute = bf16 needs --device cuda");
+    ck_assert_int_eq(
+        run_moe("plan " TINY
+                " --set train.device=cuda --set train.compute=bf16 --set model.d_model=32"),
+        0);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "out.txt"), "train.device = cuda"));
+}
+END_TEST
+
+// Integer options of the shared parser refuse a blank before the number as
+// they refuse one after it (strtoll skipped it); route's summary names the
+// group-limited routing it applied.
+START_TEST(test_cli_integer_options_refuse_blanks) {
+    ck_assert_int_eq(run_moe("plan " TINY " --nodes ' 2'"), 2);
+    ck_assert_int_eq(run_moe("plan " TINY " --nodes '2 '"), 2);
+    ck_assert_int_eq(run_moe("plan " TINY " --link-gbps ' 400,100'"), 2);
+    ck_assert_int_eq(run_moe("route --example --train --step ' 5'"), 2);
+    assert_one_line_error("route", "--step expects a non-negative integer, got ' 5'");
+    ck_assert_int_eq(run_moe("route --example --set router.n_groups=2 --set router.topk_groups=1"),
+                     0);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "out.txt"),
+                                 "group-limited: router.topk_groups = 1 of router.n_groups = 2 "
+                                 "groups of 2 experts"));
+}
+END_TEST
+
 START_TEST(test_cli_stdout_write_error_is_exit_1) {
     const char *bin = getenv("MOE_BIN");
     ck_assert_ptr_nonnull(bin);
@@ -285,6 +315,8 @@ static Suite *cli_errors_suite(void) {
     tcase_add_test(tc, test_cli_generate_input_must_be_a_bounded_text_file);
     tcase_add_test(tc, test_cli_train_refuses_a_run_above_available_memory);
     tcase_add_test(tc, test_cli_route_example_refuses_the_keys_it_fixes);
+    tcase_add_test(tc, test_cli_bf16_compute_is_refused_on_the_cpu);
+    tcase_add_test(tc, test_cli_integer_options_refuse_blanks);
     tcase_add_test(tc, test_cli_stdout_write_error_is_exit_1);
     suite_add_tcase(s, tc);
     return s;

@@ -127,6 +127,8 @@ START_TEST(test_plan_equals_router_forward) {
     ck_assert_str_eq(moe_st_meta(f, "router.task_priority"), "1,3,2");
     ck_assert_str_eq(moe_st_meta(f, "router.noise_eps"), "0.01");
     ck_assert_str_eq(moe_st_meta(f, "capacity.mode"), "static");
+    ck_assert_str_eq(moe_st_meta(f, "router.n_groups"), "0");
+    ck_assert_str_eq(moe_st_meta(f, "router.topk_groups"), "0");
     // the project's version (CMake's project()), not the headers' fallback
     ck_assert_ptr_nonnull(moe_st_meta(f, "moe.version"));
     ck_assert_str_ne(moe_st_meta(f, "moe.version"), "0.0.0");
@@ -346,6 +348,9 @@ START_TEST(test_bad_inputs_exit_2_and_write_nothing) {
     ck_assert_int_eq(moe_st_write(tf, &f_e, 1, NULL), 0);
     expect_fails(MOE("route", "--logits", in, "--task-ids", tf, "--out", out), 2, out, n,
                  "has dtype F32, expected I32");
+    // Task priorities under position order would be ignored: refused, naming both keys.
+    expect_fails(MOE("route", "--logits", in, "--set", "router.task_priority=1,2", "--out", out), 2,
+                 out, n, "router.task_priority is set with router.slot_order = position");
     // A task id with no priority entry.
     expect_fails(MOE("route", "--logits", in, "--set", "router.slot_order=priority", "--set",
                      "router.task_priority=1,2", "--out", out),
@@ -358,6 +363,16 @@ START_TEST(test_bad_inputs_exit_2_and_write_nothing) {
     expect_fails(MOE("route", "--logits", in, "--step", "3", "--out", out), 2, out, n, "--train");
     expect_fails(MOE("route", "--logits", in, "--train", "--step", "-1", "--out", out), 2, out, n,
                  "--step");
+    // --step is a whole number as written: no blank on either side, no junk, in range
+    expect_fails(MOE("route", "--logits", in, "--train", "--step", " 5", "--out", out), 2, out, n,
+                 "--step expects a non-negative integer, got ' 5'");
+    expect_fails(MOE("route", "--logits", in, "--train", "--step", "5 ", "--out", out), 2, out, n,
+                 "--step expects a non-negative integer, got '5 '");
+    expect_fails(MOE("route", "--logits", in, "--train", "--step=5x", "--out", out), 2, out, n,
+                 "--step expects a non-negative integer, got '5x'");
+    expect_fails(
+        MOE("route", "--logits", in, "--train", "--step", "99999999999999999999", "--out", out), 2,
+        out, n, "--step 99999999999999999999 is out of range: expected 0..9223372036854775807");
     expect_fails(MOE("route", "--logits", in, "--frobnicate", "--out", out), 2, out, n,
                  "--frobnicate");
     expect_fails(MOE("route", "--example", "--logits", in, "--out", out), 2, out, n, "--example");
@@ -539,6 +554,9 @@ START_TEST(test_zero_bias_routes_as_none_and_is_recorded_unused) {
     ck_assert_int_eq(moe_st_load(f, "expert", MOE_ST_I32, 2, shape, (void **)&ex), 0);
     ck_assert_int_eq(ex[0], 0);
     ck_assert_str_eq(moe_st_meta(f, "route.bias"), "false");
+    // the group settings travel with the other router keys
+    ck_assert_str_eq(moe_st_meta(f, "router.n_groups"), "2");
+    ck_assert_str_eq(moe_st_meta(f, "router.topk_groups"), "1");
     free(ex);
     moe_st_close(f);
 }

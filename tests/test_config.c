@@ -95,9 +95,34 @@ START_TEST(test_errors_name_file_line_col) {
                  ":1:10:", "3 entries but the model has 4 MoE layers");
     assert_error("{\"parallel\": {\"ep\": 3}}", ":1:15:", "not divisible by parallel.ep = 3");
     assert_error("{\"moe\": {\"every\": 2, \"task_layers\": [0]}}", ":1:22:", "not an MoE layer");
+    assert_error(
+        "{\"router\": {\"slot_order\": \"position\",\n  \"task_priority\": [1, 2, 3, 4, 5]}}",
+        ":2:3:", "router.task_priority is set with router.slot_order = position");
+    assert_error("{\"moe\": {\"task_layers\": [1, 3,\n 1]}}",
+                 ":1:10:", "moe.task_layers lists layer 1 twice");
     assert_error("{\"model\": {\"d_model\": 64,}}", ":1:", ""); // syntax error, jansson position
     assert_error("[1, 2]", ":1:1:", "must be a JSON object");
     assert_error("{\"model\": 3}", ":1:2:", "must be an object");
+}
+END_TEST
+
+// RFC 8259 lets a parser ignore a leading UTF-8 byte order mark: the config
+// loads, and errors keep the positions an editor shows (the mark takes no
+// column), for the key scan and jansson's syntax errors alike.
+#define BOM "\xEF\xBB\xBF"
+START_TEST(test_leading_bom_is_ignored_and_positions_hold) {
+    moe_config c;
+    ck_assert_msg(load(&c, BOM "{\"router\": {\"top_k\": 1}}") == 0, "%s", moe_last_error());
+    ck_assert_int_eq(c.router.top_k, 1);
+    assert_error(BOM "{\"routerz\": {}}", ":1:2:", "unknown section");
+    assert_error(BOM "{\"router\": {\n    \"top_kk\": 2}}", ":2:5:", "unknown key 'router.top_kk'");
+    assert_error(BOM "{\"model\": {\"d_model\": 64,}}", ":1:26:", "string or '}' expected");
+    assert_error(BOM "{\"model\": {\n  \"d_model\": 64 x}}", ":2:17:", "'}' expected near 'x'");
+    // only a leading mark: one inside the text is not JSON
+    assert_error("{\"model\": " BOM "{}}", ":1:", "");
+    // columns count characters, as jansson's do: two-byte e-acute is one column
+    assert_error("{\"data\": {\"path\": \"\xC3\xA9\xC3\xA9\", \"foo\": 1}}",
+                 ":1:25:", "unknown key 'data.foo'");
 }
 END_TEST
 
@@ -126,6 +151,14 @@ START_TEST(test_set_is_typed_by_key) {
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "unknown key 'nokey'"));
     ck_assert_int_eq(moe_config_set(&c, src, "router.top_k"), MOE_EINVAL);
     ck_assert_int_eq(moe_config_set(&c, src, "loss.impl=fancy"), MOE_EINVAL);
+    // the --set that broke a file's priority order is where the error is
+    ck_assert_int_eq(moe_config_set(&c, src, "router.task_priority=1,2"), 0); // copy, sort
+    ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(),
+                                 "--set router.task_priority: router.task_priority "
+                                 "is set with router.slot_order = position"));
+    ck_assert_int_eq(moe_config_set(&c, src, "router.slot_order=priority"), 0);
+    ck_assert_int_eq(moe_config_check(&c, src), 0);
     ck_assert_int_eq(moe_config_set(&c, src, "router.top_k=5"), 0);
     ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL); // 5 > 4 experts
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "--set router.top_k"));
@@ -188,6 +221,7 @@ static Suite *config_suite(void) {
     tcase_add_test(tc, test_defaults_are_valid);
     tcase_add_test(tc, test_load_sets_values);
     tcase_add_test(tc, test_errors_name_file_line_col);
+    tcase_add_test(tc, test_leading_bom_is_ignored_and_positions_hold);
     tcase_add_test(tc, test_set_is_typed_by_key);
     tcase_add_test(tc, test_pair_error_points_at_the_set_that_broke_it);
     tcase_add_test(tc, test_resolved_config_round_trip);

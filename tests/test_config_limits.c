@@ -174,6 +174,26 @@ START_TEST(test_overlap_degree_needs_cuda_and_ep_rounds) {
 }
 END_TEST
 
+// train.compute = bf16 picks the CUDA bf16 op table: the CPU trainer has none
+// and would train in fp32 under a config that says bf16.
+START_TEST(test_bf16_compute_needs_cuda) {
+    moe_config c;
+    ck_assert_int_eq(load_text(&c, "{\"train\": {\"steps\": 2,\n  \"compute\": \"bf16\"}}"),
+                     MOE_EINVAL);
+    assert_msg_has("cfg.json:2:3: train.compute = bf16 needs --device cuda");
+    ck_assert_int_eq(load_text(&c, "{\"train\": {\"compute\": \"bf16\", \"device\": \"cuda\"}}"),
+                     0);
+    // a --device cpu (its --set) over a GPU config is where it broke
+    moe_config_src *src = moe_config_src_new();
+    ck_assert_int_eq(moe_config_set(&c, src, "train.device=cpu"), 0);
+    ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL);
+    assert_msg_has("--set train.device: train.compute = bf16 needs --device cuda");
+    moe_config_src_free(src);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "train.compute=fp32"), 0);
+    ck_assert_int_eq(moe_config_check(&c, NULL), 0);
+}
+END_TEST
+
 START_TEST(test_router_setter_and_check_apply_the_same_ranges) {
     // The router's own setter (moe route --set) agrees with the key table.
     for (int i = 0; i < moe_config_key_count(); i++) {
@@ -502,6 +522,7 @@ static Suite *limits_suite(void) {
     tcase_add_test(tc, test_every_numeric_key_refuses_values_outside_its_range);
     tcase_add_test(tc, test_zero_divisors_are_refused_by_the_check);
     tcase_add_test(tc, test_overlap_degree_needs_cuda_and_ep_rounds);
+    tcase_add_test(tc, test_bf16_compute_needs_cuda);
     tcase_add_test(tc, test_router_setter_and_check_apply_the_same_ranges);
     tcase_add_test(tc, test_help_config_shows_ranges);
     tcase_add_test(tc, test_underflowing_numbers_are_taken_and_range_checked);

@@ -531,13 +531,18 @@ START_TEST(test_set_list_forms_are_accepted_by_every_command) {
                     "--set 'router.task_priority=%s' --out %s/plan%d.safetensors",
                     dir, v, dir, f) == 0,
             "route %s: %s", v, err_text());
-        ck_assert_msg(run_moe("plan %s/three.json --set 'router.task_priority=%s'", dir, v) == 0,
+        // (task priorities need priority order: position order never reads them)
+        ck_assert_msg(run_moe("plan %s/three.json --set router.slot_order=priority "
+                              "--set 'router.task_priority=%s'",
+                              dir, v) == 0,
                       "plan %s: %s", v, err_text());
-        ck_assert_msg(
-            run_moe("train %s/three.json --set 'router.task_priority=%s' --dry-run", dir, v) == 0,
-            "train %s: %s", v, err_text());
-        ck_assert_msg(run_moe("ablate %s/three.json --set 'router.task_priority=%s' --steps 1 "
-                              "--grid router.slot_order=priority --out %s/ab%d",
+        ck_assert_msg(run_moe("train %s/three.json --set router.slot_order=priority "
+                              "--set 'router.task_priority=%s' --dry-run",
+                              dir, v) == 0,
+                      "train %s: %s", v, err_text());
+        ck_assert_msg(run_moe("ablate %s/three.json --set router.slot_order=priority "
+                              "--set 'router.task_priority=%s' --steps 1 "
+                              "--grid router.top_k=1,2 --out %s/ab%d",
                               dir, v, dir, f) == 0,
                       "ablate %s: %s", v, err_text());
     }

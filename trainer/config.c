@@ -764,8 +764,13 @@ int moe_config_load(moe_config *cfg, moe_config_src *src, const char *path) {
         return moe_fail(code, "%s: cannot read", path);
     }
     text[len] = 0;
+    // A leading UTF-8 byte order mark (editors on Windows write one) is not
+    // JSON, and RFC 8259 §8.1 lets a parser ignore it: both passes start after
+    // it, so positions are those an editor shows (the mark takes no column).
+    const size_t bom = len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3) ? 3 : 0;
+    const char *json = text + bom;
     json_error_t jerr;
-    json_t *root = json_loadb(text, (size_t)len, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadb(json, (size_t)len - bom, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         free(text);
         return moe_fail(MOE_EINVAL, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
@@ -773,7 +778,7 @@ int moe_config_load(moe_config *cfg, moe_config_src *src, const char *path) {
     int rc = 0;
     json_pos *pos = NULL;
     char *key = NULL, *where = NULL;
-    int npos = json_pos_scan(text, &pos);
+    int npos = json_pos_scan(json, &pos);
     if (npos < 0) npos = 0;
 #define WHERE(key)                                                                                 \
     (json_pos_find(pos, npos, key) ? json_pos_find(pos, npos, key)->line : 1),                     \

@@ -277,6 +277,11 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
         if (l >= c->model.n_layers || !moe_config_is_moe(c, l))
             return moe_fail(MOE_EINVAL, "%s: moe.task_layers entry %d is not an MoE layer",
                             moe_config_where(src, "moe.task_layers"), l);
+        // A layer is task-routed or not: a second entry would be dead text.
+        for (int j = 0; j < i; j++)
+            if (c->moe.task_layers[j] == l)
+                return moe_fail(MOE_EINVAL, "%s: moe.task_layers lists layer %d twice",
+                                moe_config_where(src, "moe.task_layers"), l);
     }
     // A task-routed layer picks k experts per task (moe/task_experts.h derives
     // them from the gate alone): a token-load bias has nothing to balance there.
@@ -293,6 +298,14 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
         return moe_fail(MOE_EINVAL, "%s: router.task_priority has %d entries for %d tasks",
                         moe_config_where(src, "router.task_priority"), c->router.n_task_priority,
                         c->data.n_tasks);
+    // Task priorities are the first key of the priority slot order (router/priority.c);
+    // position order hands out slots by token index and never reads them.
+    if (c->router.n_task_priority > 0 && c->router.slot_order == MOE_SLOT_POSITION)
+        return moe_fail(MOE_EINVAL,
+                        "%s: router.task_priority is set with router.slot_order = position, which "
+                        "never reads it: task priorities order tokens under router.slot_order = "
+                        "priority (set it, or router.task_priority = [])",
+                        src_where2(src, "router.task_priority", "router.slot_order"));
     // A synthetic sample scores nothing before its answer: the task marker, 4
     // input letters and '=' come first, so shorter sequences of the letter
     // tasks hold no target and every loss would be 0 / 0.
@@ -388,6 +401,13 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
             "%s: train.optimizer_state = bf16 with train.device = cuda: bf16 "
             "optimizer states are CPU-only; use train.optimizer_state = fp32 on the GPU",
             src_where2(src, "train.optimizer_state", "train.device"));
+    // bf16 tensor-core GEMMs exist only in the CUDA op table (trainer/train_gpu.c
+    // picks it); the CPU trainer would run fp32 under a config that says bf16.
+    if (strcmp(c->train.device, "cuda") && !strcmp(c->train.compute, "bf16"))
+        return moe_fail(MOE_EINVAL,
+                        "%s: train.compute = bf16 needs --device cuda (train.device = cuda): the "
+                        "CPU trainer computes in fp32; use train.compute = fp32 on the CPU",
+                        src_where2(src, "train.compute", "train.device"));
     // The overlapped exchange pipelines host transfers with device GEMMs
     // (moe/src/moe_layer_cuda_ep.c); the CPU layer has nothing to overlap with.
     const int od = c->comm.overlap_degree;

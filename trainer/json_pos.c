@@ -18,10 +18,12 @@ typedef struct {
     int oom;
 } scanner;
 
+// Columns count characters, as jansson's syntax errors and editors do: a
+// UTF-8 continuation byte (10xxxxxx) adds none.
 static void adv(scanner *sc) {
     if (sc->s[sc->i] == '\n')
         sc->line++, sc->col = 1;
-    else
+    else if (((unsigned char)sc->s[sc->i] & 0xC0) != 0x80)
         sc->col++;
     sc->i++;
 }

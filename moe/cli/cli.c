@@ -8,6 +8,7 @@
 #include "moe/parse.h"
 #include "moe/safetensors.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -107,23 +108,51 @@ int moe_cli_flag(const char *arg, const char *name, bool *on) {
     return 1;
 }
 
+// strto* skip leading blanks and *end catches only trailing ones: ' 5' would
+// pass as 5 while '5 ' fails, so a blank first is refused too.
+static bool blank_first(const char *s) {
+    return isspace((unsigned char)s[0]);
+}
+
 bool moe_cli_parse_double(const char *s, double lo, double hi, bool lo_open, double *out) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
     // strtod also reads "nan", "inf" and hex floats: only finite values pass.
-    if (end == s || *end || !isfinite(v) || v < lo || v > hi || (lo_open && v == lo)) return false;
+    if (end == s || *end || blank_first(s) || !isfinite(v) || v < lo || v > hi ||
+        (lo_open && v == lo))
+        return false;
     *out = v;
     return true;
 }
 
-bool moe_cli_parse_long(const char *s, long long lo, long long hi, long long *out) {
+// 0: s is a base-10 integer in [lo, hi]; 1: it is no integer (blank, junk);
+// 2: an integer out of the range, or beyond long long.
+static int parse_ll(const char *s, long long lo, long long hi, long long *out) {
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (end == s || *end || errno || v < lo || v > hi) return false;
+    if (end == s || *end || blank_first(s)) return 1;
+    if (errno || v < lo || v > hi) return 2;
     *out = v;
-    return true;
+    return 0;
+}
+
+bool moe_cli_parse_long(const char *s, long long lo, long long hi, long long *out) {
+    return parse_ll(s, lo, hi, out) == 0;
+}
+
+int moe_cli_parse_long_opt(const char *name, const char *s, long long lo, long long hi,
+                           long long *out) {
+    const int why = parse_ll(s, lo, hi, out);
+    const char *what = lo == 0   ? "a non-negative integer"
+                       : lo == 1 ? "a positive integer"
+                                 : "an integer";
+    if (why == 1) return moe_fail(MOE_EINVAL, "%s expects %s, got '%.64s'", name, what, s);
+    if (why == 2)
+        return moe_fail(MOE_EINVAL, "%s %.64s is out of range: expected %lld..%lld", name, s, lo,
+                        hi);
+    return 0;
 }
 
 int moe_cli_load_config(moe_config *cfg, const char *path, const char *const *sets, int n_sets) {

@@ -113,8 +113,14 @@ void moe_cli_stop_release(void);
 // one of the two would silently win. Returns 0 or MOE_EINVAL with a message.
 int moe_cli_check_steps(const char *steps, const char *const *sets, int n_sets, const char *skip);
 
-// Parses a base-10 integer in [lo, hi]; false on junk or out of range.
+// Parses a base-10 integer in [lo, hi]; false on junk (a blank on either
+// side included) or out of range.
 bool moe_cli_parse_long(const char *s, long long lo, long long hi, long long *out);
+// The same for the value s of option name, with the message: "--step expects a
+// non-negative integer, got ' 5'", or "--step 1e99 is out of range: expected
+// 0..9223372036854775807". Returns 0 or MOE_EINVAL.
+int moe_cli_parse_long_opt(const char *name, const char *s, long long lo, long long hi,
+                           long long *out);
 // Parses a finite decimal number in [lo, hi] (lo_open: lo itself excluded);
 // false on junk, nan, inf or out of range. Every numeric CLI option uses it.
 bool moe_cli_parse_double(const char *s, double lo, double hi, bool lo_open, double *out);

@@ -49,7 +49,7 @@ static const char *const route_help =
     "                   by U(1-eps, 1+eps) and everything (scores, choices, losses)\n"
     "                   uses the jittered logits; gumbel perturbs choices 2..k\n"
     "                   (README \"Router semantics\" gives the generator)\n"
-    "  --step N         training step that keys the noise (default 0)\n"
+    "  --step N         training step that keys the noise, 0..2^63-1 (default 0)\n"
     "  --out FILE       plan: expert, slot I32 [T, k] (-1 = dropped), weight F32\n"
     "                   [T, k], counts, kept, capacity I32 [E], aux_loss, z_loss F32\n"
     "                   [1] (both raw, not times router.aux_loss_coef or\n"
@@ -113,9 +113,8 @@ static int parse_args(int argc, char **argv, route_args *a) {
             if (m < 0) return fail_last(MOE_EXIT_USAGE);
             v = a->step_s;
             long long s;
-            if (!moe_cli_parse_long(v, 0, INT64_MAX, &s))
-                return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--step '%s': expected an integer >= 0",
-                                    v);
+            if (moe_cli_parse_long_opt("--step", v, 0, INT64_MAX, &s) < 0)
+                return fail_last(MOE_EXIT_USAGE);
             a->step = (uint64_t)s;
             a->step_given = true;
         } else if ((m = moe_cli_opt_value(argc, argv, &i, "--set", &v)) != 0) {
@@ -157,6 +156,13 @@ static int parse_args(int argc, char **argv, route_args *a) {
                             "capacity.mode = dynamic adapts capacity over many steps from "
                             "measured load; moe route routes one batch: use static "
                             "(router.capacity_factor, or <= 0 for dropless)");
+    // As the run config's check does: position order never reads task priorities.
+    // --example sets both keys itself (and refuses them from --set).
+    if (!a->example && a->cfg.n_task_priority > 0 && a->cfg.slot_order == MOE_SLOT_POSITION)
+        return moe_cli_fail(CMD, MOE_EXIT_USAGE,
+                            "router.task_priority is set with router.slot_order = position, "
+                            "which never reads it: task priorities order tokens under "
+                            "router.slot_order = priority (set it, or router.task_priority = [])");
     if (a->example) {
         if (a->logits_path || a->task_path)
             return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--example takes no --logits/--task-ids");
@@ -252,7 +258,7 @@ static void fmt_double(char *buf, size_t n, double x) {
     }
 }
 
-enum { META_KEYS = 24, META_LEN = 64 };
+enum { META_KEYS = 28, META_LEN = 64 };
 
 // The resolved config as metadata strings, keyed as in config files.
 static void config_metadata(const moe_router_config *c, bool training, uint64_t step, bool bias,
@@ -273,6 +279,8 @@ static void config_metadata(const moe_router_config *c, bool training, uint64_t 
     snprintf(KV("router.score"), META_LEN, "%s",
              c->score == MOE_SCORE_SIGMOID ? "sigmoid" : "softmax");
     fmt_double(KV("router.route_scale"), META_LEN, c->route_scale);
+    snprintf(KV("router.n_groups"), META_LEN, "%d", c->n_groups);
+    snprintf(KV("router.topk_groups"), META_LEN, "%d", c->topk_groups);
     snprintf(KV("router.noise"), META_LEN, "%s", noises[c->noise]);
     fmt_double(KV("router.noise_eps"), META_LEN, c->noise_eps);
     fmt_double(KV("router.aux_loss_coef"), META_LEN, c->aux_loss_coef);
@@ -347,6 +355,10 @@ static void print_summary(const moe_plan *p, const moe_router_config *cfg) {
     else
         printf("capacity static (factor %g, min %d: C = %d)\n", cfg->capacity_factor,
                cfg->min_capacity, moe_capacity_static(cfg, p->T, p->E));
+    if (moe_router_groups_active(cfg)) // group-limited routing (DeepSeek-V3)
+        printf("  group-limited: router.topk_groups = %d of router.n_groups = %d groups of %d "
+               "experts\n",
+               cfg->topk_groups, cfg->n_groups, p->E / cfg->n_groups);
     printf("  expert  counts    kept  capacity\n");
     for (int e = 0; e < p->E; e++)
         printf("  %6d  %6d  %6d  %8d\n", e, p->counts[e], p->kept[e], p->capacity[e]);

@@ -275,6 +275,52 @@ START_TEST(test_task_export_writes_the_tasks_experts_with_scaled_w2) {
 }
 END_TEST
 
+// memory.mini_seq (with recompute) only saves activation memory in training:
+// such a checkpoint exports, every tensor byte-equal to the checkpoint's.
+START_TEST(test_export_of_a_mini_seq_checkpoint_writes_its_tensors) {
+    const char *root = tu_tmpdir();
+    char args[2400], run[700], ck[700], out[800], p[900];
+    snprintf(args, sizeof args,
+             "train %s/configs/tiny.json --set model.d_model=32 --set model.n_layers=2 "
+             "--set model.d_ff=48 --set model.seq_len=32 --set train.batch_size=4 "
+             "--set train.eval_every=0 --set memory.mini_seq=2 --set memory.recompute=moe "
+             "--steps 3 --quiet --out '%s/run'",
+             MOE_SOURCE_DIR, root);
+    ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));
+    snprintf(run, sizeof run, "%s/run", root);
+    snprintf(out, sizeof out, "%s/hf", root);
+    snprintf(args, sizeof args, "export '%s' --hf '%s'", run, out);
+    ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));
+    ck_assert_int_eq(moe_ckpt_resolve(run, ck, sizeof ck, NULL), 0);
+    moe_st_set *s;
+    ck_assert_int_eq(moe_st_set_open(ck, &s), 0);
+    snprintf(p, sizeof p, "%s/model.safetensors", out);
+    moe_st_file *x;
+    ck_assert_int_eq(moe_st_open(p, &x), 0);
+    int same = 0;
+    for (int i = 0; i < x->n_tensors; i++) {
+        const char *name = x->tensors[i].name;
+        moe_st_file *f;
+        // the tied head is written out: it equals the embedding
+        const char *src = strcmp(name, "lm_head.weight") || moe_st_set_find(s, name, &f)
+                              ? name
+                              : "model.embed_tokens.weight";
+        ck_assert_msg(moe_st_set_find(s, src, &f) != NULL, "%s: not in the checkpoint", src);
+        int64_t a[4], b[4];
+        float *want = load_f32(f, src, a), *got = load_f32(x, name, b);
+        ck_assert(a[0] == b[0] && a[1] == b[1]);
+        const size_t n = (size_t)a[0] * (x->tensors[i].ndim > 1 ? (size_t)a[1] : 1);
+        ck_assert_msg(memcmp(want, got, n * sizeof(float)) == 0, "%s differs", name);
+        same++;
+        free(want);
+        free(got);
+    }
+    ck_assert_int_eq(same, 1 + 2 * (6 + 1 + 3 * 8) + 1 + 1);
+    moe_st_close(x);
+    moe_st_set_close(s);
+}
+END_TEST
+
 START_TEST(test_task_export_refuses_a_token_routed_layer) {
     char ck[700], out[700];
     snprintf(ck, sizeof ck, "%s/ck", tu_tmpdir());
@@ -327,6 +373,7 @@ int main(void) {
     tcase_add_test(tc, test_task_export_refuses_a_token_routed_layer);
     tcase_add_test(tc, test_task_export_refuses_an_unknown_task_with_a_suggestion);
     tcase_add_test(tc, test_task_routed_export_without_task_suggests_it);
+    tcase_add_test(tc, test_export_of_a_mini_seq_checkpoint_writes_its_tensors);
     suite_add_tcase(s, tc);
     return tu_run(s);
 }

@@ -10,10 +10,12 @@
 #include "moe/optim.h"
 #include "moe/safetensors.h"
 #include "moe/task_experts.h"
+#include "moe/tokenizer.h"
 #include "testutil.h"
 
 #include <jansson.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -275,6 +277,147 @@ START_TEST(test_task_export_writes_the_tasks_experts_with_scaled_w2) {
 }
 END_TEST
 
+// memory.mini_seq (with recompute) only saves activation memory in training:
+// such a checkpoint exports, every tensor byte-equal to the checkpoint's.
+START_TEST(test_export_of_a_mini_seq_checkpoint_writes_its_tensors) {
+    const char *root = tu_tmpdir();
+    char args[2400], run[700], ck[700], out[800], p[900];
+    snprintf(args, sizeof args,
+             "train %s/configs/tiny.json --set model.d_model=32 --set model.n_layers=2 "
+             "--set model.d_ff=48 --set model.seq_len=32 --set train.batch_size=4 "
+             "--set train.eval_every=0 --set memory.mini_seq=2 --set memory.recompute=moe "
+             "--steps 3 --quiet --out '%s/run'",
+             MOE_SOURCE_DIR, root);
+    ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));
+    snprintf(run, sizeof run, "%s/run", root);
+    snprintf(out, sizeof out, "%s/hf", root);
+    snprintf(args, sizeof args, "export '%s' --hf '%s'", run, out);
+    ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));
+    ck_assert_int_eq(moe_ckpt_resolve(run, ck, sizeof ck, NULL), 0);
+    moe_st_set *s;
+    ck_assert_int_eq(moe_st_set_open(ck, &s), 0);
+    snprintf(p, sizeof p, "%s/model.safetensors", out);
+    moe_st_file *x;
+    ck_assert_int_eq(moe_st_open(p, &x), 0);
+    int same = 0;
+    for (int i = 0; i < x->n_tensors; i++) {
+        const char *name = x->tensors[i].name;
+        moe_st_file *f;
+        // the tied head is written out: it equals the embedding
+        const char *src = strcmp(name, "lm_head.weight") || moe_st_set_find(s, name, &f)
+                              ? name
+                              : "model.embed_tokens.weight";
+        ck_assert_msg(moe_st_set_find(s, src, &f) != NULL, "%s: not in the checkpoint", src);
+        int64_t a[4], b[4];
+        float *want = load_f32(f, src, a), *got = load_f32(x, name, b);
+        ck_assert(a[0] == b[0] && a[1] == b[1]);
+        const size_t n = (size_t)a[0] * (x->tensors[i].ndim > 1 ? (size_t)a[1] : 1);
+        ck_assert_msg(memcmp(want, got, n * sizeof(float)) == 0, "%s differs", name);
+        same++;
+        free(want);
+        free(got);
+    }
+    ck_assert_int_eq(same, 1 + 2 * (6 + 1 + 3 * 8) + 1 + 1);
+    moe_st_close(x);
+    moe_st_set_close(s);
+}
+END_TEST
+
+// A SentencePiece BPE model with two user-defined symbols (ids 3 and 4 after
+// <unk>, <s>, </s>): "<|user|>" and a piece of 1000 bytes (500 x U+00E9);
+// a checkpoint of the tiny model with it as model.tokenizer, exported to
+// root/hf. The long piece into long_piece (1001 bytes).
+static void export_user_symbols(const char *root, char *long_piece) {
+    char cmd[4000], model[500], ck[700], out[700];
+    for (int i = 0; i < 500; i++)
+        memcpy(long_piece + 2 * i, "\xc3\xa9", 2);
+    long_piece[1000] = 0;
+    snprintf(model, sizeof model, "%s/ud.model", root);
+    snprintf(cmd, sizeof cmd,
+             "spm_train --input=" MOE_SOURCE_DIR "/README.md --model_prefix='%s/ud' "
+             "--vocab_size=400 --model_type=bpe --byte_fallback=true "
+             "'--user_defined_symbols=<|user|>,%s' >/dev/null 2>&1",
+             root, long_piece);
+    ck_assert_int_eq(system(cmd), 0);
+    moe_config c = tu_ckpt_config();
+    ck_assert_int_eq(moe_config_set(&c, NULL, "model.vocab_size=512"), 0);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "data.kind=bin"), 0); // token files, not bytes
+    snprintf(c.data.path, sizeof c.data.path, "%s/unused.bin", root);
+    snprintf(c.model.tokenizer, sizeof c.model.tokenizer, "%s", model);
+    snprintf(ck, sizeof ck, "%s/ck", root);
+    snprintf(out, sizeof out, "%s/hf", root);
+    ck_assert_msg(moe_config_check(&c, NULL) == 0, "%s", moe_last_error());
+    tu_save_checkpoint(&c, ck);
+    ck_assert_msg(moe_export_hf(ck, out) == 0, "%s", moe_last_error());
+}
+
+static json_t *load_json(const char *root, const char *name) {
+    char p[900];
+    json_error_t je;
+    snprintf(p, sizeof p, "%s/hf/%s", root, name);
+    json_t *j = json_load_file(p, 0, &je);
+    ck_assert_msg(j != NULL, "%s: %s", p, je.text);
+    return j;
+}
+
+// The added token of id in added_tokens: its content and special flag;
+// never normalized (the text is matched as written).
+static void assert_added(json_t *added, int id, const char *content, bool special) {
+    for (size_t i = 0; i < json_array_size(added); i++) {
+        json_t *a = json_array_get(added, i);
+        if (json_integer_value(json_object_get(a, "id")) != id) continue;
+        ck_assert_str_eq(json_string_value(json_object_get(a, "content")), content);
+        ck_assert(json_is_boolean(json_object_get(a, "special")));
+        ck_assert_int_eq(json_is_true(json_object_get(a, "special")), special);
+        ck_assert(json_is_false(json_object_get(a, "normalized")));
+        return;
+    }
+    ck_abort_msg("no added token %d", id);
+}
+
+// User-defined pieces stay whole in transformers as in SentencePiece: added
+// tokens, not special, at their ids in the vocabulary; a control piece stays
+// special. Each piece, 1000 bytes long too, is written whole.
+START_TEST(test_export_writes_user_defined_pieces_as_added_tokens) {
+    if (!moe_tok_have_sentencepiece()) return; // the build reads no .model
+    const char *root = tu_tmpdir();
+    char long_piece[1001];
+    export_user_symbols(root, long_piece);
+    json_t *tj = load_json(root, "tokenizer.json");
+    json_t *added = json_object_get(tj, "added_tokens");
+    ck_assert_int_eq(json_array_size(added), 5);
+    assert_added(added, 0, "<unk>", true);
+    assert_added(added, 1, "<s>", true);
+    assert_added(added, 2, "</s>", true);
+    assert_added(added, 3, "<|user|>", false);
+    assert_added(added, 4, long_piece, false);
+    json_t *model = json_object_get(tj, "model");
+    json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
+    ck_assert_int_eq(json_object_size(vocab), 400);
+    ck_assert_int_eq(json_integer_value(json_object_get(vocab, "<|user|>")), 3);
+    ck_assert_int_eq(json_integer_value(json_object_get(vocab, long_piece)), 4);
+    for (size_t i = 0; i < json_array_size(merges); i++) { // none builds an added token
+        json_t *m = json_array_get(merges, i);
+        char joined[2048];
+        snprintf(joined, sizeof joined, "%s%s", json_string_value(json_array_get(m, 0)),
+                 json_string_value(json_array_get(m, 1)));
+        ck_assert_str_ne(joined, "<|user|>");
+    }
+    json_decref(tj);
+    json_t *tc = load_json(root, "tokenizer_config.json");
+    json_t *dec = json_object_get(tc, "added_tokens_decoder");
+    ck_assert_int_eq(json_object_size(dec), 5);
+    json_t *user = json_object_get(dec, "3"), *lp = json_object_get(dec, "4");
+    ck_assert_str_eq(json_string_value(json_object_get(user, "content")), "<|user|>");
+    ck_assert(json_is_false(json_object_get(user, "special")));
+    ck_assert(json_is_false(json_object_get(user, "normalized")));
+    ck_assert_str_eq(json_string_value(json_object_get(lp, "content")), long_piece);
+    ck_assert(json_is_true(json_object_get(json_object_get(dec, "1"), "special")));
+    ck_assert_str_eq(json_string_value(json_object_get(tc, "bos_token")), "<s>");
+    json_decref(tc);
+}
+END_TEST
+
 START_TEST(test_task_export_refuses_a_token_routed_layer) {
     char ck[700], out[700];
     snprintf(ck, sizeof ck, "%s/ck", tu_tmpdir());
@@ -327,6 +470,8 @@ int main(void) {
     tcase_add_test(tc, test_task_export_refuses_a_token_routed_layer);
     tcase_add_test(tc, test_task_export_refuses_an_unknown_task_with_a_suggestion);
     tcase_add_test(tc, test_task_routed_export_without_task_suggests_it);
+    tcase_add_test(tc, test_export_of_a_mini_seq_checkpoint_writes_its_tensors);
+    tcase_add_test(tc, test_export_writes_user_defined_pieces_as_added_tokens);
     suite_add_tcase(s, tc);
     return tu_run(s);
 }

@@ -152,9 +152,30 @@ static int dump_json(const char *path, json_t *o) {
 
 // The piece of id as a JSON string, or null when the tokenizer has no such token.
 static json_t *piece_json(const moe_tokenizer *t, int id) {
-    char buf[256];
-    if (id < 0 || moe_tok_piece(t, id, buf, sizeof buf) < 0) return json_null();
-    return json_string(buf);
+    char *piece;
+    if (id < 0 || moe_tok_piece_dup(t, id, &piece) < 0) return json_null();
+    json_t *j = json_string(piece);
+    free(piece);
+    return j ? j : json_null();
+}
+
+// tokenizer_config.json's added_tokens_decoder ({"id": {"content": ...}}), as
+// transformers saves it: the control and unknown pieces, special, and the
+// user-defined ones (spm_train --user_defined_symbols), not special: both are
+// matched whole, never normalized, as in tokenizer.json's added_tokens.
+static json_t *added_tokens_decoder(const moe_tokenizer *t) {
+    json_t *o = json_object();
+    for (int id = 0; o && id < moe_tok_vocab_size(t); id++) {
+        const bool user = moe_tok_piece_type(t, id) == MOE_TOK_USER_DEFINED;
+        if (!user && !moe_tok_is_special(t, id)) continue;
+        char key[16];
+        snprintf(key, sizeof key, "%d", id);
+        json_object_set_new(o, key,
+                            json_pack("{s:o, s:b, s:b, s:b, s:b, s:b}", "content",
+                                      piece_json(t, id), "lstrip", 0, "normalized", 0, "rstrip", 0,
+                                      "single_word", 0, "special", !user));
+    }
+    return o;
 }
 
 // The files an export writes. Each is written under a temp name first
@@ -197,6 +218,7 @@ static int write_tokenizer(const char *out, const moe_tokenizer *t, int seq_len,
     json_object_set_new(o, "eos_token", piece_json(t, eos));
     json_object_set_new(o, "unk_token", piece_json(t, 0));
     json_object_set_new(o, "pad_token", json_null());
+    json_object_set_new(o, "added_tokens_decoder", added_tokens_decoder(t));
     // legacy: text encodes exactly as SentencePiece encodes it (what moe does)
     json_object_set_new(o, "legacy", json_true());
     json_object_set_new(o, "clean_up_tokenization_spaces", json_false());
@@ -266,8 +288,15 @@ static int write_config(const char *path, const moe_config *c, const moe_tokeniz
 // folder eval refuses, or a config.json edited to fewer layers than the
 // weights hold, is not exported as a different model.
 static int check_tensors(const char *ckpt, const moe_config *c, const moe_st_set *s) {
+    // A one-token model lists the views: training's memory savings
+    // (memory.mini_seq chunks, memory.recompute) change no weight, and chunks
+    // need at least as many tokens as chunks, so they are off here, as
+    // moe_model_init turns the parallel settings off.
+    moe_config one = *c;
+    one.memory.mini_seq = 1;
+    snprintf(one.memory.recompute, sizeof one.memory.recompute, "none");
     moe_model m;
-    MOE_TRY(moe_model_init(&m, c, 1, 1, c->data.n_tasks));
+    MOE_TRY(moe_model_init(&m, &one, 1, 1, c->data.n_tasks));
     int rc = 0;
     char have[160], want[160];
     for (int i = 0; i < m.table.count; i++) {

@@ -8,6 +8,7 @@
 #include "moe/fsio.h"
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,9 +39,18 @@ static int cmp_merge(const void *pa, const void *pb) {
     return 0;
 }
 
-static json_t *added_token(int id, const char *piece) {
+// Control and unknown pieces (<s>, </s>, <unk>) are special added tokens;
+// user-defined ones (spm_train --user_defined_symbols) are added tokens too,
+// so `tokenizers` keeps them whole as SentencePiece does, but not special:
+// they are text (transformers' SpmConverter makes both kinds the same way).
+static bool is_added(const moe_tokenizer *t, int id) {
+    return moe_tok_is_special(t, id) || moe_tok_piece_type(t, id) == MOE_TOK_USER_DEFINED;
+}
+
+static json_t *added_token(int id, const char *piece, bool special) {
     return json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", id, "content", piece,
-                     "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0, "special", 1);
+                     "single_word", 0, "lstrip", 0, "rstrip", 0, "normalized", 0, "special",
+                     special);
 }
 
 int moe_export_tokenizer_json(const char *path, const moe_tokenizer *t) {
@@ -50,7 +60,9 @@ int moe_export_tokenizer_json(const char *path, const moe_tokenizer *t) {
                         "train it with --model_type=bpe",
                         path, moe_tok_model_type(t));
     const int V = moe_tok_vocab_size(t), bos = moe_tok_bos_id(t);
-    char(*piece)[256] = malloc(sizeof *piece * (size_t)V);
+    char **piece = calloc((size_t)V, sizeof *piece); // whole pieces, however long
+    char *left = NULL;                               // [longest piece + 1]
+    size_t longest = 0;
     json_t *vocab = json_object(), *added = json_array(), *merges = json_array();
     merge *mg = NULL;
     size_t n_mg = 0, cap_mg = 0;
@@ -58,15 +70,23 @@ int moe_export_tokenizer_json(const char *path, const moe_tokenizer *t) {
     if (!piece || !vocab || !added || !merges)
         MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "%s: out of memory", path), rc);
     for (int id = 0; id < V; id++) {
-        MOE_TRY_GOTO(moe_tok_piece(t, id, piece[id], sizeof piece[id]), rc);
-        json_object_set_new(vocab, piece[id], json_integer(id));
-        if (moe_tok_is_special(t, id)) json_array_append_new(added, added_token(id, piece[id]));
+        MOE_TRY_GOTO(moe_tok_piece_dup(t, id, &piece[id]), rc);
+        const size_t n = strlen(piece[id]);
+        if (n > longest) longest = n;
+        if (json_object_set_new(vocab, piece[id], json_integer(id)) != 0)
+            MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: piece %d is not valid UTF-8", path, id), rc);
+        if (is_added(t, id))
+            json_array_append_new(
+                added,
+                added_token(id, piece[id], moe_tok_piece_type(t, id) != MOE_TOK_USER_DEFINED));
     }
+    if (!(left = malloc(longest + 1)))
+        MOE_TRY_GOTO(moe_fail(MOE_ENOMEM, "%s: out of memory", path), rc);
+    // Added tokens are matched whole before the model runs: no merge builds one.
     for (int id = 0; id < V; id++) {
-        if (moe_tok_is_special(t, id)) continue;
+        if (is_added(t, id)) continue;
         const char *p = piece[id];
         const size_t n = strlen(p);
-        char left[256];
         for (size_t i = 1; i < n; i++) {
             if (((unsigned char)p[i] & 0xc0) == 0x80) continue; // inside a code point
             memcpy(left, p, i);
@@ -146,6 +166,9 @@ fail:
     json_decref(added);
     json_decref(merges);
     free(mg);
+    free(left);
+    for (int id = 0; piece && id < V; id++)
+        free(piece[id]);
     free(piece);
     return rc;
 }

@@ -17,6 +17,7 @@ struct moe_tokenizer {
     moe_spm *spm;     // NULL: bytes
     void *model;      // the .model file's bytes
     size_t model_len; //
+    uint8_t *types;   // [vocab] SentencePiece piece types (MOE_TOK_*); NULL: bytes
 };
 
 #ifndef MOE_HAVE_SENTENCEPIECE
@@ -101,6 +102,78 @@ static int read_model(const char *path, void **buf, size_t *len) {
     return 0;
 }
 
+// A protobuf varint at *p (bounded by end); false when it runs off the end.
+static bool varint(const unsigned char **p, const unsigned char *end, uint64_t *v) {
+    *v = 0;
+    for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+        unsigned char b = *(*p)++;
+        *v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) return true;
+    }
+    return false;
+}
+
+// Field `field` of the protobuf message [p, end): a varint (*v) or a
+// length-delimited value ([*sub, *sub_end)); false when absent or malformed.
+static bool proto_field(const unsigned char *p, const unsigned char *end, unsigned field,
+                        uint64_t *v, const unsigned char **sub, const unsigned char **sub_end) {
+    while (p < end) {
+        uint64_t key, x;
+        if (!varint(&p, end, &key)) return false;
+        const unsigned wt = key & 7;
+        if (wt == 0) {
+            if (!varint(&p, end, &x)) return false;
+            if ((key >> 3) == field) return *v = x, true;
+        } else if (wt == 2) {
+            if (!varint(&p, end, &x) || x > (uint64_t)(end - p)) return false;
+            if ((key >> 3) == field && sub) return *sub = p, *sub_end = p + x, true;
+            p += x;
+        } else if (wt == 5 || wt == 1) {
+            const size_t n = wt == 5 ? 4 : 8;
+            if ((size_t)(end - p) < n) return false;
+            p += n;
+        } else {
+            return false;
+        }
+    }
+    return false;
+}
+
+// ModelProto.pieces (field 1, repeated) . type (field 3; absent: NORMAL), in
+// id order: libsentencepiece's API has no call that tells a user-defined
+// piece from a normal one.
+static int read_piece_types(moe_tokenizer *t, const char *name) {
+    const int V = moe_spm_vocab_size(t->spm);
+    if (!(t->types = malloc((size_t)V)))
+        return moe_fail(MOE_ENOMEM, "%s: %d pieces: out of memory", name, V);
+    const unsigned char *p = t->model, *end = p + t->model_len;
+    int id = 0;
+    while (p < end) {
+        uint64_t key, x;
+        if (!varint(&p, end, &key)) break;
+        const unsigned wt = key & 7;
+        if (wt == 0) {
+            if (!varint(&p, end, &x)) break;
+        } else if (wt == 2) {
+            if (!varint(&p, end, &x) || x > (uint64_t)(end - p)) break;
+            if ((key >> 3) == 1 && id < V) {
+                uint64_t type = MOE_TOK_NORMAL;
+                proto_field(p, p + x, 3, &type, NULL, NULL);
+                t->types[id++] = type <= MOE_TOK_BYTE ? (uint8_t)type : MOE_TOK_NORMAL;
+            }
+            p += x;
+        } else if ((wt == 5 || wt == 1) && (size_t)(end - p) >= (wt == 5 ? 4u : 8u)) {
+            p += wt == 5 ? 4 : 8;
+        } else {
+            break;
+        }
+    }
+    if (id != V)
+        return moe_fail(MOE_EFORMAT, "%s: %d piece records read of the model's %d pieces", name, id,
+                        V);
+    return 0;
+}
+
 int moe_tok_open(const char *spec, moe_tokenizer **out) {
     *out = NULL;
     moe_tokenizer *t = calloc(1, sizeof *t);
@@ -119,9 +192,12 @@ int moe_tok_open(const char *spec, moe_tokenizer **out) {
     }
     MOE_TRY_GOTO(read_model(spec, &t->model, &t->model_len), rc);
     MOE_TRY_GOTO(moe_spm_load(t->model, t->model_len, spec, &t->spm), rc);
+    MOE_TRY_GOTO(read_piece_types(t, spec), rc);
     *out = t;
     return 0;
 fail:
+    if (t->spm) moe_spm_free(t->spm);
+    free(t->types);
     free(t->model);
     free(t);
     return rc;
@@ -130,6 +206,7 @@ fail:
 void moe_tok_free(moe_tokenizer *t) {
     if (!t) return;
     if (t->spm) moe_spm_free(t->spm);
+    free(t->types);
     free(t->model);
     free(t);
 }
@@ -196,12 +273,40 @@ int moe_tok_decode(const moe_tokenizer *t, const int32_t *ids, size_t n, char **
 int moe_tok_piece(const moe_tokenizer *t, int32_t id, char *buf, size_t cap) {
     MOE_TRY(check_id(t, id));
     if (cap == 0) return moe_fail(MOE_EINVAL, "tokenizer: no room for a piece");
-    if (t->spm) return moe_spm_piece(t->spm, id, buf, cap);
+    if (t->spm) {
+        int n = moe_spm_piece(t->spm, id, buf, cap);
+        return n < 0 ? n : 0;
+    }
     if (id >= 33 && id < 127)
         snprintf(buf, cap, "%c", (char)id);
     else
         snprintf(buf, cap, "<0x%02X>", (unsigned)id);
     return 0;
+}
+
+int moe_tok_piece_dup(const moe_tokenizer *t, int32_t id, char **piece) {
+    *piece = NULL;
+    MOE_TRY(check_id(t, id));
+    char small[16]; // the whole piece when it fits (bytes: always), else its length
+    int n;
+    if (t->spm) {
+        if ((n = moe_spm_piece(t->spm, id, small, sizeof small)) < 0) return n;
+    } else {
+        MOE_TRY(moe_tok_piece(t, id, small, sizeof small));
+        n = (int)strlen(small);
+    }
+    char *p = malloc((size_t)n + 1);
+    if (!p) return moe_fail(MOE_ENOMEM, "tokenizer: piece %d (%d bytes): out of memory", id, n);
+    if ((size_t)n < sizeof small)
+        memcpy(p, small, (size_t)n + 1);
+    else if ((n = moe_spm_piece(t->spm, id, p, (size_t)n + 1)) < 0)
+        return free(p), n;
+    *piece = p;
+    return 0;
+}
+
+int moe_tok_piece_type(const moe_tokenizer *t, int32_t id) {
+    return t->types && id >= 0 && id < moe_tok_vocab_size(t) ? t->types[id] : MOE_TOK_NORMAL;
 }
 
 float moe_tok_score(const moe_tokenizer *t, int32_t id) {
@@ -210,43 +315,6 @@ float moe_tok_score(const moe_tokenizer *t, int32_t id) {
 
 bool moe_tok_is_special(const moe_tokenizer *t, int32_t id) {
     return t->spm && id >= 0 && id < moe_tok_vocab_size(t) && moe_spm_is_special(t->spm, id);
-}
-
-// A protobuf varint at *p (bounded by end); false when it runs off the end.
-static bool varint(const unsigned char **p, const unsigned char *end, uint64_t *v) {
-    *v = 0;
-    for (int shift = 0; shift < 64 && *p < end; shift += 7) {
-        unsigned char b = *(*p)++;
-        *v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) return true;
-    }
-    return false;
-}
-
-// Field `field` of the protobuf message [p, end): a varint (*v) or a
-// length-delimited value ([*sub, *sub_end)); false when absent or malformed.
-static bool proto_field(const unsigned char *p, const unsigned char *end, unsigned field,
-                        uint64_t *v, const unsigned char **sub, const unsigned char **sub_end) {
-    while (p < end) {
-        uint64_t key, x;
-        if (!varint(&p, end, &key)) return false;
-        const unsigned wt = key & 7;
-        if (wt == 0) {
-            if (!varint(&p, end, &x)) return false;
-            if ((key >> 3) == field) return *v = x, true;
-        } else if (wt == 2) {
-            if (!varint(&p, end, &x) || x > (uint64_t)(end - p)) return false;
-            if ((key >> 3) == field && sub) return *sub = p, *sub_end = p + x, true;
-            p += x;
-        } else if (wt == 5 || wt == 1) {
-            const size_t n = wt == 5 ? 4 : 8;
-            if ((size_t)(end - p) < n) return false;
-            p += n;
-        } else {
-            return false;
-        }
-    }
-    return false;
 }
 
 int moe_tok_model_type(const moe_tokenizer *t) {

@@ -8,6 +8,7 @@
 #include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -219,7 +220,7 @@ extern "C" int moe_spm_piece(const moe_spm *s, int32_t id, char *buf, size_t cap
     try {
         const std::string &p = s->sp.IdToPiece(id);
         snprintf(buf, cap, "%s", p.c_str());
-        return 0;
+        return p.size() > INT_MAX ? INT_MAX : static_cast<int>(p.size());
     } catch (...) {
         return moe_fail(MOE_EINVAL, "tokenizer: no piece for id %d", id);
     }

@@ -26,6 +26,7 @@ int moe_spm_encode(const moe_spm *s, const char *text, size_t len, int32_t **ids
 int moe_spm_encode_part(const moe_spm *s, const char *text, size_t len, int first, int32_t **ids,
                         size_t *n);
 int moe_spm_decode(const moe_spm *s, const int32_t *ids, size_t n, char **text, size_t *len);
+// As moe_tok_piece, but returns the piece's whole length (snprintf's contract).
 int moe_spm_piece(const moe_spm *s, int32_t id, char *buf, size_t cap);
 float moe_spm_score(const moe_spm *s, int32_t id);
 int moe_spm_is_special(const moe_spm *s, int32_t id); // control or unknown

@@ -59,11 +59,26 @@ int moe_tok_decode(const moe_tokenizer *t, const int32_t *ids, size_t n, char **
 // printable ASCII, else "<0xNN>"), NUL-terminated into buf (cap bytes,
 // truncated when longer). MOE_EINVAL for an id outside the vocabulary.
 int moe_tok_piece(const moe_tokenizer *t, int32_t id, char *buf, size_t cap);
+// The whole piece of id, however long, into *piece (malloc'ed, NUL-terminated;
+// free it). MOE_EINVAL for an id outside the vocabulary, MOE_ENOMEM.
+int moe_tok_piece_dup(const moe_tokenizer *t, int32_t id, char **piece);
 
 // SentencePiece piece score (0 for bytes) and whether id is a control or
 // unknown piece (<unk>, <s>, </s>: special tokens in transformers).
 float moe_tok_score(const moe_tokenizer *t, int32_t id);
 bool moe_tok_is_special(const moe_tokenizer *t, int32_t id);
+// The SentencePiece piece type of id (ModelProto.SentencePiece.Type):
+// MOE_TOK_NORMAL, ..., MOE_TOK_USER_DEFINED (spm_train --user_defined_symbols:
+// always one token, never split, yet text and not special); bytes: NORMAL.
+enum {
+    MOE_TOK_NORMAL = 1,
+    MOE_TOK_UNKNOWN = 2,
+    MOE_TOK_CONTROL = 3,
+    MOE_TOK_USER_DEFINED = 4,
+    MOE_TOK_UNUSED = 5,
+    MOE_TOK_BYTE = 6
+};
+int moe_tok_piece_type(const moe_tokenizer *t, int32_t id);
 // The SentencePiece model type of its trainer spec: 1 unigram, 2 BPE, 3 word,
 // 4 char (0 for bytes).
 int moe_tok_model_type(const moe_tokenizer *t);

@@ -749,6 +749,101 @@ START_TEST(test_save_with_tokenizer_survives_a_failed_call_at_every_point) {
 }
 END_TEST
 
+// Every save copies the tokenizer the caller opened (model.tokenizer read
+// once when the run starts): a file replaced or removed between two saves
+// changes neither checkpoint's copy.
+START_TEST(test_saves_copy_the_tokenizer_read_when_the_run_started) {
+    train_tokenizer();
+    size_t n0, n;
+    char *orig = slurp(model_path, &n0), live[460], dir[700], p[800];
+    snprintf(live, sizeof live, "%s/live.model", root);
+    write_bytes(live, orig, n0);
+    moe_config c = tu_ckpt_config();
+    c.model.vocab_size = VOCAB + 24;
+    snprintf(c.data.kind, sizeof c.data.kind, "bin");
+    snprintf(c.data.path, sizeof c.data.path, "unused.bin");
+    snprintf(c.model.tokenizer, sizeof c.model.tokenizer, "%s", live);
+    moe_model m;
+    moe_adamw opt;
+    ck_assert_int_eq(moe_model_init(&m, &c, 2, 16, 1), 0);
+    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open(live, &t), 0);
+    m.tokenizer = t;
+    snprintf(dir, sizeof dir, "%s/live-ckpt", root);
+    snprintf(p, sizeof p, "%s/%s", dir, MOE_CKPT_TOKENIZER);
+    moe_train_state st = {.step = 1};
+    write_bytes(live, "another tokenizer", 17); // replaced after the run opened it
+    ck_assert_msg(moe_ckpt_save(dir, &m, &opt, &st, NULL) == 0, "%s", moe_last_error());
+    char *copy = slurp(p, &n);
+    ck_assert(n == n0 && !memcmp(copy, orig, n0));
+    free(copy);
+    ck_assert_int_eq(unlink(live), 0); // and removed before the next save
+    st.step = 2;
+    ck_assert_msg(moe_ckpt_save(dir, &m, &opt, &st, NULL) == 0, "%s", moe_last_error());
+    copy = slurp(p, &n);
+    ck_assert(n == n0 && !memcmp(copy, orig, n0));
+    free(copy);
+    free(orig);
+    moe_tok_free(t);
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+}
+END_TEST
+
+// A run trained with tok.model's copy, saved at step 4: --resume trains on
+// with the checkpoint's tokenizer. Its file removed, the copy is used (and
+// saved again, byte for byte); its file replaced by another tokenizer, the
+// resume is refused naming both.
+START_TEST(test_resume_takes_the_checkpoint_tokenizer) {
+    train_model(); // readme.bin
+    size_t n0, n;
+    char *orig = slurp(model_path, &n0), live[460], cfg[460], run[460], args[2400], p[1200];
+    snprintf(live, sizeof live, "%s/resume.model", root);
+    write_bytes(live, orig, n0);
+    snprintf(cfg, sizeof cfg, "%s/resume.json", root);
+    FILE *f = fopen(cfg, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f,
+            "{\"model\": {\"vocab_size\": %d, \"d_model\": 32, \"n_layers\": 2, \"d_ff\": 48,"
+            " \"seq_len\": 32, \"tokenizer\": \"%s\"},\n"
+            " \"moe\": {\"num_experts\": 4},\n"
+            " \"train\": {\"steps\": 4, \"batch_size\": 4, \"eval_every\": 0},\n"
+            " \"data\": {\"kind\": \"bin\", \"path\": \"%s/readme.bin\"}}\n",
+            VOCAB + 16, live, root);
+    fclose(f);
+    snprintf(run, sizeof run, "%s/resume-run", root);
+    snprintf(args, sizeof args, "train '%s' --out '%s' --quiet", cfg, run);
+    ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));
+    // replaced by another tokenizer: refused, naming the file and the copy
+    char prefix[900], big[1000];
+    snprintf(prefix, sizeof prefix, "%s/big", root);
+    snprintf(big, sizeof big, "%s.model", prefix);
+    if (access(big, F_OK) != 0)
+        ck_assert_msg(moe_tok_train_spm(MOE_SOURCE_DIR "/README.md", prefix, 1100) == 0, "%s",
+                      moe_last_error());
+    char *other = slurp(big, &n);
+    write_bytes(live, other, n);
+    free(other);
+    snprintf(args, sizeof args, "train --resume '%s' --steps 8 --quiet", run);
+    ck_assert_int_eq(tu_run_moe(root, args), 2);
+    const char *err = tu_file_text(root, "err.txt");
+    snprintf(p, sizeof p, "model.tokenizer = %s differs from %s/checkpoint/tokenizer.model", live,
+             run);
+    ck_assert_msg(strstr(err, p), "%s", err);
+    // removed: the checkpoint's copy trains on and is saved again
+    ck_assert_int_eq(unlink(live), 0);
+    ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));
+    ck_assert_ptr_nonnull(strstr(tu_file_text(run, "checkpoint/trainer_state.json"), "\"step\": 8"));
+    snprintf(p, sizeof p, "%s/checkpoint/%s", run, MOE_CKPT_TOKENIZER);
+    char *copy = slurp(p, &n);
+    ck_assert_ptr_nonnull(copy);
+    ck_assert(n == n0 && !memcmp(copy, orig, n0));
+    free(copy);
+    free(orig);
+}
+END_TEST
+
 // A copy of the checkpoint whose tokenizer.model is a 1100-piece model (the
 // model has 1016 rows); manifest: refreshed (the copy is consistent) or not.
 static void copy_with_big_tokenizer(const char *copy, bool refresh) {
@@ -939,6 +1034,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_bad_model_files_are_refused);
     tcase_add_test(tc, test_vocab_size_below_the_tokenizer_is_refused);
     tcase_add_test(tc, test_save_with_tokenizer_survives_a_failed_call_at_every_point);
+    tcase_add_test(tc, test_saves_copy_the_tokenizer_read_when_the_run_started);
     tcase_add_unchecked_fixture(tc, NULL, suite_teardown);
     suite_add_tcase(s, tc);
     tc = tcase_create("checkpoint");
@@ -952,6 +1048,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_a_replaced_tokenizer_is_refused_by_every_reader);
     tcase_add_test(tc, test_a_failed_export_leaves_the_earlier_export_as_it_was);
     tcase_add_test(tc, test_an_export_removes_the_tokenizer_files_it_does_not_write);
+    tcase_add_test(tc, test_resume_takes_the_checkpoint_tokenizer);
     tcase_add_unchecked_fixture(tc, NULL, suite_teardown);
     suite_add_tcase(s, tc);
     return s;

@@ -447,8 +447,10 @@ static int job_start(save_job *j, const char *dir, const moe_model *m, const moe
     j->writer = moe_ckpt_writes_tensors(par ? par->rank : 0, par ? par->ep_size : 1);
     j->step = st->step;
     int rc = 0;
-    moe_tokenizer *tok = NULL; // read before recover() may move the folder it lives in
-    if (j->rank0 && strcmp(m->cfg.model.tokenizer, "bytes"))
+    // The run's tokenizer, read when it started (m->tokenizer); else read
+    // here, before recover() may move the folder it lives in.
+    moe_tokenizer *tok = NULL;
+    if (j->rank0 && !m->tokenizer && strcmp(m->cfg.model.tokenizer, "bytes"))
         rc = moe_tok_open(m->cfg.model.tokenizer, &tok);
     if (j->rank0 && rc == 0) {
         rc = recover(j->dir, j->tmp, j->old, j->trash);
@@ -458,7 +460,7 @@ static int job_start(save_job *j, const char *dir, const moe_model *m, const moe
     // Sharded: every writer needs dir.tmp made before it writes into it.
     if (j->sharded && agree) rc = moe_comm_agree(par->world, rc);
     if (rc == 0 && j->writer) rc = build_tensor_entries(j, m, src, j->sharded ? par->ep_rank : 0);
-    if (rc == 0 && j->rank0) rc = render_small(j, m, opt, st, tok, par);
+    if (rc == 0 && j->rank0) rc = render_small(j, m, opt, st, m->tokenizer ? m->tokenizer : tok, par);
     moe_tok_free(tok);
     return rc;
 }

@@ -834,13 +834,68 @@ START_TEST(test_resume_takes_the_checkpoint_tokenizer) {
     // removed: the checkpoint's copy trains on and is saved again
     ck_assert_int_eq(unlink(live), 0);
     ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));
-    ck_assert_ptr_nonnull(strstr(tu_file_text(run, "checkpoint/trainer_state.json"), "\"step\": 8"));
+    ck_assert_ptr_nonnull(
+        strstr(tu_file_text(run, "checkpoint/trainer_state.json"), "\"step\": 8"));
     snprintf(p, sizeof p, "%s/checkpoint/%s", run, MOE_CKPT_TOKENIZER);
     char *copy = slurp(p, &n);
     ck_assert_ptr_nonnull(copy);
     ck_assert(n == n0 && !memcmp(copy, orig, n0));
     free(copy);
     free(orig);
+}
+END_TEST
+
+// Shards record their tokenizer (manifest.json: name, vocab_size, hash of
+// the .model's bytes); training on them with another tokenizer is refused
+// naming the folder and both, with the same one it trains.
+START_TEST(test_training_refuses_shards_of_another_tokenizer) {
+    train_tokenizer();
+    char sh[600], args[3000], want[2400], prefix[500], other[520];
+    snprintf(sh, sizeof sh, "%s/sh-a", root);
+    snprintf(args, sizeof args,
+             "prepare '%s/README.md' --out '%s' --tokenizer '%s' --doc line --quiet",
+             MOE_SOURCE_DIR, sh, model_path);
+    ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open(model_path, &t), 0);
+    char hash[24];
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)moe_tok_hash(t));
+    moe_tok_free(t);
+    snprintf(want, sizeof want, "\"tokenizer_hash\": \"%s\"", hash);
+    ck_assert_msg(strstr(tu_file_text(sh, "manifest.json"), want), "%s",
+                  tu_file_text(sh, "manifest.json"));
+    // another tokenizer of the same size: only the hash tells
+    snprintf(prefix, sizeof prefix, "%s/other", root);
+    snprintf(other, sizeof other, "%s.model", prefix);
+    char half[520];
+    snprintf(half, sizeof half, "%s/half.txt", root);
+    snprintf(args, sizeof args, "head -c 60000 '%s/README.md' > '%s'", MOE_SOURCE_DIR, half);
+    ck_assert_int_eq(system(args), 0);
+    ck_assert_msg(moe_tok_train_spm(half, prefix, VOCAB) == 0, "%s", moe_last_error());
+    const char *common = "--set model.d_model=32 --set model.n_layers=2 --set model.d_ff=32 "
+                         "--set moe.num_experts=4 --set train.batch_size=2 --set "
+                         "model.seq_len=16 --set train.steps=2 --set train.eval_every=0 "
+                         "--set data.kind=llmc --quiet";
+    const char *toks[2] = {other, model_path};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args,
+                 "train %s/configs/tiny.json %s --set model.vocab_size=%d --set "
+                 "'model.tokenizer=%s' --set 'data.path=%s/train_*.bin' --set "
+                 "'data.val_path=%s/val_*.bin' --out '%s/run-sh%d'",
+                 MOE_SOURCE_DIR, common, VOCAB + 24, toks[i], sh, sh, root, i);
+        const int code = tu_run_moe(root, args);
+        const char *err = tu_file_text(root, "err.txt");
+        if (i == 1) {
+            ck_assert_msg(code == 0, "%s", err);
+            break;
+        }
+        ck_assert_int_eq(code, 2);
+        snprintf(want, sizeof want,
+                 "%s: token files prepared with tokenizer %s (%d pieces, hash %s), but "
+                 "model.tokenizer = %s (%d pieces, hash ",
+                 sh, model_path, VOCAB, hash, toks[i], VOCAB);
+        ck_assert_msg(strstr(err, want), "%s\nlacks\n%s", err, want);
+    }
 }
 END_TEST
 
@@ -1035,6 +1090,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_vocab_size_below_the_tokenizer_is_refused);
     tcase_add_test(tc, test_save_with_tokenizer_survives_a_failed_call_at_every_point);
     tcase_add_test(tc, test_saves_copy_the_tokenizer_read_when_the_run_started);
+    tcase_add_test(tc, test_training_refuses_shards_of_another_tokenizer);
     tcase_add_unchecked_fixture(tc, NULL, suite_teardown);
     suite_add_tcase(s, tc);
     tc = tcase_create("checkpoint");

@@ -460,7 +460,8 @@ static int job_start(save_job *j, const char *dir, const moe_model *m, const moe
     // Sharded: every writer needs dir.tmp made before it writes into it.
     if (j->sharded && agree) rc = moe_comm_agree(par->world, rc);
     if (rc == 0 && j->writer) rc = build_tensor_entries(j, m, src, j->sharded ? par->ep_rank : 0);
-    if (rc == 0 && j->rank0) rc = render_small(j, m, opt, st, m->tokenizer ? m->tokenizer : tok, par);
+    if (rc == 0 && j->rank0)
+        rc = render_small(j, m, opt, st, m->tokenizer ? m->tokenizer : tok, par);
     moe_tok_free(tok);
     return rc;
 }

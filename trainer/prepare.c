@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fnmatch.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +89,7 @@ int moe_prepare_tokenizer_open(moe_prepare_tokenizer *t, const char *spec) {
     if (rc < 0) return rc;
     snprintf(t->name, sizeof t->name, "%s", spec);
     t->vocab_size = moe_tok_vocab_size(tk);
+    t->hash = moe_tok_hash(tk);
     t->encode = encode_spm;
     t->free = free_spm;
     t->ctx = tk;
@@ -470,6 +472,11 @@ static int write_manifest(const moe_prepare_opts *o, const path_list *in, const 
     json_object_set_new(root, "version", json_integer(r->version));
     json_object_set_new(root, "tokenizer", json_string(o->tokenizer->name));
     json_object_set_new(root, "vocab_size", json_integer(o->tokenizer->vocab_size));
+    if (o->tokenizer->hash) { // a string: JSON readers lose integers past 2^53
+        char h[24];
+        snprintf(h, sizeof h, "%016" PRIx64, o->tokenizer->hash);
+        json_object_set_new(root, "tokenizer_hash", json_string(h));
+    }
     json_object_set_new(root, "document", json_string(doc_names[o->doc]));
     json_object_set_new(root, "val_fraction", json_real(o->val_fraction));
     json_object_set_new(root, "seed", json_integer((json_int_t)o->seed));

@@ -577,8 +577,9 @@ static int open_run_tokenizer(const moe_config *cfg, const char *resume, moe_tok
             MOE_TRY(moe_ckpt_tokenizer(resume, &ck, &t));
         struct stat sb;
         if (t && stat(spec, &sb) != 0 && errno == ENOENT) {
-            moe_log(MOE_LOG_INFO, "model.tokenizer %s is gone: resuming with the checkpoint's copy %s",
-                    spec, ck.model.tokenizer);
+            moe_log(MOE_LOG_INFO,
+                    "model.tokenizer %s is gone: resuming with the checkpoint's copy %s", spec,
+                    ck.model.tokenizer);
         } else if (t) {
             size_t a, b;
             int rc = moe_tok_open(spec, &user);
@@ -656,6 +657,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     if (rc == 0) rc = moe_parallel_resolve_groups(&par, &cfg_run);
     const bool lead = moe_comm_rank(world) == 0;
     if (rc == 0) rc = moe_data_open(&d, cfg);
+    if (rc == 0) rc = moe_data_check_tokenizer(&d, cfg->model.tokenizer, tok);
     // Validation on training data measures nothing; a run that already did it
     // (this was once accepted) may still be resumed, with the warning.
     if (rc == 0 && d.val_in_train && !o->resume_dir)

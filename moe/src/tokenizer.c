@@ -155,6 +155,16 @@ const void *moe_tok_model_bytes(const moe_tokenizer *t, size_t *len) {
     return t->model;
 }
 
+uint64_t moe_tok_hash(const moe_tokenizer *t) {
+    size_t n;
+    const unsigned char *b = moe_tok_model_bytes(t, &n);
+    if (!b) return 0;
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001B3ull;
+    return h;
+}
+
 int moe_tok_encode(const moe_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n) {
     return moe_tok_encode_part(t, text, len, 1, ids, n);
 }

@@ -24,6 +24,7 @@ void moe_tokens_free(moe_tokens *t);
 typedef struct {
     char name[512]; // "bytes" or the model file (recorded in the manifest)
     int vocab_size;
+    uint64_t hash; // moe_tok_hash of the model (0: bytes), recorded in the manifest
     int (*encode)(void *ctx, const char *text, size_t len, int first, moe_tokens *out);
     void (*free)(void *ctx); // NULL: nothing to free
     void *ctx;

@@ -70,6 +70,9 @@ int moe_tok_model_type(const moe_tokenizer *t);
 
 // The .model file's bytes (NULL, 0 for bytes): what a checkpoint copies.
 const void *moe_tok_model_bytes(const moe_tokenizer *t, size_t *len);
+// 64-bit FNV-1a of those bytes (0 for bytes): the identity moe prepare
+// records in manifest.json ("tokenizer_hash") and training checks.
+uint64_t moe_tok_hash(const moe_tokenizer *t);
 
 // model.tokenizer against the model: opens it and checks model.vocab_size >=
 // its vocabulary (refused naming both values and the key to set). bytes

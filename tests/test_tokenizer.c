@@ -899,6 +899,85 @@ START_TEST(test_training_refuses_shards_of_another_tokenizer) {
 }
 END_TEST
 
+// Protocol buffer encoding, enough for a SentencePiece ModelProto.
+static size_t pb_varint(unsigned char *o, uint64_t v) {
+    size_t n = 0;
+    do {
+        o[n++] = (unsigned char)((v & 0x7F) | (v > 0x7F ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    return n;
+}
+
+static size_t pb_bytes(unsigned char *o, int field, const void *b, size_t len) {
+    size_t n = pb_varint(o, (uint64_t)field << 3 | 2);
+    n += pb_varint(o + n, len);
+    memcpy(o + n, b, len);
+    return n + len;
+}
+
+// A character model without byte fallback: <unk> 0, <s> 1, </s> 2 and the
+// pieces "\xE2\x96\x81" (the word boundary), "a" and "b"; any other character
+// encodes to <unk> (a run of them to one <unk>, as SentencePiece merges it).
+static void write_char_model(const char *path) {
+    static const char *const piece[] = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b"};
+    static const int type[] = {2, 3, 3, 1, 1, 1}; // UNKNOWN, CONTROL, NORMAL
+    unsigned char out[512], m[64];
+    size_t n = 0;
+    for (int i = 0; i < 6; i++) {
+        size_t k = pb_bytes(m, 1, piece[i], strlen(piece[i]));
+        m[k++] = 2 << 3 | 5; // score: float 0
+        memset(m + k, 0, 4), k += 4;
+        m[k++] = 3 << 3, m[k++] = (unsigned char)type[i];
+        n += pb_bytes(out + n, 1, m, k);
+    }
+    const unsigned char trainer[] = {3 << 3, 4}; // model_type: CHAR
+    n += pb_bytes(out + n, 2, trainer, sizeof trainer);
+    size_t k = pb_bytes(m, 1, "identity", 8);
+    m[k++] = 4 << 3, m[k++] = 0; // remove_extra_whitespaces: false
+    n += pb_bytes(out + n, 3, m, k);
+    write_bytes(path, out, n);
+}
+
+// prepare counts the <unk> tokens a model without byte fallback produces,
+// exactly: in its result, its manifest and a warning with the share.
+START_TEST(test_prepare_counts_unknown_tokens) {
+    const char *dir = tu_tmpdir();
+    char model[600], in[600], out[600], args[2400];
+    snprintf(model, sizeof model, "%s/char.model", dir);
+    snprintf(in, sizeof in, "%s/in.txt", dir);
+    snprintf(out, sizeof out, "%s/sh", dir);
+    write_char_model(model);
+    moe_tokenizer *t;
+    ck_assert_msg(moe_tok_open(model, &t) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(moe_tok_unk_id(t), 0);
+    moe_tok_free(t);
+    // one document: <s> ▁ a b <unk>(c) a <unk>(xy) b <unk>(é and the newline)
+    write_bytes(in, "abcaxyb\xC3\xA9\n", 11);
+    moe_prepare_tokenizer tk;
+    ck_assert_int_eq(moe_prepare_tokenizer_open(&tk, model), 0);
+    const char *inputs[1] = {in};
+    moe_prepare_opts o = {
+        .out_dir = out, .inputs = inputs, .n_inputs = 1, .tokenizer = &tk, .shard_tokens = 1 << 20};
+    moe_prepare_result r;
+    ck_assert_msg(moe_prepare(&o, &r) == 0, "%s", moe_last_error());
+    moe_prepare_tokenizer_close(&tk);
+    ck_assert_int_eq(r.tokens[0] + r.tokens[1], 9);
+    ck_assert_int_eq(r.unk_tokens, 3);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(out, "manifest.json"), "\"unk_tokens\": 3,"));
+    snprintf(args, sizeof args,
+             "prepare '%s' --out '%s/sh2' --tokenizer '%s' --val-fraction 0 --quiet", in, dir,
+             model);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    ck_assert_msg(strstr(tu_file_text(dir, "out.txt"), "; 3 <unk> tokens;"), "%s",
+                  tu_file_text(dir, "out.txt"));
+    ck_assert_msg(strstr(tu_file_text(dir, "err.txt"),
+                         "moe prepare: warning: 3 of 9 tokens (33.33%) are <unk>"),
+                  "%s", tu_file_text(dir, "err.txt"));
+    moe_fs_remove_tree(dir);
+}
+END_TEST
+
 // A copy of the checkpoint whose tokenizer.model is a 1100-piece model (the
 // model has 1016 rows); manifest: refreshed (the copy is consistent) or not.
 static void copy_with_big_tokenizer(const char *copy, bool refresh) {
@@ -1091,6 +1170,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_save_with_tokenizer_survives_a_failed_call_at_every_point);
     tcase_add_test(tc, test_saves_copy_the_tokenizer_read_when_the_run_started);
     tcase_add_test(tc, test_training_refuses_shards_of_another_tokenizer);
+    tcase_add_test(tc, test_prepare_counts_unknown_tokens);
     tcase_add_unchecked_fixture(tc, NULL, suite_teardown);
     suite_add_tcase(s, tc);
     tc = tcase_create("checkpoint");

@@ -90,6 +90,8 @@ int moe_prepare_tokenizer_open(moe_prepare_tokenizer *t, const char *spec) {
     snprintf(t->name, sizeof t->name, "%s", spec);
     t->vocab_size = moe_tok_vocab_size(tk);
     t->hash = moe_tok_hash(tk);
+    t->unk_id = moe_tok_unk_id(tk);
+    t->has_unk = t->unk_id >= 0;
     t->encode = encode_spm;
     t->free = free_spm;
     t->ctx = tk;
@@ -477,6 +479,7 @@ static int write_manifest(const moe_prepare_opts *o, const path_list *in, const 
         snprintf(h, sizeof h, "%016" PRIx64, o->tokenizer->hash);
         json_object_set_new(root, "tokenizer_hash", json_string(h));
     }
+    json_object_set_new(root, "unk_tokens", json_integer(r->unk_tokens));
     json_object_set_new(root, "document", json_string(doc_names[o->doc]));
     json_object_set_new(root, "val_fraction", json_real(o->val_fraction));
     json_object_set_new(root, "seed", json_integer((json_int_t)o->seed));
@@ -632,11 +635,13 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
                 len = part_len(m.data + at + off, n - off, part_max);
                 toks.n = 0;
                 if ((rc = tk->encode(tk->ctx, m.data + at + off, len, off == 0, &toks)) < 0) break;
-                for (size_t k = 0; k < toks.n && rc == 0; k++)
+                for (size_t k = 0; k < toks.n && rc == 0; k++) {
                     if (toks.tok[k] >= (uint32_t)tk->vocab_size)
                         rc = moe_fail(MOE_EINVAL,
                                       "%s: tokenizer %s gave token %u >= its vocabulary %d",
                                       in->path[i], tk->name, toks.tok[k], tk->vocab_size);
+                    r->unk_tokens += tk->has_unk && toks.tok[k] == (uint32_t)tk->unk_id;
+                }
                 if (rc == 0) rc = shard_write(&w[s], toks.tok, toks.n);
                 doc_tokens += (long)toks.n;
             }

@@ -36,6 +36,9 @@ int moe_spm_bos_id(const moe_spm *s) {
 int moe_spm_eos_id(const moe_spm *s) {
     return -1;
 }
+int moe_spm_unk_id(const moe_spm *s) {
+    return -1;
+}
 int moe_spm_encode(const moe_spm *s, const char *text, size_t len, int32_t **ids, size_t *n) {
     return moe_fail(MOE_EINVAL, "tokenizer: built without libsentencepiece");
 }
@@ -148,6 +151,10 @@ int moe_tok_bos_id(const moe_tokenizer *t) {
 
 int moe_tok_eos_id(const moe_tokenizer *t) {
     return t->spm ? moe_spm_eos_id(t->spm) : -1;
+}
+
+int moe_tok_unk_id(const moe_tokenizer *t) {
+    return t->spm ? moe_spm_unk_id(t->spm) : -1;
 }
 
 const void *moe_tok_model_bytes(const moe_tokenizer *t, size_t *len) {

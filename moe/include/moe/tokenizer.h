@@ -38,6 +38,9 @@ int moe_tok_vocab_size(const moe_tokenizer *t);
 // Begin / end of sequence ids, -1 when the tokenizer has none (bytes: none).
 int moe_tok_bos_id(const moe_tokenizer *t);
 int moe_tok_eos_id(const moe_tokenizer *t);
+// The id of <unk>, which text outside the vocabulary encodes to without byte
+// fallback (-1: none; bytes: none).
+int moe_tok_unk_id(const moe_tokenizer *t);
 
 // Encodes len bytes of UTF-8 text (no BOS or EOS added; the caller decides,
 // as transformers' add_bos_token does). *ids is malloc'ed (free it), *n its

@@ -9,6 +9,7 @@
 #include "moe/model.h"
 #include "moe/task_experts.h"
 #include "testutil.h"
+#include "trainer/checkpoint_internal.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -200,6 +201,70 @@ START_TEST(test_checkpoint_config_errors_point_into_the_file) {
 }
 END_TEST
 
+// A save replacing the folder a reader resolved, between the resolve and
+// the read: run/checkpoint moves away (train.keep_checkpoints = 0's swap
+// renames it) and the new checkpoint is a complete run/checkpoint.tmp.
+static char race_run[700], race_next[700];
+static int race_calls, race_gone;
+
+static void race_save(const char *folder) {
+    char p[800], gone[800];
+    if (race_calls++) return;
+    snprintf(p, sizeof p, "%s/checkpoint", race_run);
+    ck_assert_str_eq(folder, p);
+    snprintf(gone, sizeof gone, "%s/gone-%d", root, race_gone++);
+    ck_assert_int_eq(rename(p, gone), 0);
+    snprintf(p, sizeof p, "%s/checkpoint.tmp", race_run);
+    ck_assert_int_eq(rename(race_next, p), 0);
+}
+
+static void save_step(const moe_config *c, const char *dir, long step) {
+    moe_model m;
+    moe_adamw opt;
+    ck_assert_int_eq(moe_model_init(&m, c, 2, 16, 5), 0);
+    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
+    moe_train_state st = {.step = step};
+    ck_assert_msg(moe_ckpt_save(dir, &m, &opt, &st, NULL) == 0, "%s", moe_last_error());
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+}
+
+START_TEST(test_readers_resolve_again_when_a_save_replaces_the_folder) {
+    snprintf(root, sizeof root, "%s", tu_tmpdir());
+    snprintf(race_run, sizeof race_run, "%s/run", root);
+    moe_config c = tu_ckpt_config();
+    char p[2000];
+    for (int reader = 0; reader < 2; reader++) {
+        snprintf(p, sizeof p, "rm -rf '%s' && mkdir '%s'", race_run, race_run);
+        ck_assert_int_eq(system(p), 0);
+        snprintf(p, sizeof p, "%s/checkpoint", race_run);
+        save_step(&c, p, 1);
+        snprintf(race_next, sizeof race_next, "%s/next", root);
+        save_step(&c, race_next, 2);
+        race_calls = 0;
+        moe_ckpt_resolved_hook = race_save;
+        int rc;
+        moe_train_state st = {0};
+        if (reader == 0) {
+            moe_model m;
+            moe_adamw opt;
+            ck_assert_int_eq(moe_model_init(&m, &c, 2, 16, 5), 0);
+            ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
+            rc = moe_ckpt_load(race_run, &m, &opt, &st);
+            moe_adamw_free(&opt);
+            moe_model_free(&m);
+        } else {
+            moe_config got;
+            rc = moe_ckpt_config(race_run, &got);
+        }
+        moe_ckpt_resolved_hook = NULL;
+        ck_assert_msg(rc == 0, "reader %d: %s", reader, moe_last_error());
+        ck_assert_int_gt(race_calls, 1);               // read once, failed, resolved again
+        if (reader == 0) ck_assert_int_eq(st.step, 2); // the new checkpoint
+    }
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("ckpt_readers");
     TCase *tc = tcase_create("core");
@@ -209,6 +274,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_every_reader_refuses_task_experts_of_a_layer_the_model_lacks);
     tcase_add_test(tc, test_task_expert_mismatch_names_both_full_sets);
     tcase_add_test(tc, test_checkpoint_config_errors_point_into_the_file);
+    tcase_add_test(tc, test_readers_resolve_again_when_a_save_replaces_the_folder);
     suite_add_tcase(s, tc);
     return s;
 }

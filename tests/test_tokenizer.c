@@ -749,6 +749,235 @@ START_TEST(test_save_with_tokenizer_survives_a_failed_call_at_every_point) {
 }
 END_TEST
 
+// Every save copies the tokenizer the caller opened (model.tokenizer read
+// once when the run starts): a file replaced or removed between two saves
+// changes neither checkpoint's copy.
+START_TEST(test_saves_copy_the_tokenizer_read_when_the_run_started) {
+    train_tokenizer();
+    size_t n0, n;
+    char *orig = slurp(model_path, &n0), live[460], dir[700], p[800];
+    snprintf(live, sizeof live, "%s/live.model", root);
+    write_bytes(live, orig, n0);
+    moe_config c = tu_ckpt_config();
+    c.model.vocab_size = VOCAB + 24;
+    snprintf(c.data.kind, sizeof c.data.kind, "bin");
+    snprintf(c.data.path, sizeof c.data.path, "unused.bin");
+    snprintf(c.model.tokenizer, sizeof c.model.tokenizer, "%s", live);
+    moe_model m;
+    moe_adamw opt;
+    ck_assert_int_eq(moe_model_init(&m, &c, 2, 16, 1), 0);
+    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open(live, &t), 0);
+    m.tokenizer = t;
+    snprintf(dir, sizeof dir, "%s/live-ckpt", root);
+    snprintf(p, sizeof p, "%s/%s", dir, MOE_CKPT_TOKENIZER);
+    moe_train_state st = {.step = 1};
+    write_bytes(live, "another tokenizer", 17); // replaced after the run opened it
+    ck_assert_msg(moe_ckpt_save(dir, &m, &opt, &st, NULL) == 0, "%s", moe_last_error());
+    char *copy = slurp(p, &n);
+    ck_assert(n == n0 && !memcmp(copy, orig, n0));
+    free(copy);
+    ck_assert_int_eq(unlink(live), 0); // and removed before the next save
+    st.step = 2;
+    ck_assert_msg(moe_ckpt_save(dir, &m, &opt, &st, NULL) == 0, "%s", moe_last_error());
+    copy = slurp(p, &n);
+    ck_assert(n == n0 && !memcmp(copy, orig, n0));
+    free(copy);
+    free(orig);
+    moe_tok_free(t);
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+}
+END_TEST
+
+// A run trained with tok.model's copy, saved at step 4: --resume trains on
+// with the checkpoint's tokenizer. Its file removed, the copy is used (and
+// saved again, byte for byte); its file replaced by another tokenizer, the
+// resume is refused naming both.
+START_TEST(test_resume_takes_the_checkpoint_tokenizer) {
+    train_model(); // readme.bin
+    size_t n0, n;
+    char *orig = slurp(model_path, &n0), live[460], cfg[460], run[460], args[2400], p[1200];
+    snprintf(live, sizeof live, "%s/resume.model", root);
+    write_bytes(live, orig, n0);
+    snprintf(cfg, sizeof cfg, "%s/resume.json", root);
+    FILE *f = fopen(cfg, "w");
+    ck_assert_ptr_nonnull(f);
+    fprintf(f,
+            "{\"model\": {\"vocab_size\": %d, \"d_model\": 32, \"n_layers\": 2, \"d_ff\": 48,"
+            " \"seq_len\": 32, \"tokenizer\": \"%s\"},\n"
+            " \"moe\": {\"num_experts\": 4},\n"
+            " \"train\": {\"steps\": 4, \"batch_size\": 4, \"eval_every\": 0},\n"
+            " \"data\": {\"kind\": \"bin\", \"path\": \"%s/readme.bin\"}}\n",
+            VOCAB + 16, live, root);
+    fclose(f);
+    snprintf(run, sizeof run, "%s/resume-run", root);
+    snprintf(args, sizeof args, "train '%s' --out '%s' --quiet", cfg, run);
+    ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));
+    // replaced by another tokenizer: refused, naming the file and the copy
+    char prefix[900], big[1000];
+    snprintf(prefix, sizeof prefix, "%s/big", root);
+    snprintf(big, sizeof big, "%s.model", prefix);
+    if (access(big, F_OK) != 0)
+        ck_assert_msg(moe_tok_train_spm(MOE_SOURCE_DIR "/README.md", prefix, 1100) == 0, "%s",
+                      moe_last_error());
+    char *other = slurp(big, &n);
+    write_bytes(live, other, n);
+    free(other);
+    snprintf(args, sizeof args, "train --resume '%s' --steps 8 --quiet", run);
+    ck_assert_int_eq(tu_run_moe(root, args), 2);
+    const char *err = tu_file_text(root, "err.txt");
+    snprintf(p, sizeof p, "model.tokenizer = %s differs from %s/checkpoint/tokenizer.model", live,
+             run);
+    ck_assert_msg(strstr(err, p), "%s", err);
+    // removed: the checkpoint's copy trains on and is saved again
+    ck_assert_int_eq(unlink(live), 0);
+    ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));
+    ck_assert_ptr_nonnull(
+        strstr(tu_file_text(run, "checkpoint/trainer_state.json"), "\"step\": 8"));
+    snprintf(p, sizeof p, "%s/checkpoint/%s", run, MOE_CKPT_TOKENIZER);
+    char *copy = slurp(p, &n);
+    ck_assert_ptr_nonnull(copy);
+    ck_assert(n == n0 && !memcmp(copy, orig, n0));
+    free(copy);
+    free(orig);
+}
+END_TEST
+
+// Shards record their tokenizer (manifest.json: name, vocab_size, hash of
+// the .model's bytes); training on them with another tokenizer is refused
+// naming the folder and both, with the same one it trains.
+START_TEST(test_training_refuses_shards_of_another_tokenizer) {
+    train_tokenizer();
+    char sh[600], args[3000], want[2400], prefix[500], other[520];
+    snprintf(sh, sizeof sh, "%s/sh-a", root);
+    snprintf(args, sizeof args,
+             "prepare '%s/README.md' --out '%s' --tokenizer '%s' --doc line --quiet",
+             MOE_SOURCE_DIR, sh, model_path);
+    ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));
+    moe_tokenizer *t;
+    ck_assert_int_eq(moe_tok_open(model_path, &t), 0);
+    char hash[24];
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)moe_tok_hash(t));
+    moe_tok_free(t);
+    snprintf(want, sizeof want, "\"tokenizer_hash\": \"%s\"", hash);
+    ck_assert_msg(strstr(tu_file_text(sh, "manifest.json"), want), "%s",
+                  tu_file_text(sh, "manifest.json"));
+    // another tokenizer of the same size: only the hash tells
+    snprintf(prefix, sizeof prefix, "%s/other", root);
+    snprintf(other, sizeof other, "%s.model", prefix);
+    char half[520];
+    snprintf(half, sizeof half, "%s/half.txt", root);
+    snprintf(args, sizeof args, "head -c 60000 '%s/README.md' > '%s'", MOE_SOURCE_DIR, half);
+    ck_assert_int_eq(system(args), 0);
+    ck_assert_msg(moe_tok_train_spm(half, prefix, VOCAB) == 0, "%s", moe_last_error());
+    const char *common = "--set model.d_model=32 --set model.n_layers=2 --set model.d_ff=32 "
+                         "--set moe.num_experts=4 --set train.batch_size=2 --set "
+                         "model.seq_len=16 --set train.steps=2 --set train.eval_every=0 "
+                         "--set data.kind=llmc --quiet";
+    const char *toks[2] = {other, model_path};
+    for (int i = 0; i < 2; i++) {
+        snprintf(args, sizeof args,
+                 "train %s/configs/tiny.json %s --set model.vocab_size=%d --set "
+                 "'model.tokenizer=%s' --set 'data.path=%s/train_*.bin' --set "
+                 "'data.val_path=%s/val_*.bin' --out '%s/run-sh%d'",
+                 MOE_SOURCE_DIR, common, VOCAB + 24, toks[i], sh, sh, root, i);
+        const int code = tu_run_moe(root, args);
+        const char *err = tu_file_text(root, "err.txt");
+        if (i == 1) {
+            ck_assert_msg(code == 0, "%s", err);
+            break;
+        }
+        ck_assert_int_eq(code, 2);
+        snprintf(want, sizeof want,
+                 "%s: token files prepared with tokenizer %s (%d pieces, hash %s), but "
+                 "model.tokenizer = %s (%d pieces, hash ",
+                 sh, model_path, VOCAB, hash, toks[i], VOCAB);
+        ck_assert_msg(strstr(err, want), "%s\nlacks\n%s", err, want);
+    }
+}
+END_TEST
+
+// Protocol buffer encoding, enough for a SentencePiece ModelProto.
+static size_t pb_varint(unsigned char *o, uint64_t v) {
+    size_t n = 0;
+    do {
+        o[n++] = (unsigned char)((v & 0x7F) | (v > 0x7F ? 0x80 : 0));
+        v >>= 7;
+    } while (v);
+    return n;
+}
+
+static size_t pb_bytes(unsigned char *o, int field, const void *b, size_t len) {
+    size_t n = pb_varint(o, (uint64_t)field << 3 | 2);
+    n += pb_varint(o + n, len);
+    memcpy(o + n, b, len);
+    return n + len;
+}
+
+// A character model without byte fallback: <unk> 0, <s> 1, </s> 2 and the
+// pieces "\xE2\x96\x81" (the word boundary), "a" and "b"; any other character
+// encodes to <unk> (a run of them to one <unk>, as SentencePiece merges it).
+static void write_char_model(const char *path) {
+    static const char *const piece[] = {"<unk>", "<s>", "</s>", "\xE2\x96\x81", "a", "b"};
+    static const int type[] = {2, 3, 3, 1, 1, 1}; // UNKNOWN, CONTROL, NORMAL
+    unsigned char out[512], m[64];
+    size_t n = 0;
+    for (int i = 0; i < 6; i++) {
+        size_t k = pb_bytes(m, 1, piece[i], strlen(piece[i]));
+        m[k++] = 2 << 3 | 5; // score: float 0
+        memset(m + k, 0, 4), k += 4;
+        m[k++] = 3 << 3, m[k++] = (unsigned char)type[i];
+        n += pb_bytes(out + n, 1, m, k);
+    }
+    const unsigned char trainer[] = {3 << 3, 4}; // model_type: CHAR
+    n += pb_bytes(out + n, 2, trainer, sizeof trainer);
+    size_t k = pb_bytes(m, 1, "identity", 8);
+    m[k++] = 4 << 3, m[k++] = 0; // remove_extra_whitespaces: false
+    n += pb_bytes(out + n, 3, m, k);
+    write_bytes(path, out, n);
+}
+
+// prepare counts the <unk> tokens a model without byte fallback produces,
+// exactly: in its result, its manifest and a warning with the share.
+START_TEST(test_prepare_counts_unknown_tokens) {
+    const char *dir = tu_tmpdir();
+    char model[600], in[600], out[600], args[2400];
+    snprintf(model, sizeof model, "%s/char.model", dir);
+    snprintf(in, sizeof in, "%s/in.txt", dir);
+    snprintf(out, sizeof out, "%s/sh", dir);
+    write_char_model(model);
+    moe_tokenizer *t;
+    ck_assert_msg(moe_tok_open(model, &t) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(moe_tok_unk_id(t), 0);
+    moe_tok_free(t);
+    // one document: <s> ▁ a b <unk>(c) a <unk>(xy) b <unk>(é and the newline)
+    write_bytes(in, "abcaxyb\xC3\xA9\n", 11);
+    moe_prepare_tokenizer tk;
+    ck_assert_int_eq(moe_prepare_tokenizer_open(&tk, model), 0);
+    const char *inputs[1] = {in};
+    moe_prepare_opts o = {
+        .out_dir = out, .inputs = inputs, .n_inputs = 1, .tokenizer = &tk, .shard_tokens = 1 << 20};
+    moe_prepare_result r;
+    ck_assert_msg(moe_prepare(&o, &r) == 0, "%s", moe_last_error());
+    moe_prepare_tokenizer_close(&tk);
+    ck_assert_int_eq(r.tokens[0] + r.tokens[1], 9);
+    ck_assert_int_eq(r.unk_tokens, 3);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(out, "manifest.json"), "\"unk_tokens\": 3,"));
+    snprintf(args, sizeof args,
+             "prepare '%s' --out '%s/sh2' --tokenizer '%s' --val-fraction 0 --quiet", in, dir,
+             model);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", tu_file_text(dir, "err.txt"));
+    ck_assert_msg(strstr(tu_file_text(dir, "out.txt"), "; 3 <unk> tokens;"), "%s",
+                  tu_file_text(dir, "out.txt"));
+    ck_assert_msg(strstr(tu_file_text(dir, "err.txt"),
+                         "moe prepare: warning: 3 of 9 tokens (33.33%) are <unk>"),
+                  "%s", tu_file_text(dir, "err.txt"));
+    moe_fs_remove_tree(dir);
+}
+END_TEST
+
 // A copy of the checkpoint whose tokenizer.model is a 1100-piece model (the
 // model has 1016 rows); manifest: refreshed (the copy is consistent) or not.
 static void copy_with_big_tokenizer(const char *copy, bool refresh) {
@@ -939,6 +1168,9 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_bad_model_files_are_refused);
     tcase_add_test(tc, test_vocab_size_below_the_tokenizer_is_refused);
     tcase_add_test(tc, test_save_with_tokenizer_survives_a_failed_call_at_every_point);
+    tcase_add_test(tc, test_saves_copy_the_tokenizer_read_when_the_run_started);
+    tcase_add_test(tc, test_training_refuses_shards_of_another_tokenizer);
+    tcase_add_test(tc, test_prepare_counts_unknown_tokens);
     tcase_add_unchecked_fixture(tc, NULL, suite_teardown);
     suite_add_tcase(s, tc);
     tc = tcase_create("checkpoint");
@@ -952,6 +1184,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_a_replaced_tokenizer_is_refused_by_every_reader);
     tcase_add_test(tc, test_a_failed_export_leaves_the_earlier_export_as_it_was);
     tcase_add_test(tc, test_an_export_removes_the_tokenizer_files_it_does_not_write);
+    tcase_add_test(tc, test_resume_takes_the_checkpoint_tokenizer);
     tcase_add_unchecked_fixture(tc, NULL, suite_teardown);
     suite_add_tcase(s, tc);
     return s;

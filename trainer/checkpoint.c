@@ -447,8 +447,10 @@ static int job_start(save_job *j, const char *dir, const moe_model *m, const moe
     j->writer = moe_ckpt_writes_tensors(par ? par->rank : 0, par ? par->ep_size : 1);
     j->step = st->step;
     int rc = 0;
-    moe_tokenizer *tok = NULL; // read before recover() may move the folder it lives in
-    if (j->rank0 && strcmp(m->cfg.model.tokenizer, "bytes"))
+    // The run's tokenizer, read when it started (m->tokenizer); else read
+    // here, before recover() may move the folder it lives in.
+    moe_tokenizer *tok = NULL;
+    if (j->rank0 && !m->tokenizer && strcmp(m->cfg.model.tokenizer, "bytes"))
         rc = moe_tok_open(m->cfg.model.tokenizer, &tok);
     if (j->rank0 && rc == 0) {
         rc = recover(j->dir, j->tmp, j->old, j->trash);
@@ -458,7 +460,8 @@ static int job_start(save_job *j, const char *dir, const moe_model *m, const moe
     // Sharded: every writer needs dir.tmp made before it writes into it.
     if (j->sharded && agree) rc = moe_comm_agree(par->world, rc);
     if (rc == 0 && j->writer) rc = build_tensor_entries(j, m, src, j->sharded ? par->ep_rank : 0);
-    if (rc == 0 && j->rank0) rc = render_small(j, m, opt, st, tok, par);
+    if (rc == 0 && j->rank0)
+        rc = render_small(j, m, opt, st, m->tokenizer ? m->tokenizer : tok, par);
     moe_tok_free(tok);
     return rc;
 }
@@ -882,9 +885,38 @@ void moe_ckpt_async_free(moe_ckpt_async *a) {
     free(a);
 }
 
+void (*moe_ckpt_resolved_hook)(const char *folder);
+
+// How often a reader resolves again when the folder it read was replaced.
+#define READ_TRIES 4
+
+int moe_ckpt_read_retry(const char *dir, int (*read)(const char *folder, void *ctx), void *ctx) {
+    int rc = 0;
+    for (int i = 0; i < READ_TRIES; i++) {
+        char rdir[PATH_MAX];
+        struct stat a, b;
+        MOE_TRY(moe_ckpt_resolve(dir, rdir, sizeof rdir, NULL));
+        const bool known = stat(rdir, &a) == 0;
+        if (moe_ckpt_resolved_hook) moe_ckpt_resolved_hook(rdir);
+        if ((rc = read(rdir, ctx)) == 0) return 0;
+        // The folder read is still the one resolved: the failure is its own.
+        if (known && stat(rdir, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) return rc;
+        moe_log(MOE_LOG_DEBUG, "%s: replaced while read (%s): resolving %s again", rdir,
+                moe_last_error(), dir);
+    }
+    return rc;
+}
+
+static int config_read(const char *rdir, void *cfg);
+
 int moe_ckpt_config(const char *dir, moe_config *cfg) {
-    char rdir[PATH_MAX], p[PATH_MAX];
-    MOE_TRY(moe_ckpt_resolve(dir, rdir, sizeof rdir, NULL));
+    return moe_ckpt_read_retry(dir, config_read, cfg);
+}
+
+// moe_ckpt_config of the resolved folder rdir.
+static int config_read(const char *rdir, void *out) {
+    moe_config *cfg = out;
+    char p[PATH_MAX];
     MOE_TRY(moe_ckpt_check_sizes(rdir));
     MOE_TRY(join(p, rdir, "/config.json"));
     moe_config_default(cfg);
@@ -1196,10 +1228,28 @@ static int check_task_experts(const char *rdir, const moe_st_set *s) {
     return rc == MOE_ENOTFOUND ? 0 : rc; // an older checkpoint has none
 }
 
+typedef struct {
+    moe_model *m;
+    moe_adamw *opt;
+    moe_train_state *st;
+} load_args;
+
+static int load_read(const char *rdir, void *ctx);
+
 int moe_ckpt_load(const char *dir, moe_model *m, moe_adamw *opt, moe_train_state *st) {
-    char rdir[PATH_MAX], p[PATH_MAX];
+    load_args a = {m, opt, st};
+    return moe_ckpt_read_retry(dir, load_read, &a);
+}
+
+// moe_ckpt_load of the resolved folder rdir.
+static int load_read(const char *rdir, void *ctx) {
+    const load_args *a = ctx;
+    moe_model *m = a->m;
+    moe_adamw *opt = a->opt;
+    moe_train_state *st = a->st;
+    char p[PATH_MAX], again[PATH_MAX];
     moe_ckpt_layout layout;
-    MOE_TRY(moe_ckpt_resolve(dir, rdir, sizeof rdir, &layout));
+    MOE_TRY(moe_ckpt_resolve(rdir, again, sizeof again, &layout));
     moe_st_set *s;
     MOE_TRY(moe_st_set_open(rdir, &s)); // the same resolver picks the same layout
     MOE_TRY(

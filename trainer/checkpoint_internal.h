@@ -33,6 +33,10 @@ int moe_ckpt_run_folder(const char *run, int keep, long step, char *saved, size_
 // names (and fsynced) and added to later, for the caller to remove.
 int moe_ckpt_run_finish(const char *run, int keep, long step, moe_ckpt_trash *later);
 
+// Tests only: called by moe_ckpt_read_retry between resolving a folder and
+// reading it (a save can replace the folder there); NULL in normal use.
+extern void (*moe_ckpt_resolved_hook)(const char *folder);
+
 // The placement state (trainer/placement.c) for trainer_state.json's
 // "placement": *out NULL without placement.mode = replicate.
 int moe_parallel_placement_state(const moe_parallel *p, const moe_model *m, json_t **out);

@@ -10,8 +10,11 @@
 #include "moe/file.h"
 #include "moe/rng.h"
 #include "moe/shards.h"
+#include "moe/tokenizer.h"
 
 #include <errno.h>
+#include <inttypes.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -407,6 +410,52 @@ int moe_data_open(moe_data *d, const moe_config *cfg) {
 
 int moe_data_open_val(moe_data *d, const moe_config *cfg) {
     return data_open(d, cfg, true);
+}
+
+// One folder's manifest against the model's tokenizer (moe_data_check_tokenizer).
+static int check_manifest(const char *dir, const char *spec, const struct moe_tokenizer *tok) {
+    char p[MOE_PATH_MAX + 16];
+    if (snprintf(p, sizeof p, "%s/manifest.json", dir) >= (int)sizeof p) return 0;
+    struct stat sb;
+    json_t *m = stat(p, &sb) == 0 ? json_load_file(p, 0, NULL) : NULL;
+    const char *fmt = json_string_value(json_object_get(m, "format"));
+    if (!fmt || strcmp(fmt, "llm.c")) { // none, or not prepare's (a checkpoint's)
+        json_decref(m);
+        return 0;
+    }
+    const char *mt = json_string_value(json_object_get(m, "tokenizer"));
+    const char *mh = json_string_value(json_object_get(m, "tokenizer_hash"));
+    const json_t *jv = json_object_get(m, "vocab_size");
+    const long mv = json_is_integer(jv) ? (long)json_integer_value(jv) : -1;
+    const long cv = tok ? moe_tok_vocab_size(tok) : 256;
+    char ch[24] = "";
+    if (tok) snprintf(ch, sizeof ch, "%016" PRIx64, moe_tok_hash(tok));
+    const bool m_bytes = mt && !strcmp(mt, "bytes");
+    int rc = 0;
+    if ((mv >= 0 && mv != cv) || (mh && ch[0] && strcmp(mh, ch)) || (mt && m_bytes != !tok))
+        rc = moe_fail(MOE_EINVAL,
+                      "%s: token files prepared with tokenizer %s (%ld pieces%s%s), but "
+                      "model.tokenizer = %s (%ld pieces%s%s): train with the tokenizer they were "
+                      "prepared with, or prepare them again with --tokenizer %s",
+                      dir, mt ? mt : "?", mv, mh ? ", hash " : "", mh ? mh : "", spec, cv,
+                      ch[0] ? ", hash " : "", ch, spec);
+    json_decref(m);
+    return rc;
+}
+
+int moe_data_check_tokenizer(const moe_data *d, const char *spec, const struct moe_tokenizer *tok) {
+    char dir[MOE_PATH_MAX], last[MOE_PATH_MAX] = "";
+    for (int i = 0; i < d->n_files; i++) {
+        const char *path = d->files[i].path, *slash = strrchr(path, '/');
+        if (!slash)
+            snprintf(dir, sizeof dir, ".");
+        else
+            snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+        if (!strcmp(dir, last)) continue; // a glob's files share their folder
+        snprintf(last, sizeof last, "%s", dir);
+        MOE_TRY(check_manifest(dir, spec, tok));
+    }
+    return 0;
 }
 
 void moe_data_close(moe_data *d) {

@@ -15,6 +15,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fnmatch.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +89,9 @@ int moe_prepare_tokenizer_open(moe_prepare_tokenizer *t, const char *spec) {
     if (rc < 0) return rc;
     snprintf(t->name, sizeof t->name, "%s", spec);
     t->vocab_size = moe_tok_vocab_size(tk);
+    t->hash = moe_tok_hash(tk);
+    t->unk_id = moe_tok_unk_id(tk);
+    t->has_unk = t->unk_id >= 0;
     t->encode = encode_spm;
     t->free = free_spm;
     t->ctx = tk;
@@ -470,6 +474,12 @@ static int write_manifest(const moe_prepare_opts *o, const path_list *in, const 
     json_object_set_new(root, "version", json_integer(r->version));
     json_object_set_new(root, "tokenizer", json_string(o->tokenizer->name));
     json_object_set_new(root, "vocab_size", json_integer(o->tokenizer->vocab_size));
+    if (o->tokenizer->hash) { // a string: JSON readers lose integers past 2^53
+        char h[24];
+        snprintf(h, sizeof h, "%016" PRIx64, o->tokenizer->hash);
+        json_object_set_new(root, "tokenizer_hash", json_string(h));
+    }
+    json_object_set_new(root, "unk_tokens", json_integer(r->unk_tokens));
     json_object_set_new(root, "document", json_string(doc_names[o->doc]));
     json_object_set_new(root, "val_fraction", json_real(o->val_fraction));
     json_object_set_new(root, "seed", json_integer((json_int_t)o->seed));
@@ -625,11 +635,13 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
                 len = part_len(m.data + at + off, n - off, part_max);
                 toks.n = 0;
                 if ((rc = tk->encode(tk->ctx, m.data + at + off, len, off == 0, &toks)) < 0) break;
-                for (size_t k = 0; k < toks.n && rc == 0; k++)
+                for (size_t k = 0; k < toks.n && rc == 0; k++) {
                     if (toks.tok[k] >= (uint32_t)tk->vocab_size)
                         rc = moe_fail(MOE_EINVAL,
                                       "%s: tokenizer %s gave token %u >= its vocabulary %d",
                                       in->path[i], tk->name, toks.tok[k], tk->vocab_size);
+                    r->unk_tokens += tk->has_unk && toks.tok[k] == (uint32_t)tk->unk_id;
+                }
                 if (rc == 0) rc = shard_write(&w[s], toks.tok, toks.n);
                 doc_tokens += (long)toks.n;
             }

@@ -560,6 +560,57 @@ static int check_and_measure(moe_model *m, const moe_adamw *opt, moe_data *d, mo
                     step, msg);
 }
 
+// The run's tokenizer (NULL for bytes), read once: every checkpoint copies
+// these bytes, so a model.tokenizer file replaced or removed mid-run changes
+// nothing saved. A resume takes the checkpoint's copy, what the run trained
+// with: the file model.tokenizer names may be gone (the copy is used), but
+// when it is there it must hold the same bytes.
+static int open_run_tokenizer(const moe_config *cfg, const char *resume, moe_tokenizer **out) {
+    *out = NULL;
+    const char *spec = cfg->model.tokenizer;
+    if (!strcmp(spec, "bytes")) return 0;
+    moe_tokenizer *t = NULL, *user = NULL;
+    if (resume) {
+        moe_config ck;
+        MOE_TRY(moe_ckpt_config(resume, &ck));
+        if (strcmp(ck.model.tokenizer, "bytes") && strcmp(ck.model.tokenizer, spec))
+            MOE_TRY(moe_ckpt_tokenizer(resume, &ck, &t));
+        struct stat sb;
+        if (t && stat(spec, &sb) != 0 && errno == ENOENT) {
+            moe_log(MOE_LOG_INFO,
+                    "model.tokenizer %s is gone: resuming with the checkpoint's copy %s", spec,
+                    ck.model.tokenizer);
+        } else if (t) {
+            size_t a, b;
+            int rc = moe_tok_open(spec, &user);
+            const void *ta = rc == 0 ? moe_tok_model_bytes(t, &a) : NULL;
+            const void *ub = rc == 0 ? moe_tok_model_bytes(user, &b) : NULL;
+            if (rc == 0 && (a != b || memcmp(ta, ub, a)))
+                rc = moe_fail(MOE_EINVAL,
+                              "model.tokenizer = %s differs from %s, the tokenizer the checkpoint "
+                              "was trained with: resume with that file (or remove %s to use the "
+                              "checkpoint's copy)",
+                              spec, ck.model.tokenizer, spec);
+            moe_tok_free(user);
+            if (rc < 0) {
+                moe_tok_free(t);
+                return rc;
+            }
+        }
+    }
+    if (!t) MOE_TRY(moe_tok_open(spec, &t));
+    const int V = moe_tok_vocab_size(t);
+    if (cfg->model.vocab_size < V) {
+        moe_tok_free(t);
+        return moe_fail(MOE_EINVAL,
+                        "model.tokenizer = %s has %d pieces but model.vocab_size = %d: set "
+                        "model.vocab_size >= %d",
+                        spec, V, cfg->model.vocab_size, V);
+    }
+    *out = t;
+    return 0;
+}
+
 int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_result *r) {
     memset(r, 0, sizeof *r);
     moe_config cfg_run = *cfg_in; // with router.n_groups = 0 resolved to the node count
@@ -571,6 +622,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     moe_data d;
     moe_model m;
     moe_adamw opt;
+    moe_tokenizer *tok = NULL; // the tokenizer every save copies (open_run_tokenizer)
     memset(&par, 0, sizeof par);
     memset(&d, 0, sizeof d);
     memset(&m, 0, sizeof m);
@@ -599,12 +651,13 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         goto fail;
     }
     rc = moe_config_check(cfg, NULL);
-    if (rc == 0) rc = moe_tok_check_config(cfg); // the tokenizer fits model.vocab_size
+    if (rc == 0) rc = open_run_tokenizer(cfg, o->resume_dir, &tok);
     if (rc == 0) rc = moe_device_check(cfg->train.device);
     if (rc == 0) rc = moe_parallel_init(&par, world, cfg);
     if (rc == 0) rc = moe_parallel_resolve_groups(&par, &cfg_run);
     const bool lead = moe_comm_rank(world) == 0;
     if (rc == 0) rc = moe_data_open(&d, cfg);
+    if (rc == 0) rc = moe_data_check_tokenizer(&d, cfg->model.tokenizer, tok);
     // Validation on training data measures nothing; a run that already did it
     // (this was once accepted) may still be resumed, with the warning.
     if (rc == 0 && d.val_in_train && !o->resume_dir)
@@ -634,6 +687,7 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 EVAL_BATCHES, d.B, val_distinct, val_distinct == 1 ? "" : "es");
     if (rc == 0)
         rc = moe_model_init_ep(&m, cfg, d.B, d.T, d.n_tasks, par.ep_size > 1 ? &par.group : NULL);
+    m.tokenizer = tok;
     moe_adamw_state ost = MOE_ADAMW_FP32;
     if (rc == 0) rc = moe_adamw_state_parse(cfg->train.optimizer_state, &ost);
     if (rc == 0) rc = moe_adamw_init_state(&opt, &m.table, cfg->train.decay_all, ost);
@@ -1033,6 +1087,7 @@ fail:
     moe_mfree(routing);
     moe_adamw_free(&opt);
     moe_model_free(&m);
+    moe_tok_free(tok);
     moe_data_close(&d);
     moe_parallel_free(&par);
     if (local) moe_comm_free(local);

@@ -194,8 +194,15 @@ int moe_cli_prepare(int argc, char **argv) {
                 "file or folder (the first %s)\n",
                 r.skipped, r.skipped == 1 ? "y" : "ies", r.skipped == 1 ? "is" : "are", r.skip);
     printf("prepared %d files (%zu bytes, tokenizer %s): train %ld documents, %ld tokens in %d "
-           "shards; validation %ld documents, %ld tokens in %d shards; %s/manifest.json\n",
+           "shards; validation %ld documents, %ld tokens in %d shards; %ld <unk> tokens; "
+           "%s/manifest.json\n",
            r.files, r.bytes, tk.name, r.documents[0], r.tokens[0], r.shards[0], r.documents[1],
-           r.tokens[1], r.shards[1], out);
+           r.tokens[1], r.shards[1], r.unk_tokens, out);
+    const long all = r.tokens[0] + r.tokens[1];
+    if (r.unk_tokens)
+        fprintf(stderr,
+                "moe prepare: warning: %ld of %ld tokens (%.2f%%) are <unk>: text tokenizer %s "
+                "cannot represent (a model without byte fallback); training never sees it\n",
+                r.unk_tokens, all, 100.0 * (double)r.unk_tokens / (double)(all ? all : 1), tk.name);
     return MOE_EXIT_OK;
 }

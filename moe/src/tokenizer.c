@@ -37,6 +37,9 @@ int moe_spm_bos_id(const moe_spm *s) {
 int moe_spm_eos_id(const moe_spm *s) {
     return -1;
 }
+int moe_spm_unk_id(const moe_spm *s) {
+    return -1;
+}
 int moe_spm_encode(const moe_spm *s, const char *text, size_t len, int32_t **ids, size_t *n) {
     return moe_fail(MOE_EINVAL, "tokenizer: built without libsentencepiece");
 }
@@ -227,9 +230,23 @@ int moe_tok_eos_id(const moe_tokenizer *t) {
     return t->spm ? moe_spm_eos_id(t->spm) : -1;
 }
 
+int moe_tok_unk_id(const moe_tokenizer *t) {
+    return t->spm ? moe_spm_unk_id(t->spm) : -1;
+}
+
 const void *moe_tok_model_bytes(const moe_tokenizer *t, size_t *len) {
     *len = t->model_len;
     return t->model;
+}
+
+uint64_t moe_tok_hash(const moe_tokenizer *t) {
+    size_t n;
+    const unsigned char *b = moe_tok_model_bytes(t, &n);
+    if (!b) return 0;
+    uint64_t h = 0xCBF29CE484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001B3ull;
+    return h;
 }
 
 int moe_tok_encode(const moe_tokenizer *t, const char *text, size_t len, int32_t **ids, size_t *n) {

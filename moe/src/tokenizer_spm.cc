@@ -161,6 +161,10 @@ extern "C" int moe_spm_eos_id(const moe_spm *s) {
     return s->sp.eos_id();
 }
 
+extern "C" int moe_spm_unk_id(const moe_spm *s) {
+    return s->sp.unk_id();
+}
+
 extern "C" int moe_spm_encode(const moe_spm *s, const char *text, size_t len, int32_t **ids,
                               size_t *n) {
     return moe_spm_encode_part(s, text, len, 1, ids, n);

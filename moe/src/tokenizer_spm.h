@@ -20,6 +20,7 @@ void moe_spm_free(moe_spm *s);
 int moe_spm_vocab_size(const moe_spm *s);
 int moe_spm_bos_id(const moe_spm *s);
 int moe_spm_eos_id(const moe_spm *s);
+int moe_spm_unk_id(const moe_spm *s);
 // As moe_tok_encode / moe_tok_decode / moe_tok_piece (ids already range-checked).
 int moe_spm_encode(const moe_spm *s, const char *text, size_t len, int32_t **ids, size_t *n);
 // As moe_tok_encode_part.

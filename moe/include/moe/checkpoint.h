@@ -90,6 +90,14 @@ int moe_ckpt_resolve(const char *dir, char *out, size_t out_size, moe_ckpt_layou
 // 1 when folder holds a manifest.json whose files all exist with the sizes it
 // lists, else 0.
 int moe_ckpt_complete(const char *folder);
+// A reader's open of checkpoint dir, safe against a training run that saves
+// meanwhile: resolves dir, calls read(folder, ctx) on the folder found, and
+// when read fails and that folder is gone or another one (a save renamed or
+// removed it: train.keep_checkpoints = 0 swaps checkpoint/, a rotation
+// removes checkpoint-STEP/), resolves again and retries, a few times. So a
+// reader sees the old checkpoint or the new one. moe_ckpt_config and
+// moe_ckpt_load read through it.
+int moe_ckpt_read_retry(const char *dir, int (*read)(const char *folder, void *ctx), void *ctx);
 // Every reader's check of a resolved folder (moe_ckpt_config and
 // moe_st_set_open call it): when folder holds a manifest.json, every file it
 // lists must exist with the listed size, else MOE_EFORMAT naming the file and

@@ -81,6 +81,15 @@ int moe_data_open(moe_data *d, const moe_config *cfg);
 int moe_data_open_val(moe_data *d, const moe_config *cfg);
 void moe_data_close(moe_data *d);
 
+// Token files `moe prepare` wrote (a manifest.json of "format": "llm.c"
+// beside them) must come from the model's tokenizer: tok, opened from spec
+// (model.tokenizer; tok NULL: bytes). A manifest whose vocab_size differs,
+// or whose tokenizer_hash differs from moe_tok_hash(tok) (when both have
+// one), or bytes against a model file, is refused (MOE_EINVAL) naming the
+// folder, the manifest's tokenizer and spec. Folders without one pass.
+struct moe_tokenizer;
+int moe_data_check_tokenizer(const moe_data *d, const char *spec, const struct moe_tokenizer *tok);
+
 // Next batch of `split`: inputs/targets [B, T] (target -1: not scored), task
 // [B] (0 for a single file corpus). Advances that split's cursor.
 // File data: row r of a split is a window of T+1 tokens. Training rows draw

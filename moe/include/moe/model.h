@@ -95,6 +95,11 @@ typedef struct {
     // validation batches before a save (moe/task_experts.h); NULL: none
     double *task_share;
     long task_share_tokens;
+    // checkpoints: the tokenizer whose .model bytes every save copies, opened
+    // once by the caller (the trainer, when the run starts) and owned by it,
+    // so a model.tokenizer file replaced or removed mid-run changes no
+    // checkpoint; NULL: each save opens model.tokenizer itself
+    const struct moe_tokenizer *tokenizer;
     // a device copy made by moe_model_gpu_init: its MoE layers' CUDA state;
     // NULL for a host model
     struct moe_model_gpu *gpu;

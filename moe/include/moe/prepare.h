@@ -5,6 +5,7 @@
 #define MOE_PREPARE_H
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -24,6 +25,9 @@ void moe_tokens_free(moe_tokens *t);
 typedef struct {
     char name[512]; // "bytes" or the model file (recorded in the manifest)
     int vocab_size;
+    uint64_t hash; // moe_tok_hash of the model (0: bytes), recorded in the manifest
+    bool has_unk;  // encode gives unk_id for text it cannot represent: counted
+    int unk_id;
     int (*encode)(void *ctx, const char *text, size_t len, int first, moe_tokens *out);
     void (*free)(void *ctx); // NULL: nothing to free
     void *ctx;
@@ -76,6 +80,9 @@ typedef struct {
     long documents[2], tokens[2]; // per split
     int shards[2];
     int version; // llm.c header version written: 1 (uint16) or 2 (uint32)
+    // Tokens that are the tokenizer's <unk> (both splits): text a model
+    // without byte fallback cannot represent, lost to training.
+    long unk_tokens;
     // Entries of input folders that are neither regular files nor folders (a
     // broken link, a FIFO, one stat cannot read): passed over, the first named
     // in skip ("PATH: broken link").

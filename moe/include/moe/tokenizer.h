@@ -38,6 +38,9 @@ int moe_tok_vocab_size(const moe_tokenizer *t);
 // Begin / end of sequence ids, -1 when the tokenizer has none (bytes: none).
 int moe_tok_bos_id(const moe_tokenizer *t);
 int moe_tok_eos_id(const moe_tokenizer *t);
+// The id of <unk>, which text outside the vocabulary encodes to without byte
+// fallback (-1: none; bytes: none).
+int moe_tok_unk_id(const moe_tokenizer *t);
 
 // Encodes len bytes of UTF-8 text (no BOS or EOS added; the caller decides,
 // as transformers' add_bos_token does). *ids is malloc'ed (free it), *n its
@@ -85,6 +88,9 @@ int moe_tok_model_type(const moe_tokenizer *t);
 
 // The .model file's bytes (NULL, 0 for bytes): what a checkpoint copies.
 const void *moe_tok_model_bytes(const moe_tokenizer *t, size_t *len);
+// 64-bit FNV-1a of those bytes (0 for bytes): the identity moe prepare
+// records in manifest.json ("tokenizer_hash") and training checks.
+uint64_t moe_tok_hash(const moe_tokenizer *t);
 
 // model.tokenizer against the model: opens it and checks model.vocab_size >=
 // its vocabulary (refused naming both values and the key to set). bytes

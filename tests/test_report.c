@@ -6,6 +6,7 @@
 #include "moe/error.h"
 #include "moe/fsio.h"
 #include "moe/report.h"
+#include "moe/shards.h"
 #include "moe/tensorboard.h"
 #include "testutil.h"
 
@@ -466,6 +467,33 @@ START_TEST(test_report_escapes_strings_from_input) {
     ck_assert_ptr_nonnull(strstr(html, "&lt;script&gt;alert(1)&lt;/script&gt;"));
     ck_assert_ptr_nonnull(strstr(html, "&lt;b&gt;&amp;x"));
     ck_assert_int_eq(n_figures(html, "task_accuracy"), 0); // every accuracy null: no chart
+    free(html);
+}
+END_TEST
+
+// A task name (of two) longer than the legend's width, its cut falling inside a
+// two-byte character ('a' then 15 x U+03B1): the legend ends before that
+// character, so the page stays valid UTF-8.
+START_TEST(test_report_cuts_long_legend_labels_between_utf8_characters) {
+    FILE *f = metrics_file();
+    record(f, 1, 5, 1);
+    fputs("{\"eval_step\": 1, \"val_loss\": 4.5, \"tasks\": [{\"name\": \"a"
+          "\u03b1\u03b1\u03b1\u03b1\u03b1\u03b1\u03b1\u03b1\u03b1\u03b1\u03b1\u03b1\u03b1\u03b1"
+          "\u03b1\", \"loss\": 4.5, \"accuracy\": 0.5}, {\"name\": \"b\", \"loss\": 4, "
+          "\"accuracy\": 0.5}]}\n",
+          f);
+    fclose(f);
+    moe_run_metrics m;
+    ck_assert_msg(moe_metrics_read(dir, &m) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(moe_report_html(&m, dir, in_dir("r.html")), 0);
+    moe_metrics_free(&m);
+    char *html = slurp(in_dir("r.html"));
+    long bad = moe_utf8_bad((const unsigned char *)html, (long)strlen(html));
+    ck_assert_msg(bad < 0, "invalid UTF-8 at byte %ld: ...%.40s", bad,
+                  html + (bad > 30 ? bad - 30 : 0));
+    // 'a' and 9 whole characters (19 bytes), then the ellipsis
+    ck_assert_ptr_nonnull(
+        strstr(html, ">a\u03b1\u03b1\u03b1\u03b1\u03b1\u03b1\u03b1\u03b1\u03b1...</text>"));
     free(html);
 }
 END_TEST
@@ -1192,6 +1220,7 @@ int main(void) {
     tcase_add_test(tc, test_report_skips_a_truncated_last_line);
     tcase_add_test(tc, test_report_refuses_missing_folder_and_empty_metrics);
     tcase_add_test(tc, test_report_escapes_strings_from_input);
+    tcase_add_test(tc, test_report_cuts_long_legend_labels_between_utf8_characters);
     tcase_add_test(tc, test_report_draws_unknown_per_layer_fields);
     tcase_add_test(tc, test_report_resumed_steps_replace_earlier_rows);
     tcase_add_test(tc, test_report_refuses_to_overwrite_the_runs_inputs);

@@ -158,7 +158,14 @@ static void legend_entry(FILE *f, int i, const char *label, const char *color, b
             W - MR + 30, y + 4);
     char s[24]; // long labels are cut in the legend; the line's tooltip has them whole
     snprintf(s, sizeof s, "%s", label);
-    if (strlen(label) >= sizeof s) strcpy(s + sizeof s - 4, "...");
+    if (strlen(label) >= sizeof s) {
+        // Cut before a whole UTF-8 character: a lead byte without its
+        // continuation bytes would make the page invalid UTF-8.
+        size_t k = sizeof s - 4;
+        while (k > 0 && ((unsigned char)s[k] & 0xC0) == 0x80)
+            k--;
+        strcpy(s + k, "...");
+    }
     svg_esc(f, s);
     fputs("</text>", f);
 }

@@ -105,6 +105,16 @@ expect_refused(data "ranks disagree on file 1 of data.path: rank 0 has t.txt \\(
                WDIR_A ${OUT}/wa WDIR_B ${OUT}/wb
                A --set data.kind=text --set data.path=t.txt --out ${OUT}/mm
                B --set data.kind=text --set data.path=t.txt --out ${OUT}/mm)
+# The same relative --out from other working folders (as ranks on node-local
+# disks): rank 1 does not see the folder rank 0 created, refused before training
+# (it used to fail at the first save, naming a shard it could not create).
+file(MAKE_DIRECTORY ${OUT}/wc ${OUT}/wd)
+expect_refused(out_not_shared "rank 1 does not see --out rel, the run folder rank 0 created"
+               WDIR_A ${OUT}/wc WDIR_B ${OUT}/wd
+               A --set parallel.ep=2 --out rel B --set parallel.ep=2 --out rel)
+if(EXISTS ${OUT}/wc/rel OR EXISTS ${OUT}/wd/rel)
+  message(FATAL_ERROR "out_not_shared: the refused launch left its run folder")
+endif()
 if(EXISTS ${OUT}/mm OR EXISTS ${OUT}/mm2)
   message(FATAL_ERROR "a refused launch wrote a run folder")
 endif()

@@ -317,6 +317,22 @@ static int check_run_folders(const train_args *a, int rank) {
     return 0;
 }
 
+// Every rank writes its checkpoint shards into the run folder rank 0 has
+// just created and locked, so every rank must see that folder: a rank whose
+// --out names a folder of another filesystem (a path relative to another
+// working folder, a node-local disk) would otherwise train to the first save
+// and fail there. Returns the exit code (0: seen).
+static int check_shared_out(const char *out, int rank) {
+    struct stat st;
+    if (rank == 0 || (stat(out, &st) == 0 && S_ISDIR(st.st_mode))) return 0;
+    moe_fail(MOE_EINVAL,
+             "rank %d does not see --out %s, the run folder rank 0 created: every rank must "
+             "see the same run folder (a shared filesystem such as NFS or Lustre, and an "
+             "absolute path or the same working folder on every rank)",
+             rank, out);
+    return MOE_EXIT_USAGE;
+}
+
 static int train_main(int argc, char **argv);
 
 int moe_cli_train(int argc, char **argv) {
@@ -368,6 +384,7 @@ static int train_main(int argc, char **argv) {
     }
     if (code == 0 && !a.dry_run) code = check_run_folders(&a, rank);
     if (world) code = agree_exit(world, code);
+    if (world && code == 0 && !a.dry_run) code = agree_exit(world, check_shared_out(a.out, rank));
     // The node layout the config asks for: every rank holds the same value now,
     // so a refusal (it does not divide the ranks) is the same on every rank.
     if (world && code == 0 && cfg.comm.ranks_per_node > 0) {

@@ -84,6 +84,10 @@ START_TEST(test_grid_parse_and_bad_values) {
     ck_assert_str_eq(ax.values[2], "[2,2]");
     ck_assert_int_eq(moe_grid_axis_parse(&ax, "router.top_k"), MOE_EINVAL);
     ck_assert_int_eq(moe_grid_axis_parse(&ax, "router.top_k=1,,2"), MOE_EINVAL);
+    ck_assert_str_eq(moe_last_error(), "--grid router.top_k: value 2 is empty"); // 1-based
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "router.top_k=1,2,1"), MOE_EINVAL);
+    ck_assert_str_eq(moe_last_error(), "--grid router.top_k: value 3 repeats value 1 (1)");
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "moe.num_experts=[4,8],[4,8]"), MOE_EINVAL);
     moe_config c;
     moe_config_default(&c);
     ck_assert_int_eq(moe_grid_axis_parse(&ax, "router.slot_order=position,sideways"), 0);
@@ -231,7 +235,7 @@ START_TEST(test_ablate_summary_names_the_first_failed_run) {
     moe_grid_axis ax;
     char out[700];
     snprintf(out, sizeof out, "%s/fail", tu_tmpdir());
-    ck_assert_int_eq(moe_grid_axis_parse(&ax, "train.lr=1e-2,1e30,1e-2"), 0);
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "train.lr=1e-2,1e30,2e-2"), 0);
     ck_assert_int_eq(moe_config_set(&c, NULL, "train.steps=3"), 0);
     ck_assert_int_eq(moe_config_set(&c, NULL, "train.grad_clip=0"), 0);
     ck_assert_int_eq(moe_ablate(&c, &ax, 1, NULL, 0, out, NULL), MOE_ENUMERIC);

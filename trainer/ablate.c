@@ -50,12 +50,17 @@ int moe_grid_axis_parse(moe_grid_axis *ax, const char *spec) {
         }
         if (depth != 0)
             return moe_fail(MOE_EINVAL, "--grid %s: value %d has an unpaired '[' or ']'", ax->key,
-                            ax->n);
-        if (!len) return moe_fail(MOE_EINVAL, "--grid %s: value %d is empty", ax->key, ax->n);
+                            ax->n + 1);
+        if (!len) return moe_fail(MOE_EINVAL, "--grid %s: value %d is empty", ax->key, ax->n + 1);
         if (len >= sizeof ax->values[0])
             return moe_fail(MOE_EINVAL, "--grid %s: value %d longer than %zu characters", ax->key,
-                            ax->n, sizeof ax->values[0] - 1);
+                            ax->n + 1, sizeof ax->values[0] - 1);
         memcpy(ax->values[ax->n], p, len);
+        // A value listed twice would train the same run twice under two rows.
+        for (int i = 0; i < ax->n; i++)
+            if (!strcmp(ax->values[i], ax->values[ax->n]))
+                return moe_fail(MOE_EINVAL, "--grid %s: value %d repeats value %d (%s)", ax->key,
+                                ax->n + 1, i + 1, ax->values[i]);
         if (!p[len]) {
             ax->n++;
             return 0;

@@ -3,10 +3,12 @@
 // a bad grid exit 2 (README "Exit codes").
 #include "testutil.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -194,6 +196,28 @@ START_TEST(test_cli_ablate_overwrite_removes_a_run_link_not_its_target) {
 }
 END_TEST
 
+// An ablation in progress holds its folder's lock (as moe train holds its run
+// folder's): a second ablate of that folder, even with --overwrite, is refused
+// and removes nothing (it used to delete the first one's runs under it).
+START_TEST(test_cli_ablate_second_ablate_of_a_busy_folder_is_exit_2) {
+    char args[1024], p[800];
+    snprintf(args, sizeof args, "--grid router.top_k=1,2 --out '%s/busy'", dir);
+    ck_assert_int_eq(ablate(args), 0);
+    snprintf(p, sizeof p, "%s/busy", dir);
+    int fd = open(p, O_RDONLY | O_DIRECTORY); // the first ablate, still training
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), 0);
+    snprintf(args, sizeof args, "--grid router.top_k=1,2 --out '%s/busy' --overwrite", dir);
+    ck_assert_int_eq(ablate(args), 2);
+    ck_assert_msg(strstr(err_text(), "holds the folder's lock") != NULL, "%s", err_text());
+    snprintf(args, sizeof args, "--grid router.top_k=1,2 --out '%s/busy' --resume", dir);
+    ck_assert_int_eq(ablate(args), 2);
+    close(fd);
+    snprintf(p, sizeof p, "%s/busy/run_001/checkpoint", dir);
+    ck_assert_int_eq(access(p, F_OK), 0);
+}
+END_TEST
+
 static Suite *cli_ablate_suite(void) {
     Suite *s = suite_create("cli_ablate");
     TCase *tc = tcase_create("cli_ablate");
@@ -204,6 +228,7 @@ static Suite *cli_ablate_suite(void) {
     tcase_add_test(tc, test_cli_ablate_ctrl_c_stops_and_resume_finishes_the_grid);
     tcase_add_test(tc, test_cli_ablate_steps_beside_a_train_steps_setting_is_exit_2);
     tcase_add_test(tc, test_cli_ablate_overwrite_removes_a_run_link_not_its_target);
+    tcase_add_test(tc, test_cli_ablate_second_ablate_of_a_busy_folder_is_exit_2);
     suite_add_tcase(s, tc);
     return s;
 }

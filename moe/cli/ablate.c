@@ -2,6 +2,7 @@
 // [--overwrite | --resume]`: one process trains the runs one after another (never under
 // mpirun); Ctrl-C stops the current run at a checkpoint and --resume continues the grid.
 #include "moe/ablate.h"
+#include "moe/checkpoint.h"
 #include "moe/cli/cli.h"
 #include "moe/comm.h"
 #include "moe/error.h"
@@ -161,11 +162,17 @@ int moe_cli_ablate(int argc, char **argv) {
                          .resume = resume,
                          .log = stderr};
     int rc = 0;
+    // One process writes a grid folder: a second ablate with --overwrite or
+    // --resume would delete or retrain the runs of the first while it trains.
+    moe_run_lock_t lock = {.fd = -1};
+    if (code == MOE_EXIT_OK && (rc = moe_run_lock(out, &lock)) < 0)
+        code = moe_cli_fail("ablate", moe_cli_exit_code(rc), "%s", moe_last_error());
     if (code == MOE_EXIT_OK) {
         o.stop = moe_cli_stop_catch(); // the current run saves and the grid stops
         rc = moe_ablate_run(&cfg, axes, n_axes, &o);
         moe_cli_stop_release();
     }
+    moe_run_unlock(&lock, rc < 0); // a refused grid leaves no folder it created
     free(steps_set);
     free(sets);
     if (code != MOE_EXIT_OK) return code;

@@ -197,10 +197,10 @@ START_TEST(test_train_refuses_a_run_folder_another_train_is_writing) {
     ck_assert_int_ge(fd, 0);
     ck_assert_int_eq(flock(fd, LOCK_EX | LOCK_NB), 0);
     ck_assert_int_eq(run_moe("train --resume %s/r --steps 5 --quiet", dir), 2);
-    expect_in_err("another moe train is writing");
+    expect_in_err("another moe train or moe ablate is writing");
     ck_assert_int_eq(
         run_moe("train %s/tiny.json --steps 3 --quiet --out %s/r --overwrite", dir, dir), 2);
-    expect_in_err("another moe train is writing");
+    expect_in_err("another moe train or moe ablate is writing");
     ck_assert_int_eq(count_lines("r/metrics.jsonl"), 4);
     ck_assert(same_bytes("r/metrics.jsonl", "before/metrics.jsonl"));
     ck_assert(same_bytes("r/checkpoint/model.safetensors", "before/checkpoint/model.safetensors"));

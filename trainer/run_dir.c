@@ -268,7 +268,7 @@ int moe_run_lock(const char *run, moe_run_lock_t *lk) {
         lk->created[0] = 0; // not ours to remove
         if (err == EWOULDBLOCK)
             return moe_fail(MOE_EINVAL,
-                            "%s: another moe train is writing this run folder (it holds the "
+                            "%s: another moe train or moe ablate is writing this folder (it holds the "
                             "folder's lock); wait for it to end, or give another --out",
                             run);
         return moe_fail(MOE_EIO, "%s: cannot lock: %s", run, strerror(err));

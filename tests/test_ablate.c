@@ -99,7 +99,8 @@ START_TEST(test_grid_parse_and_bad_values) {
 END_TEST
 
 // --grid config=A,B: each run loads its file over the base, the --set values
-// win over the file (train.steps), and the other axes apply last.
+// win over the file (train.steps), and the other axes apply last. B starts
+// with a UTF-8 byte order mark: --resume still notices its edit.
 START_TEST(test_grid_over_config_files) {
     char dir[600], a[700], b[700], out[700], p[800];
     snprintf(dir, sizeof dir, "%s", tu_tmpdir());
@@ -108,8 +109,8 @@ START_TEST(test_grid_over_config_files) {
     FILE *f = fopen(a, "w");
     fputs("{\"router\": {\"score\": \"softmax\"}, \"train\": {\"steps\": 500}}", f);
     fclose(f);
-    f = fopen(b, "w");
-    fputs("{\"router\": {\"score\": \"sigmoid\", \"bias_update_rate\": 0.001}}", f);
+    f = fopen(b, "w"); // with a byte order mark: loaded, and recorded, past it
+    fputs("\xEF\xBB\xBF{\"router\": {\"score\": \"sigmoid\", \"bias_update_rate\": 0.001}}", f);
     fclose(f);
     moe_config c;
     moe_config_default(&c);
@@ -146,7 +147,7 @@ START_TEST(test_grid_over_config_files) {
     moe_ablate_opts o = {.out = out, .sets = sets, .n_sets = 8, .resume = true};
     ck_assert_msg(moe_ablate_run(&c, ax, 2, &o) == 0, "%s", moe_last_error());
     f = fopen(b, "w");
-    fputs("{\"router\": {\"score\": \"sigmoid\", \"bias_update_rate\": 0.01}}", f);
+    fputs("\xEF\xBB\xBF{\"router\": {\"score\": \"sigmoid\", \"bias_update_rate\": 0.01}}", f);
     fclose(f);
     ck_assert_int_eq(moe_ablate_run(&c, ax, 2, &o), MOE_EINVAL);
     ck_assert_msg(strstr(moe_last_error(), "b.json: the file differs") != NULL, "%s",

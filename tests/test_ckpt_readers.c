@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static char root[600], ck[700];
 
@@ -201,8 +202,8 @@ START_TEST(test_checkpoint_config_errors_point_into_the_file) {
 }
 END_TEST
 
-// A save replacing the folder a reader resolved, between the resolve and
-// the read: run/checkpoint moves away (train.keep_checkpoints = 0's swap
+// A save replacing the folder a reader resolved (eval's and the config's
+// load, generate's, export's), between the resolve and the read: run/checkpoint moves away (train.keep_checkpoints = 0's swap
 // renames it) and the new checkpoint is a complete run/checkpoint.tmp.
 static char race_run[700], race_next[700];
 static int race_calls, race_gone;
@@ -216,6 +217,18 @@ static void race_save(const char *folder) {
     ck_assert_int_eq(rename(p, gone), 0);
     snprintf(p, sizeof p, "%s/checkpoint.tmp", race_run);
     ck_assert_int_eq(rename(race_next, p), 0);
+}
+
+// The other half of the swap: the reader resolved run/checkpoint.tmp (the
+// newest while the old folder is moved away) and the save renames it to
+// run/checkpoint before the read.
+static void race_finish(const char *folder) {
+    char p[800];
+    if (race_calls++) return;
+    snprintf(p, sizeof p, "%s/checkpoint.tmp", race_run);
+    ck_assert_str_eq(folder, p);
+    snprintf(p, sizeof p, "%s/checkpoint", race_run);
+    ck_assert_int_eq(rename(folder, p), 0);
 }
 
 static void save_step(const moe_config *c, const char *dir, long step) {
@@ -233,16 +246,25 @@ START_TEST(test_readers_resolve_again_when_a_save_replaces_the_folder) {
     snprintf(root, sizeof root, "%s", tu_tmpdir());
     snprintf(race_run, sizeof race_run, "%s/run", root);
     moe_config c = tu_ckpt_config();
-    char p[2000];
-    for (int reader = 0; reader < 2; reader++) {
-        snprintf(p, sizeof p, "rm -rf '%s' && mkdir '%s'", race_run, race_run);
+    char p[2600];
+    for (int run = 0; run < 8; run++) {
+        const int reader = run % 4, finish = run / 4;
+        snprintf(p, sizeof p, "rm -rf '%s' '%s/hf' && mkdir '%s'", race_run, root, race_run);
         ck_assert_int_eq(system(p), 0);
         snprintf(p, sizeof p, "%s/checkpoint", race_run);
         save_step(&c, p, 1);
         snprintf(race_next, sizeof race_next, "%s/next", root);
         save_step(&c, race_next, 2);
+        if (finish) { // the old folder moved away, the new one not yet renamed
+            snprintf(p, sizeof p, "%s/checkpoint", race_run);
+            char gone[800];
+            snprintf(gone, sizeof gone, "%s/gone-%d", root, race_gone++);
+            ck_assert_int_eq(rename(p, gone), 0);
+            snprintf(p, sizeof p, "%s/checkpoint.tmp", race_run);
+            ck_assert_int_eq(rename(race_next, p), 0);
+        }
         race_calls = 0;
-        moe_ckpt_resolved_hook = race_save;
+        moe_ckpt_resolved_hook = finish ? race_finish : race_save;
         int rc;
         moe_train_state st = {0};
         if (reader == 0) {
@@ -253,12 +275,23 @@ START_TEST(test_readers_resolve_again_when_a_save_replaces_the_folder) {
             rc = moe_ckpt_load(race_run, &m, &opt, &st);
             moe_adamw_free(&opt);
             moe_model_free(&m);
-        } else {
+        } else if (reader == 1) {
             moe_config got;
             rc = moe_ckpt_config(race_run, &got);
+        } else if (reader == 2) { // moe generate's load
+            moe_infer inf;
+            moe_infer_opts o = {.task = "copy"};
+            rc = moe_infer_open(&inf, race_run, &o);
+            if (rc == 0) moe_infer_free(&inf);
+        } else { // moe export
+            snprintf(p, sizeof p, "%s/hf", root);
+            rc = moe_export_hf(race_run, p);
+            snprintf(p, sizeof p, "%s/hf/model.safetensors", root);
+            if (rc == 0) ck_assert_int_eq(access(p, F_OK), 0);
         }
         moe_ckpt_resolved_hook = NULL;
-        ck_assert_msg(rc == 0, "reader %d: %s", reader, moe_last_error());
+        ck_assert_msg(rc == 0, "reader %d%s: %s", reader, finish ? " (finish)" : "",
+                      moe_last_error());
         ck_assert_int_gt(race_calls, 1);               // read once, failed, resolved again
         if (reader == 0) ck_assert_int_eq(st.step, 2); // the new checkpoint
     }

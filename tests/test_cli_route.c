@@ -137,6 +137,27 @@ START_TEST(test_plan_equals_router_forward) {
 }
 END_TEST
 
+// router.task_priority of MOE_MAX_TASKS entries travels whole in the
+// metadata (values were cut at 64 characters).
+START_TEST(test_plan_metadata_holds_a_full_task_priority_list) {
+    make_batch(1);
+    const char *in = tu_in_dir("in.safetensors"), *out = tu_in_dir("plan.safetensors");
+    write_logits(in, true);
+    char list[MOE_MAX_TASKS * 25 + 1] = "", set[sizeof list + 32];
+    for (int i = 0, len = 0; i < MOE_MAX_TASKS; i++)
+        len += snprintf(list + len, sizeof list - (size_t)len, "%s%lld", i ? "," : "",
+                        123456789012341LL + 2 * i); // odd, 15 digits: shortest as written
+    snprintf(set, sizeof set, "router.task_priority=%s", list);
+    ck_assert_int_eq(MOE("route", "--logits", in, "--set", "router.slot_order=priority", "--set",
+                         set, "--out", out),
+                     0);
+    moe_st_file *f;
+    ck_assert_int_eq(moe_st_open(out, &f), 0);
+    ck_assert_str_eq(moe_st_meta(f, "router.task_priority"), list);
+    moe_st_close(f);
+}
+END_TEST
+
 // Sigmoid scores and route_scale through --set: the plan equals the router's,
 // normalised weights sum to the scale, and the metadata records both keys.
 START_TEST(test_sigmoid_route_scale_through_set) {
@@ -709,6 +730,7 @@ static Suite *suite(void) {
     TCase *tc = tcase_create("core");
     tcase_add_checked_fixture(tc, tu_dir_setup, tu_dir_teardown);
     tcase_add_test(tc, test_plan_equals_router_forward);
+    tcase_add_test(tc, test_plan_metadata_holds_a_full_task_priority_list);
     tcase_add_test(tc, test_sigmoid_route_scale_through_set);
     tcase_add_test(tc, test_defaults_top1_and_dropless);
     tcase_add_test(tc, test_task_ids_from_separate_file);

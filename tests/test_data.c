@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 static moe_config synth_cfg(void) {
     moe_config c;
@@ -188,6 +190,53 @@ START_TEST(test_bin_files) {
 }
 END_TEST
 
+// manifest.json beside token files (prepare's) as moe_data_check_tokenizer
+// reads it: a FIFO is refused (json_load_file blocked on it), a file that
+// is not JSON is refused, and a field of the wrong type is refused naming it
+// (it skipped the check).
+START_TEST(test_manifest_of_token_files_is_checked_strictly) {
+    size_t n;
+    unsigned char *b = bin_file(20240520, 1, 2000, 2000, &n);
+    moe_data d;
+    ck_assert_int_eq(open_kind("bin", write_file(b, n), &d), 0);
+    free(b);
+    char mf[700];
+    snprintf(mf, sizeof mf, "%.*s/manifest.json", (int)(strrchr(path, '/') - path), path);
+    ck_assert_int_eq(moe_data_check_tokenizer(&d, "bytes", NULL), 0); // none: passes
+    static const struct {
+        const char *text, *want;
+    } cases[] = {
+        {"{\"format\": \"llm.c\", \"tokenizer\": \"bytes\", \"vocab_size\": 256}", NULL},
+        {"{\"format\": \"other\", \"tokenizer_hash\": 7}", NULL}, // not prepare's
+        {"{\"format\": \"llm.c\", \"tokenizer_hash\": 7}", "tokenizer_hash is not a string"},
+        {"{\"format\": \"llm.c\", \"vocab_size\": \"256\"}",
+         "vocab_size is not a positive integer"},
+        {"{\"format\": \"llm.c\", \"tokenizer\": null}", "tokenizer is not a string"},
+        {"{\"format\": \"llm.c\",", "manifest.json:1:"},
+        {"", "manifest.json:1:1: empty file"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        FILE *f = fopen(mf, "w");
+        fputs(cases[i].text, f);
+        fclose(f);
+        const int rc = moe_data_check_tokenizer(&d, "bytes", NULL);
+        if (!cases[i].want) {
+            ck_assert_msg(rc == 0, "%s: %s", cases[i].text, moe_last_error());
+            continue;
+        }
+        ck_assert_int_eq(rc, MOE_EINVAL);
+        ck_assert_msg(strstr(moe_last_error(), cases[i].want) && strstr(moe_last_error(), mf),
+                      "'%s' lacks '%s'", moe_last_error(), cases[i].want);
+    }
+    unlink(mf);
+    ck_assert_int_eq(mkfifo(mf, 0600), 0);
+    ck_assert_int_eq(moe_data_check_tokenizer(&d, "bytes", NULL), MOE_EFORMAT);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "not a regular file"));
+    unlink(mf);
+    moe_data_close(&d);
+}
+END_TEST
+
 // 2000 tokens: the last 10% (200) validate, 4 windows of 49 at stride 48;
 // batches of 4 rows: batch 0 holds each once, batch 1 starts over.
 START_TEST(test_val_batches_before_windows_repeat) {
@@ -234,6 +283,7 @@ static Suite *data_suite(void) {
     tcase_add_test(tc, test_synthetic_answers_are_right);
     tcase_add_test(tc, test_synthetic_split_disjoint_and_deterministic);
     tcase_add_test(tc, test_bin_files);
+    tcase_add_test(tc, test_manifest_of_token_files_is_checked_strictly);
     tcase_add_test(tc, test_val_batches_before_windows_repeat);
     tcase_add_test(tc, test_text_files);
     suite_add_tcase(s, tc);

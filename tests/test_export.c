@@ -65,6 +65,18 @@ START_TEST(test_export_writes_a_mixtral_folder) {
 }
 END_TEST
 
+// moe export --help names what the export writes beyond the tensors:
+// user-defined pieces as added tokens, and mini_seq checkpoints.
+START_TEST(test_export_help_names_added_tokens_and_mini_seq) {
+    const char *dir = tu_tmpdir();
+    ck_assert_int_eq(tu_run_moe(dir, "export --help"), 0);
+    const char *out = tu_file_text(dir, "out.txt");
+    ck_assert_msg(strstr(out, "user-defined pieces (<|user|>) are non-special added tokens"), "%s",
+                  out);
+    ck_assert_msg(strstr(out, "memory.mini_seq"), "%s", out);
+}
+END_TEST
+
 START_TEST(test_export_refuses_what_mixtral_cannot_express) {
     char root[600], ck[700], out[700];
     snprintf(root, sizeof root, "%s", tu_tmpdir());
@@ -464,6 +476,7 @@ int main(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_export_writes_a_mixtral_folder);
     tcase_add_test(tc, test_export_refuses_what_mixtral_cannot_express);
+    tcase_add_test(tc, test_export_help_names_added_tokens_and_mini_seq);
     tcase_add_test(tc, test_export_accepts_groups_without_a_limit);
     tcase_add_test(tc, test_dump_logits_matches_a_dropless_forward);
     tcase_add_test(tc, test_task_export_writes_the_tasks_experts_with_scaled_w2);

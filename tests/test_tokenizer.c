@@ -896,6 +896,24 @@ START_TEST(test_training_refuses_shards_of_another_tokenizer) {
                  sh, model_path, VOCAB, hash, toks[i], VOCAB);
         ck_assert_msg(strstr(err, want), "%s\nlacks\n%s", err, want);
     }
+    // eval checks the shards against the checkpoint's tokenizer the same way
+    snprintf(args, sizeof args, "eval '%s/run-sh1' --batches 1 --samples 0", root);
+    ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));
+    char mf[700];
+    snprintf(mf, sizeof mf, "%s/manifest.json", sh);
+    char *text = strdup(tu_file_text(sh, "manifest.json")), *at = strstr(text, hash);
+    ck_assert_ptr_nonnull(at);
+    at[0] = at[0] == '0' ? '1' : '0'; // another tokenizer's hash
+    FILE *f = fopen(mf, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(text, f);
+    fclose(f);
+    free(text);
+    ck_assert_int_eq(tu_run_moe(root, args), 2);
+    const char *err = tu_file_text(root, "err.txt");
+    snprintf(want, sizeof want, "moe eval: %s: token files prepared with tokenizer %s (%d pieces",
+             sh, model_path, VOCAB);
+    ck_assert_msg(strstr(err, want), "%s\nlacks\n%s", err, want);
 }
 END_TEST
 

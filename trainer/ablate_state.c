@@ -2,6 +2,7 @@
 // finished, rewritten after every run, so that `moe ablate --resume` keeps
 // what a stopped (or killed) grid trained and refuses to mix two grids.
 #include "ablate_internal.h"
+#include "moe/config.h"
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/fsio.h"
@@ -46,6 +47,19 @@ static json_t *row_json(const moe_ablate_row *r) {
                      (json_int_t)r->steps_run, "tasks", tasks);
 }
 
+// A config file's JSON as moe_config_load reads it (a regular file, past a
+// leading byte order mark); NULL when it cannot be read or parsed.
+static json_t *config_file_json(const char *path) {
+    const void *data;
+    size_t len;
+    if (moe_map_regular(path, &data, &len) < 0) return NULL;
+    const size_t bom = data ? moe_config_bom_len(data, len) : 0;
+    json_t *j =
+        data ? json_loadb((const char *)data + bom, len - bom, JSON_REJECT_DUPLICATES, NULL) : NULL;
+    moe_unmap(data, len);
+    return j;
+}
+
 // The contents of the config files a `config` axis names, by name: a file
 // edited between a stop and --resume would put two grids in one table. (A
 // file that no longer parses: null; the grid's check refuses it first.)
@@ -53,7 +67,7 @@ static json_t *config_files_json(const moe_grid_axis *axes, int n_axes) {
     json_t *files = json_object();
     for (int a = 0; files && a < n_axes; a++)
         for (int v = 0; !strcmp(axes[a].key, MOE_GRID_CONFIG) && v < axes[a].n; v++) {
-            json_t *j = json_load_file(axes[a].values[v], JSON_REJECT_DUPLICATES, NULL);
+            json_t *j = config_file_json(axes[a].values[v]);
             json_object_set_new(files, axes[a].values[v], j ? j : json_null());
         }
     return files;

@@ -748,6 +748,10 @@ static int set_json(moe_config *cfg, const key_def *k, json_t *v) {
     return check_key(cfg, k);
 }
 
+size_t moe_config_bom_len(const char *text, size_t len) {
+    return len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3) ? 3 : 0;
+}
+
 int moe_config_load(moe_config *cfg, moe_config_src *src, const char *path) {
     // Read once through moe_fopen_regular (a FIFO would block): jansson parses
     // the text, json_pos_scan finds each key's line and column in it (jansson
@@ -767,7 +771,7 @@ int moe_config_load(moe_config *cfg, moe_config_src *src, const char *path) {
     // A leading UTF-8 byte order mark (editors on Windows write one) is not
     // JSON, and RFC 8259 §8.1 lets a parser ignore it: both passes start after
     // it, so positions are those an editor shows (the mark takes no column).
-    const size_t bom = len >= 3 && !memcmp(text, "\xEF\xBB\xBF", 3) ? 3 : 0;
+    const size_t bom = moe_config_bom_len(text, (size_t)len);
     const char *json = text + bom;
     json_error_t jerr;
     json_t *root = json_loadb(json, (size_t)len - bom, JSON_REJECT_DUPLICATES, &jerr);

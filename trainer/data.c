@@ -416,12 +416,36 @@ int moe_data_open_val(moe_data *d, const moe_config *cfg) {
 static int check_manifest(const char *dir, const char *spec, const struct moe_tokenizer *tok) {
     char p[MOE_PATH_MAX + 16];
     if (snprintf(p, sizeof p, "%s/manifest.json", dir) >= (int)sizeof p) return 0;
-    struct stat sb;
-    json_t *m = stat(p, &sb) == 0 ? json_load_file(p, 0, NULL) : NULL;
+    // Mapped, not json_load_file: a FIFO there would block the run forever.
+    const void *text = NULL;
+    size_t len = 0;
+    int rc = moe_map_regular(p, &text, &len);
+    if (rc == MOE_ENOTFOUND) return 0;
+    if (rc < 0) return rc;
+    json_error_t jerr;
+    json_t *m = text ? json_loadb(text, len, 0, &jerr) : NULL;
+    moe_unmap(text, len);
+    if (!m)
+        return moe_fail(MOE_EINVAL,
+                        "%s:%d:%d: %s (the manifest moe prepare writes beside its "
+                        "token files; prepare them again, or remove it)",
+                        p, text ? jerr.line : 1, text ? jerr.column : 1,
+                        text ? jerr.text : "empty file");
     const char *fmt = json_string_value(json_object_get(m, "format"));
     if (!fmt || strcmp(fmt, "llm.c")) { // none, or not prepare's (a checkpoint's)
         json_decref(m);
         return 0;
+    }
+    // Present but of another type: refused, not taken as absent (the check
+    // would pass silently).
+    static const char *const fields[] = {"tokenizer", "tokenizer_hash", "vocab_size"};
+    for (int i = 0; i < 3; i++) {
+        const json_t *v = json_object_get(m, fields[i]);
+        if (v && !(i < 2 ? json_is_string(v) : json_is_integer(v) && json_integer_value(v) > 0)) {
+            json_decref(m);
+            return moe_fail(MOE_EINVAL, "%s: %s is not %s", p, fields[i],
+                            i < 2 ? "a string" : "a positive integer");
+        }
     }
     const char *mt = json_string_value(json_object_get(m, "tokenizer"));
     const char *mh = json_string_value(json_object_get(m, "tokenizer_hash"));
@@ -431,7 +455,6 @@ static int check_manifest(const char *dir, const char *spec, const struct moe_to
     char ch[24] = "";
     if (tok) snprintf(ch, sizeof ch, "%016" PRIx64, moe_tok_hash(tok));
     const bool m_bytes = mt && !strcmp(mt, "bytes");
-    int rc = 0;
     if ((mv >= 0 && mv != cv) || (mh && ch[0] && strcmp(mh, ch)) || (mt && m_bytes != !tok))
         rc = moe_fail(MOE_EINVAL,
                       "%s: token files prepared with tokenizer %s (%ld pieces%s%s), but "

@@ -515,11 +515,27 @@ int moe_export_hf(const char *ckpt, const char *out) {
     return moe_export_hf_task(ckpt, out, NULL);
 }
 
+struct export_args {
+    const char *out, *task;
+};
+
+static int export_read(const char *ckpt, void *ctx);
+
+// Through moe_ckpt_read_retry: a train.keep_checkpoints = 0 save that
+// replaces the folder between the resolve and the reads exports the new one.
+// Every read comes before out is touched, and a failed export leaves out as
+// it was, so a retry starts clean.
 int moe_export_hf_task(const char *ckpt, const char *out, const char *task) {
+    struct export_args a = {out, task};
+    return moe_ckpt_read_retry(ckpt, export_read, &a);
+}
+
+// moe_export_hf_task of the resolved folder ckpt.
+static int export_read(const char *ckpt, void *ctx) {
+    const char *out = ((struct export_args *)ctx)->out, *task = ((struct export_args *)ctx)->task;
     moe_config c;
-    char rdir[PATH_MAX - 64]; // the resolved folder; room left for the file names below
-    MOE_TRY(moe_ckpt_resolve(ckpt, rdir, sizeof rdir, NULL));
-    ckpt = rdir;
+    // room left for the file names below
+    if (strlen(ckpt) >= PATH_MAX - 64) return moe_fail(MOE_EINVAL, "%s: path too long", ckpt);
     MOE_TRY(moe_ckpt_config(ckpt, &c));
     char msg[4096];
     int task_id = -1;

@@ -489,13 +489,30 @@ static int alloc_scratch(moe_infer *m) {
     return 0;
 }
 
+struct open_args {
+    moe_infer *m;
+    const moe_infer_opts *o;
+};
+
+static int open_read(const char *dir, void *ctx);
+
+// Through moe_ckpt_read_retry: a train.keep_checkpoints = 0 save that
+// replaces the folder between the resolve and the reads opens the new one.
 int moe_infer_open(moe_infer *m, const char *dir, const moe_infer_opts *o) {
+    struct open_args a = {m, o};
+    memset(m, 0, sizeof *m);
+    return moe_ckpt_read_retry(dir, open_read, &a);
+}
+
+// moe_infer_open of the resolved folder dir.
+static int open_read(const char *dir, void *ctx) {
+    moe_infer *m = ((struct open_args *)ctx)->m;
+    const moe_infer_opts *o = ((struct open_args *)ctx)->o;
     memset(m, 0, sizeof *m);
     moe_st_set *s = NULL;
     int rc = 0;
-    char rdir[PATH_MAX - 64]; // the resolved folder; room left for the file names below
-    MOE_TRY(moe_ckpt_resolve(dir, rdir, sizeof rdir, NULL));
-    dir = rdir;
+    // room left for the file names below
+    if (strlen(dir) >= PATH_MAX - 64) return moe_fail(MOE_EINVAL, "%s: path too long", dir);
     MOE_TRY(moe_ckpt_config(dir, &m->cfg));
     const moe_config *c = &m->cfg;
     moe_infer_opts one; // a model of one task (one corpus) needs no --task

@@ -258,11 +258,14 @@ static void fmt_double(char *buf, size_t n, double x) {
     }
 }
 
-enum { META_KEYS = 28, META_LEN = 64 };
+// META_LEN holds every single value; router.task_priority lists up to
+// MOE_MAX_TASKS numbers of up to 24 characters ("%.17g") and a comma each.
+enum { META_KEYS = 28, META_LEN = 64, TP_LEN = MOE_MAX_TASKS * 25 + 1 };
 
-// The resolved config as metadata strings, keyed as in config files.
+// The resolved config as metadata strings, keyed as in config files;
+// router.task_priority in tp [TP_LEN], whole.
 static void config_metadata(const moe_router_config *c, bool training, uint64_t step, bool bias,
-                            char vals[][META_LEN], const char **kv) {
+                            char vals[][META_LEN], char *tp, const char **kv) {
     static const char *const orders[] = {"position", "priority"};
     static const char *const noises[] = {"none", "jitter", "gumbel"};
     int n = 0, m = 0;
@@ -286,13 +289,13 @@ static void config_metadata(const moe_router_config *c, bool training, uint64_t 
     fmt_double(KV("router.aux_loss_coef"), META_LEN, c->aux_loss_coef);
     fmt_double(KV("router.z_loss_coef"), META_LEN, c->z_loss_coef);
     snprintf(KV("router.aux_counts_all_k"), META_LEN, "%s", c->aux_counts_all_k ? "true" : "false");
-    char *tp = KV("router.task_priority");
+    kv[m++] = "router.task_priority", kv[m++] = tp;
     tp[0] = '\0';
-    for (int i = 0; i < c->n_task_priority; i++) {
+    for (int i = 0, len = 0; i < c->n_task_priority; i++) {
         char one[32];
         fmt_double(one, sizeof one, c->task_priority[i]);
-        size_t len = strlen(tp);
-        snprintf(tp + len, META_LEN - len, "%s%s", i ? "," : "", one);
+        len += snprintf(tp + len, TP_LEN - (size_t)len, "%s%s", i ? "," : "", one);
+        assert(len < TP_LEN);
     }
     snprintf(KV("router.seed"), META_LEN, "%llu", (unsigned long long)c->seed);
     snprintf(KV("capacity.mode"), META_LEN, "static");
@@ -325,9 +328,9 @@ static int write_plan(const char *path, const moe_plan *p, const moe_router_conf
         {"aux_loss", MOE_ST_F32, 1, {1}, &p->aux_loss},
         {"z_loss", MOE_ST_F32, 1, {1}, &p->z_loss},
     };
-    char vals[META_KEYS][META_LEN];
+    char vals[META_KEYS][META_LEN], tp[TP_LEN];
     const char *kv[2 * META_KEYS + 1];
-    config_metadata(cfg, training, step, bias_used(p), vals, kv);
+    config_metadata(cfg, training, step, bias_used(p), vals, tp, kv);
     return moe_st_write(path, e, (int)(sizeof e / sizeof *e), kv);
 }
 

@@ -10,6 +10,7 @@
 #include "moe/plan.h"
 #include "moe/safetensors.h"
 #include "moe/task_experts.h"
+#include "moe/tokenizer.h"
 
 #include <dirent.h>
 #include <limits.h>
@@ -700,6 +701,15 @@ int moe_cli_eval(int argc, char **argv) {
     // files need not be there
     if ((rc = moe_data_open_val(&d, &cfg)) < 0)
         return moe_cli_fail("eval", moe_cli_input_exit_code(rc), "%s", moe_last_error());
+    // prepare's shards must be of the checkpoint's tokenizer, as train checks
+    moe_tokenizer *tok = NULL;
+    rc = moe_ckpt_tokenizer(dir, &cfg, &tok);
+    if (rc == 0) rc = moe_data_check_tokenizer(&d, cfg.model.tokenizer, tok);
+    moe_tok_free(tok);
+    if (rc < 0) {
+        moe_data_close(&d);
+        return moe_cli_fail("eval", moe_cli_input_exit_code(rc), "%s", moe_last_error());
+    }
     const long distinct = moe_data_val_distinct_batches(&d);
     if (distinct >= 0 && batches > distinct)
         fprintf(stderr,

@@ -101,6 +101,10 @@ void moe_config_src_free(moe_config_src *src);
 // Loads a JSON file over cfg. Errors: "path:line:col: message". Every value
 // is checked against its key's range as it is set (moe_config_key_info).
 int moe_config_load(moe_config *cfg, moe_config_src *src, const char *path);
+// Bytes a config file's JSON starts after: 3 for a leading UTF-8 byte order
+// mark (RFC 8259 §8.1 lets a parser ignore it), else 0. Every reader of a
+// config file skips them, as moe_config_load does.
+size_t moe_config_bom_len(const char *text, size_t len);
 // Applies "key=value" (value typed by the key; lists as "1,2,3" or "[1,2,3]";
 // an empty item, a trailing comma or an unpaired bracket is an error).
 int moe_config_set(moe_config *cfg, moe_config_src *src, const char *assignment);

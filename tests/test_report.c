@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -977,6 +978,36 @@ START_TEST(test_report_reads_null_as_a_missing_value) {
 }
 END_TEST
 
+// Finite values whose difference overflows (a diverged run logging 1e308 and
+// -1e308) and a bucket whose sum overflows: every coordinate stays a number
+// (they were "-nan", which no browser draws), the y axis keeps its ticks.
+START_TEST(test_report_huge_values_keep_coordinates_finite) {
+    FILE *f = metrics_file();
+    fputs("{\"step\": 1, \"loss\": 1e308}\n{\"step\": 2, \"loss\": -1e308}\n"
+          "{\"step\": 3, \"loss\": 5}\n{\"eval_step\": 3, \"val_loss\": 1.7e308}\n"
+          "{\"eval_step\": 4, \"val_loss\": -1.7e308}\n",
+          f);
+    for (int st = 5; st <= 2004; st++) // buckets of 3 steps holding 1.7e308 twice
+        fprintf(f, "{\"step\": %d, \"loss\": %s}\n", st, st % 3 == 2 ? "1" : "1.7e308");
+    fclose(f);
+    moe_run_metrics m;
+    ck_assert_msg(moe_metrics_read(dir, &m) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(moe_report_html(&m, dir, in_dir("r.html")), 0);
+    moe_metrics_free(&m);
+    char *html = slurp(in_dir("r.html"));
+    for (char *a = strstr(html, "=\""); a; a = strstr(a + 2, "=\"")) {
+        char *end = strchr(a + 2, '"');
+        ck_assert_ptr_nonnull(end);
+        for (char *q = a + 2; q + 2 < end; q++)
+            ck_assert_msg(strncasecmp(q, "nan", 3) && strncasecmp(q, "inf", 3), "%.60s", a);
+    }
+    char *svg = figure(html, "loss", -1, 0);
+    ck_assert_int_eq(points(svg, "training"), 668);
+    ck_assert_int_ge(count(svg, "text-anchor=\"end\""), 2); // y ticks
+    free(svg), free(html);
+}
+END_TEST
+
 START_TEST(test_ablate_writes_a_comparison_report) {
     moe_config c = tu_small_config();
     c.train.steps = 4;
@@ -1289,6 +1320,7 @@ int main(void) {
     tcase_add_test(tc, test_report_says_how_many_records_a_resume_replaced);
     tcase_add_test(tc, test_report_reads_null_as_a_missing_value);
     tcase_add_test(tc, test_report_refuses_overlong_names_instead_of_cutting_them);
+    tcase_add_test(tc, test_report_huge_values_keep_coordinates_finite);
     tcase_add_test(tc, test_ablate_writes_a_comparison_report);
     tcase_add_test(tc, test_crc32c_matches_the_check_value);
     tcase_add_test(tc, test_tensorboard_events_verify_and_match_the_metrics);

@@ -105,6 +105,20 @@ expect_refused(data "ranks disagree on file 1 of data.path: rank 0 has t.txt \\(
                WDIR_A ${OUT}/wa WDIR_B ${OUT}/wb
                A --set data.kind=text --set data.path=t.txt --out ${OUT}/mm
                B --set data.kind=text --set data.path=t.txt --out ${OUT}/mm)
+# A glob matching files on rank 0 only, or fewer on rank 1: the message names
+# what rank 1 lacks (it used to give the counts alone).
+file(WRITE ${OUT}/we/t.txt "abcdefghij0123456789")
+file(WRITE ${OUT}/we/v.txt "abcdefghij0123456789")
+file(WRITE ${OUT}/wf/v.txt "abcdefghij0123456789")
+file(MAKE_DIRECTORY ${OUT}/wg)
+expect_refused(data_none "ranks disagree on files of data.path: rank 0 has 1, rank 1 has 0 \\(rank 1: no file matches t.txt\\)"
+               WDIR_A ${OUT}/wa WDIR_B ${OUT}/wg
+               A --set data.kind=text --set data.path=t.txt --out ${OUT}/mm
+               B --set data.kind=text --set data.path=t.txt --out ${OUT}/mm)
+expect_refused(data_fewer "ranks disagree on files of data.path: rank 0 has 2, rank 1 has 1 \\(rank 1 lacks t.txt, which rank 0 has\\)"
+               WDIR_A ${OUT}/we WDIR_B ${OUT}/wf
+               A --set data.kind=text --set "data.path=*.txt" --out ${OUT}/mm
+               B --set data.kind=text --set "data.path=*.txt" --out ${OUT}/mm)
 # The same relative --out from other working folders (as ranks on node-local
 # disks): rank 1 does not see the folder rank 0 created, refused before training
 # (it used to fail at the first save, naming a shard it could not create).

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -147,6 +148,42 @@ START_TEST(test_cli_ablate_ctrl_c_stops_and_resume_finishes_the_grid) {
 }
 END_TEST
 
+// A file size limit too small for a checkpoint: each run fails with the write
+// error (errno's text), the grid goes on and exits 1; once the limit is lifted,
+// --resume trains the runs that failed on the write again (it kept them as
+// failed) and the tables equal an unlimited grid's.
+START_TEST(test_cli_ablate_resume_retrains_runs_a_failed_write_stopped) {
+    char args[1024], p[800];
+    snprintf(args, sizeof args, "--grid train.lr=1e-3,2e-3 --out '%s/whole_fs'", dir);
+    ck_assert_int_eq(ablate(args), 0);
+    struct rlimit old, small;
+    ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    small = old;
+    small.rlim_cur = 64 * 1024; // the tables fit, a checkpoint does not
+    signal(SIGXFSZ, SIG_IGN);   // (the child gets EFBIG, as moe itself ignores it)
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &small), 0);
+    snprintf(args, sizeof args, "--grid train.lr=1e-3,2e-3 --out '%s/fs'", dir);
+    int rc = ablate(args);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, SIG_DFL);
+    ck_assert_int_eq(rc, 1);
+    ck_assert_msg(strstr(err_text(), "2 of 2 runs failed (first: ") != NULL, "%s", err_text());
+    ck_assert_ptr_nonnull(strstr(err_text(), "write failed: File too large"));
+    const char *csv = tu_file_text(dir, "fs/results.csv");
+    ck_assert_msg(strstr(csv, "\n1,\"2e-3\",failed,") != NULL, "%s", csv);
+    snprintf(args, sizeof args, "--grid train.lr=1e-3,2e-3 --out '%s/fs' --resume", dir);
+    ck_assert_msg(ablate(args) == 0, "%s", err_text());
+    ck_assert_msg(strstr(err_text(), "[1/2] run_000: failed earlier (") != NULL, "%s", err_text());
+    ck_assert_ptr_nonnull(strstr(err_text(), "File too large), training again"));
+    static char whole[16384], resumed[16384];
+    snprintf(p, sizeof p, "%s/whole_fs/results.csv", dir);
+    stable_csv(p, whole, sizeof whole);
+    snprintf(p, sizeof p, "%s/fs/results.csv", dir);
+    stable_csv(p, resumed, sizeof resumed);
+    ck_assert_str_eq(resumed, whole);
+}
+END_TEST
+
 // --steps N next to a train.steps from --set or --grid: one would silently
 // win, so both is exit 2 naming both; a bad --steps names --steps.
 START_TEST(test_cli_ablate_steps_beside_a_train_steps_setting_is_exit_2) {
@@ -226,6 +263,7 @@ static Suite *cli_ablate_suite(void) {
     tcase_add_test(tc, test_cli_ablate_grid_key_given_twice_is_exit_2);
     tcase_add_test(tc, test_cli_ablate_failed_run_is_exit_1);
     tcase_add_test(tc, test_cli_ablate_ctrl_c_stops_and_resume_finishes_the_grid);
+    tcase_add_test(tc, test_cli_ablate_resume_retrains_runs_a_failed_write_stopped);
     tcase_add_test(tc, test_cli_ablate_steps_beside_a_train_steps_setting_is_exit_2);
     tcase_add_test(tc, test_cli_ablate_overwrite_removes_a_run_link_not_its_target);
     tcase_add_test(tc, test_cli_ablate_second_ablate_of_a_busy_folder_is_exit_2);

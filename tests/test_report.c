@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -498,6 +499,58 @@ START_TEST(test_report_cuts_long_legend_labels_between_utf8_characters) {
 }
 END_TEST
 
+// Metric keys and task names longer than a series name or task column takes
+// are refused naming the line and the length: cut, two 300-byte keys sharing
+// a 290-byte prefix became one series. The quoted start of the name is cut
+// before a whole UTF-8 character.
+START_TEST(test_report_refuses_overlong_names_instead_of_cutting_them) {
+    char k1[301], k2[301], line[1024];
+    memset(k1, 'a', 290), memset(k1 + 290, 'b', 10), k1[300] = 0;
+    memcpy(k2, k1, 290), memset(k2 + 290, 'c', 10), k2[300] = 0;
+    const char *shapes[] = {"{\"step\": 1, \"%s\": 1, \"%s\": 2}\n",
+                            "{\"step\": 1, \"comm\": {\"%s\": 1, \"%s\": 2}}\n",
+                            "{\"eval_step\": 1, \"%s\": 1, \"%s\": 2}\n"};
+    for (int i = 0; i < 3; i++) {
+        FILE *f = metrics_file();
+        record(f, 1, 5, 1);
+        fprintf(f, shapes[i], k1, k2);
+        fclose(f);
+        moe_run_metrics m;
+        ck_assert_int_eq(moe_metrics_read(dir, &m), MOE_EFORMAT);
+        char full[320];
+        snprintf(full, sizeof full, "%s%s", i == 1 ? "comm." : i == 2 ? "eval." : "", k1);
+        snprintf(line, sizeof line,
+                 "metrics.jsonl:2: field name '%.48s...' is %zu bytes, longer than the 95 a "
+                 "field name takes",
+                 full, strlen(full));
+        ck_assert_msg(strstr(moe_last_error(), line) != NULL, "%s", moe_last_error());
+    }
+    // 47 bytes, then a two-byte character across the 48-byte cut
+    FILE *f = metrics_file();
+    fputs("{\"step\": 1, \"xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx\u03b1"
+          "yyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyyy\": 1}\n",
+          f);
+    fclose(f);
+    moe_run_metrics m;
+    ck_assert_int_eq(moe_metrics_read(dir, &m), MOE_EFORMAT);
+    ck_assert_msg(strstr(moe_last_error(), "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx...' "
+                                           "is 109 bytes") != NULL,
+                  "%s", moe_last_error());
+    f = metrics_file();
+    record(f, 1, 5, 1);
+    fputs("{\"eval_step\": 1, \"val_loss\": 4, \"tasks\": [{\"name\": \"copy_copy_copy_copy_"
+          "copy_copy_copy_one\", \"loss\": 4, \"accuracy\": 0}, {\"name\": \"copy_copy_copy_"
+          "copy_copy_copy_copy_two\", \"loss\": 3, \"accuracy\": 1}]}\n",
+          f);
+    fclose(f);
+    ck_assert_int_eq(moe_metrics_read(dir, &m), MOE_EFORMAT);
+    ck_assert_msg(strstr(moe_last_error(), "metrics.jsonl:2: task name 'copy_copy_copy_copy_copy_"
+                                           "copy_copy_one' is 38 bytes, longer than the 31 a "
+                                           "task name takes") != NULL,
+                  "%s", moe_last_error());
+}
+END_TEST
+
 START_TEST(test_report_draws_unknown_per_layer_fields) {
     FILE *f = metrics_file();
     for (int s = 1; s <= 5; s++)
@@ -925,6 +978,36 @@ START_TEST(test_report_reads_null_as_a_missing_value) {
 }
 END_TEST
 
+// Finite values whose difference overflows (a diverged run logging 1e308 and
+// -1e308) and a bucket whose sum overflows: every coordinate stays a number
+// (they were "-nan", which no browser draws), the y axis keeps its ticks.
+START_TEST(test_report_huge_values_keep_coordinates_finite) {
+    FILE *f = metrics_file();
+    fputs("{\"step\": 1, \"loss\": 1e308}\n{\"step\": 2, \"loss\": -1e308}\n"
+          "{\"step\": 3, \"loss\": 5}\n{\"eval_step\": 3, \"val_loss\": 1.7e308}\n"
+          "{\"eval_step\": 4, \"val_loss\": -1.7e308}\n",
+          f);
+    for (int st = 5; st <= 2004; st++) // buckets of 3 steps holding 1.7e308 twice
+        fprintf(f, "{\"step\": %d, \"loss\": %s}\n", st, st % 3 == 2 ? "1" : "1.7e308");
+    fclose(f);
+    moe_run_metrics m;
+    ck_assert_msg(moe_metrics_read(dir, &m) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(moe_report_html(&m, dir, in_dir("r.html")), 0);
+    moe_metrics_free(&m);
+    char *html = slurp(in_dir("r.html"));
+    for (char *a = strstr(html, "=\""); a; a = strstr(a + 2, "=\"")) {
+        char *end = strchr(a + 2, '"');
+        ck_assert_ptr_nonnull(end);
+        for (char *q = a + 2; q + 2 < end; q++)
+            ck_assert_msg(strncasecmp(q, "nan", 3) && strncasecmp(q, "inf", 3), "%.60s", a);
+    }
+    char *svg = figure(html, "loss", -1, 0);
+    ck_assert_int_eq(points(svg, "training"), 668);
+    ck_assert_int_ge(count(svg, "text-anchor=\"end\""), 2); // y ticks
+    free(svg), free(html);
+}
+END_TEST
+
 START_TEST(test_ablate_writes_a_comparison_report) {
     moe_config c = tu_small_config();
     c.train.steps = 4;
@@ -1236,6 +1319,8 @@ int main(void) {
     tcase_add_test(tc, test_report_warns_once_about_records_without_a_step);
     tcase_add_test(tc, test_report_says_how_many_records_a_resume_replaced);
     tcase_add_test(tc, test_report_reads_null_as_a_missing_value);
+    tcase_add_test(tc, test_report_refuses_overlong_names_instead_of_cutting_them);
+    tcase_add_test(tc, test_report_huge_values_keep_coordinates_finite);
     tcase_add_test(tc, test_ablate_writes_a_comparison_report);
     tcase_add_test(tc, test_crc32c_matches_the_check_value);
     tcase_add_test(tc, test_tensorboard_events_verify_and_match_the_metrics);

@@ -421,7 +421,15 @@ int moe_ablate_run(const moe_config *base, const moe_grid_axis *axes, int n_axes
     int n_rows = n; // rows in the tables: those started, when a stop ends the grid early
     for (int i = 0; rc == 0 && i < n; i++) {
         moe_ablate_row *r = &rows[i];
-        if (done[i] && !r->stopped) { // finished before a --resume
+        // A run that failed on a write or on memory (a full disk, a file size
+        // limit) may succeed now: --resume trains it again. Other failures
+        // (bad data) would repeat, and are kept.
+        const bool retry = done[i] && !r->ok && !r->stopped &&
+                           (r->rc == MOE_EIO || r->rc == MOE_ENOMEM);
+        if (retry && o->log)
+            fprintf(o->log, "[%d/%d] run_%03d: failed earlier (%s), training again\n", i + 1, n,
+                    i, r->error);
+        if (done[i] && !r->stopped && !retry) { // finished before a --resume
             if (o->log)
                 fprintf(o->log, "[%d/%d] run_%03d: %s earlier, kept\n", i + 1, n, i,
                         r->ok ? "finished" : "failed");

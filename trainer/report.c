@@ -15,6 +15,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdarg.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -22,6 +23,46 @@ moe_series *moe_metrics_find(const moe_run_metrics *m, const char *name) {
     for (int i = 0; i < m->n; i++)
         if (!strcmp(m->s[i].name, name)) return &m->s[i];
     return NULL;
+}
+
+// The length of s's first max bytes or fewer, cut before a whole UTF-8
+// character (a message quoting a long name stays valid UTF-8).
+static int utf8_cut(const char *s, int max) {
+    int n = (int)strnlen(s, (size_t)max + 1);
+    if (n <= max) return n;
+    while (max > 0 && ((unsigned char)s[max] & 0xC0) == 0x80)
+        max--;
+    return max;
+}
+
+// A name longer than its buffer (cap bytes with the NUL) is refused, never
+// cut: two long keys sharing a prefix would otherwise merge into one series.
+static int name_too_long(const char *where, const char *what, const char *name, size_t cap) {
+    int k = utf8_cut(name, 48);
+    return moe_fail(MOE_EFORMAT, "%s: %s '%.*s%s' is %zu bytes, longer than the %zu a %s takes",
+                    where, what, k, name, name[k] ? "..." : "", strlen(name), cap - 1, what);
+}
+
+// A series name from fmt ("%s.%s", "layer%d.%s") into out[cap]; one that does
+// not fit is refused, quoting the start of the whole name.
+__attribute__((format(printf, 4, 5))) static int series_name(char *out, size_t cap,
+                                                             const char *where, const char *fmt,
+                                                             ...) {
+    va_list ap, aq;
+    va_start(ap, fmt);
+    va_copy(aq, ap);
+    int w = vsnprintf(out, cap, fmt, ap);
+    va_end(ap);
+    int rc = 0;
+    if (w < 0 || (size_t)w >= cap) {
+        char *full = w < 0 ? NULL : malloc((size_t)w + 1);
+        if (full) vsnprintf(full, (size_t)w + 1, fmt, aq);
+        rc = full ? name_too_long(where, "field name", full, cap)
+                  : moe_fail(MOE_ENOMEM, "%s: out of memory", where);
+        free(full);
+    }
+    va_end(aq);
+    return rc;
 }
 
 // The series called name with ncol columns, created on first use. Records
@@ -34,8 +75,7 @@ static int series_get(moe_run_metrics *m, const char *name, int ncol, const char
     else
         s = moe_metrics_find(m, name);
     if (!s) {
-        if (strlen(name) >= sizeof s->name)
-            return moe_fail(MOE_EFORMAT, "%s: field name '%.64s...' too long", where, name);
+        if (strlen(name) >= sizeof s->name) return name_too_long(where, "field name", name, sizeof s->name);
         if (m->n == m->cap) {
             int cap = m->cap ? 2 * m->cap : 32;
             moe_series *ns = realloc(m->s, sizeof *ns * cap);
@@ -161,7 +201,7 @@ static int add_value(moe_run_metrics *m, const char *name, json_t *v, double ste
 static int read_train(moe_run_metrics *m, json_t *rec, double step, const char *where) {
     const char *key;
     json_t *v;
-    char name[256];
+    char name[sizeof(((moe_series *)0)->name)];
     json_object_foreach(rec, key, v) {
         if (!strcmp(key, "step")) continue;
         if (!strcmp(key, "layers")) {
@@ -177,7 +217,8 @@ static int read_train(moe_run_metrics *m, json_t *rec, double step, const char *
                 json_t *v2;
                 json_object_foreach(o, k2, v2) {
                     if (!strcmp(k2, "layer")) continue;
-                    snprintf(name, sizeof name, "layer%d.%s", (int)json_integer_value(jl), k2);
+                    MOE_TRY(series_name(name, sizeof name, where, "layer%d.%s",
+                                        (int)json_integer_value(jl), k2));
                     MOE_TRY(add_value(m, name, v2, step, where));
                 }
             }
@@ -185,7 +226,7 @@ static int read_train(moe_run_metrics *m, json_t *rec, double step, const char *
             const char *k2;
             json_t *v2;
             json_object_foreach(v, k2, v2) {
-                snprintf(name, sizeof name, "%s.%s", key, k2);
+                MOE_TRY(series_name(name, sizeof name, where, "%s.%s", key, k2));
                 MOE_TRY(add_value(m, name, v2, step, where));
             }
         } else {
@@ -215,8 +256,10 @@ static int read_eval_tasks(moe_run_metrics *m, json_t *rec, double step, const c
                             "%s: tasks[%zu] needs 'name' and numeric (or null) 'loss', 'accuracy'",
                             where, t);
         if (m->n_tasks && (m->n_tasks != (int)nt ||
-                           strncmp(m->task[t], json_string_value(name), MOE_NAME_MAX - 1)))
+                           strcmp(m->task[t], json_string_value(name))))
             return moe_fail(MOE_EFORMAT, "%s: tasks differ from the earlier evaluations", where);
+        if (strlen(json_string_value(name)) >= MOE_NAME_MAX)
+            return name_too_long(where, "task name", json_string_value(name), MOE_NAME_MAX);
         loss[t] = json_is_number(l) ? json_number_value(l) : NAN;
         acc[t] = json_is_number(a) ? json_number_value(a) : NAN;
     }
@@ -270,10 +313,10 @@ static int read_eval_tasks(moe_run_metrics *m, json_t *rec, double step, const c
 static int read_eval(moe_run_metrics *m, json_t *rec, double step, const char *where) {
     const char *key;
     json_t *v;
-    char name[256];
+    char name[sizeof(((moe_series *)0)->name)];
     json_object_foreach(rec, key, v) {
         if (!strcmp(key, "eval_step") || !strcmp(key, "tasks") || !strcmp(key, "usage")) continue;
-        snprintf(name, sizeof name, "eval.%s", key);
+        MOE_TRY(series_name(name, sizeof name, where, "eval.%s", key));
         MOE_TRY(add_value(m, name, v, step, where));
     }
     MOE_TRY(read_eval_tasks(m, rec, step, where));

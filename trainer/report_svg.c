@@ -5,6 +5,7 @@
 #include "trainer/report_svg.h"
 #include "moe/report.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,7 +61,7 @@ static void fmt_num(char *buf, size_t cap, double v) {
         snprintf(buf, cap, "%.4g", v);
 }
 
-static double nice_step(double range, int target) {
+static double nice_step(double range, double target) {
     double raw = range / target, p = pow(10, floor(log10(raw))), r = raw / p;
     return (r < 1.5 ? 1 : r < 3 ? 2 : r < 7 ? 5 : 10) * p;
 }
@@ -69,23 +70,29 @@ typedef struct {
     double lo, hi;
 } range;
 
-// Widens an empty or degenerate range so the axis has room.
+// Differences are taken of halves: hi - lo of finite values can overflow
+// (1e308 and -1e308 in a diverged run's records), and an infinite span puts
+// NaN into the coordinates.
+static double half_span(double lo, double hi) {
+    return hi / 2 - lo / 2;
+}
+
+// Widens an empty or degenerate range so the axis has room; the padded ends
+// stay finite.
 static range pad_range(double lo, double hi, bool zero_based) {
     if (!(lo <= hi)) return (range){0, 1};
     if (zero_based && lo > 0) lo = 0;
-    if (hi - lo < 1e-12 * (fabs(hi) + fabs(lo)) || hi == lo) {
-        double d = fabs(hi) > 0 ? 0.1 * fabs(hi) : 1;
-        return (range){lo - d, hi + d};
-    }
-    double d = 0.04 * (hi - lo);
-    return (range){zero_based && lo == 0 ? 0 : lo - d, hi + d};
+    double d = 0.08 * half_span(lo, hi);
+    if (half_span(lo, hi) < 0.5e-12 * (fabs(hi) + fabs(lo)) || hi == lo)
+        d = fabs(hi) > 0 ? 0.1 * fabs(hi) : 1;
+    return (range){zero_based && lo == 0 ? 0 : fmax(lo - d, -DBL_MAX), fmin(hi + d, DBL_MAX)};
 }
 
 static double px(range r, double x) {
-    return ML + (x - r.lo) / (r.hi - r.lo) * PW;
+    return ML + half_span(r.lo, x) / half_span(r.lo, r.hi) * PW;
 }
 static double py(range r, double y) {
-    return MT + PH - (y - r.lo) / (r.hi - r.lo) * PH;
+    return MT + PH - half_span(r.lo, y) / half_span(r.lo, r.hi) * PH;
 }
 
 static void open_svg(FILE *f, const svg_chart *c) {
@@ -114,8 +121,8 @@ static void axes(FILE *f, const svg_chart *c, const range *xr, const range *yr, 
     char buf[32];
     fprintf(f, "<g class=\"axes\">");
     if (yr) {
-        double st = nice_step(yr->hi - yr->lo, 5);
-        for (double t = ceil(yr->lo / st) * st; t <= yr->hi + 1e-9 * st; t += st) {
+        double st = nice_step(half_span(yr->lo, yr->hi), 2.5); // the span over 5
+        for (double t = ceil(yr->lo / st) * st; t <= yr->hi + 1e-9 * st && isfinite(t); t += st) {
             double y = py(*yr, t);
             fmt_num(buf, sizeof buf, fabs(t) < 1e-9 * st ? 0 : t * yscale);
             fprintf(f,
@@ -180,10 +187,10 @@ static long downsample(const svg_line *l, double *x, double *y, long *k_out) {
         for (long j = i; j < i + k && j < l->n; j++) {
             sx += l->x[j], cx++;
             double v = l->y[j * l->stride];
-            if (isfinite(v)) sy += v, c++;
+            if (isfinite(v)) sy += v / k, c++; // (a sum of k values near DBL_MAX overflows)
         }
         if (!c) continue; // no value in the bucket (null accuracy): a gap, not a point
-        x[m] = sx / cx, y[m] = sy / c;
+        x[m] = sx / cx, y[m] = sy / c * k;
         m++;
     }
     *k_out = k;

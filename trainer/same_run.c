@@ -85,9 +85,13 @@ static int put_files(text *t, const char *key, const char *pattern) {
     char **paths = NULL, name[160], val[64];
     int n = 0;
     if (moe_glob_paths(key, pattern, &paths, &n) < 0) n = 0;
+    // the pattern (equal on all ranks when their configs are) names what a
+    // rank with no match lacks
+    snprintf(name, sizeof name, "pattern of %s", key);
+    int rc = put(t, name, pattern);
     snprintf(name, sizeof name, "files of %s", key);
     snprintf(val, sizeof val, "%d", n);
-    int rc = put(t, name, val);
+    if (rc == 0) rc = put(t, name, val);
     for (int i = 0; i < n && rc == 0; i++) {
         struct stat st;
         char *line = malloc(strlen(paths[i]) + 48);
@@ -140,21 +144,94 @@ static bool line_at(const char **p, const char *end, const char **name, int *nn,
     return true;
 }
 
+// The "file I of KEY" lines after a count line, p advanced past them: the
+// first n names (without their " (N bytes)") into names/lens.
+static int file_names(const char **p, const char *end, const char **names, int *lens, int max) {
+    int n = 0;
+    const char *q = *p, *name, *value;
+    int nn, nv;
+    while (line_at(&q, end, &name, &nn, &value, &nv) && nn > 5 && !memcmp(name, "file ", 5)) {
+        int k = nv;
+        while (k > 1 && memcmp(value + k - 2, " (", 2))
+            k--;
+        if (n < max) names[n] = value, lens[n] = k > 1 ? k - 2 : nv;
+        n++;
+        *p = q;
+    }
+    return n < max ? n : max;
+}
+
+// The first file one list has and the other lacks: -1 when every name of a is
+// in b.
+static int first_missing(const char **a, const int *la, int na, const char **b, const int *lb,
+                         int nb) {
+    for (int i = 0; i < na; i++) {
+        int j = 0;
+        while (j < nb && (lb[j] != la[i] || memcmp(b[j], a[i], (size_t)la[i])))
+            j++;
+        if (j == nb) return i;
+    }
+    return -1;
+}
+
+// Ranks whose globs resolve to different file counts: the message names the
+// first file this rank lacks (or has beyond rank 0's), or the pattern that
+// matches nothing here, as a counts-only message did not.
+static int files_differ(const char *a, const char *ea, const char *b, const char *eb,
+                        const char *key, int lkey, const char *count0, int lc0, const char *mine,
+                        int lmine, const char *pat, int lpat, int rank) {
+    enum { MAX = 4096 };
+    const char **fa = malloc(sizeof *fa * MAX), **fb = malloc(sizeof *fb * MAX);
+    int *la = malloc(sizeof *la * MAX), *lb = malloc(sizeof *lb * MAX);
+    int rc;
+    if (!fa || !fb || !la || !lb) {
+        rc = moe_fail(MOE_ENOMEM, "run check: out of memory");
+        goto done;
+    }
+    int na = file_names(&a, ea, fa, la, MAX), nb = file_names(&b, eb, fb, lb, MAX);
+    int i = first_missing(fa, la, na, fb, lb, nb), j = i < 0 ? first_missing(fb, lb, nb, fa, la, na)
+                                                             : -1;
+    if (nb == 0)
+        rc = moe_fail(MOE_EINVAL, "ranks disagree on %.*s: rank 0 has %.*s, rank %d has %.*s "
+                                  "(rank %d: no file matches %.*s)",
+                      lkey, key, lc0, count0, rank, lmine, mine, rank, lpat, pat);
+    else if (i >= 0)
+        rc = moe_fail(MOE_EINVAL, "ranks disagree on %.*s: rank 0 has %.*s, rank %d has %.*s "
+                                  "(rank %d lacks %.*s, which rank 0 has)",
+                      lkey, key, lc0, count0, rank, lmine, mine, rank, la[i], fa[i]);
+    else if (j >= 0)
+        rc = moe_fail(MOE_EINVAL, "ranks disagree on %.*s: rank 0 has %.*s, rank %d has %.*s "
+                                  "(rank %d has %.*s, which rank 0 lacks)",
+                      lkey, key, lc0, count0, rank, lmine, mine, rank, lb[j], fb[j]);
+    else
+        rc = moe_fail(MOE_EINVAL, "ranks disagree on %.*s: rank 0 has %.*s, rank %d has %.*s",
+                      lkey, key, lc0, count0, rank, lmine, mine);
+done:
+    free(fa), free(fb), free(la), free(lb);
+    return rc;
+}
+
 // This rank's first difference from rank 0's text, as the message.
 static int first_difference(const char *r0, size_t n0, const char *mine, size_t n1, int rank) {
     const char *a = r0, *b = mine, *ea = r0 + n0, *eb = mine + n1;
+    const char *pat = "";
+    int lpat = 0;
     for (;;) {
-        const char *na, *va, *nb, *vb;
-        int lna, lva, lnb, lvb;
+        const char *na = NULL, *va = NULL, *nb = NULL, *vb = NULL;
+        int lna = 0, lva = 0, lnb = 0, lvb = 0;
         bool ha = line_at(&a, ea, &na, &lna, &va, &lva), hb = line_at(&b, eb, &nb, &lnb, &vb, &lvb);
         if (!ha && !hb) break;
+        if (hb && lnb > 11 && !memcmp(nb, "pattern of ", 11)) pat = vb, lpat = lvb;
         if (ha && hb && lna == lnb && !memcmp(na, nb, (size_t)lna) &&
-            (lva != lvb || memcmp(va, vb, (size_t)lva)))
+            (lva != lvb || memcmp(va, vb, (size_t)lva))) {
+            if (lna > 9 && !memcmp(na, "files of ", 9))
+                return files_differ(a, ea, b, eb, na, lna, va, lva, vb, lvb, pat, lpat, rank);
             return moe_fail(MOE_EINVAL,
                             "ranks disagree on %.*s: rank 0 has %.*s, rank %d has %.*s (every "
                             "rank of a job must run the same config, --out, --resume and data "
                             "files)",
                             lna, na, lva, va, rank, lvb, vb);
+        }
         if (!hb)
             return moe_fail(MOE_EINVAL, "ranks disagree on %.*s: rank 0 has %.*s, rank %d has none",
                             lna, na, lva, va, rank);

@@ -410,9 +410,9 @@ START_TEST(test_grid_values_refuse_empty_and_unpaired) {
     ck_assert_int_eq(ax.n, 2);
     ck_assert_str_eq(ax.values[0], "[4,8]");
     ck_assert_int_eq(moe_grid_axis_parse(&ax, "router.top_k=1,2,"), MOE_EINVAL);
-    assert_msg_has("value 2 is empty");
+    assert_msg_has("value 3 is empty"); // values count from 1
     ck_assert_int_eq(moe_grid_axis_parse(&ax, "router.top_k=1,,2"), MOE_EINVAL);
-    assert_msg_has("value 1 is empty");
+    assert_msg_has("value 2 is empty");
     ck_assert_int_eq(moe_grid_axis_parse(&ax, "moe.num_experts=[4,8"), MOE_EINVAL);
     assert_msg_has("unpaired");
     ck_assert_int_eq(moe_grid_axis_parse(&ax, "moe.num_experts=4],8"), MOE_EINVAL);

@@ -192,8 +192,9 @@ END_TEST
 
 // manifest.json beside token files (prepare's) as moe_data_check_tokenizer
 // reads it: a FIFO is refused (json_load_file blocked on it), a file that
-// is not JSON is refused, and a field of the wrong type is refused naming it
-// (it skipped the check).
+// is not JSON is refused, a field of the wrong type is refused naming it
+// (it skipped the check), and so is one without format, tokenizer or
+// vocab_size, which prepare always writes (it was passed unchecked).
 START_TEST(test_manifest_of_token_files_is_checked_strictly) {
     size_t n;
     unsigned char *b = bin_file(20240520, 1, 2000, 2000, &n);
@@ -208,10 +209,21 @@ START_TEST(test_manifest_of_token_files_is_checked_strictly) {
     } cases[] = {
         {"{\"format\": \"llm.c\", \"tokenizer\": \"bytes\", \"vocab_size\": 256}", NULL},
         {"{\"format\": \"other\", \"tokenizer_hash\": 7}", NULL}, // not prepare's
-        {"{\"format\": \"llm.c\", \"tokenizer_hash\": 7}", "tokenizer_hash is not a string"},
-        {"{\"format\": \"llm.c\", \"vocab_size\": \"256\"}",
+        {"{\"format\": \"llm.c\", \"tokenizer\": \"bytes\", \"vocab_size\": 256, "
+         "\"tokenizer_hash\": 7}",
+         "tokenizer_hash is not a string"},
+        {"{\"format\": \"llm.c\", \"tokenizer\": \"bytes\", \"vocab_size\": \"256\"}",
          "vocab_size is not a positive integer"},
-        {"{\"format\": \"llm.c\", \"tokenizer\": null}", "tokenizer is not a string"},
+        {"{\"format\": \"llm.c\", \"tokenizer\": null, \"vocab_size\": 256}",
+         "tokenizer is not a string"},
+        // prepare always writes format, tokenizer and vocab_size: a manifest
+        // without them was passed unchecked
+        {"{\"tokenizer\": \"other.model\", \"vocab_size\": 300}", "format is missing"},
+        {"{}", "format is missing"},
+        {"[]", "format is missing"},
+        {"{\"format\": 1}", "format is not a string"},
+        {"{\"format\": \"llm.c\", \"vocab_size\": 256}", "tokenizer is missing"},
+        {"{\"format\": \"llm.c\", \"tokenizer\": \"bytes\"}", "vocab_size is missing"},
         {"{\"format\": \"llm.c\",", "manifest.json:1:"},
         {"", "manifest.json:1:1: empty file"},
     };

@@ -663,6 +663,78 @@ START_TEST(test_expert_budget_with_group_limited_routing_routes_to_loaded_expert
 }
 END_TEST
 
+// An expert-choice model with router.ec_fallback = token_choice is routed by
+// token choice at inference: under --expert-budget that choice must never
+// reach an expert left unloaded, and the tokens and logits are those of a
+// full load routed with the same experts left out.
+START_TEST(test_expert_budget_on_expert_choice_model_routes_to_loaded_experts) {
+    char dir[800];
+    snprintf(dir, sizeof dir, "%s/ec_budget", root);
+    moe_config c = small();
+    c.moe.n_task_layers = 0; // every layer token-routed at inference: the budget applies to all
+    c.router.type = MOE_ROUTER_EXPERT_CHOICE;
+    c.router.ec_fallback = MOE_EC_FALLBACK_TOKEN_CHOICE;
+    c.router.capacity_factor = 1.0;
+    ck_assert_msg(moe_config_check(&c, NULL) == 0, "%s", moe_last_error());
+    make_ckpt(&c, dir);
+    const double budgets[] = {0.05, 0.1, 0.2, 0.3};
+    int partial = 0;
+    for (int bi = 0; bi < 4; bi++) {
+        moe_infer bud, full;
+        moe_infer_opts o = {.task = "reverse", .max_batch = 3, .expert_budget = budgets[bi]};
+        ck_assert_msg(moe_infer_open(&bud, dir, &o) == 0, "%s", moe_last_error());
+        o.expert_budget = 0, o.full_load = true;
+        ck_assert_int_eq(moe_infer_open(&full, dir, &o), 0);
+        ck_assert_int_eq(bud.cfg.router.type, MOE_ROUTER_TOKEN_CHOICE);
+        for (int l = 0; l < bud.L; l++) {
+            moe_infer_layer *b = &bud.layer[l], *f = &full.layer[l];
+            if (!b->allowed) continue;
+            partial++;
+            ck_assert_int_lt(bud.stats.loaded[l], b->E);
+            ck_assert_ptr_eq(b->plan.usable, b->allowed);
+            f->allowed = malloc(sizeof(bool) * f->E);
+            memcpy(f->allowed, b->allowed, sizeof(bool) * f->E);
+            f->plan.usable = f->allowed;
+            for (int e = 0; f->bias && e < f->E; e++)
+                if (!f->allowed[e]) f->bias[e] = -1e30f;
+        }
+        int32_t p0[] = {129, 'a', 'b', 'c', 'd', 'e', 'f', 'g', 'h', '='},
+                p1[] = {129, 'q', 'z', '='}, p2[] = {129, 'x', 'y', 'z', 'w', 'v', 'u', '='};
+        const int32_t *pr[3] = {p0, p1, p2};
+        int np[3] = {10, 4, 8};
+        int seq[10] = {0}, pos[10];
+        for (int i = 0; i < 10; i++)
+            pos[i] = i;
+        ck_assert_msg(moe_infer_forward(&bud, p0, seq, pos, 10) == 0, "%s", moe_last_error());
+        for (int l = 0; l < bud.L; l++)
+            for (int t = 0; t < 10; t++)
+                for (int j = 0; j < bud.k; j++) {
+                    const int e = bud.layer[l].plan.expert[(size_t)t * bud.k + j];
+                    ck_assert_int_ge(e, 0);
+                    ck_assert_msg(bud.layer[l].slot[e] >= 0,
+                                  "budget %g layer %d token %d: expert %d not loaded", budgets[bi],
+                                  l, t, e);
+                }
+        for (int sampled = 0; sampled < 2; sampled++) {
+            moe_gen_opts g = {.max_new = 12, .stop = -1};
+            if (sampled) g.temperature = 0.9, g.top_k = 30, g.seed = 5;
+            int32_t a[36], b[36];
+            int na[3], nb[3];
+            moe_gen_stats st;
+            ck_assert_msg(moe_generate(&bud, 3, pr, np, &g, a, na, &st) == 0, "budget %g: %s",
+                          budgets[bi], moe_last_error());
+            ck_assert_int_eq(moe_generate(&full, 3, pr, np, &g, b, nb, &st), 0);
+            ck_assert_int_eq(memcmp(na, nb, sizeof na), 0);
+            ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+            ck_assert_int_eq(memcmp(bud.logits, full.logits, sizeof(float) * bud.V), 0);
+        }
+        moe_infer_free(&bud);
+        moe_infer_free(&full);
+    }
+    ck_assert_int_gt(partial, 0);
+}
+END_TEST
+
 // The moe binary: answers on stdout, what it loaded on stderr, exit 2 on bad input.
 static int run_moe(const char *args) {
     return tu_run_moe(root, args);
@@ -807,6 +879,7 @@ int main(void) {
     tcase_add_test(tc, test_older_checkpoint_without_task_experts_derives_the_sets);
     tcase_add_test(tc, test_expert_budget_and_int8_load_less);
     tcase_add_test(tc, test_expert_budget_with_group_limited_routing_routes_to_loaded_experts);
+    tcase_add_test(tc, test_expert_budget_on_expert_choice_model_routes_to_loaded_experts);
     tcase_add_test(tc, test_task_route_with_task_priorities_equals_position_order);
     tcase_add_test(tc, test_cli_generate);
     tcase_add_test(tc, test_decode_is_the_same_for_any_thread_count);

@@ -431,16 +431,35 @@ static int check_manifest(const char *dir, const char *spec, const struct moe_to
                         "token files; prepare them again, or remove it)",
                         p, text ? jerr.line : 1, text ? jerr.column : 1,
                         text ? jerr.text : "empty file");
-    const char *fmt = json_string_value(json_object_get(m, "format"));
-    if (!fmt || strcmp(fmt, "llm.c")) { // none, or not prepare's (a checkpoint's)
+    // Every manifest moe prepare wrote says "format": "llm.c" and names its
+    // tokenizer and vocab_size: one without them is refused, not passed (a
+    // manifest edited down to nothing would skip the check). Another format
+    // string is another program's manifest (a checkpoint's) and passes.
+    const json_t *jf = json_object_get(m, "format");
+    if (!json_is_string(jf)) {
+        json_decref(m);
+        return moe_fail(MOE_EINVAL,
+                        "%s: format is %s; moe prepare writes \"format\": \"llm.c\" (prepare "
+                        "the token files again, or remove it)",
+                        p, jf ? "not a string" : "missing");
+    }
+    if (strcmp(json_string_value(jf), "llm.c")) {
         json_decref(m);
         return 0;
     }
     // Present but of another type: refused, not taken as absent (the check
-    // would pass silently).
+    // would pass silently). tokenizer_hash may be absent: bytes have none, and
+    // prepares before it was recorded wrote none.
     static const char *const fields[] = {"tokenizer", "tokenizer_hash", "vocab_size"};
     for (int i = 0; i < 3; i++) {
         const json_t *v = json_object_get(m, fields[i]);
+        if (!v && i != 1) {
+            json_decref(m);
+            return moe_fail(MOE_EINVAL,
+                            "%s: %s is missing; moe prepare always writes it (prepare the "
+                            "token files again)",
+                            p, fields[i]);
+        }
         if (v && !(i < 2 ? json_is_string(v) : json_is_integer(v) && json_integer_value(v) > 0)) {
             json_decref(m);
             return moe_fail(MOE_EINVAL, "%s: %s is not %s", p, fields[i],

@@ -831,6 +831,12 @@ START_TEST(test_resume_takes_the_checkpoint_tokenizer) {
     snprintf(p, sizeof p, "model.tokenizer = %s differs from %s/checkpoint/tokenizer.model", live,
              run);
     ck_assert_msg(strstr(err, p), "%s", err);
+    // a FIFO in its place: refused, naming the key
+    ck_assert_int_eq(unlink(live), 0);
+    ck_assert_int_eq(mkfifo(live, 0600), 0);
+    ck_assert_int_eq(tu_run_moe(root, args), 2);
+    err = tu_file_text(root, "err.txt");
+    ck_assert_msg(strstr(err, "model.tokenizer: ") && strstr(err, "not a regular file"), "%s", err);
     // removed: the checkpoint's copy trains on and is saved again
     ck_assert_int_eq(unlink(live), 0);
     ck_assert_msg(tu_run_moe(root, args) == 0, "%s", tu_file_text(root, "err.txt"));

@@ -583,6 +583,7 @@ static int open_run_tokenizer(const moe_config *cfg, const char *resume, moe_tok
         } else if (t) {
             size_t a, b;
             int rc = moe_tok_open(spec, &user);
+            if (rc < 0) rc = moe_fail(rc, "model.tokenizer: %s", moe_last_error());
             const void *ta = rc == 0 ? moe_tok_model_bytes(t, &a) : NULL;
             const void *ub = rc == 0 ? moe_tok_model_bytes(user, &b) : NULL;
             if (rc == 0 && (a != b || memcmp(ta, ub, a)))
@@ -598,7 +599,10 @@ static int open_run_tokenizer(const moe_config *cfg, const char *resume, moe_tok
             }
         }
     }
-    if (!t) MOE_TRY(moe_tok_open(spec, &t));
+    if (!t) {
+        const int rc = moe_tok_open(spec, &t);
+        if (rc < 0) return moe_fail(rc, "model.tokenizer: %s", moe_last_error());
+    }
     const int V = moe_tok_vocab_size(t);
     if (cfg->model.vocab_size < V) {
         moe_tok_free(t);

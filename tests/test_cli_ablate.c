@@ -71,6 +71,11 @@ START_TEST(test_cli_ablate_failed_run_is_exit_1) {
     ck_assert_int_eq(ablate(args), 1);
     ck_assert_ptr_nonnull(strstr(err_text(), "1 of 2 runs failed (first: "));
     ck_assert_ptr_nonnull(strstr(err_text(), "/failed/run_001: "));
+    // bad data would fail again: --resume keeps the run, and the message says so
+    ck_assert_msg(strstr(err_text(), "; the same moe ablate command with --resume keeps them (it "
+                                     "trains again only runs that failed on a write or on "
+                                     "memory)\n") != NULL,
+                  "%s", err_text());
 }
 END_TEST
 
@@ -169,6 +174,9 @@ START_TEST(test_cli_ablate_resume_retrains_runs_a_failed_write_stopped) {
     ck_assert_int_eq(rc, 1);
     ck_assert_msg(strstr(err_text(), "2 of 2 runs failed (first: ") != NULL, "%s", err_text());
     ck_assert_ptr_nonnull(strstr(err_text(), "write failed: File too large"));
+    ck_assert_msg(strstr(err_text(), "; the same moe ablate command with --resume trains again "
+                                     "the 2 that failed on a write or on memory\n") != NULL,
+                  "%s", err_text());
     const char *csv = tu_file_text(dir, "fs/results.csv");
     ck_assert_msg(strstr(csv, "\n1,\"2e-3\",failed,") != NULL, "%s", csv);
     snprintf(args, sizeof args, "--grid train.lr=1e-3,2e-3 --out '%s/fs' --resume", dir);

@@ -2,7 +2,9 @@
 // is recorded in its row while the rest go on, results.md is sorted by loss.
 #include "moe/ablate.h"
 #include "moe/error.h"
+#include "moe/fsio.h"
 #include "testutil.h"
+#include "trainer/ablate_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -606,6 +608,45 @@ START_TEST(test_ablate_resume_refuses_a_damaged_state_file) {
 }
 END_TEST
 
+// ablate.json is replaced whole: a write that fails (a full disk) or a kill
+// in the middle of it leaves the previous state, which --resume reads. It
+// was truncated in place, and a failed write even removed it, so the grid's
+// finished runs were lost to --resume.
+START_TEST(test_ablate_state_file_survives_a_failed_rewrite) {
+    moe_config c;
+    small_config(&c);
+    moe_grid_axis ax;
+    char out[700], p[800];
+    snprintf(out, sizeof out, "%s/state_fault", tu_tmpdir());
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "router.top_k=1,2"), 0);
+    moe_ablate_opts o = {.out = out};
+    ck_assert_msg(moe_ablate_run(&c, &ax, 1, &o) == 0, "%s", moe_last_error());
+    snprintf(p, sizeof p, "%s/ablate.json", out);
+    static char before[16384];
+    snprintf(before, sizeof before, "%s", text_of(p));
+    moe_ablate_row rows[2];
+    bool done[2];
+    memset(rows, 0, sizeof rows);
+    ck_assert_int_eq(moe_ablate_state_read(out, &c, &ax, 1, rows, done, 2), 0);
+    ck_assert(done[0] && done[1]);
+    done[1] = false;
+    moe_fs_fault_arm(2, MOE_FAULT_FAIL); // the write of the new text
+    const int rc = moe_ablate_state_write(out, &c, &ax, 1, rows, done, 2);
+    moe_fs_fault_arm(0, MOE_FAULT_OFF);
+    ck_assert_int_eq(rc, MOE_EIO);
+    ck_assert_msg(strstr(moe_last_error(), "ablate.json: write failed") != NULL, "%s",
+                  moe_last_error());
+    ck_assert_str_eq(text_of(p), before);
+    o.resume = true; // both runs kept: nothing trains again
+    ck_assert_msg(moe_ablate_run(&c, &ax, 1, &o) == 0, "%s", moe_last_error());
+    ck_assert_str_eq(text_of(p), before);
+    // no temp file is left beside it
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "ls '%s' | grep -q tmp", out);
+    ck_assert_int_ne(system(cmd), 0);
+}
+END_TEST
+
 static Suite *ablate_suite(void) {
     Suite *s = suite_create("ablate");
     TCase *tc = tcase_create("ablate");
@@ -627,6 +668,7 @@ static Suite *ablate_suite(void) {
     tcase_add_test(tc, test_ablate_resume_refuses_another_grid_or_config);
     tcase_add_test(tc, test_ablate_report_tokens_per_s_is_the_tables_figure);
     tcase_add_test(tc, test_ablate_resume_refuses_a_damaged_state_file);
+    tcase_add_test(tc, test_ablate_state_file_survives_a_failed_rewrite);
     suite_add_tcase(s, tc);
     return s;
 }

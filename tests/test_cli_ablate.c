@@ -71,6 +71,11 @@ START_TEST(test_cli_ablate_failed_run_is_exit_1) {
     ck_assert_int_eq(ablate(args), 1);
     ck_assert_ptr_nonnull(strstr(err_text(), "1 of 2 runs failed (first: "));
     ck_assert_ptr_nonnull(strstr(err_text(), "/failed/run_001: "));
+    // bad data would fail again: --resume keeps the run, and the message says so
+    ck_assert_msg(strstr(err_text(), "; the same moe ablate command with --resume keeps them (it "
+                                     "trains again only runs that failed on a write or on "
+                                     "memory)\n") != NULL,
+                  "%s", err_text());
 }
 END_TEST
 
@@ -169,6 +174,9 @@ START_TEST(test_cli_ablate_resume_retrains_runs_a_failed_write_stopped) {
     ck_assert_int_eq(rc, 1);
     ck_assert_msg(strstr(err_text(), "2 of 2 runs failed (first: ") != NULL, "%s", err_text());
     ck_assert_ptr_nonnull(strstr(err_text(), "write failed: File too large"));
+    ck_assert_msg(strstr(err_text(), "; the same moe ablate command with --resume trains again "
+                                     "the 2 that failed on a write or on memory\n") != NULL,
+                  "%s", err_text());
     const char *csv = tu_file_text(dir, "fs/results.csv");
     ck_assert_msg(strstr(csv, "\n1,\"2e-3\",failed,") != NULL, "%s", csv);
     snprintf(args, sizeof args, "--grid train.lr=1e-3,2e-3 --out '%s/fs' --resume", dir);
@@ -181,6 +189,83 @@ START_TEST(test_cli_ablate_resume_retrains_runs_a_failed_write_stopped) {
     snprintf(p, sizeof p, "%s/fs/results.csv", dir);
     stable_csv(p, resumed, sizeof resumed);
     ck_assert_str_eq(resumed, whole);
+}
+END_TEST
+
+// A run's metrics.jsonl: how many step and evaluation records it holds, and
+// the last step's "loss" field as written.
+static void run_records(const char *path, int *steps, int *evals, char *loss, size_t cap) {
+    FILE *f = fopen(path, "r");
+    ck_assert_msg(f != NULL, "%s missing", path);
+    static char line[65536];
+    *steps = *evals = 0;
+    loss[0] = 0;
+    while (fgets(line, sizeof line, f)) {
+        *evals += !strncmp(line, "{\"eval_step\": ", 14);
+        if (strncmp(line, "{\"step\": ", 9)) continue;
+        ++*steps;
+        const char *l = strstr(line, "\"loss\": ");
+        ck_assert_ptr_nonnull(l);
+        snprintf(loss, cap, "%.*s", (int)strcspn(l + 8, ","), l + 8);
+    }
+    fclose(f);
+}
+
+#define KILL_GRID "--steps 30 --grid train.lr=1e-3,2e-3,3e-3 --set train.eval_every=10 "
+
+// kill -9 of moe ablate once run_000 holds its final checkpoint (renamed into
+// place whole, so its appearance is the point; the final evaluation and the
+// grid's record of the run come after it): the same command with --resume
+// gives the tables of an uninterrupted grid (but for tokens/s and seconds),
+// each run's metrics.jsonl one record per step and evaluation, and the same
+// last loss per run.
+START_TEST(test_cli_ablate_kill_9_then_resume_equals_an_uninterrupted_grid) {
+    char args[2048], cmd[4096], p[800];
+    snprintf(args, sizeof args, "ablate " TINY SMALL_MODEL KILL_GRID "--out '%s/kwhole'", dir);
+    ck_assert_msg(tu_run_moe(dir, args) == 0, "%s", err_text());
+    snprintf(args, sizeof args, "ablate " TINY SMALL_MODEL KILL_GRID "--out '%s/kill'", dir);
+    snprintf(cmd, sizeof cmd, "exec '%s' %s >'%s/out.txt' 2>'%s/err.txt'", getenv("MOE_BIN"), args,
+             dir, dir);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    snprintf(p, sizeof p, "%s/kill/run_000/checkpoint", dir);
+    int st;
+    while (access(p, F_OK) != 0 && waitpid(pid, &st, WNOHANG) == 0)
+        usleep(200);
+    ck_assert_int_eq(kill(pid, SIGKILL), 0);
+    ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+    ck_assert_msg(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "status %d: %s", st, err_text());
+    snprintf(cmd, sizeof cmd, "%s --resume", args);
+    ck_assert_msg(tu_run_moe(dir, cmd) == 0, "%s", err_text());
+    // run_000 is resumed from its checkpoint or kept (when the grid recorded
+    // it before the kill), never trained again from the start
+    const char *log = err_text();
+    ck_assert_msg(strstr(log, "[1/3] train.lr=1e-3 (resuming) ...") != NULL ||
+                      strstr(log, "[1/3] run_000: finished earlier, kept") != NULL,
+                  "%s", log);
+    static char whole[16384], resumed[16384];
+    snprintf(p, sizeof p, "%s/kwhole/results.csv", dir);
+    stable_csv(p, whole, sizeof whole);
+    snprintf(p, sizeof p, "%s/kill/results.csv", dir);
+    stable_csv(p, resumed, sizeof resumed);
+    ck_assert_str_eq(resumed, whole);
+    for (int i = 0; i < 3; i++) {
+        int s1, e1, s2, e2;
+        char l1[64], l2[64];
+        snprintf(p, sizeof p, "%s/kwhole/run_%03d/metrics.jsonl", dir, i);
+        run_records(p, &s1, &e1, l1, sizeof l1);
+        snprintf(p, sizeof p, "%s/kill/run_%03d/metrics.jsonl", dir, i);
+        run_records(p, &s2, &e2, l2, sizeof l2);
+        ck_assert_int_eq(s1, 30);
+        ck_assert_int_eq(e1, 3); // steps 10 and 20, and the final one
+        ck_assert_int_eq(s2, s1);
+        ck_assert_int_eq(e2, e1);
+        ck_assert_str_eq(l2, l1);
+    }
 }
 END_TEST
 
@@ -264,6 +349,7 @@ static Suite *cli_ablate_suite(void) {
     tcase_add_test(tc, test_cli_ablate_failed_run_is_exit_1);
     tcase_add_test(tc, test_cli_ablate_ctrl_c_stops_and_resume_finishes_the_grid);
     tcase_add_test(tc, test_cli_ablate_resume_retrains_runs_a_failed_write_stopped);
+    tcase_add_test(tc, test_cli_ablate_kill_9_then_resume_equals_an_uninterrupted_grid);
     tcase_add_test(tc, test_cli_ablate_steps_beside_a_train_steps_setting_is_exit_2);
     tcase_add_test(tc, test_cli_ablate_overwrite_removes_a_run_link_not_its_target);
     tcase_add_test(tc, test_cli_ablate_second_ablate_of_a_busy_folder_is_exit_2);

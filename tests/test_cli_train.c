@@ -184,6 +184,38 @@ START_TEST(test_cli_train_steps_beside_set_train_steps_is_exit_2) {
 }
 END_TEST
 
+// Fewer training windows than a step's rows: the run trains (the epochs wrap
+// inside a step) and a warning says so; it was silent. Exactly as many: none.
+START_TEST(test_cli_train_step_larger_than_the_training_data_warns) {
+    char args[2048], text[200];
+    write_text("s.json", small);
+    // 34 bytes, half held out: 17 training tokens, one window of 16 + 1
+    write_text("one.txt", "abcdefghijklmnopqrstuvwxyzABCDEFGH");
+    const char *sets = "--steps 2 --set model.seq_len=16 --set data.kind=text "
+                       "--set data.val_fraction=0.5";
+    snprintf(args, sizeof args,
+             "train '%s/s.json' %s --set data.path='%s/one.txt' --set train.grad_accum=2 "
+             "--out '%s/one'",
+             dir, sets, dir, dir);
+    ck_assert_msg(run_moe(args) == 0, "%s", file_text("err.txt"));
+    ck_assert_msg(strstr(file_text("err.txt"),
+                         "moe warn: a step reads 8 rows (train.batch_size 4 x train.grad_accum 2 "
+                         "x 1 ranks) but the training data holds 1 window of 17 tokens: each "
+                         "step trains some more than once") != NULL,
+                  "%s", file_text("err.txt"));
+    // 130 bytes: 65 training tokens, 4 windows for the 4 rows of a step
+    for (int i = 0; i < 130; i++)
+        text[i] = (char)('a' + i % 26);
+    text[130] = 0;
+    write_text("four.txt", text);
+    snprintf(args, sizeof args,
+             "train '%s/s.json' %s --set data.path='%s/four.txt' --out '%s/four'", dir, sets, dir,
+             dir);
+    ck_assert_msg(run_moe(args) == 0, "%s", file_text("err.txt"));
+    ck_assert_msg(strstr(file_text("err.txt"), "a step reads") == NULL, "%s", file_text("err.txt"));
+}
+END_TEST
+
 static Suite *cli_train_suite(void) {
     Suite *s = suite_create("cli_train");
     TCase *tc = tcase_create("cli");
@@ -192,6 +224,7 @@ static Suite *cli_train_suite(void) {
     tcase_add_test(tc, test_cli_ctrl_c_saves_checkpoint);
     tcase_add_test(tc, test_cli_train_device_cuda_refused_with_reason);
     tcase_add_test(tc, test_cli_train_steps_beside_set_train_steps_is_exit_2);
+    tcase_add_test(tc, test_cli_train_step_larger_than_the_training_data_warns);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -455,9 +455,12 @@ int moe_ablate_run(const moe_config *base, const moe_grid_axis *axes, int n_axes
             break;
         }
     }
-    int failed = 0, first = -1;
+    int failed = 0, first = -1, again = 0; // again: failed runs a --resume trains again
     for (int i = 0; i < n_rows; i++)
-        if (!rows[i].ok && !rows[i].stopped && failed++ == 0) first = i;
+        if (!rows[i].ok && !rows[i].stopped) {
+            if (failed++ == 0) first = i;
+            again += rows[i].rc == MOE_EIO || rows[i].rc == MOE_ENOMEM;
+        }
     if (rc == 0) rc = write_report(o->out, axes, n_axes, rows, n_rows);
     if (rc == 0) rc = moe_ablate_write_results(o->out, axes, n_axes, rows, n_rows);
     // A grid with a failed run is a failed ablation, the table written all the
@@ -466,10 +469,22 @@ int moe_ablate_run(const moe_config *base, const moe_grid_axis *axes, int n_axes
     if (rc == 0 && failed && !o->interrupted) {
         const int code = rows[first].rc == MOE_ENOMEM || rows[first].rc == MOE_EIO ? rows[first].rc
                                                                                    : MOE_ENUMERIC;
-        rc = moe_fail(code,
-                      "%d of %d runs failed (first: %s/run_%03d: %s); the table of all runs is in "
-                      "%s/results.md",
-                      failed, n, o->out, first, rows[first].error, o->out);
+        char tail[96];
+        if (again)
+            snprintf(tail, sizeof tail, "trains again the %d that failed on a write or on memory",
+                     again);
+        else
+            snprintf(tail, sizeof tail,
+                     "keeps them (it trains again only runs that failed on a "
+                     "write or on memory)");
+        // The run's error is cut to what leaves room for the advice after it
+        // (a message holds 511 bytes).
+        int room = 511 - 2 * (int)strlen(o->out) - (int)strlen(tail) - 160;
+        rc = moe_fail(
+            code,
+            "%d of %d runs failed (first: %s/run_%03d: %.*s); the table of all runs is in "
+            "%s/results.md; the same moe ablate command with --resume %s",
+            failed, n, o->out, first, room > 40 ? room : 40, rows[first].error, o->out, tail);
     }
     free(rows);
     free(done);

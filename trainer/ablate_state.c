@@ -92,8 +92,16 @@ int moe_ablate_state_write(const char *out, const moe_config *base, const moe_gr
         ok = json_array_append_new(runs, done[i] ? row_json(&rows[i]) : json_null()) == 0;
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/" MOE_ABLATE_STATE, out);
-    int rc = ok ? moe_fs_write_json(path, doc, JSON_INDENT(1) | JSON_REAL_PRECISION(17))
-                : moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+    // Replaced whole (temp file, rename): a kill or a failed write in the
+    // middle of it leaves the previous state, which --resume reads; written in
+    // place, it left an empty or cut file that --resume refused.
+    char *text = ok ? json_dumps(doc, JSON_INDENT(1) | JSON_REAL_PRECISION(17)) : NULL;
+    const size_t len = text ? strlen(text) : 0;
+    char *line = text ? realloc(text, len + 2) : NULL;
+    if (line) line[len] = '\n';
+    int rc = line ? moe_fs_replace_file(path, line, len + 1)
+                  : moe_fail(MOE_ENOMEM, "%s: out of memory", path);
+    free(line ? line : text);
     json_decref(doc);
     return rc;
 }

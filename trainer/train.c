@@ -689,6 +689,19 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 "over after %ld batch%s: some count more than once (raise data.val_fraction, or "
                 "give more tokens in data.val_path)",
                 EVAL_BATCHES, d.B, val_distinct, val_distinct == 1 ? "" : "es");
+    // A step fewer windows than rows trains some of them twice in one step
+    // (the epochs wrap inside it): legal, but worth a word.
+    long train_windows = 0;
+    for (int t = 0; rc == 0 && d.kind != 0 && t < d.n_tasks; t++)
+        train_windows += d.part[t][MOE_SPLIT_TRAIN].n_windows;
+    const long step_rows = (long)d.B * cfg->train.grad_accum * par.size;
+    if (lead && train_windows > 0 && train_windows < step_rows)
+        moe_log(MOE_LOG_WARN,
+                "a step reads %ld rows (train.batch_size %d x train.grad_accum %d x %d ranks) "
+                "but the training data holds %ld window%s of %d tokens: each step trains some "
+                "more than once (give more tokens, or a smaller batch or model.seq_len)",
+                step_rows, d.B, cfg->train.grad_accum, par.size, train_windows,
+                train_windows == 1 ? "" : "s", d.T + 1);
     if (rc == 0)
         rc = moe_model_init_ep(&m, cfg, d.B, d.T, d.n_tasks, par.ep_size > 1 ? &par.group : NULL);
     m.tokenizer = tok;

@@ -203,6 +203,10 @@ START_TEST(test_cli_train_step_larger_than_the_training_data_warns) {
                          "x 1 ranks) but the training data holds 1 window of 17 tokens: each "
                          "step trains some more than once") != NULL,
                   "%s", file_text("err.txt"));
+    // the one validation window is fewer than a batch's 4 rows (it said "after 0 batches")
+    ck_assert_msg(strstr(file_text("err.txt"), "the validation windows start over within the "
+                                               "first batch: some count more than once") != NULL,
+                  "%s", file_text("err.txt"));
     // 130 bytes: 65 training tokens, 4 windows for the 4 rows of a step
     for (int i = 0; i < 130; i++)
         text[i] = (char)('a' + i % 26);
@@ -213,6 +217,8 @@ START_TEST(test_cli_train_step_larger_than_the_training_data_warns) {
              dir);
     ck_assert_msg(run_moe(args) == 0, "%s", file_text("err.txt"));
     ck_assert_msg(strstr(file_text("err.txt"), "a step reads") == NULL, "%s", file_text("err.txt"));
+    ck_assert_msg(strstr(file_text("err.txt"), "windows start over after 1 batch:") != NULL, "%s",
+                  file_text("err.txt"));
 }
 END_TEST
 

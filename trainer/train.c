@@ -683,12 +683,17 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
                 "than a window): use fewer, larger files or a smaller model.seq_len",
                 100 * d.unused_share, d.T + 1);
     const long val_distinct = rc == 0 ? moe_data_val_distinct_batches(&d) : -1;
-    if (lead && val_distinct >= 0 && val_distinct < EVAL_BATCHES)
+    if (lead && val_distinct >= 0 && val_distinct < EVAL_BATCHES) {
+        char when[64] = "within the first batch"; // fewer windows than one batch's rows
+        if (val_distinct > 0)
+            snprintf(when, sizeof when, "after %ld batch%s", val_distinct,
+                     val_distinct == 1 ? "" : "es");
         moe_log(MOE_LOG_WARN,
                 "each evaluation reads %d batches of %d rows, but the validation windows start "
-                "over after %ld batch%s: some count more than once (raise data.val_fraction, or "
-                "give more tokens in data.val_path)",
-                EVAL_BATCHES, d.B, val_distinct, val_distinct == 1 ? "" : "es");
+                "over %s: some count more than once (raise data.val_fraction, or give more "
+                "tokens in data.val_path)",
+                EVAL_BATCHES, d.B, when);
+    }
     // A step fewer windows than rows trains some of them twice in one step
     // (the epochs wrap inside it): legal, but worth a word.
     long train_windows = 0;

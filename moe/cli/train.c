@@ -711,11 +711,15 @@ int moe_cli_eval(int argc, char **argv) {
         return moe_cli_fail("eval", moe_cli_input_exit_code(rc), "%s", moe_last_error());
     }
     const long distinct = moe_data_val_distinct_batches(&d);
-    if (distinct >= 0 && batches > distinct)
+    if (distinct >= 0 && batches > distinct) {
+        char when[64] = "within the first batch"; // fewer windows than one batch's rows
+        if (distinct > 0)
+            snprintf(when, sizeof when, "after %ld batch%s", distinct, distinct == 1 ? "" : "es");
         fprintf(stderr,
-                "moe eval: note: the validation windows start over after %ld batch%s of %d "
-                "rows; --batches %lld reads some of them more than once\n",
-                distinct, distinct == 1 ? "" : "es", d.B, batches);
+                "moe eval: note: the validation windows start over %s of %d rows; --batches "
+                "%lld reads some of them more than once\n",
+                when, d.B, batches);
+    }
     // Reading the checkpoint is input (exit 2 when unusable); evaluating is not.
     bool loaded = false;
     if ((rc = moe_model_init(&m, &cfg, d.B, d.T, d.n_tasks)) == 0 &&

@@ -14,9 +14,9 @@
 #include "moe/train.h"
 
 #include <ctype.h>
-#include <jansson.h>
 #include <dirent.h>
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <stdbool.h>
@@ -318,8 +318,8 @@ static double ckpt_train_seconds(const char *ck) {
 // before the resume are the stopped row's when it chains (whole calls, setup
 // and evaluation included), else the checkpoint's training seconds (a kill -9
 // left no row, or one older than the checkpoint).
-static void join_resumed(moe_ablate_row *r, const moe_ablate_row *prev,
-                         const moe_train_result *res, double ck_seconds) {
+static void join_resumed(moe_ablate_row *r, const moe_ablate_row *prev, const moe_train_result *res,
+                         double ck_seconds) {
     const bool chains = prev && res->steps - res->steps_run == prev->steps;
     r->steps_run = res->steps_summed;
     if (chains && res->steps_summed < res->steps) {
@@ -348,7 +348,8 @@ static void train_run(moe_ablate_row *r, const moe_config *c, const char *dir, b
     if (log && from_ckpt) fprintf(log, " (resuming)");
     if (log && o.overwrite) fprintf(log, " (restarting: no checkpoint)");
     if (log) fprintf(log, " ..."), fflush(log);
-    const double ck_seconds = from_ckpt ? ckpt_train_seconds(ck) : 0; // before moe_train replaces it
+    // read before moe_train replaces the checkpoint
+    const double ck_seconds = from_ckpt ? ckpt_train_seconds(ck) : 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     moe_train_result res;

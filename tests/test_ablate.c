@@ -1,6 +1,7 @@
 // Ablation grids: every combination runs with the same seed, a failing run
 // is recorded in its row while the rest go on, results.md is sorted by loss.
 #include "moe/ablate.h"
+#include "moe/checkpoint.h"
 #include "moe/error.h"
 #include "moe/fsio.h"
 #include "testutil.h"
@@ -647,6 +648,61 @@ START_TEST(test_ablate_state_file_survives_a_failed_rewrite) {
 }
 END_TEST
 
+// kill -9 once a run's final checkpoint is written but before the grid
+// recorded the run: --resume continues it from that checkpoint with no step
+// left, and its row holds the whole run's figures, steps_run all its steps
+// (it said 0) and seconds counting the training before the kill (the
+// checkpoint's train_seconds, set here to a figure no rerun reaches; it said
+// the resumed call's own fraction of a second).
+START_TEST(test_ablate_resume_after_a_kill_records_the_whole_run) {
+    moe_config c;
+    small_config(&c);
+    ck_assert_int_eq(moe_config_set(&c, NULL, "train.steps=4"), 0);
+    moe_grid_axis ax;
+    char out[700], p[1000], ck[800];
+    snprintf(out, sizeof out, "%s/state_kill", tu_tmpdir());
+    ck_assert_int_eq(moe_grid_axis_parse(&ax, "router.top_k=1,2"), 0);
+    moe_ablate_opts o = {.out = out};
+    ck_assert_msg(moe_ablate_run(&c, &ax, 1, &o) == 0, "%s", moe_last_error());
+    moe_ablate_row rows[2];
+    bool done[2];
+    memset(rows, 0, sizeof rows);
+    ck_assert_int_eq(moe_ablate_state_read(out, &c, &ax, 1, rows, done, 2), 0);
+    ck_assert_int_eq(rows[0].steps_run, 4);
+    done[0] = false; // the record a kill -9 before it leaves
+    ck_assert_int_eq(moe_ablate_state_write(out, &c, &ax, 1, rows, done, 2), 0);
+    // train_seconds 1000, the file's size kept (the manifest records it)
+    snprintf(p, sizeof p, "%s/run_000", out);
+    ck_assert_int_eq(moe_ckpt_resolve(p, ck, sizeof ck, NULL), 0);
+    snprintf(p, sizeof p, "%s/trainer_state.json", ck);
+    static char state[16384];
+    snprintf(state, sizeof state, "%s", text_of(p));
+    char *v = strstr(state, "\"train_seconds\": ");
+    ck_assert_ptr_nonnull(v);
+    v += strlen("\"train_seconds\": ");
+    const size_t len = strcspn(v, ",\n");
+    ck_assert_uint_ge(len, 4);
+    memset(v, ' ', len);
+    memcpy(v, "1000", 4);
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs(state, f);
+    fclose(f);
+    o.resume = true;
+    ck_assert_msg(moe_ablate_run(&c, &ax, 1, &o) == 0, "%s", moe_last_error());
+    memset(rows, 0, sizeof rows);
+    ck_assert_int_eq(moe_ablate_state_read(out, &c, &ax, 1, rows, done, 2), 0);
+    ck_assert(done[0] && rows[0].ok);
+    ck_assert_int_eq(rows[0].steps, 4);
+    ck_assert_int_eq(rows[0].steps_run, 4);
+    ck_assert_msg(rows[0].seconds >= 1000 && rows[0].seconds < 1100, "%g", rows[0].seconds);
+    ck_assert_msg(rows[0].tokens_per_s < 1, "%g", rows[0].tokens_per_s); // 128 tokens / 1000 s
+    // run_001 is kept as recorded
+    ck_assert_int_eq(rows[1].steps_run, 4);
+    ck_assert_msg(rows[1].seconds < 1000, "%g", rows[1].seconds);
+}
+END_TEST
+
 static Suite *ablate_suite(void) {
     Suite *s = suite_create("ablate");
     TCase *tc = tcase_create("ablate");
@@ -669,6 +725,7 @@ static Suite *ablate_suite(void) {
     tcase_add_test(tc, test_ablate_report_tokens_per_s_is_the_tables_figure);
     tcase_add_test(tc, test_ablate_resume_refuses_a_damaged_state_file);
     tcase_add_test(tc, test_ablate_state_file_survives_a_failed_rewrite);
+    tcase_add_test(tc, test_ablate_resume_after_a_kill_records_the_whole_run);
     suite_add_tcase(s, tc);
     return s;
 }

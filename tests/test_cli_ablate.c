@@ -253,6 +253,13 @@ START_TEST(test_cli_ablate_kill_9_then_resume_equals_an_uninterrupted_grid) {
     snprintf(p, sizeof p, "%s/kill/results.csv", dir);
     stable_csv(p, resumed, sizeof resumed);
     ck_assert_str_eq(resumed, whole);
+    // every row holds the whole run: run_000's steps_run counts the steps
+    // before the kill too (it was 0 when the resume found no step left)
+    const char *state = tu_file_text(dir, "kill/ablate.json");
+    int whole_runs = 0;
+    for (const char *q = state; (q = strstr(q, "\"steps_run\": 30,")) != NULL; q++)
+        whole_runs++;
+    ck_assert_msg(whole_runs == 3, "%s", state);
     for (int i = 0; i < 3; i++) {
         int s1, e1, s2, e2;
         char l1[64], l2[64];

@@ -102,6 +102,33 @@ START_TEST(test_cli_unknown_option_and_missing_value_are_refused) {
 }
 END_TEST
 
+// An unknown option that the help text names as another program's or
+// command's (mpirun --mca in train's, moe eval --dump-logits in export's) was
+// suggested as itself: "unknown option '--mca' (did you mean --mca? ...)".
+START_TEST(test_cli_unknown_option_is_not_suggested_as_itself) {
+    ck_assert_int_eq(run_moe("train " TINY " --mca x"), 2);
+    ck_assert_str_eq(err_text(), "moe train: unknown option '--mca' (see moe train --help)\n");
+    ck_assert_int_eq(run_moe("export ck --hf out --dump-logits=3"), 2);
+    ck_assert_str_eq(err_text(),
+                     "moe export: unknown option '--dump-logits=3' (see moe export --help)\n");
+    ck_assert_int_eq(run_moe("train " TINY " --stepz=3"), 2); // a near option still is
+    assert_one_line_error("train", "unknown option '--stepz=3' (did you mean --steps? ");
+}
+END_TEST
+
+// `moe help help` and `moe help --help` print the usage (exit 0), as `moe
+// help` does; they said "unknown command 'help'" (exit 2).
+START_TEST(test_cli_help_about_help_prints_the_usage) {
+    static const char *args[] = {"help help", "help --help", "help -h"};
+    for (size_t i = 0; i < sizeof args / sizeof *args; i++) {
+        ck_assert_msg(run_moe(args[i]) == 0, "%s: %s", args[i], err_text());
+        ck_assert_str_eq(err_text(), "");
+        ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "out.txt"), "usage: moe COMMAND"));
+    }
+    ck_assert_int_eq(run_moe("help nope"), 2);
+}
+END_TEST
+
 // moe prepare's usage errors say what was expected: did-you-mean for an
 // unknown option, the --doc values, what --tokenizer takes, an option where a
 // path belongs (no folder named --quiet), and validation advice that fits.
@@ -308,6 +335,8 @@ static Suite *cli_errors_suite(void) {
     tcase_add_test(tc, test_cli_option_given_twice_is_refused);
     tcase_add_test(tc, test_cli_extra_positional_is_refused);
     tcase_add_test(tc, test_cli_unknown_option_and_missing_value_are_refused);
+    tcase_add_test(tc, test_cli_unknown_option_is_not_suggested_as_itself);
+    tcase_add_test(tc, test_cli_help_about_help_prints_the_usage);
     tcase_add_test(tc, test_cli_prepare_messages_say_what_is_expected);
     tcase_add_test(tc, test_cli_non_finite_and_negative_numbers_are_refused);
     tcase_add_test(tc, test_cli_plan_placement_options_are_checked);

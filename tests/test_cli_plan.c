@@ -68,6 +68,21 @@ START_TEST(test_cli_plan_refuses_ranks_per_node_that_cannot_hold_the_ranks) {
 }
 END_TEST
 
+// The links are printed as given: 0.5 Gb/s showed as "0 Gb/s" and 0.05 us
+// as "0.0 us" (fixed decimals); the refusal of a value out of range names the
+// range, not only "finite numbers > 0" (1e13 is one).
+START_TEST(test_cli_plan_prints_the_links_as_given) {
+    ck_assert_int_eq(plan("--set parallel.ep=2 --link-gbps 0.5,0.25 --latency-us 0.05,1e-3"), 0);
+    ck_assert_msg(strstr(tu_file_text(dir, "out.txt"),
+                         "(links: intra 0.5 Gb/s 0.05 us, inter 0.25 Gb/s 0.001 us):\n") != NULL,
+                  "%s", tu_file_text(dir, "out.txt"));
+    ck_assert_int_eq(plan("--link-gbps 400,1e13"), 2);
+    assert_error("moe plan: --link-gbps needs INTRA,INTER, numbers in (0, 1e12]\n");
+    ck_assert_int_eq(plan("--latency-us 0,5"), 2);
+    assert_error("moe plan: --latency-us needs INTRA,INTER, numbers in (0, 1e12]\n");
+}
+END_TEST
+
 START_TEST(test_cli_plan_option_given_twice_says_only_that) {
     static const char *const cases[][2] = {
         {"--nodes 1 --nodes 2", "moe plan: --nodes given twice\n"},
@@ -113,6 +128,7 @@ static Suite *cli_plan_suite(void) {
     tcase_add_test(tc, test_cli_plan_takes_the_node_shape_from_comm_ranks_per_node);
     tcase_add_test(tc, test_cli_plan_refuses_ranks_per_node_that_cannot_hold_the_ranks);
     tcase_add_test(tc, test_cli_plan_option_given_twice_says_only_that);
+    tcase_add_test(tc, test_cli_plan_prints_the_links_as_given);
     tcase_add_test(tc, test_cli_plan_prints_placement_for_replicate_and_move);
     suite_add_tcase(s, tc);
     return s;

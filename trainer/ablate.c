@@ -16,6 +16,7 @@
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <stdbool.h>
@@ -291,19 +292,45 @@ static int check_grid(const moe_config *base, const moe_grid_axis *axes, int n_a
     return 0;
 }
 
-// A run --resume continues: its figures before the stop and after are one
-// run's when the resume started where the stop saved. (Its means cover the
-// whole run already unless its checkpoint predates the sums they need.)
-static void join_stopped(moe_ablate_row *r, const moe_ablate_row *prev,
-                         const moe_train_result *res) {
-    if (!prev || res->steps - res->steps_run != prev->steps) return;
-    const long s1 = prev->steps_run, s2 = r->steps_run, s = s1 + s2;
-    if (s > 0 && res->steps_summed < res->steps) {
-        r->drop_rate = (prev->drop_rate * s1 + r->drop_rate * s2) / s;
-        r->max_vio = (prev->max_vio * s1 + r->max_vio * s2) / s;
+// The training seconds a checkpoint folder's trainer_state.json records for
+// the steps before it (0 when it holds none: moe_train refuses it then).
+// Mapped, not json_load_file: a FIFO there would block.
+static double ckpt_train_seconds(const char *ck) {
+    char p[PATH_MAX + 32];
+    const void *text = NULL;
+    size_t len = 0;
+    if (snprintf(p, sizeof p, "%s/trainer_state.json", ck) >= (int)sizeof p ||
+        moe_map_regular(p, &text, &len) < 0 || !text)
+        return 0;
+    json_error_t jerr;
+    json_t *doc = json_loadb(text, len, 0, &jerr);
+    moe_unmap(text, len);
+    const json_t *v = json_object_get(doc, "train_seconds");
+    const double s = json_is_number(v) ? json_number_value(v) : 0;
+    json_decref(doc);
+    return isfinite(s) && s > 0 ? s : 0;
+}
+
+// A run --resume continues: its figures are the whole run's. The means and
+// steps_run come from the checkpoint's sums (moe_train_state), which cover
+// every step unless the checkpoint predates them; then the stopped row's
+// means are joined in when the resume started where it stopped. The seconds
+// before the resume are the stopped row's when it chains (whole calls, setup
+// and evaluation included), else the checkpoint's training seconds (a kill -9
+// left no row, or one older than the checkpoint).
+static void join_resumed(moe_ablate_row *r, const moe_ablate_row *prev, const moe_train_result *res,
+                         double ck_seconds) {
+    const bool chains = prev && res->steps - res->steps_run == prev->steps;
+    r->steps_run = res->steps_summed;
+    if (chains && res->steps_summed < res->steps) {
+        const long s1 = prev->steps_run, s2 = res->steps_summed, s = s1 + s2;
+        if (s > 0) {
+            r->drop_rate = (prev->drop_rate * s1 + r->drop_rate * s2) / s;
+            r->max_vio = (prev->max_vio * s1 + r->max_vio * s2) / s;
+        }
+        r->steps_run = s;
     }
-    r->steps_run = s;
-    r->seconds += prev->seconds;
+    r->seconds += chains ? prev->seconds : ck_seconds;
 }
 
 // Trains run i into dir; with resume, continues a run folder that holds a
@@ -321,6 +348,8 @@ static void train_run(moe_ablate_row *r, const moe_config *c, const char *dir, b
     if (log && from_ckpt) fprintf(log, " (resuming)");
     if (log && o.overwrite) fprintf(log, " (restarting: no checkpoint)");
     if (log) fprintf(log, " ..."), fflush(log);
+    // read before moe_train replaces the checkpoint
+    const double ck_seconds = from_ckpt ? ckpt_train_seconds(ck) : 0;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     moe_train_result res;
@@ -343,7 +372,7 @@ static void train_run(moe_ablate_row *r, const moe_config *c, const char *dir, b
     r->tokens_per_s = res.tokens_per_s;
     r->drop_rate = res.drop_rate;
     r->max_vio = res.max_vio;
-    join_stopped(r, from_ckpt ? prev : NULL, &res);
+    join_resumed(r, from_ckpt ? prev : NULL, &res, ck_seconds);
     if (res.interrupted) {
         r->stopped = 1;
         snprintf(r->error, sizeof r->error,

@@ -407,8 +407,8 @@ int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
         return 0;
     }
     fprintf(f,
-            "\nall-to-all per optimizer step per rank (links: intra %.0f Gb/s %.1f us, inter "
-            "%.0f Gb/s %.1f us):\n",
+            "\nall-to-all per optimizer step per rank (links: intra %g Gb/s %g us, inter "
+            "%g Gb/s %g us):\n",
             mc->gbps[0], mc->latency_us[0], mc->gbps[1], mc->latency_us[1]);
     fprintf(f, "  %-13s %8s %14s %10s %12s\n", "algorithm", "calls", "bytes", "messages",
             "est. time");

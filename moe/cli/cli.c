@@ -207,13 +207,18 @@ static int unknown_command(const char *name) {
 
 int moe_cli_option_error(const char *cmd, const char *arg, const char *help) {
     // The options a command takes are the "--name" words of its help text:
-    // one list, which cannot drift from what --help shows.
+    // one list, which cannot drift from what --help shows. The help also
+    // names other programs' and commands' options (mpirun --mca, moe eval
+    // --dump-logits): the word itself is no suggestion, since it was refused.
+    char word[64]; // "--stepz=3": the name alone is compared
+    snprintf(word, sizeof word, "%.*s", (int)strcspn(arg, "="), arg);
     const char *opts[64];
     char names[64][32];
     int n = 0;
     for (const char *p = help; (p = strstr(p, "--")) != NULL && n < 64;) {
         size_t len = 2 + strspn(p + 2, "abcdefghijklmnopqrstuvwxyz0123456789-");
-        if (len > 2 && len < sizeof names[0]) {
+        if (len > 2 && len < sizeof names[0] &&
+            (strlen(word) != len || strncmp(p, word, len) != 0)) {
             snprintf(names[n], sizeof names[0], "%.*s", (int)len, p);
             opts[n] = names[n];
             bool dup = false;
@@ -223,8 +228,6 @@ int moe_cli_option_error(const char *cmd, const char *arg, const char *help) {
         }
         p += len;
     }
-    char word[64]; // "--stepz=3": the name alone is compared
-    snprintf(word, sizeof word, "%.*s", (int)strcspn(arg, "="), arg);
     const char *best = moe_nearest(word, opts, n);
     char hint[64] = "";
     if (best) snprintf(hint, sizeof hint, "did you mean %s? ", best);
@@ -293,7 +296,11 @@ int moe_cli_main(int argc, char **argv) {
     }
     const char *cmd = argv[1];
     if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h") || !strcmp(cmd, "help")) {
-        if (argc > 2 && strcmp(cmd, "help") == 0) { // `moe help route` = `moe route --help`
+        // `moe help route` = `moe route --help`; `moe help help` and `moe help
+        // --help` ask for this usage, as `moe help` does
+        const bool about_help = argc > 2 && (!strcmp(argv[2], "help") ||
+                                             !strcmp(argv[2], "--help") || !strcmp(argv[2], "-h"));
+        if (argc > 2 && strcmp(cmd, "help") == 0 && !about_help) {
             const command *c = find_command(argv[2]);
             if (!c) return unknown_command(argv[2]);
             char *help_argv[] = {argv[2], "--help", NULL};

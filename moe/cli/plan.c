@@ -26,7 +26,7 @@ static const char *help =
     "the hot experts in placement.slots_per_rank slots (move: homes swapped first),\n"
     "max/mean and bytes. A refused plan prints nothing (exit 2).\n";
 
-// "A,B": two finite numbers > 0.
+// "A,B": two numbers in (0, 1e12].
 static int pair(const char *v, double *out) {
     const char *comma = strchr(v, ',');
     if (!comma || (size_t)(comma - v) >= 64) return -1;
@@ -80,13 +80,13 @@ int moe_cli_plan(int argc, char **argv) {
                 code = moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
             else if (pair(gbps_s, mc.gbps))
                 code = moe_cli_fail("plan", MOE_EXIT_USAGE,
-                                    "--link-gbps needs INTRA,INTER, finite numbers > 0");
+                                    "--link-gbps needs INTRA,INTER, numbers in (0, 1e12]");
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--latency-us", &lat_s)) != 0) {
             if (m < 0)
                 code = moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());
             else if (pair(lat_s, mc.latency_us))
                 code = moe_cli_fail("plan", MOE_EXIT_USAGE,
-                                    "--latency-us needs INTRA,INTER, finite numbers > 0");
+                                    "--latency-us needs INTRA,INTER, numbers in (0, 1e12]");
         } else if ((m = moe_cli_opt_once(argc, argv, &i, "--skew", &skew_s)) != 0) {
             if (m < 0)
                 code = moe_cli_fail("plan", MOE_EXIT_USAGE, "%s", moe_last_error());

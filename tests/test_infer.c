@@ -572,6 +572,25 @@ static void set_lonely_group_shares(json_t *doc) {
     }
 }
 
+// Greedy and sampled answers to the 3 prompts, and the last logits, of a
+// budget load equal those of a full load routed with the same experts left out.
+static void expect_same_answers(moe_infer *bud, moe_infer *full, const int32_t *const *pr,
+                                const int *np, double budget) {
+    for (int sampled = 0; sampled < 2; sampled++) {
+        moe_gen_opts g = {.max_new = 12, .stop = -1};
+        if (sampled) g.temperature = 0.9, g.top_k = 30, g.seed = 5;
+        int32_t a[36], b[36];
+        int na[3], nb[3];
+        moe_gen_stats st;
+        ck_assert_msg(moe_generate(bud, 3, pr, np, &g, a, na, &st) == 0, "budget %g: %s", budget,
+                      moe_last_error());
+        ck_assert_int_eq(moe_generate(full, 3, pr, np, &g, b, nb, &st), 0);
+        ck_assert_int_eq(memcmp(na, nb, sizeof na), 0);
+        ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
+        ck_assert_int_eq(memcmp(bud->logits, full->logits, sizeof(float) * bud->V), 0);
+    }
+}
+
 // Group-limited routing (4 groups of 2 experts, one group a token, top-2)
 // under --expert-budget: every routed expert is loaded and within one group,
 // and the tokens and logits are those of a full load routed with the same
@@ -643,19 +662,7 @@ START_TEST(test_expert_budget_with_group_limited_routing_routes_to_loaded_expert
                 }
             }
         }
-        for (int sampled = 0; sampled < 2; sampled++) {
-            moe_gen_opts g = {.max_new = 12, .stop = -1};
-            if (sampled) g.temperature = 0.9, g.top_k = 30, g.seed = 5;
-            int32_t a[36], b[36];
-            int na[3], nb[3];
-            moe_gen_stats st;
-            ck_assert_msg(moe_generate(&bud, 3, pr, np, &g, a, na, &st) == 0, "budget %g: %s",
-                          budgets[bi], moe_last_error());
-            ck_assert_int_eq(moe_generate(&full, 3, pr, np, &g, b, nb, &st), 0);
-            ck_assert_int_eq(memcmp(na, nb, sizeof na), 0);
-            ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
-            ck_assert_int_eq(memcmp(bud.logits, full.logits, sizeof(float) * bud.V), 0);
-        }
+        expect_same_answers(&bud, &full, pr, np, budgets[bi]);
         moe_infer_free(&bud);
         moe_infer_free(&full);
     }
@@ -715,19 +722,7 @@ START_TEST(test_expert_budget_on_expert_choice_model_routes_to_loaded_experts) {
                                   "budget %g layer %d token %d: expert %d not loaded", budgets[bi],
                                   l, t, e);
                 }
-        for (int sampled = 0; sampled < 2; sampled++) {
-            moe_gen_opts g = {.max_new = 12, .stop = -1};
-            if (sampled) g.temperature = 0.9, g.top_k = 30, g.seed = 5;
-            int32_t a[36], b[36];
-            int na[3], nb[3];
-            moe_gen_stats st;
-            ck_assert_msg(moe_generate(&bud, 3, pr, np, &g, a, na, &st) == 0, "budget %g: %s",
-                          budgets[bi], moe_last_error());
-            ck_assert_int_eq(moe_generate(&full, 3, pr, np, &g, b, nb, &st), 0);
-            ck_assert_int_eq(memcmp(na, nb, sizeof na), 0);
-            ck_assert_int_eq(memcmp(a, b, sizeof a), 0);
-            ck_assert_int_eq(memcmp(bud.logits, full.logits, sizeof(float) * bud.V), 0);
-        }
+        expect_same_answers(&bud, &full, pr, np, budgets[bi]);
         moe_infer_free(&bud);
         moe_infer_free(&full);
     }

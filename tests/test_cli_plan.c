@@ -119,6 +119,27 @@ START_TEST(test_cli_plan_prints_placement_for_replicate_and_move) {
 }
 END_TEST
 
+// Counts of one read in the singular: the header said "1 node x 1 ranks = 1
+// ranks", the all-to-all "a token's 1 choices reach".
+START_TEST(test_cli_plan_counts_of_one_are_singular) {
+    ck_assert_int_eq(plan(""), 0);
+    const char *out = tu_file_text(dir, "out.txt");
+    const char *head = "plan: 1 node x 1 rank = 1 rank; expert parallel 1 x data parallel 1\n";
+    ck_assert_msg(!strncmp(out, head, strlen(head)), "%s", out);
+    ck_assert_int_eq(plan("--set parallel.ep=2 --set router.top_k=1 --nodes 2 --ranks-per-node 1"),
+                     0);
+    out = tu_file_text(dir, "out.txt");
+    head = "plan: 2 nodes x 1 rank = 2 ranks; expert parallel 2 x data parallel 1\n";
+    ck_assert_msg(!strncmp(out, head, strlen(head)), "%s", out);
+    ck_assert_msg(strstr(out, "a token's 1 choice reaches 0.50 other nodes") != NULL, "%s", out);
+    ck_assert_int_eq(plan("--set parallel.ep=4 --nodes 2 --ranks-per-node 2"), 0);
+    out = tu_file_text(dir, "out.txt");
+    head = "plan: 2 nodes x 2 ranks = 4 ranks; expert parallel 4 x data parallel 1\n";
+    ck_assert_msg(!strncmp(out, head, strlen(head)), "%s", out);
+    ck_assert_msg(strstr(out, "a token's 2 choices reach ") != NULL, "%s", out);
+}
+END_TEST
+
 static Suite *cli_plan_suite(void) {
     Suite *s = suite_create("cli_plan");
     TCase *tc = tcase_create("cli_plan");
@@ -130,6 +151,7 @@ static Suite *cli_plan_suite(void) {
     tcase_add_test(tc, test_cli_plan_option_given_twice_says_only_that);
     tcase_add_test(tc, test_cli_plan_prints_the_links_as_given);
     tcase_add_test(tc, test_cli_plan_prints_placement_for_replicate_and_move);
+    tcase_add_test(tc, test_cli_plan_counts_of_one_are_singular);
     suite_add_tcase(s, tc);
     return s;
 }

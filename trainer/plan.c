@@ -23,6 +23,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+// "s" after a count other than 1: "1 rank", "2 ranks".
+static const char *plural(long n) {
+    return n == 1 ? "" : "s";
+}
+
 // placement.mode = replicate | move: per MoE layer the table, the replicas' weights
 // and gradients, the dispatch scratch (trainer/placement.c's allocations);
 // the load EMA and the step's load; and the staging of the replica gradients at its largest,
@@ -380,9 +385,9 @@ int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
     moe_mem_plan m;
     MOE_TRY(plan_memory(cfg, mc->world, 0, mc->ranks_per_node, &m));
     const int ep = cfg->parallel.ep;
-    fprintf(f, "plan: %d node%s x %d ranks = %d ranks; expert parallel %d x data parallel %d\n",
-            mc->nodes, mc->nodes == 1 ? "" : "s", mc->ranks_per_node, mc->world, ep,
-            mc->world / ep);
+    fprintf(f, "plan: %d node%s x %d rank%s = %d rank%s; expert parallel %d x data parallel %d\n",
+            mc->nodes, plural(mc->nodes), mc->ranks_per_node, plural(mc->ranks_per_node), mc->world,
+            plural(mc->world), ep, mc->world / ep);
     fprintf(f, "\nmemory per rank (every rank the same), MiB:\n");
     fprintf(f, "  %-34s %10.2f  (%zu parameters)\n", "parameters", mib(m.params), m.n_params);
     fprintf(f, "  %-34s %10.2f\n", "gradients", mib(m.grads));
@@ -390,7 +395,7 @@ int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
     if (!strcmp(cfg->train.device, "cpu")) // its attention scratch has one slot per thread
         fprintf(f, "  %-34s %10.2f  (attention scratch for %d CPU thread%s: this machine's)\n",
                 "activations (dense)", mib(m.activations), moe_cpu_threads(),
-                moe_cpu_threads() == 1 ? "" : "s");
+                plural(moe_cpu_threads()));
     else
         fprintf(f, "  %-34s %10.2f\n", "activations (dense)", mib(m.activations));
     fprintf(f, "  %-34s %10.2f\n", "MoE routing and expert buffers", mib(m.moe));
@@ -440,19 +445,20 @@ int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
     if (a.node_dedup) {
         fprintf(f,
                 "  comm.node_dedup: the rows to the experts and the combine's gradients cross "
-                "nodes once\n  per token and node (a token's %d choices reach %.2f other "
+                "nodes once\n  per token and node (a token's %d choice%s reach%s %.2f other "
                 "nodes, balanced routing),\n  with an index; the return paths stay one row "
                 "per choice (%.2f per token)\n",
-                cfg->router.top_k, a.remote_nodes, cfg->router.top_k * (a.nodes - 1.0) / a.nodes);
+                cfg->router.top_k, plural(cfg->router.top_k), cfg->router.top_k == 1 ? "es" : "",
+                a.remote_nodes, cfg->router.top_k * (a.nodes - 1.0) / a.nodes);
         return 0;
     }
     fprintf(f,
-            "  balanced routing: a token's %d choices reach %.2f other nodes; one copy per token "
-            "and node\n  (DeepSeek-V3 dispatch) would send %ld bytes across nodes; this "
+            "  balanced routing: a token's %d choice%s reach%s %.2f other nodes; one copy per "
+            "token and node\n  (DeepSeek-V3 dispatch) would send %ld bytes across nodes; this "
             "exchange sends one row\n  per choice to other nodes (%.2f per token, whatever "
             "the groups; comm.node_dedup sends one)\n",
-            cfg->router.top_k, a.remote_nodes, a.bytes_inter_node_copy,
-            cfg->router.top_k * (a.nodes - 1.0) / a.nodes);
+            cfg->router.top_k, plural(cfg->router.top_k), cfg->router.top_k == 1 ? "es" : "",
+            a.remote_nodes, a.bytes_inter_node_copy, cfg->router.top_k * (a.nodes - 1.0) / a.nodes);
     return 0;
 }
 
@@ -584,8 +590,8 @@ int moe_plan_placement_print(const moe_config *cfg, double skew, const double *l
             "  %-6s %13.1f%% %13.1f%%   (a replicated expert's capacity grows with its "
             "holders)\n",
             "drops", 100 * pp.drop_rate[0], 100 * pp.drop_rate[1]);
-    fprintf(f, "  %d slots per rank, %d replicas, %d experts moved home\n", pp.S, pp.replicas,
-            pp.moved);
+    fprintf(f, "  %d slot%s per rank, %d replica%s, %d expert%s moved home\n", pp.S, plural(pp.S),
+            pp.replicas, plural(pp.replicas), pp.moved, plural(pp.moved));
     return 0;
 }
 

@@ -88,8 +88,8 @@ static int plan_memory(const moe_config *cfg, int world, int rank, int ranks_per
     MOE_TRY(moe_config_check(cfg, NULL));
     const int ep = cfg->parallel.ep, B = cfg->train.batch_size, T = cfg->model.seq_len;
     if (world < 1 || world % ep || rank < 0 || rank >= world)
-        return moe_fail(MOE_EINVAL, "plan: %d ranks cannot hold expert-parallel groups of %d",
-                        world, ep);
+        return moe_fail(MOE_EINVAL, "plan: %d rank%s cannot hold expert-parallel groups of %d",
+                        world, plural(world), ep);
     char names[MOE_MAX_TASKS][MOE_NAME_MAX];
     int n_tasks = moe_config_task_names(cfg, names);
     moe_model_mem mm;
@@ -260,8 +260,8 @@ int moe_plan_a2a(const moe_config *cfg, const moe_machine *mc, moe_a2a_algo algo
     memset(out, 0, sizeof *out);
     const int P = cfg->parallel.ep, G0 = mc->ranks_per_node;
     if (mc->world % P)
-        return moe_fail(MOE_EINVAL, "plan: parallel.ep = %d does not divide %d ranks", P,
-                        mc->world);
+        return moe_fail(MOE_EINVAL, "plan: parallel.ep = %d does not divide %d rank%s", P,
+                        mc->world, plural(mc->world));
     // Nodes as the EP group (P consecutive ranks) sees them.
     int G = P <= G0 ? (G0 % P == 0 ? P : 1) : (P % G0 == 0 ? G0 : 1);
     const long tokens = (long)cfg->train.batch_size * cfg->model.seq_len;
@@ -607,6 +607,19 @@ int moe_plan_machine(const moe_config *cfg, int nodes, int ranks_per_node, moe_m
         nodes = 1, g = ep;
     } else if (nodes <= 0 && ranks_per_node > 0) { // one node of the ranks given
         nodes = 1;
+        if (g % ep) {          // the smallest number of such nodes whose ranks the groups fill
+            int a = ep, b = g; // gcd(ep, g), Euclid: nodes * g is a multiple of ep
+            while (b) {
+                const int r = a % b;
+                a = b;
+                b = r;
+            }
+            const long long n = ep / a;
+            return moe_fail(MOE_EINVAL,
+                            "plan: %d rank%s (one node of --ranks-per-node %d) cannot hold "
+                            "expert-parallel groups of %d: give --nodes %lld for %lld ranks",
+                            g, plural(g), g, ep, n, n * g);
+        }
     } else if (nodes <= 0) { // parallel.ep ranks in the config's nodes
         if (ep % g)
             return moe_fail(MOE_EINVAL,

@@ -129,6 +129,31 @@ START_TEST(test_cli_help_about_help_prints_the_usage) {
 }
 END_TEST
 
+// --help (-h) wins over whatever else the line holds, in every command as in
+// `moe help CMD extra` and `moe --help extra`: the command's help on stdout,
+// nothing on stderr, exit 0. moe route said "unknown argument 'extra'" (exit 2)
+// and eval, export, prepare, plan, ablate and report refused an unknown option
+// before a --help.
+START_TEST(test_cli_help_wins_over_the_rest_of_the_line) {
+    static const char *cmds[] = {"train", "eval", "generate", "export", "prepare",
+                                 "route", "plan", "ablate",   "report"};
+    static const char *forms[] = {"%s --help extra", "%s -h --bogus", "%s --bogus --help",
+                                  "%s extra --help", "help %s extra"};
+    for (size_t c = 0; c < sizeof cmds / sizeof *cmds; c++)
+        for (size_t f = 0; f < sizeof forms / sizeof *forms; f++) {
+            char args[64], usage[64];
+            snprintf(args, sizeof args, forms[f], cmds[c]);
+            snprintf(usage, sizeof usage, "usage: moe %s ", cmds[c]);
+            ck_assert_msg(run_moe(args) == 0, "moe %s: %s", args, err_text());
+            ck_assert_str_eq(err_text(), "");
+            ck_assert_msg(!strncmp(tu_file_text(dir, "out.txt"), usage, strlen(usage)),
+                          "moe %s printed '%.80s'", args, tu_file_text(dir, "out.txt"));
+        }
+    ck_assert_int_eq(run_moe("--help extra"), 0);
+    ck_assert_ptr_nonnull(strstr(tu_file_text(dir, "out.txt"), "usage: moe COMMAND"));
+}
+END_TEST
+
 // moe prepare's usage errors say what was expected: did-you-mean for an
 // unknown option, the --doc values, what --tokenizer takes, an option where a
 // path belongs (no folder named --quiet), and validation advice that fits.
@@ -337,6 +362,7 @@ static Suite *cli_errors_suite(void) {
     tcase_add_test(tc, test_cli_unknown_option_and_missing_value_are_refused);
     tcase_add_test(tc, test_cli_unknown_option_is_not_suggested_as_itself);
     tcase_add_test(tc, test_cli_help_about_help_prints_the_usage);
+    tcase_add_test(tc, test_cli_help_wins_over_the_rest_of_the_line);
     tcase_add_test(tc, test_cli_prepare_messages_say_what_is_expected);
     tcase_add_test(tc, test_cli_non_finite_and_negative_numbers_are_refused);
     tcase_add_test(tc, test_cli_plan_placement_options_are_checked);

@@ -35,8 +35,28 @@ END_TEST
 
 START_TEST(test_cli_plan_library_refusal_is_named_once) {
     // 3 ranks cannot hold groups of parallel.ep = 2
-    ck_assert_int_eq(plan("--set parallel.ep=2 --ranks-per-node 3"), 2);
+    ck_assert_int_eq(plan("--set parallel.ep=2 --ranks-per-node 3 --nodes 1"), 2);
     assert_error("moe plan: 3 ranks cannot hold expert-parallel groups of 2\n");
+    ck_assert_int_eq(plan("--set parallel.ep=2 --ranks-per-node 1 --nodes 1"), 2);
+    assert_error("moe plan: 1 rank cannot hold expert-parallel groups of 2\n");
+}
+END_TEST
+
+// --ranks-per-node without --nodes is one node of those ranks: a refusal names
+// the --nodes that fits, the fewest nodes whose ranks the EP groups fill.
+START_TEST(test_cli_plan_one_node_too_small_names_the_nodes_that_fit) {
+    ck_assert_int_eq(plan("--set parallel.ep=8 --ranks-per-node 4"), 2);
+    assert_error("moe plan: 4 ranks (one node of --ranks-per-node 4) cannot hold expert-parallel "
+                 "groups of 8: give --nodes 2 for 8 ranks\n");
+    ck_assert_int_eq(plan("--set parallel.ep=2 --ranks-per-node 3"), 2);
+    assert_error("moe plan: 3 ranks (one node of --ranks-per-node 3) cannot hold expert-parallel "
+                 "groups of 2: give --nodes 2 for 6 ranks\n");
+    ck_assert_int_eq(plan("--set parallel.ep=4 --ranks-per-node 6"), 2); // 2 x 6 = 3 groups
+    assert_error("moe plan: 6 ranks (one node of --ranks-per-node 6) cannot hold expert-parallel "
+                 "groups of 4: give --nodes 2 for 12 ranks\n");
+    ck_assert_int_eq(plan("--set parallel.ep=8 --ranks-per-node 4 --nodes 2"), 0); // as advised
+    const char *out = tu_file_text(dir, "out.txt");
+    ck_assert_msg(strstr(out, "plan: 2 nodes x 4 ranks = 8 ranks") != NULL, "%s", out);
 }
 END_TEST
 
@@ -119,17 +139,40 @@ START_TEST(test_cli_plan_prints_placement_for_replicate_and_move) {
 }
 END_TEST
 
+// Counts of one read in the singular: the header said "1 node x 1 ranks = 1
+// ranks", the all-to-all "a token's 1 choices reach".
+START_TEST(test_cli_plan_counts_of_one_are_singular) {
+    ck_assert_int_eq(plan(""), 0);
+    const char *out = tu_file_text(dir, "out.txt");
+    const char *head = "plan: 1 node x 1 rank = 1 rank; expert parallel 1 x data parallel 1\n";
+    ck_assert_msg(!strncmp(out, head, strlen(head)), "%s", out);
+    ck_assert_int_eq(plan("--set parallel.ep=2 --set router.top_k=1 --nodes 2 --ranks-per-node 1"),
+                     0);
+    out = tu_file_text(dir, "out.txt");
+    head = "plan: 2 nodes x 1 rank = 2 ranks; expert parallel 2 x data parallel 1\n";
+    ck_assert_msg(!strncmp(out, head, strlen(head)), "%s", out);
+    ck_assert_msg(strstr(out, "a token's 1 choice reaches 0.50 other nodes") != NULL, "%s", out);
+    ck_assert_int_eq(plan("--set parallel.ep=4 --nodes 2 --ranks-per-node 2"), 0);
+    out = tu_file_text(dir, "out.txt");
+    head = "plan: 2 nodes x 2 ranks = 4 ranks; expert parallel 4 x data parallel 1\n";
+    ck_assert_msg(!strncmp(out, head, strlen(head)), "%s", out);
+    ck_assert_msg(strstr(out, "a token's 2 choices reach ") != NULL, "%s", out);
+}
+END_TEST
+
 static Suite *cli_plan_suite(void) {
     Suite *s = suite_create("cli_plan");
     TCase *tc = tcase_create("cli_plan");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_cli_plan_zero_load_is_refused_before_printing_for_every_ep);
     tcase_add_test(tc, test_cli_plan_library_refusal_is_named_once);
+    tcase_add_test(tc, test_cli_plan_one_node_too_small_names_the_nodes_that_fit);
     tcase_add_test(tc, test_cli_plan_takes_the_node_shape_from_comm_ranks_per_node);
     tcase_add_test(tc, test_cli_plan_refuses_ranks_per_node_that_cannot_hold_the_ranks);
     tcase_add_test(tc, test_cli_plan_option_given_twice_says_only_that);
     tcase_add_test(tc, test_cli_plan_prints_the_links_as_given);
     tcase_add_test(tc, test_cli_plan_prints_placement_for_replicate_and_move);
+    tcase_add_test(tc, test_cli_plan_counts_of_one_are_singular);
     suite_add_tcase(s, tc);
     return s;
 }

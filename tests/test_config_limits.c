@@ -463,6 +463,31 @@ START_TEST(test_sizes_overflowing_int_are_refused_before_allocation) {
 }
 END_TEST
 
+// A product the file allows, pushed past the limit by a --set, is named at that
+// --set (the file's line is not at fault); of several --sets, the last one.
+START_TEST(test_overflowing_product_names_the_last_set_factor) {
+    const char *p = tu_in_dir("cfg.json");
+    FILE *f = fopen(p, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("{\"model\": {\"seq_len\": 64, \"d_ff\": 256}}", f);
+    fclose(f);
+    moe_config c;
+    moe_config_default(&c);
+    moe_config_src *src = moe_config_src_new();
+    ck_assert_int_eq(moe_config_load(&c, src, p), 0);
+    ck_assert_int_eq(moe_config_check(&c, src), 0);
+    ck_assert_int_eq(moe_config_set(&c, src, "model.d_ff=16384"), 0);
+    ck_assert_int_eq(moe_config_set(&c, src, "train.batch_size=100000"), 0);
+    ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL);
+    assert_msg_has("--set train.batch_size: model.seq_len * train.batch_size * 2 * model.d_ff");
+    // set again in the other order: the later --set is named
+    ck_assert_int_eq(moe_config_set(&c, src, "model.d_ff=16384"), 0);
+    ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL);
+    assert_msg_has("--set model.d_ff: model.seq_len * train.batch_size * 2 * model.d_ff");
+    moe_config_src_free(src);
+}
+END_TEST
+
 // Readers of a checkpoint size their arrays by its config.json: an edited
 // config with a zero divisor or an overflowing product is refused on load.
 START_TEST(test_checkpoint_config_is_range_and_size_checked) {
@@ -532,6 +557,7 @@ static Suite *limits_suite(void) {
     tcase_add_test(tc, test_empty_list_items_are_errors);
     tcase_add_test(tc, test_grid_values_refuse_empty_and_unpaired);
     tcase_add_test(tc, test_sizes_overflowing_int_are_refused_before_allocation);
+    tcase_add_test(tc, test_overflowing_product_names_the_last_set_factor);
     tcase_add_test(tc, test_checkpoint_config_is_range_and_size_checked);
     tcase_add_test(tc, test_random_text_for_every_key_is_taken_or_refused);
     suite_add_tcase(s, tc);

@@ -251,9 +251,13 @@ static char *xprintf(const char *fmt, ...) {
     return s;
 }
 
-// Where each key was set (allocated: paths have any length), indexed like keys[].
+// Where each key was set (allocated: paths have any length), indexed like keys[],
+// and when: order[i] counts the keys noted before it (0: never set), so checks of
+// several keys can name the one a later --set changed over the file's.
 struct moe_config_src {
     char *where[N_KEYS];
+    unsigned order[N_KEYS];
+    unsigned n_noted;
 };
 
 static const key_def *find_key_n(const char *key, size_t len) {
@@ -286,6 +290,7 @@ static void src_note(moe_config_src *src, const key_def *k, char *where) {
     }
     free(src->where[k - keys]);
     src->where[k - keys] = where ? where : xprintf("config");
+    src->order[k - keys] = ++src->n_noted;
 }
 
 // "file:line:col" or "--set key" or "default" for error messages.
@@ -862,6 +867,11 @@ int moe_config_check_keys(const moe_config *c, const moe_config_src *src) {
 
 const char *moe_config_where(const moe_config_src *src, const char *key) {
     return src_where(src, key);
+}
+
+unsigned moe_config_order(const moe_config_src *src, const char *key) {
+    const key_def *k = find_key(key);
+    return src && k && src->where[k - keys] ? src->order[k - keys] : 0;
 }
 
 void moe_config_src_mark(moe_config_src *src, const char *key, const char *where) {

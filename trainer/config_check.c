@@ -103,8 +103,10 @@ typedef struct {
 } factor;
 
 // Checks that the product of n factors is at most limit, in int64 with
-// overflow detection; the message names every factor and where the first
-// of them that a file or --set gave was set.
+// overflow detection; the message names every factor and where the one set
+// last on the command line (--set, --grid) was set: that is what pushed a
+// product the file allowed past the limit. Without one, the first factor
+// the file gave.
 static int product_max(const moe_config_src *src, int64_t limit, const char *why, int n,
                        const factor *f) {
     int64_t p = 1;
@@ -114,11 +116,18 @@ static int product_max(const moe_config_src *src, int64_t limit, const char *why
     if (!over && p <= limit) return 0;
     char names[256] = "", value[32]; // key names and numbers: bounded
     const char *where = "config";
+    unsigned last = 0;
     for (int i = 0; i < n; i++) {
         size_t used = strlen(names);
         snprintf(names + used, sizeof names - used, "%s%s", i ? " * " : "", f[i].name);
-        if (!strcmp(where, "config") && strcmp(moe_config_where(src, f[i].name), "default"))
-            where = moe_config_where(src, f[i].name);
+        const char *w = moe_config_where(src, f[i].name);
+        unsigned order = moe_config_order(src, f[i].name);
+        if (!strncmp(w, "--", 2) && order > last) {
+            where = w;
+            last = order;
+        } else if (!last && !strcmp(where, "config") && strcmp(w, "default")) {
+            where = w;
+        }
     }
     if (over)
         snprintf(value, sizeof value, "more than 2^63");

@@ -23,6 +23,11 @@
 #include <string.h>
 #include <sys/stat.h>
 
+// "s" after a count other than 1: "1 rank", "2 ranks".
+static const char *plural(long n) {
+    return n == 1 ? "" : "s";
+}
+
 // placement.mode = replicate | move: per MoE layer the table, the replicas' weights
 // and gradients, the dispatch scratch (trainer/placement.c's allocations);
 // the load EMA and the step's load; and the staging of the replica gradients at its largest,
@@ -83,8 +88,8 @@ static int plan_memory(const moe_config *cfg, int world, int rank, int ranks_per
     MOE_TRY(moe_config_check(cfg, NULL));
     const int ep = cfg->parallel.ep, B = cfg->train.batch_size, T = cfg->model.seq_len;
     if (world < 1 || world % ep || rank < 0 || rank >= world)
-        return moe_fail(MOE_EINVAL, "plan: %d ranks cannot hold expert-parallel groups of %d",
-                        world, ep);
+        return moe_fail(MOE_EINVAL, "plan: %d rank%s cannot hold expert-parallel groups of %d",
+                        world, plural(world), ep);
     char names[MOE_MAX_TASKS][MOE_NAME_MAX];
     int n_tasks = moe_config_task_names(cfg, names);
     moe_model_mem mm;
@@ -255,8 +260,8 @@ int moe_plan_a2a(const moe_config *cfg, const moe_machine *mc, moe_a2a_algo algo
     memset(out, 0, sizeof *out);
     const int P = cfg->parallel.ep, G0 = mc->ranks_per_node;
     if (mc->world % P)
-        return moe_fail(MOE_EINVAL, "plan: parallel.ep = %d does not divide %d ranks", P,
-                        mc->world);
+        return moe_fail(MOE_EINVAL, "plan: parallel.ep = %d does not divide %d rank%s", P,
+                        mc->world, plural(mc->world));
     // Nodes as the EP group (P consecutive ranks) sees them.
     int G = P <= G0 ? (G0 % P == 0 ? P : 1) : (P % G0 == 0 ? G0 : 1);
     const long tokens = (long)cfg->train.batch_size * cfg->model.seq_len;
@@ -380,9 +385,9 @@ int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
     moe_mem_plan m;
     MOE_TRY(plan_memory(cfg, mc->world, 0, mc->ranks_per_node, &m));
     const int ep = cfg->parallel.ep;
-    fprintf(f, "plan: %d node%s x %d ranks = %d ranks; expert parallel %d x data parallel %d\n",
-            mc->nodes, mc->nodes == 1 ? "" : "s", mc->ranks_per_node, mc->world, ep,
-            mc->world / ep);
+    fprintf(f, "plan: %d node%s x %d rank%s = %d rank%s; expert parallel %d x data parallel %d\n",
+            mc->nodes, plural(mc->nodes), mc->ranks_per_node, plural(mc->ranks_per_node), mc->world,
+            plural(mc->world), ep, mc->world / ep);
     fprintf(f, "\nmemory per rank (every rank the same), MiB:\n");
     fprintf(f, "  %-34s %10.2f  (%zu parameters)\n", "parameters", mib(m.params), m.n_params);
     fprintf(f, "  %-34s %10.2f\n", "gradients", mib(m.grads));
@@ -390,7 +395,7 @@ int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
     if (!strcmp(cfg->train.device, "cpu")) // its attention scratch has one slot per thread
         fprintf(f, "  %-34s %10.2f  (attention scratch for %d CPU thread%s: this machine's)\n",
                 "activations (dense)", mib(m.activations), moe_cpu_threads(),
-                moe_cpu_threads() == 1 ? "" : "s");
+                plural(moe_cpu_threads()));
     else
         fprintf(f, "  %-34s %10.2f\n", "activations (dense)", mib(m.activations));
     fprintf(f, "  %-34s %10.2f\n", "MoE routing and expert buffers", mib(m.moe));
@@ -440,19 +445,20 @@ int moe_plan_print(const moe_config *cfg, const moe_machine *mc, FILE *f) {
     if (a.node_dedup) {
         fprintf(f,
                 "  comm.node_dedup: the rows to the experts and the combine's gradients cross "
-                "nodes once\n  per token and node (a token's %d choices reach %.2f other "
+                "nodes once\n  per token and node (a token's %d choice%s reach%s %.2f other "
                 "nodes, balanced routing),\n  with an index; the return paths stay one row "
                 "per choice (%.2f per token)\n",
-                cfg->router.top_k, a.remote_nodes, cfg->router.top_k * (a.nodes - 1.0) / a.nodes);
+                cfg->router.top_k, plural(cfg->router.top_k), cfg->router.top_k == 1 ? "es" : "",
+                a.remote_nodes, cfg->router.top_k * (a.nodes - 1.0) / a.nodes);
         return 0;
     }
     fprintf(f,
-            "  balanced routing: a token's %d choices reach %.2f other nodes; one copy per token "
-            "and node\n  (DeepSeek-V3 dispatch) would send %ld bytes across nodes; this "
+            "  balanced routing: a token's %d choice%s reach%s %.2f other nodes; one copy per "
+            "token and node\n  (DeepSeek-V3 dispatch) would send %ld bytes across nodes; this "
             "exchange sends one row\n  per choice to other nodes (%.2f per token, whatever "
             "the groups; comm.node_dedup sends one)\n",
-            cfg->router.top_k, a.remote_nodes, a.bytes_inter_node_copy,
-            cfg->router.top_k * (a.nodes - 1.0) / a.nodes);
+            cfg->router.top_k, plural(cfg->router.top_k), cfg->router.top_k == 1 ? "es" : "",
+            a.remote_nodes, a.bytes_inter_node_copy, cfg->router.top_k * (a.nodes - 1.0) / a.nodes);
     return 0;
 }
 
@@ -584,8 +590,8 @@ int moe_plan_placement_print(const moe_config *cfg, double skew, const double *l
             "  %-6s %13.1f%% %13.1f%%   (a replicated expert's capacity grows with its "
             "holders)\n",
             "drops", 100 * pp.drop_rate[0], 100 * pp.drop_rate[1]);
-    fprintf(f, "  %d slots per rank, %d replicas, %d experts moved home\n", pp.S, pp.replicas,
-            pp.moved);
+    fprintf(f, "  %d slot%s per rank, %d replica%s, %d expert%s moved home\n", pp.S, plural(pp.S),
+            pp.replicas, plural(pp.replicas), pp.moved, plural(pp.moved));
     return 0;
 }
 
@@ -601,6 +607,19 @@ int moe_plan_machine(const moe_config *cfg, int nodes, int ranks_per_node, moe_m
         nodes = 1, g = ep;
     } else if (nodes <= 0 && ranks_per_node > 0) { // one node of the ranks given
         nodes = 1;
+        if (g % ep) {          // the smallest number of such nodes whose ranks the groups fill
+            int a = ep, b = g; // gcd(ep, g), Euclid: nodes * g is a multiple of ep
+            while (b) {
+                const int r = a % b;
+                a = b;
+                b = r;
+            }
+            const long long n = ep / a;
+            return moe_fail(MOE_EINVAL,
+                            "plan: %d rank%s (one node of --ranks-per-node %d) cannot hold "
+                            "expert-parallel groups of %d: give --nodes %lld for %lld ranks",
+                            g, plural(g), g, ep, n, n * g);
+        }
     } else if (nodes <= 0) { // parallel.ep ranks in the config's nodes
         if (ep % g)
             return moe_fail(MOE_EINVAL,

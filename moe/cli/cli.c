@@ -320,11 +320,21 @@ int moe_cli_main(int argc, char **argv) {
     }
     const command *c = find_command(cmd);
     if (!c) return unknown_command(cmd);
+    // --help (-h) anywhere after the command wins, whatever else the line
+    // holds, as `moe help COMMAND` and `moe --help` ignore what follows them:
+    // the command's help, exit 0. One rule here, not one per command parser.
+    char *help_argv[] = {argv[1], "--help", NULL}, **run_argv = argv + 1;
+    int run_argc = argc - 1;
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            run_argc = 2;
+            run_argv = help_argv;
+        }
     if (moe_map_guard_install() < 0)
         return moe_cli_fail(cmd, MOE_EXIT_RUNTIME, "%s", moe_last_error());
     int code = strcmp(cmd, "train") ? single_process(cmd) : MOE_EXIT_OK;
     if (code != MOE_EXIT_OK) return code;
-    int rc = c->run(argc - 1, argv + 1);
+    int rc = c->run(run_argc, run_argv);
     // Results on stdout are output too: a full disk or a closed pipe there is
     // a failure, not a silent exit 0.
     if (fflush(stdout) != 0 || ferror(stdout)) {

@@ -101,7 +101,8 @@ static int parse_args(int argc, char **argv, route_args *a) {
         const char *arg = argv[i], *v = NULL;
         int m;
         if (!strcmp(arg, "-h") || !strcmp(arg, "--help")) {
-            a->help = true;
+            a->help = true; // wins over whatever follows, as in every command
+            return 0;
         } else if ((m = moe_cli_flag(arg, "--train", &a->train)) != 0 ||
                    (m = moe_cli_flag(arg, "--example", &a->example)) != 0) {
             if (m < 0) return fail_last(MOE_EXIT_USAGE);

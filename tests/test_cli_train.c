@@ -200,7 +200,7 @@ START_TEST(test_cli_train_step_larger_than_the_training_data_warns) {
     ck_assert_msg(run_moe(args) == 0, "%s", file_text("err.txt"));
     ck_assert_msg(strstr(file_text("err.txt"),
                          "moe warn: a step reads 8 rows (train.batch_size 4 x train.grad_accum 2 "
-                         "x 1 ranks) but the training data holds 1 window of 17 tokens: each "
+                         "x 1 rank) but the training data holds 1 window of 17 tokens: each "
                          "step trains some more than once") != NULL,
                   "%s", file_text("err.txt"));
     // the one validation window is fewer than a batch's 4 rows (it said "after 0 batches")

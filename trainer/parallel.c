@@ -48,8 +48,8 @@ int moe_parallel_init(moe_parallel *p, moe_comm *world, const moe_config *cfg) {
     p->rank = moe_comm_rank(world);
     p->ep_size = cfg->parallel.ep;
     if (p->size % p->ep_size)
-        return moe_fail(MOE_EINVAL, "parallel.ep = %d does not divide the %d ranks", p->ep_size,
-                        p->size);
+        return moe_fail(MOE_EINVAL, "parallel.ep = %d does not divide the %d rank%s", p->ep_size,
+                        p->size, p->size == 1 ? "" : "s");
     for (int l = 0; l < cfg->model.n_layers; l++) {
         int E = moe_config_experts(cfg, l);
         if (E && E % p->ep_size)

@@ -702,10 +702,11 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
     const long step_rows = (long)d.B * cfg->train.grad_accum * par.size;
     if (lead && train_windows > 0 && train_windows < step_rows)
         moe_log(MOE_LOG_WARN,
-                "a step reads %ld rows (train.batch_size %d x train.grad_accum %d x %d ranks) "
+                "a step reads %ld rows (train.batch_size %d x train.grad_accum %d x %d rank%s) "
                 "but the training data holds %ld window%s of %d tokens: each step trains some "
                 "more than once (give more tokens, or a smaller batch or model.seq_len)",
-                step_rows, d.B, cfg->train.grad_accum, par.size, train_windows,
+                step_rows, d.B, cfg->train.grad_accum, par.size, par.size == 1 ? "" : "s",
+                train_windows,
                 train_windows == 1 ? "" : "s", d.T + 1);
     if (rc == 0)
         rc = moe_model_init_ep(&m, cfg, d.B, d.T, d.n_tasks, par.ep_size > 1 ? &par.group : NULL);

@@ -83,6 +83,7 @@ static void copy_file(const char *from, const char *to) {
 
 // A 1-D tensor rewrite_ckpt stores as [n/2, 2] (NULL: none).
 static const char *reshape;
+static void (*edit_f32)(const char *name, float *w, int64_t numel); // rewrites a tensor (or NULL)
 
 // Copies the checkpoint to dst: config and task_experts.json as they are, the
 // tensors without `skip` (may be NULL), in one file or in two shards with an
@@ -108,6 +109,7 @@ static void rewrite_ckpt(const char *dst, const char *skip, bool shards) {
         ck_assert_int_eq(moe_st_load(f, t->name, t->dtype, -1, NULL, &data[n]), 0);
         e[n] = (moe_st_entry){t->name, t->dtype, t->ndim, {0}, data[n]};
         memcpy(e[n].shape, t->shape, sizeof(int64_t) * t->ndim);
+        if (edit_f32 && t->dtype == MOE_ST_F32) edit_f32(t->name, data[n], t->numel);
         if (reshape && !strcmp(t->name, reshape) && t->ndim == 1) {
             e[n].ndim = 2;
             e[n].shape[0] = t->shape[0] / 2, e[n].shape[1] = 2;
@@ -562,6 +564,125 @@ END_TEST
 
 // Task reverse's shares in every layer: experts 0, 2, 3 above a budget of
 // 0.2, expert 1 (group 0's other expert) below it.
+// Rows of layer 0's expert 0 w1 [H, D] at the edges of symmetric int8: zeros,
+// one huge value among tiny ones, identical values, subnormal maxima (whose
+// max / 127 rounds on the coarse subnormal grid), a negative extreme and
+// halves at scale 1 (ties to even).
+enum { EDGE_ROWS = 9 };
+static float edge[EDGE_ROWS][32];
+static void fill_edge_rows(void) {
+    const float t = ldexpf(1, -149); // the smallest subnormal
+    const float maxima[4] = {190 * t, 128 * t, 50 * t, 1e-39f};
+    for (int c = 0; c < 32; c++) {
+        edge[0][c] = 0;
+        edge[1][c] = c ? (c % 2 ? 1e-30f : -1e-30f) : 1e30f;
+        edge[2][c] = 0.3f;
+        for (int i = 0; i < 4; i++) // the max first, then fractions of it of both signs
+            edge[3 + i][c] = c ? maxima[i] * (float)(c % 7) / 7 * (c % 2 ? 1 : -1) : maxima[i];
+        edge[7][c] = c ? (float)(c % 5) / 5 : -1; // the max is negative: q = -127, never -128
+        edge[8][c] = c ? (float)(c - 16) + 0.5f : 127;
+    }
+}
+static void edit_edge_rows(const char *name, float *w, int64_t numel) {
+    if (strcmp(name, "model.layers.0.block_sparse_moe.experts.0.w1.weight")) return;
+    ck_assert_int_ge(numel, EDGE_ROWS * 32);
+    memcpy(w, edge, sizeof edge);
+}
+
+START_TEST(test_int8_rows_at_the_edges_dequantise_within_half_a_step) {
+    char dir[800];
+    snprintf(dir, sizeof dir, "%s/int8_edges", root);
+    fill_edge_rows();
+    edit_f32 = edit_edge_rows;
+    rewrite_ckpt(dir, NULL, false);
+    edit_f32 = NULL;
+    moe_infer f32, q8;
+    moe_infer_opts o = {.task = "add", .full_load = true};
+    ck_assert_int_eq(moe_infer_open(&f32, dir, &o), 0);
+    o.quantize_int8 = true;
+    ck_assert_int_eq(moe_infer_open(&q8, dir, &o), 0);
+    // every row of every loaded expert: q in [-127, 127], |q s - w| <= s / 2
+    for (int l = 0; l < f32.L; l++) {
+        const moe_infer_layer *a = &f32.layer[l], *b = &q8.layer[l];
+        if (!a->is_moe) continue;
+        const size_t D = f32.D, H = a->H, blk = 3 * H * D, nrow = 2 * H + D;
+        for (int e = 0; e < a->E; e++) {
+            if (a->slot[e] < 0) continue;
+            const float *w = a->experts + (size_t)a->slot[e] * blk;
+            const int8_t *q = b->q + (size_t)b->slot[e] * blk;
+            const float *sc = b->q_scale + (size_t)b->slot[e] * nrow;
+            size_t off = 0;
+            for (size_t r = 0; r < nrow; r++) {
+                const size_t n = r < 2 * H ? D : H;
+                ck_assert(sc[r] > 0 && isfinite(sc[r]));
+                for (size_t c = 0; c < n; c++) {
+                    const int v = q[off + c];
+                    const double err = fabs((double)v * sc[r] - w[off + c]);
+                    ck_assert_msg(v >= -127 && v <= 127 && err <= 0.5 * sc[r],
+                                  "layer %d expert %d row %zu col %zu: w %g q %d scale %g", l, e,
+                                  r, c, w[off + c], v, sc[r]);
+                }
+                off += n;
+            }
+        }
+    }
+    // the edge rows themselves
+    const moe_infer_layer *y = &q8.layer[0];
+    const size_t D = q8.D;
+    const int8_t *q = y->q + (size_t)y->slot[0] * 3 * y->H * D;
+    const float *sc = y->q_scale + (size_t)y->slot[0] * (2 * y->H + D);
+    for (int c = 0; c < 32; c++)
+        ck_assert_int_eq(q[c], 0); // a zero row: scale 1, no division by zero
+    ck_assert_int_eq(q[32], 127);
+    ck_assert_float_eq(sc[1], 1e30f / 127);
+    for (int c = 1; c < 32; c++)
+        ck_assert_int_eq(q[32 + c], 0);
+    for (int c = 0; c < 32; c++)
+        ck_assert_int_eq(q[2 * 32 + c], 127);
+    // subnormal maxima: 190 t / 127 rounds to the scale t, and 190 wrapped to
+    // -66 in int8; 128 t gave 128, which wrapped to -128. Both take 2 t.
+    ck_assert_int_eq(q[3 * 32], 95);
+    ck_assert_float_eq(sc[3], ldexpf(1, -148));
+    ck_assert_int_eq(q[4 * 32], 64);
+    ck_assert_float_eq(sc[4], ldexpf(1, -148));
+    ck_assert_int_eq(q[5 * 32], 50);   // 50 t: exact at the smallest subnormal scale
+    ck_assert_float_eq(sc[5], ldexpf(1, -149));
+    ck_assert_int_eq(q[7 * 32], -127);
+    ck_assert_float_eq(sc[8], 1);
+    ck_assert_int_eq(q[8 * 32 + 1], -14); // -14.5 -> -14, ties to even
+    ck_assert_int_eq(q[8 * 32 + 2], -14); // -13.5 -> -14
+    ck_assert_int_eq(q[8 * 32 + 19], 4);  // 3.5 -> 4
+    ck_assert_int_eq(q[8 * 32 + 20], 4);  // 4.5 -> 4
+    moe_infer_free(&f32);
+    moe_infer_free(&q8);
+}
+END_TEST
+
+// A non-finite expert weight is refused under --quantize as in fp32, naming
+// the tensor and the element.
+static void edit_nan_expert(const char *name, float *w, int64_t numel) {
+    if (strcmp(name, "model.layers.2.block_sparse_moe.experts.3.w2.weight")) return;
+    ck_assert_int_gt(numel, 40);
+    w[40] = NAN;
+}
+
+START_TEST(test_int8_refuses_non_finite_expert_weights_naming_the_tensor) {
+    char dir[800];
+    snprintf(dir, sizeof dir, "%s/int8_nan", root);
+    edit_f32 = edit_nan_expert;
+    rewrite_ckpt(dir, NULL, false);
+    edit_f32 = NULL;
+    const char *want = "tensor 'model.layers.2.block_sparse_moe.experts.3.w2.weight' has a "
+                       "non-finite value at element 40";
+    for (int i = 0; i < 2; i++) {
+        moe_infer m;
+        moe_infer_opts o = {.task = "add", .full_load = true, .quantize_int8 = i};
+        ck_assert_int_eq(moe_infer_open(&m, dir, &o), MOE_EFORMAT);
+        ck_assert_msg(strstr(moe_last_error(), want), "%s", moe_last_error());
+    }
+}
+END_TEST
+
 static void set_lonely_group_shares(json_t *doc) {
     static const double sh[8] = {0.5, 0.01, 0.25, 0.24, 0, 0, 0, 0};
     json_t *layers = json_object_get(doc, "layers");
@@ -873,6 +994,8 @@ int main(void) {
     tcase_add_test(tc, test_task_expert_shares_outside_0_1_are_refused);
     tcase_add_test(tc, test_older_checkpoint_without_task_experts_derives_the_sets);
     tcase_add_test(tc, test_expert_budget_and_int8_load_less);
+    tcase_add_test(tc, test_int8_rows_at_the_edges_dequantise_within_half_a_step);
+    tcase_add_test(tc, test_int8_refuses_non_finite_expert_weights_naming_the_tensor);
     tcase_add_test(tc, test_expert_budget_with_group_limited_routing_routes_to_loaded_experts);
     tcase_add_test(tc, test_expert_budget_on_expert_choice_model_routes_to_loaded_experts);
     tcase_add_test(tc, test_task_route_with_task_priorities_equals_position_order);

@@ -4,7 +4,8 @@
 // layers: all, or those above the expert budget). Tensors are read one by one
 // by byte range, so bytes read = index + headers + the tensors kept.
 // int8 experts: per-output-channel symmetric scales s = max|w| / 127,
-// q = round(w / s), dequantised to fp32 for the GEMM (LLM.int8-style weights).
+// q = round(w / s) (ties to even, in [-127, 127]), dequantised to fp32 for
+// the GEMM (LLM.int8-style weights).
 #include "moe/alloc.h"
 #include "moe/checkpoint.h"
 #include "moe/error.h"
@@ -14,6 +15,7 @@
 #include "moe/safetensors.h"
 #include "moe/task_experts.h"
 
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -393,14 +395,16 @@ static int load_experts(moe_infer *m, moe_st_set *s, const char *dir, bool int8)
                 float amax = 0;
                 for (size_t c = 0; c < w; c++)
                     amax = fmaxf(amax, fabsf(stage[off + c]));
-                for (size_t c = 0; c < w; c++) // fmaxf skips NaN: test every weight
-                    if (!isfinite(stage[off + c]))
-                        MOE_TRY_GOTO(moe_fail(MOE_ENUMERIC,
-                                              "%s: expert %d of layer %d has non-finite weights",
-                                              dir, e, l),
-                                     rc);
-                float sc = amax / 127.0f; // zero (or subnormal) rows: every q is 0
-                if (!(sc > 0)) sc = 1.0f;
+                // (load refused non-finite weights, naming the tensor and element)
+                float sc = amax / 127.0f;
+                // A subnormal max: amax / 127 rounds on the coarse subnormal
+                // grid (or to 0), and amax / sc may round to 128 or more,
+                // which wraps in int8; the next larger scales keep q in
+                // [-127, 127] and every error within sc / 2.
+                if (amax > 0 && !(sc > 0)) sc = FLT_TRUE_MIN;
+                while (amax > 0 && lrintf(amax / sc) > 127)
+                    sc = nextafterf(sc, INFINITY);
+                if (!(sc > 0)) sc = 1.0f; // a zero row: every q is 0
                 se[r] = sc;
                 for (size_t c = 0; c < w; c++)
                     qe[off + c] = (int8_t)lrintf(stage[off + c] / sc);

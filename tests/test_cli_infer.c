@@ -10,13 +10,16 @@
 #include "moe/tokenizer.h"
 #include "testutil.h"
 
+#include <dirent.h>
 #include <math.h>
 
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -519,6 +522,82 @@ START_TEST(test_dump_logits_is_refused_in_any_checkpoint_folder) {
 }
 END_TEST
 
+static char *slurp(const char *path, long *n) {
+    FILE *f = fopen(path, "rb");
+    ck_assert_ptr_nonnull(f);
+    fseek(f, 0, SEEK_END);
+    *n = ftell(f);
+    rewind(f);
+    char *b = malloc((size_t)*n + 1);
+    ck_assert_int_eq(fread(b, 1, (size_t)*n, f), *n);
+    fclose(f);
+    return b;
+}
+
+// The dump holds tokens I32 [B, T], task_ids I32 [B] and logits F32 [B, T, V]
+// of the fp32 weights (--quantize changes only the table it adds); a FIFO or
+// another file is not replaced, and a write cut short by a full disk (ulimit
+// -f) leaves the earlier dump as it was and no temporary file.
+START_TEST(test_dump_logits_format_and_failed_writes) {
+    char p[900], q[900], fifo[900];
+    snprintf(p, sizeof p, "%s/fmt.st", root);
+    ck_assert_msg(moe("eval '%s' --batches 1 --samples 0 --dump-logits '%s'", run, p) == 0, "%s",
+                  err_text());
+    moe_st_file *f;
+    ck_assert_int_eq(moe_st_open(p, &f), 0);
+    ck_assert_int_eq(f->n_tensors, 3);
+    const moe_st_tensor *tok = moe_st_find(f, "tokens"), *task = moe_st_find(f, "task_ids"),
+                        *lg = moe_st_find(f, "logits");
+    ck_assert(tok && task && lg);
+    ck_assert(tok->dtype == MOE_ST_I32 && task->dtype == MOE_ST_I32 && lg->dtype == MOE_ST_F32);
+    ck_assert_int_eq(tok->ndim, 2);
+    ck_assert_int_eq(task->ndim, 1);
+    ck_assert_int_eq(lg->ndim, 3);
+    ck_assert_int_eq(task->shape[0], tok->shape[0]);
+    ck_assert(lg->shape[0] == tok->shape[0] && lg->shape[1] == tok->shape[1]);
+    ck_assert_int_eq(lg->shape[2], 256);
+    moe_st_close(f);
+    long n1, n2;
+    char *a = slurp(p, &n1);
+    snprintf(q, sizeof q, "%s/fmt8.st", root);
+    ck_assert_msg(moe("eval '%s' --batches 1 --samples 0 --quantize int8 --dump-logits '%s'", run,
+                      q) == 0,
+                  "%s", err_text());
+    char *b = slurp(q, &n2);
+    ck_assert(n1 == n2 && !memcmp(a, b, (size_t)n1));
+    free(b);
+    // a FIFO and a file that is no dump: refused before evaluating, untouched
+    snprintf(fifo, sizeof fifo, "%s/fifo.st", root);
+    ck_assert_int_eq(mkfifo(fifo, 0644), 0);
+    ck_assert_int_eq(moe("eval '%s' --batches 1 --samples 0 --dump-logits '%s'", run, fifo), 2);
+    ck_assert_str_eq(out_text(), "");
+    expect_err("exists and is not an earlier logits dump");
+    ck_assert_int_eq(unlink(fifo), 0);
+    // a full disk: exit 1 naming the file, the earlier dump unchanged, no temporary left
+    struct rlimit old, small;
+    ck_assert_int_eq(getrlimit(RLIMIT_FSIZE, &old), 0);
+    small = old;
+    small.rlim_cur = 64 * 1024; // the outputs fit, the dump does not
+    signal(SIGXFSZ, SIG_IGN);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &small), 0);
+    int rc = moe("eval '%s' --batches 1 --samples 0 --dump-logits '%s'", run, p);
+    ck_assert_int_eq(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, SIG_DFL);
+    ck_assert_int_eq(rc, 1);
+    expect_err("write failed: File too large");
+    b = slurp(p, &n2);
+    ck_assert(n1 == n2 && !memcmp(a, b, (size_t)n1));
+    free(a);
+    free(b);
+    DIR *d = opendir(root);
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL)
+        ck_assert_msg(strncmp(e->d_name, "fmt.st", 6) || !strcmp(e->d_name, "fmt.st"),
+                      "left behind: %s", e->d_name);
+    closedir(d);
+}
+END_TEST
+
 // --expert-budget on a checkpoint without task_experts.json: exit 2 before
 // any of the evaluation is printed.
 START_TEST(test_expert_budget_without_task_experts_is_refused_before_evaluating) {
@@ -644,6 +723,7 @@ int main(void) {
     tcase_add_unchecked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_dump_logits_is_refused_in_any_checkpoint_folder);
+    tcase_add_test(tc, test_dump_logits_format_and_failed_writes);
     tcase_add_test(tc, test_expert_budget_without_task_experts_is_refused_before_evaluating);
     tcase_add_test(tc, test_dump_logits_of_expert_choice_routes_as_inference);
     tcase_add_test(tc, test_eval_with_val_path_needs_no_training_files);

@@ -13,11 +13,11 @@
 #include <dirent.h>
 #include <math.h>
 
+#include <signal.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <signal.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -560,9 +560,9 @@ START_TEST(test_dump_logits_format_and_failed_writes) {
     long n1, n2;
     char *a = slurp(p, &n1);
     snprintf(q, sizeof q, "%s/fmt8.st", root);
-    ck_assert_msg(moe("eval '%s' --batches 1 --samples 0 --quantize int8 --dump-logits '%s'", run,
-                      q) == 0,
-                  "%s", err_text());
+    ck_assert_msg(
+        moe("eval '%s' --batches 1 --samples 0 --quantize int8 --dump-logits '%s'", run, q) == 0,
+        "%s", err_text());
     char *b = slurp(q, &n2);
     ck_assert(n1 == n2 && !memcmp(a, b, (size_t)n1));
     free(b);

@@ -619,8 +619,8 @@ START_TEST(test_int8_rows_at_the_edges_dequantise_within_half_a_step) {
                     const int v = q[off + c];
                     const double err = fabs((double)v * sc[r] - w[off + c]);
                     ck_assert_msg(v >= -127 && v <= 127 && err <= 0.5 * sc[r],
-                                  "layer %d expert %d row %zu col %zu: w %g q %d scale %g", l, e,
-                                  r, c, w[off + c], v, sc[r]);
+                                  "layer %d expert %d row %zu col %zu: w %g q %d scale %g", l, e, r,
+                                  c, w[off + c], v, sc[r]);
                 }
                 off += n;
             }
@@ -645,7 +645,7 @@ START_TEST(test_int8_rows_at_the_edges_dequantise_within_half_a_step) {
     ck_assert_float_eq(sc[3], ldexpf(1, -148));
     ck_assert_int_eq(q[4 * 32], 64);
     ck_assert_float_eq(sc[4], ldexpf(1, -148));
-    ck_assert_int_eq(q[5 * 32], 50);   // 50 t: exact at the smallest subnormal scale
+    ck_assert_int_eq(q[5 * 32], 50); // 50 t: exact at the smallest subnormal scale
     ck_assert_float_eq(sc[5], ldexpf(1, -149));
     ck_assert_int_eq(q[7 * 32], -127);
     ck_assert_float_eq(sc[8], 1);

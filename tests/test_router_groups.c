@@ -107,6 +107,43 @@ START_TEST(test_group_score_max_without_bias_top2_sum_with_bias) {
 }
 END_TEST
 
+// Under an expert budget (inference: moe_plan.usable) a left-out expert
+// counts in no group's score: a group scores its usable experts only, one
+// usable expert by itself, none at -inf. Groups [0,1] [2,3] [4,5] [6,7].
+START_TEST(test_group_score_counts_usable_experts_only) {
+    const float p[8] = {0.9f, 0.1f, 0.6f, 0.6f, 0.2f, 0.2f, 0.3f, 0.3f};
+    const float bias[8] = {0, 0, -0.5f, -0.5f, 0, 0, 0.4f, 0.4f};
+    moe_router_config c = grp_cfg(2, 4, 1);
+    unsigned char allow[8];
+    double gs[4];
+    bool usable[8] = {false, true, true, true, true, true, true, true};
+    // no bias, best score: expert 0's 0.9 made group 0 win; without it 0.1,
+    // 0.6, 0.2, 0.3 pick group 1
+    moe_router_groups_allow_usable(allow, gs, p, NULL, usable, 8, &c);
+    const unsigned char g1[8] = {0, 0, 1, 1, 0, 0, 0, 0};
+    ck_assert_mem_eq(allow, g1, 8);
+    ck_assert_double_eq_tol(gs[0], 0.1, 1e-7);
+    // biased, top-2 sums 1.0, 0.2, 0.4, 1.4 pick group 3; expert 7 left out,
+    // group 3 scores its one usable expert (0.7) and group 0 wins
+    for (int e = 0; e < 8; e++)
+        usable[e] = e != 7;
+    moe_router_groups_allow_usable(allow, gs, p, bias, usable, 8, &c);
+    const unsigned char g0[8] = {1, 1, 0, 0, 0, 0, 0, 0};
+    ck_assert_mem_eq(allow, g0, 8);
+    ck_assert_double_eq_tol(gs[3], 0.7, 1e-7);
+    ck_assert_double_eq_tol(gs[0], 1.0, 1e-7);
+    // a group with no usable expert scores -inf
+    usable[6] = false;
+    moe_router_groups_allow_usable(allow, gs, p, bias, usable, 8, &c);
+    ck_assert(isinf(gs[3]) && gs[3] < 0);
+    ck_assert_mem_eq(allow, g0, 8);
+    // NULL: every expert usable, as moe_router_groups_allow
+    moe_router_groups_allow_usable(allow, gs, p, bias, NULL, 8, &c);
+    const unsigned char g3[8] = {0, 0, 0, 0, 0, 0, 1, 1};
+    ck_assert_mem_eq(allow, g3, 8);
+}
+END_TEST
+
 // A bias of zeros (training's bias before its first move, a checkpoint saved
 // then) scores groups by their best score, as no bias does, so training, eval
 // and generate (which attach no bias of zeros) and moe route agree. Logits
@@ -400,6 +437,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_groups_hand_case_top1_group_with_ties);
     tcase_add_test(tc, test_groups_hand_case_top2_groups);
     tcase_add_test(tc, test_group_score_max_without_bias_top2_sum_with_bias);
+    tcase_add_test(tc, test_group_score_counts_usable_experts_only);
     tcase_add_test(tc, test_zero_bias_routes_as_no_bias);
     tcase_add_test(tc, test_groups_invariants_random);
     tcase_add_test(tc, test_groups_off_is_bit_identical);

@@ -279,6 +279,13 @@ int moe_router_config_check(const moe_router_config *cfg, int E) {
                         "(use noise none or jitter)",
                         cfg->bias_update_rate);
     if (cfg->type == MOE_ROUTER_EXPERT_CHOICE) MOE_TRY(check_expert_choice(cfg));
+    // Task priorities are the first key of the priority slot order (router/priority.c);
+    // position order hands out slots by token index and never reads them.
+    if (cfg->n_task_priority > 0 && cfg->slot_order == MOE_SLOT_POSITION)
+        return moe_fail(MOE_EINVAL,
+                        "router.task_priority is set with router.slot_order = position, which "
+                        "never reads it: task priorities order tokens under router.slot_order = "
+                        "priority (set it, or router.task_priority = [])");
     if (cfg->capacity_mode == MOE_CAPACITY_DYNAMIC && cfg->capacity_factor <= 0)
         return moe_fail(MOE_EINVAL,
                         "capacity.mode = dynamic needs router.capacity_factor > 0 "

@@ -248,6 +248,27 @@ START_TEST(test_config_set_and_check) {
 }
 END_TEST
 
+// Position order hands out slots by token index and never reads task
+// priorities: the router's own check refuses the pair, so every caller (the
+// run config, moe route, the library) refuses it with one message.
+START_TEST(test_config_check_refuses_task_priorities_under_position_order) {
+    moe_router_config c;
+    moe_router_config_default(&c);
+    ck_assert_int_eq(moe_router_config_set(&c, "router.task_priority", "1,2"), 0);
+    ck_assert_int_eq(c.slot_order, MOE_SLOT_POSITION); // the default
+    ck_assert_int_eq(moe_router_config_check(&c, 4), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "router.task_priority is set with "
+                                           "router.slot_order = position") != NULL,
+                  "%s", moe_last_error());
+    ck_assert_int_eq(moe_router_config_set(&c, "router.slot_order", "priority"), 0);
+    ck_assert_msg(moe_router_config_check(&c, 4) == 0, "%s", moe_last_error());
+    // position order without priorities is the default and passes
+    ck_assert_int_eq(moe_router_config_set(&c, "router.slot_order", "position"), 0);
+    ck_assert_int_eq(moe_router_config_set(&c, "router.task_priority", "[]"), 0);
+    ck_assert_msg(moe_router_config_check(&c, 4) == 0, "%s", moe_last_error());
+}
+END_TEST
+
 // Properties that must hold for any input, over many random configurations.
 START_TEST(test_invariants_random) {
     tu_rng r;
@@ -560,6 +581,7 @@ static Suite *router_suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_position_vs_priority_drop_different_tokens);
     tcase_add_test(tc, test_priority_task_priority_first);
+    tcase_add_test(tc, test_config_check_refuses_task_priorities_under_position_order);
     tcase_add_test(tc, test_top2_first_choices_before_second);
     tcase_add_test(tc, test_capacity_formula);
     tcase_add_test(tc, test_dropless_keeps_everything);

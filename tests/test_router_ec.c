@@ -453,8 +453,9 @@ START_TEST(test_ec_bad_combinations_refused) {
         ck_assert_msg(strstr(moe_last_error(), bad[i].named) &&
                           strstr(moe_last_error(), "expert_choice"),
                       "%s: %s", bad[i].key, moe_last_error());
-        c.type = MOE_ROUTER_TOKEN_CHOICE; // fine for token choice
-        ck_assert_int_eq(moe_router_config_check(&c, 4), 0);
+        c.type = MOE_ROUTER_TOKEN_CHOICE;                            // fine for token choice
+        if (c.n_task_priority > 0) c.slot_order = MOE_SLOT_PRIORITY; // the order that reads them
+        ck_assert_msg(moe_router_config_check(&c, 4) == 0, "%s: %s", bad[i].key, moe_last_error());
     }
     moe_router_config c;
     moe_router_config_default(&c);

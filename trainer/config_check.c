@@ -247,6 +247,14 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
                         "(moe.every = 0 makes a dense model)",
                         src_where2(src, "moe.every", "model.n_layers"), c->moe.every,
                         c->model.n_layers);
+    // Before the router's own check (moe_router_config_check), which refuses task
+    // priorities under position order: a list of the wrong length is the first fault.
+    if (c->router.n_task_priority > 0 &&
+        (!strcmp(c->data.kind, "synthetic") || c->data.task_paths[0][0]) &&
+        c->router.n_task_priority != c->data.n_tasks)
+        return moe_fail(MOE_EINVAL, "%s: router.task_priority has %d entries for %d tasks",
+                        moe_config_where(src, "router.task_priority"), c->router.n_task_priority,
+                        c->data.n_tasks);
     if (n_moe > 0) {
         if (c->moe.n_num_experts != 1 && c->moe.n_num_experts != n_moe)
             return moe_fail(MOE_EINVAL,
@@ -301,20 +309,6 @@ int moe_config_check(const moe_config *c, const moe_config_src *src) {
             "balancing needs token-routed layers (set one of them to 0 / [])",
             src_where2(src, "router.bias_update_rate", "moe.task_layers"),
             c->router.bias_update_rate);
-    if (c->router.n_task_priority > 0 &&
-        (!strcmp(c->data.kind, "synthetic") || c->data.task_paths[0][0]) &&
-        c->router.n_task_priority != c->data.n_tasks)
-        return moe_fail(MOE_EINVAL, "%s: router.task_priority has %d entries for %d tasks",
-                        moe_config_where(src, "router.task_priority"), c->router.n_task_priority,
-                        c->data.n_tasks);
-    // Task priorities are the first key of the priority slot order (router/priority.c);
-    // position order hands out slots by token index and never reads them.
-    if (c->router.n_task_priority > 0 && c->router.slot_order == MOE_SLOT_POSITION)
-        return moe_fail(MOE_EINVAL,
-                        "%s: router.task_priority is set with router.slot_order = position, which "
-                        "never reads it: task priorities order tokens under router.slot_order = "
-                        "priority (set it, or router.task_priority = [])",
-                        src_where2(src, "router.task_priority", "router.slot_order"));
     // A synthetic sample scores nothing before its answer: the task marker, 4
     // input letters and '=' come first, so shorter sequences of the letter
     // tasks hold no target and every loss would be 0 / 0.

@@ -157,13 +157,6 @@ static int parse_args(int argc, char **argv, route_args *a) {
                             "capacity.mode = dynamic adapts capacity over many steps from "
                             "measured load; moe route routes one batch: use static "
                             "(router.capacity_factor, or <= 0 for dropless)");
-    // As the run config's check does: position order never reads task priorities.
-    // --example sets both keys itself (and refuses them from --set).
-    if (!a->example && a->cfg.n_task_priority > 0 && a->cfg.slot_order == MOE_SLOT_POSITION)
-        return moe_cli_fail(CMD, MOE_EXIT_USAGE,
-                            "router.task_priority is set with router.slot_order = position, "
-                            "which never reads it: task priorities order tokens under "
-                            "router.slot_order = priority (set it, or router.task_priority = [])");
     if (a->example) {
         if (a->logits_path || a->task_path)
             return moe_cli_fail(CMD, MOE_EXIT_USAGE, "--example takes no --logits/--task-ids");
@@ -586,7 +579,10 @@ static int example_cfg(const route_args *a, int r, moe_router_config *cfg) {
     char k[16];
     snprintf(k, sizeof k, "%d", EX_K);
     MOE_TRY(moe_router_config_set(cfg, "router.top_k", k));
-    MOE_TRY(moe_router_config_set(cfg, "router.task_priority", "1,2"));
+    // Task priorities only under priority order: position order never reads
+    // them, and the router's check refuses them there.
+    const bool priority = !strcmp(example_runs[r].order, "priority");
+    MOE_TRY(moe_router_config_set(cfg, "router.task_priority", priority ? "1,2" : "[]"));
     MOE_TRY(moe_router_config_set(cfg, "router.slot_order", example_runs[r].order));
     MOE_TRY(moe_router_config_set(cfg, "router.capacity_factor", example_runs[r].factor));
     return moe_router_config_check(cfg, EX_E);

@@ -71,7 +71,8 @@ void moe_router_config_default(moe_router_config *cfg);
 // "dynamic"); the "router."/"capacity." prefix is required. task_priority takes
 // a comma list "3,1,2". Unknown key or bad value: MOE_EINVAL with a message.
 int moe_router_config_set(moe_router_config *cfg, const char *key, const char *value);
-// Checks the config against E experts (top_k in 1..E, eps ranges, ...).
+// Checks the config against E experts (top_k in 1..E, eps ranges, ...) and
+// keys that contradict each other (task priorities under position order).
 int moe_router_config_check(const moe_router_config *cfg, int E);
 
 // Group-limited routing in force: the groups (n_groups, 0 read as 1) and the

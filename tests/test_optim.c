@@ -12,6 +12,7 @@
 #include "moe/optim.h"
 #include "testutil.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,6 +102,26 @@ START_TEST(test_lr_schedule) {
 }
 END_TEST
 
+// train.lr may be anything up to FLT_MAX (a run meant to diverge uses 1e30):
+// the schedule never exceeds lr_max, so no step of it may overflow to inf.
+START_TEST(test_lr_schedule_stays_finite_up_to_flt_max) {
+    const float big[] = {FLT_MAX, 3e38f, 1e30f};
+    for (int i = 0; i < 3; i++) {
+        const float lr = big[i];
+        for (int step = 0; step < 12; step++) {
+            float v = moe_lr_schedule(step, 20, 10, lr, 0.1f);
+            ck_assert_msg(isfinite(v) && v > 0 && v <= lr, "lr %g step %d: %g", lr, step, v);
+        }
+        ck_assert(moe_lr_schedule(9, 20, 10, lr, 0.1f) == lr); // warmup ends at lr_max
+        ck_assert_float_eq_tol(moe_lr_schedule(4, 20, 10, lr, 0.1f), lr / 2, lr * 1e-6f);
+        ck_assert(moe_lr_schedule(40, 20, 10, lr, 0.1f) <= lr); // the cosine floor
+        ck_assert(moe_lr_schedule(5, 20, 0, lr, 1.0f) == lr);   // no warmup, flat
+    }
+    // the largest step count a warmup allows (1e9) stays exact at its end
+    ck_assert(moe_lr_schedule(999999999, 1000000000, 1000000000, FLT_MAX, 0.1f) == FLT_MAX);
+}
+END_TEST
+
 START_TEST(test_grad_clip) {
     float g[2] = {3.0f, 4.0f};
     double norm = moe_grad_norm(g, 2);
@@ -168,13 +189,12 @@ START_TEST(test_grad_norm_matches_plain_sum) {
     for (int i = 0; i < N; i++)
         s += (double)g[i] * g[i];
     ck_assert_double_eq_tol(moe_grad_norm(g, N), sqrt(s), 1e-12 * sqrt(s));
-    ck_assert_double_eq(moe_grad_norm(g, 5), sqrt((double)g[0] * g[0] + (double)g[1] * g[1] +
-                                                  (double)g[2] * g[2] + (double)g[3] * g[3] +
-                                                  (double)g[4] * g[4]));
+    ck_assert_double_eq(moe_grad_norm(g, 5),
+                        sqrt((double)g[0] * g[0] + (double)g[1] * g[1] + (double)g[2] * g[2] +
+                             (double)g[3] * g[3] + (double)g[4] * g[4]));
     free(g);
 }
 END_TEST
-
 
 static uint32_t bits(float f) {
     uint32_t u;
@@ -383,6 +403,7 @@ static Suite *optim_suite(void) {
     tcase_add_test(tc, test_adamw_two_steps_by_hand);
     tcase_add_test(tc, test_decay_mask);
     tcase_add_test(tc, test_lr_schedule);
+    tcase_add_test(tc, test_lr_schedule_stays_finite_up_to_flt_max);
     tcase_add_test(tc, test_grad_clip);
     tcase_add_test(tc, test_fused_clip_adamw_equals_two_passes);
     tcase_add_test(tc, test_grad_norm_matches_plain_sum);

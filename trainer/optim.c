@@ -140,8 +140,10 @@ float moe_adamw_update_clipped(moe_adamw *opt, float *params, const float *grads
     return scale;
 }
 
+// In double, scaling lr_max by a fraction <= 1: the config allows lr_max up to
+// FLT_MAX, and lr_max * (step + 1) first, in float, overflowed to inf.
 float moe_lr_schedule(int step, int total, int warmup, float lr_max, float min_ratio) {
-    if (step < warmup) return lr_max * (float)(step + 1) / (float)warmup;
+    if (step < warmup) return (float)(lr_max * ((double)step + 1) / (double)warmup);
     if (total <= warmup) return lr_max;
     double progress = (double)(step - warmup) / (double)(total - warmup);
     if (progress > 1.0) progress = 1.0;

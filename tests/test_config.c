@@ -126,6 +126,27 @@ START_TEST(test_leading_bom_is_ignored_and_positions_hold) {
 }
 END_TEST
 
+// A file with no JSON at all (empty, or only a byte order mark or white
+// space) is refused as empty, by name, not at jansson's "column 0"; an end of
+// input after a newline is at column 1 of the last line (columns count from 1).
+START_TEST(test_empty_file_is_named_and_columns_count_from_1) {
+    const struct {
+        const char *text, *where;
+    } empty[] = {
+        {"", ": the file is empty;"},
+        {BOM, ": the file is empty (only a UTF-8 byte order mark);"},
+        {"\n \t\r\n", ": the file is empty (only white space);"},
+        {BOM "\n\n", ": the file is empty (only a UTF-8 byte order mark and white space);"}};
+    for (size_t i = 0; i < sizeof empty / sizeof *empty; i++) {
+        assert_error(empty[i].text, empty[i].where, "a config is a JSON object ({} keeps every");
+        ck_assert_msg(!strstr(moe_last_error(), ":0"), "%s", moe_last_error());
+    }
+    assert_error("{\n", ":2:1:", "expected near end of file");
+    assert_error(BOM "{\"model\": {\n\n", ":3:1:", "expected near end of file");
+    assert_error("{", ":1:1:", "expected near end of file");
+}
+END_TEST
+
 START_TEST(test_set_is_typed_by_key) {
     moe_config c;
     moe_config_default(&c);
@@ -222,6 +243,7 @@ static Suite *config_suite(void) {
     tcase_add_test(tc, test_load_sets_values);
     tcase_add_test(tc, test_errors_name_file_line_col);
     tcase_add_test(tc, test_leading_bom_is_ignored_and_positions_hold);
+    tcase_add_test(tc, test_empty_file_is_named_and_columns_count_from_1);
     tcase_add_test(tc, test_set_is_typed_by_key);
     tcase_add_test(tc, test_pair_error_points_at_the_set_that_broke_it);
     tcase_add_test(tc, test_resolved_config_round_trip);

@@ -778,11 +778,29 @@ int moe_config_load(moe_config *cfg, moe_config_src *src, const char *path) {
     // it, so positions are those an editor shows (the mark takes no column).
     const size_t bom = moe_config_bom_len(text, (size_t)len);
     const char *json = text + bom;
+    // Nothing but the mark and white space: jansson would report its end of
+    // input at column 0, but the fault is the whole file. (strspn stops at a
+    // NUL byte, which jansson reports where it is.)
+    const size_t blank = strspn(json, " \t\r\n");
+    if (bom + blank == (size_t)len) {
+        const char *what = !bom && !blank ? ""
+                           : !blank       ? " (only a UTF-8 byte order mark)"
+                           : !bom         ? " (only white space)"
+                                          : " (only a UTF-8 byte order mark and white space)";
+        free(text);
+        return moe_fail(MOE_EINVAL,
+                        "%s: the file is empty%s; a config is a JSON object ({} keeps every "
+                        "default)",
+                        path, what);
+    }
     json_error_t jerr;
     json_t *root = json_loadb(json, (size_t)len - bom, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         free(text);
-        return moe_fail(MOE_EINVAL, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
+        // Columns count from 1; jansson says 0 at the start of a line (an end
+        // of input after a newline), which an editor shows as column 1.
+        return moe_fail(MOE_EINVAL, "%s:%d:%d: %s", path, jerr.line,
+                        jerr.column > 0 ? jerr.column : 1, jerr.text);
     }
     int rc = 0;
     json_pos *pos = NULL;

@@ -9,9 +9,11 @@
 #include "moe/shards.h"
 #include "moe/tensorboard.h"
 #include "testutil.h"
+#include "trainer/report_svg.h"
 
 #include <ctype.h>
 #include <dirent.h>
+#include <float.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -1223,6 +1225,30 @@ static tb_event *read_events(const char *path, int *n) {
     return ev;
 }
 
+// Axis labels: SI suffixes k, M, G within their range, chosen by the value as
+// printed; beyond them (and below 1e-4) an exponent alone, never "1e+03G".
+START_TEST(test_tick_labels_never_put_a_suffix_on_an_exponent) {
+    const struct {
+        double v;
+        const char *want;
+    } cases[] = {{0, "0"},           {-0.0, "0"},        {1, "1"},
+                 {0.5, "0.5"},       {0.0012, "0.0012"}, {-1e-7, "-1e-7"},
+                 {1.5e-5, "1.5e-5"}, {1500, "1500"},     {-2500, "-2500"},
+                 {9999.7, "10k"},                    // 4 digits round it to 1e+04
+                 {12345, "12.3k"},   {999960, "1M"}, // not 1e+03k
+                 {2.5e6, "2.5M"},    {-2.5e6, "-2.5M"},  {999.96e6, "1G"}, // not 1e+03M
+                 {1e9, "1G"},        {1.5e11, "150G"},   {999e9, "999G"},
+                 {999.96e9, "1e12"}, {1e12, "1e12"},     {2.5e13, "2.5e13"},
+                 {-4e20, "-4e20"},   {1e299, "1e299"},   {DBL_MAX, "1.8e308"}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char buf[32];
+        svg_fmt_num(buf, sizeof buf, cases[i].v);
+        ck_assert_msg(!strcmp(buf, cases[i].want), "%.17g: '%s', expected '%s'", cases[i].v, buf,
+                      cases[i].want);
+    }
+}
+END_TEST
+
 // A run resumed from its step-8 checkpoint after reaching step 12: the new
 // event file opens with a session_log START at step 9, and TensorBoard's
 // purge (every earlier point at that step or later dropped when the START
@@ -1325,6 +1351,7 @@ int main(void) {
     tcase_add_test(tc, test_crc32c_matches_the_check_value);
     tcase_add_test(tc, test_tensorboard_events_verify_and_match_the_metrics);
     tcase_add_test(tc, test_tensorboard_resume_purges_the_redone_steps);
+    tcase_add_test(tc, test_tick_labels_never_put_a_suffix_on_an_exponent);
     suite_add_tcase(s, tc);
     return tu_run(s);
 }

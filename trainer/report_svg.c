@@ -46,19 +46,52 @@ void svg_esc(FILE *f, const char *s) {
     }
 }
 
-// Short tick label: 12k, 3.5M, 0.0012.
-static void fmt_num(char *buf, size_t cap, double v) {
-    double a = fabs(v);
-    if (v == 0)
-        snprintf(buf, cap, "0");
-    else if (a >= 1e9)
-        snprintf(buf, cap, "%.3gG", v / 1e9);
-    else if (a >= 1e6)
-        snprintf(buf, cap, "%.3gM", v / 1e6);
-    else if (a >= 1e4)
-        snprintf(buf, cap, "%.3gk", v / 1e3);
-    else
+// Drops the '+' and leading zeros of a printf exponent: 1e+12 -> 1e12,
+// -1e-07 -> -1e-7.
+static void tidy_exponent(char *buf) {
+    char *e = strchr(buf, 'e');
+    if (!e) return;
+    char *d = e + 1, *src = d;
+    if (*src == '+')
+        src++;
+    else if (*src == '-')
+        src++, d++;
+    while (src[0] == '0' && src[1])
+        src++;
+    memmove(d, src, strlen(src) + 1);
+}
+
+// Scales by 10^3, 10^6 or 10^9 and names them k, M, G, choosing by the value
+// as printed (999.96e6 prints "1G", not "1e+03M"); beyond the suffixes, and
+// below 10^-4, an exponent alone (1e12, -1e-7), never a suffix on top of one.
+void svg_fmt_num(char *buf, size_t cap, double v) {
+    static const struct {
+        double scale;
+        const char *suffix;
+    } si[] = {{1e9, "G"}, {1e6, "M"}, {1e3, "k"}};
+    const double a = fabs(v);
+    if (v == 0 || !isfinite(v)) {
+        snprintf(buf, cap, "%g", v == 0 ? 0.0 : v); // -0 reads as 0
+        return;
+    }
+    if (a < 1e4) {
         snprintf(buf, cap, "%.4g", v);
+        if (!strchr(buf, 'e') || a < 1) { // plain, or small: the exponent form is the label
+            tidy_exponent(buf);
+            return;
+        }
+        // 9999.7 rounds to 1e+04 at 4 digits: it reads as 10k below
+    }
+    for (size_t i = 0; i < sizeof si / sizeof *si; i++) {
+        char m[32];
+        snprintf(m, sizeof m, "%.3g", v / si[i].scale);
+        if (!strchr(m, 'e') && fabs(strtod(m, NULL)) >= 1) {
+            snprintf(buf, cap, "%s%s", m, si[i].suffix);
+            return;
+        }
+    }
+    snprintf(buf, cap, "%.3g", v); // 1000G and up
+    tidy_exponent(buf);
 }
 
 static double nice_step(double range, double target) {
@@ -124,7 +157,7 @@ static void axes(FILE *f, const svg_chart *c, const range *xr, const range *yr, 
         double st = nice_step(half_span(yr->lo, yr->hi), 2.5); // the span over 5
         for (double t = ceil(yr->lo / st) * st; t <= yr->hi + 1e-9 * st && isfinite(t); t += st) {
             double y = py(*yr, t);
-            fmt_num(buf, sizeof buf, fabs(t) < 1e-9 * st ? 0 : t * yscale);
+            svg_fmt_num(buf, sizeof buf, fabs(t) < 1e-9 * st ? 0 : t * yscale);
             fprintf(f,
                     "<line class=\"grid\" x1=\"%d\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
                     "<text class=\"tick\" x=\"%d\" y=\"%.1f\" text-anchor=\"end\">%s</text>",
@@ -136,7 +169,7 @@ static void axes(FILE *f, const svg_chart *c, const range *xr, const range *yr, 
         if (st < 1) st = 1; // steps are integers
         for (double t = ceil(xr->lo / st) * st; t <= xr->hi + 1e-9 * st; t += st) {
             double x = px(*xr, t);
-            fmt_num(buf, sizeof buf, t);
+            svg_fmt_num(buf, sizeof buf, t);
             fprintf(f,
                     "<line class=\"tickmark\" x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\"/>"
                     "<text class=\"tick\" x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>",
@@ -240,7 +273,7 @@ int svg_line_chart(FILE *f, const svg_chart *c, const svg_line *lines, int n_lin
         fputs("</title></polyline>\n", f);
         if (np[i] <= 25) // few points (evaluations): markers with the value as tooltip
             for (long j = 0; j < np[i]; j++) {
-                fmt_num(buf, sizeof buf, xs[i][j]);
+                svg_fmt_num(buf, sizeof buf, xs[i][j]);
                 snprintf(buf2, sizeof buf2, "%.4g", ys[i][j] * yscale);
                 fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"2.5\" fill=\"%s\"><title>",
                         px(xr, xs[i][j]), py(yr, ys[i][j]), color);
@@ -311,7 +344,7 @@ int svg_heatmap(FILE *f, const svg_chart *c, const svg_grid *g, const char *capt
                 fputs("<title>", f);
                 svg_esc(f, g->row_names[r]);
                 if (g->xs)
-                    fmt_num(buf, sizeof buf, g->xs[k]), fprintf(f, ", step %s", buf);
+                    svg_fmt_num(buf, sizeof buf, g->xs[k]), fprintf(f, ", step %s", buf);
                 else
                     fputs(", ", f), svg_esc(f, g->col_names[k]);
                 fprintf(f, ": %.4g</title>", v * yscale);
@@ -347,9 +380,9 @@ int svg_heatmap(FILE *f, const svg_chart *c, const svg_grid *g, const char *capt
         fprintf(f, "<rect x=\"%d\" y=\"%.1f\" width=\"12\" height=\"%.1f\" fill=\"%s\"/>",
                 W - MR + 14, MT + i * PH / 10, PH / 10 + 0.05, color);
     }
-    fmt_num(buf, sizeof buf, g->vmax * yscale);
+    svg_fmt_num(buf, sizeof buf, g->vmax * yscale);
     fprintf(f, "<text class=\"tick\" x=\"%d\" y=\"%d\">%s</text>", W - MR + 30, MT + 8, buf);
-    fmt_num(buf, sizeof buf, g->vmin * yscale);
+    svg_fmt_num(buf, sizeof buf, g->vmin * yscale);
     fprintf(f, "<text class=\"tick\" x=\"%d\" y=\"%.1f\">%s</text></g>\n", W - MR + 30, MT + PH,
             buf);
     close_svg(f, caption);

@@ -5,10 +5,15 @@
 #define MOE_REPORT_SVG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 
 // Writes s with & < > " ' escaped (text and attribute values alike).
 void svg_esc(FILE *f, const char *s);
+
+// A short axis label for v into buf [cap]: 0, 0.0012, 1500, 12.3k, 2.5M, 1G,
+// and exponents beyond those (1e12, 1e299, -1e-7), never a suffix on one.
+void svg_fmt_num(char *buf, size_t cap, double v);
 
 // One line: n points (x[i], y[i * stride]); non-finite y are left out.
 typedef struct {

@@ -116,6 +116,56 @@ START_TEST(test_every_reader_refuses_a_task_experts_json_that_is_not_json) {
 }
 END_TEST
 
+// An empty task_experts.json or trainer_state.json, or one holding only white
+// space, is named as empty by its reader; it was jansson's end of input at
+// column 0 ("trainer_state.json:1:0: '[' or '{' expected near end of file").
+static void expect_named_empty(const char *who, int rc, const char *name) {
+    char want[800];
+    snprintf(want, sizeof want, "%s: the file is empty", in_ck(name));
+    expect(who, rc, want);
+    ck_assert_msg(!strstr(moe_last_error(), ":0:") && !strstr(moe_last_error(), "column 0"),
+                  "%s: %s", who, moe_last_error());
+}
+
+START_TEST(test_an_empty_json_file_is_named_as_empty) {
+    static const char *const blank[] = {"", " \n\t\r\n"};
+    for (int i = 0; i < 2; i++) {
+        save_task_checkpoint();
+        FILE *f = fopen(in_ck("task_experts.json"), "w");
+        fputs(blank[i], f);
+        fclose(f);
+        tu_refresh_manifest(ck);
+        moe_task_experts te;
+        expect_named_empty("moe_task_experts_read",
+                           moe_task_experts_read(in_ck("task_experts.json"), &te),
+                           "task_experts.json");
+        moe_task_experts_free(&te);
+        moe_infer inf;
+        moe_infer_opts o = {.task = "copy"};
+        int rc = moe_infer_open(&inf, ck, &o);
+        if (rc == 0) moe_infer_free(&inf);
+        expect_named_empty("moe_infer_open (generate)", rc, "task_experts.json");
+
+        save_task_checkpoint();
+        f = fopen(in_ck("trainer_state.json"), "w");
+        fputs(blank[i], f);
+        fclose(f);
+        tu_refresh_manifest(ck);
+        moe_config t = tu_ckpt_config();
+        ck_assert_int_eq(moe_config_set(&t, NULL, "moe.task_layers=[0,1]"), 0);
+        moe_model m;
+        moe_adamw opt;
+        moe_train_state st = {0};
+        ck_assert_int_eq(moe_model_init(&m, &t, 2, 16, 5), 0);
+        ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
+        rc = moe_ckpt_load(ck, &m, &opt, &st);
+        moe_adamw_free(&opt);
+        moe_model_free(&m);
+        expect_named_empty("moe_ckpt_load (resume)", rc, "trainer_state.json");
+    }
+}
+END_TEST
+
 // A layer the model lacks (layer 4 of a 2-layer model) is refused by every
 // reader.
 START_TEST(test_every_reader_refuses_task_experts_of_a_layer_the_model_lacks) {
@@ -304,6 +354,7 @@ static Suite *suite(void) {
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_every_reader_refuses_a_file_whose_size_differs_from_the_manifest);
     tcase_add_test(tc, test_every_reader_refuses_a_task_experts_json_that_is_not_json);
+    tcase_add_test(tc, test_an_empty_json_file_is_named_as_empty);
     tcase_add_test(tc, test_every_reader_refuses_task_experts_of_a_layer_the_model_lacks);
     tcase_add_test(tc, test_task_expert_mismatch_names_both_full_sets);
     tcase_add_test(tc, test_checkpoint_config_errors_point_into_the_file);

@@ -225,7 +225,8 @@ START_TEST(test_manifest_of_token_files_is_checked_strictly) {
         {"{\"format\": \"llm.c\", \"vocab_size\": 256}", "tokenizer is missing"},
         {"{\"format\": \"llm.c\", \"tokenizer\": \"bytes\"}", "vocab_size is missing"},
         {"{\"format\": \"llm.c\",", "manifest.json:1:"},
-        {"", "manifest.json:1:1: empty file"},
+        {"", "manifest.json: the file is empty (the manifest"},
+        {" \n\t\n", "manifest.json: the file is empty (the manifest"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         FILE *f = fopen(mf, "w");

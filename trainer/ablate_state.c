@@ -6,6 +6,7 @@
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/fsio.h"
+#include "moe/json_error.h"
 
 #include <jansson.h>
 #include <limits.h>
@@ -266,7 +267,7 @@ int moe_ablate_state_read(const char *out, const moe_config *base, const moe_gri
     json_error_t je;
     json_t *doc = json_loadf(f, 0, &je);
     fclose(f);
-    if (!doc) return moe_fail(MOE_EINVAL, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+    if (!doc) return moe_json_fail(MOE_EINVAL, path, &je);
     json_t *runs = json_object_get(doc, "runs");
     rc = same_grid(path, json_object_get(doc, "grid"), axes, n_axes);
     if (rc == 0) rc = same_base(path, json_object_get(doc, "base"), base);

@@ -9,6 +9,7 @@
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/fsio.h"
+#include "moe/json_error.h"
 #include "moe/log.h"
 #include "moe/safetensors.h"
 #include "moe/task_experts.h"
@@ -1120,7 +1121,7 @@ static int load_state(const char *path, moe_model *m, moe_adamw *opt, moe_train_
     json_error_t jerr;
     json_t *doc = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
     fclose(f);
-    if (!doc) return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
+    if (!doc) return moe_json_fail(MOE_EFORMAT, path, &jerr);
     int rc = 0, n_dyn = 0;
     json_int_t step = 0, adam_step = 0;
     uint64_t cur[2];

@@ -5,6 +5,7 @@
 #include "moe/config.h"
 #include "moe/error.h"
 #include "moe/file.h"
+#include "moe/json_error.h"
 #include "moe/parse.h"
 #include "trainer/config_internal.h"
 #include "trainer/json_pos.h"
@@ -797,10 +798,8 @@ int moe_config_load(moe_config *cfg, moe_config_src *src, const char *path) {
     json_t *root = json_loadb(json, (size_t)len - bom, JSON_REJECT_DUPLICATES, &jerr);
     if (!root) {
         free(text);
-        // Columns count from 1; jansson says 0 at the start of a line (an end
-        // of input after a newline), which an editor shows as column 1.
-        return moe_fail(MOE_EINVAL, "%s:%d:%d: %s", path, jerr.line,
-                        jerr.column > 0 ? jerr.column : 1, jerr.text);
+        return moe_fail(MOE_EINVAL, "%s:%d:%d: %s", path, jerr.line, moe_json_column(&jerr),
+                        jerr.text);
     }
     int rc = 0;
     json_pos *pos = NULL;

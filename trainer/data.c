@@ -8,6 +8,7 @@
 #include "moe/alloc.h"
 #include "moe/error.h"
 #include "moe/file.h"
+#include "moe/json_error.h"
 #include "moe/rng.h"
 #include "moe/shards.h"
 #include "moe/tokenizer.h"
@@ -423,14 +424,15 @@ static int check_manifest(const char *dir, const char *spec, const struct moe_to
     if (rc == MOE_ENOTFOUND) return 0;
     if (rc < 0) return rc;
     json_error_t jerr;
-    json_t *m = text ? json_loadb(text, len, 0, &jerr) : NULL;
+    json_t *m = json_loadb(text ? text : "", len, 0, &jerr); // an empty file maps to NULL
     moe_unmap(text, len);
-    if (!m)
+    if (!m) {
+        moe_json_fail(MOE_EINVAL, p, &jerr);
         return moe_fail(MOE_EINVAL,
-                        "%s:%d:%d: %s (the manifest moe prepare writes beside its "
-                        "token files; prepare them again, or remove it)",
-                        p, text ? jerr.line : 1, text ? jerr.column : 1,
-                        text ? jerr.text : "empty file");
+                        "%s (the manifest moe prepare writes beside its token files; prepare "
+                        "them again, or remove it)",
+                        moe_last_error());
+    }
     // Every manifest moe prepare wrote says "format": "llm.c" and names its
     // tokenizer and vocab_size: one without them is refused, not passed (a
     // manifest edited down to nothing would skip the check). Another format

@@ -9,6 +9,7 @@
 #include "moe/checkpoint.h"
 #include "moe/error.h"
 #include "moe/file.h"
+#include "moe/json_error.h"
 #include "moe/log.h"
 #include "moe/parallel.h"
 
@@ -541,7 +542,7 @@ int moe_parallel_placement_resume(moe_parallel *p, moe_model *m, const char *dir
     json_error_t jerr;
     json_t *doc = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
     fclose(f);
-    if (!doc) return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
+    if (!doc) return moe_json_fail(MOE_EFORMAT, path, &jerr);
     int rc = read_state(p, m, path, doc);
     json_decref(doc);
     return rc;

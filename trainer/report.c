@@ -5,6 +5,7 @@
 #include "moe/report.h"
 #include "moe/error.h"
 #include "moe/file.h"
+#include "moe/json_error.h"
 
 #include "trainer/report_out.h"
 
@@ -443,7 +444,7 @@ static int read_config(moe_run_metrics *m, const char *run_dir) {
     json_error_t jerr;
     json_t *doc = json_loadf(f, 0, &jerr);
     fclose(f);
-    if (!doc) return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
+    if (!doc) return moe_json_fail(MOE_EFORMAT, path, &jerr);
     int rc = json_is_object(doc) ? flatten_cfg(m, doc, "")
                                  : moe_fail(MOE_EFORMAT, "%s: not a JSON object", path);
     json_decref(doc);
@@ -481,7 +482,8 @@ int moe_metrics_read(const char *run_dir, moe_run_metrics *m) {
             break;
         }
         if (!rec) {
-            rc = moe_fail(MOE_EFORMAT, "%s:%d: not JSON: %s", where, jerr.column, jerr.text);
+            rc = moe_fail(MOE_EFORMAT, "%s:%d: not JSON: %s", where, moe_json_column(&jerr),
+                          jerr.text);
             break;
         }
         rc = read_record(m, rec, where);

@@ -5,6 +5,7 @@
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/fsio.h"
+#include "moe/json_error.h"
 #include "moe/parse.h"
 #include "moe/safetensors.h"
 
@@ -309,7 +310,7 @@ int moe_task_experts_read(const char *path, moe_task_experts *te) {
     MOE_TRY(moe_fopen_regular(path, &in));
     json_t *doc = json_loadf(in, 0, &jerr);
     fclose(in);
-    if (!doc) return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
+    if (!doc) return moe_json_fail(MOE_EFORMAT, path, &jerr);
     int rc = 0;
     json_t *tasks = json_object_get(doc, "tasks"), *layers = json_object_get(doc, "layers"),
            *k = json_object_get(doc, "top_k"), *vt = json_object_get(doc, "val_tokens");

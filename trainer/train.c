@@ -8,6 +8,7 @@
 #include "moe/checkpoint.h"
 #include "moe/error.h"
 #include "moe/file.h"
+#include "moe/json_error.h"
 #include "moe/log.h"
 #include "moe/mfu.h"
 #include "moe/optim.h"
@@ -450,7 +451,8 @@ static int check_metrics(const char *out) {
             rc = moe_fail(MOE_EINVAL,
                           "%s:%ld:%d: %s; moe train writes one JSON object a line: remove or "
                           "repair the line, then resume",
-                          path, no, rec ? 1 : e.column, rec ? "not a JSON object" : "not JSON");
+                          path, no, rec ? 1 : moe_json_column(&e),
+                          rec ? "not a JSON object" : "not JSON");
         json_decref(rec);
     }
     if (rc == 0 && ferror(f)) rc = moe_fail(MOE_EIO, "%s: read failed: %s", path, strerror(errno));

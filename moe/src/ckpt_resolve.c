@@ -3,6 +3,7 @@
 // reader goes through it, so eval, generate, export and resume never disagree.
 #include "moe/checkpoint.h"
 #include "moe/error.h"
+#include "moe/json_error.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -54,7 +55,7 @@ int moe_ckpt_check_sizes(const char *folder) {
         return moe_fail(MOE_EFORMAT, "%s: not a regular file of at most 1 MiB", p);
     json_error_t jerr;
     json_t *doc = json_load_file(p, JSON_REJECT_DUPLICATES, &jerr);
-    if (!doc) return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", p, jerr.line, jerr.column, jerr.text);
+    if (!doc) return moe_json_fail(MOE_EFORMAT, p, &jerr);
     json_t *files = json_object_get(doc, "files"), *v;
     int rc = 0;
     const char *name;

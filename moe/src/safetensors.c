@@ -7,6 +7,7 @@
 #include "moe/error.h"
 #include "moe/file.h"
 #include "moe/fsio.h"
+#include "moe/json_error.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -313,7 +314,7 @@ int moe_st_open(const char *path, moe_st_file **out) {
     root = json_loadb(hdr, n, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
         MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: header is not valid JSON: line %d column %d: %s",
-                              path, jerr.line, jerr.column, jerr.text),
+                              path, jerr.line, moe_json_column(&jerr), jerr.text),
                      rc);
     if (!json_is_object(root))
         MOE_TRY_GOTO(moe_fail(MOE_EFORMAT, "%s: header JSON is not an object", path), rc);

@@ -5,6 +5,7 @@
 #include "moe/checkpoint.h"
 #include "moe/error.h"
 #include "moe/file.h"
+#include "moe/json_error.h"
 #include "moe/safetensors.h"
 
 #include <jansson.h>
@@ -127,8 +128,7 @@ static int open_index(moe_st_set *s, const char *dir, const char *index) {
     if (fstat(fileno(in), &sb) == 0) s->index_bytes = (uint64_t)sb.st_size;
     json_t *doc = json_loadf(in, JSON_REJECT_DUPLICATES, &jerr);
     fclose(in);
-    if (!doc)
-        return moe_fail(MOE_EFORMAT, "%s:%d:%d: %s", index, jerr.line, jerr.column, jerr.text);
+    if (!doc) return moe_json_fail(MOE_EFORMAT, index, &jerr);
     int rc = 0;
     s->total_bytes += s->index_bytes;
     moe_name_map files = {0}; // shard path -> position in s->files

@@ -5,7 +5,14 @@
 // pass alone) and the rest; the CPU time split into user and system, and
 // context switches (getrusage over the measured steps, all threads). One JSON line; --machine NAME
 // adds it.
-//   build/bench/train_step [CONFIG] [--steps N] [--machine NAME]
+//
+// --stream-floor replaces the AdamW update by a pass that moves the same
+// bytes (reads parameters, gradients and both moments, writes parameters and
+// moments back unchanged: one multiply-add by zero per stream) over the same
+// chunks and threads, so "optimizer" then gives the memory floor of the
+// update inside a real step (the parameters do not change: a timing run, not
+// training).
+//   build/bench/train_step [CONFIG] [--steps N] [--machine NAME] [--stream-floor]
 #include "kernels/cpu/cpu.h"
 #include "moe/config.h"
 #include "moe/data.h"
@@ -19,6 +26,45 @@
 #include <sys/resource.h>
 #include <time.h>
 
+typedef struct {
+    float *p, *m, *v;
+    uint16_t *m16, *v16;
+    const float *g;
+    size_t n;
+} stream_job;
+
+enum { STREAM_CHUNK = 1 << 15 }; // the update's chunk (kernels/cpu/adamw.c)
+
+static void stream_chunk(void *ctx, int c) {
+    const stream_job *J = ctx;
+    const size_t i0 = (size_t)c * STREAM_CHUNK;
+    const size_t i1 = J->n - i0 < STREAM_CHUNK ? J->n : i0 + STREAM_CHUNK;
+    float *restrict p = J->p;
+    const float *restrict g = J->g;
+    if (J->m) {
+        float *restrict m = J->m, *restrict v = J->v;
+        for (size_t i = i0; i < i1; i++) {
+            const float z = 0.0f * g[i];
+            p[i] += z, m[i] += z, v[i] += z;
+        }
+    } else {
+        uint16_t *restrict m = J->m16, *restrict v = J->v16;
+        for (size_t i = i0; i < i1; i++) {
+            const uint16_t z = g[i] != g[i]; // 0 for every finite gradient
+            p[i] += (float)z, m[i] += z, v[i] += z;
+        }
+    }
+}
+
+static void stream_floor(moe_adamw *opt, float *params, const float *grads, size_t n) {
+    stream_job J = {.p = params, .g = grads, .n = n};
+    if (opt->state == MOE_ADAMW_BF16)
+        J.m16 = moe_adamw_moment(opt, 0), J.v16 = moe_adamw_moment(opt, 1);
+    else
+        J.m = moe_adamw_moment(opt, 0), J.v = moe_adamw_moment(opt, 1);
+    moe_cpu_parallel_for((int)((n + STREAM_CHUNK - 1) / STREAM_CHUNK), stream_chunk, &J);
+}
+
 static double now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -29,11 +75,14 @@ int main(int argc, char **argv) {
     const char *config = "configs/tiny.json";
     const char *machine = "";
     int steps = 30, warmup = 5;
+    bool floor_only = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--steps") && i + 1 < argc)
             steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--machine") && i + 1 < argc)
             machine = argv[++i];
+        else if (!strcmp(argv[i], "--stream-floor"))
+            floor_only = true;
         else
             config = argv[i];
     }
@@ -73,8 +122,11 @@ int main(int argc, char **argv) {
         }
         double t1 = now();
         double gn = moe_grad_norm(m.grads, n), tn = now();
-        moe_adamw_update_clipped(&opt, m.params, m.grads, gn, cfg.train.grad_clip,
-                                 (float)cfg.train.lr, 0.9f, 0.95f, 1e-8f, 0.1f);
+        if (floor_only)
+            stream_floor(&opt, m.params, m.grads, n);
+        else
+            moe_adamw_update_clipped(&opt, m.params, m.grads, gn, cfg.train.grad_clip,
+                                     (float)cfg.train.lr, 0.9f, 0.95f, 1e-8f, 0.1f);
         double t2 = now();
         if (s >= warmup) {
             t_opt += t2 - t1;
@@ -92,18 +144,20 @@ int main(int argc, char **argv) {
     double experts = lt->experts + lt->shared;
     double other = t_total - tm.attention - tm.ffn - tm.moe - tm.head - tm.embed - t_opt;
     other += tm.moe - routing - experts; // MoE-block norms and residual adds
-    printf("{\"bench\":\"train_step\",\"machine\":\"%s\",\"config\":\"%s\",\"params\":%zu,"
+    printf("{\"bench\":\"train_step\",\"machine\":\"%s\",\"config\":\"%s\",\"optimizer\":\"%s\","
+           "\"optimizer_state\":\"%s\",\"params\":%zu,"
            "\"tokens_per_step\":%zu,\"steps\":%d,\"ms_per_step\":%.2f,\"tokens_per_s\":%.0f,"
            "\"share\":{\"attention\":%.3f,\"moe_experts\":%.3f,\"router_permute\":%.3f,"
            "\"dense_ffn\":%.3f,\"lm_head_loss\":%.3f,\"optimizer\":%.3f,\"optimizer_norm\":%.3f,"
            "\"embedding\":%.3f,\"other\":%.3f},\"wall_s\":%.3f,\"user_s\":%.3f,"
            "\"sys_s\":%.3f,\"sys_share\":%.4f,\"voluntary_csw\":%ld,\"involuntary_csw\":%ld,"
            "\"cpu_threads\":%d}\n",
-           machine, config, n, nt, steps, 1e3 * t_total / steps, nt * steps / t_total,
-           tm.attention / t_total, experts / t_total, routing / t_total, tm.ffn / t_total,
-           tm.head / t_total, t_opt / t_total, t_norm / t_total, tm.embed / t_total,
-           other / t_total, t_total, user, sys, sys / (user + sys), ru1.ru_nvcsw - ru0.ru_nvcsw,
-           ru1.ru_nivcsw - ru0.ru_nivcsw, moe_cpu_threads());
+           machine, config, floor_only ? "stream_floor" : "adamw", cfg.train.optimizer_state, n, nt,
+           steps, 1e3 * t_total / steps, nt * steps / t_total, tm.attention / t_total,
+           experts / t_total, routing / t_total, tm.ffn / t_total, tm.head / t_total,
+           t_opt / t_total, t_norm / t_total, tm.embed / t_total, other / t_total, t_total, user,
+           sys, sys / (user + sys), ru1.ru_nvcsw - ru0.ru_nvcsw, ru1.ru_nivcsw - ru0.ru_nivcsw,
+           moe_cpu_threads());
     free(in);
     free(tg);
     free(task);

@@ -163,7 +163,11 @@ int main(int argc, char **argv) {
                     h ? "symbol missing" : dlerror());
             return 1;
         }
-        fns[n_fns] = f, names[n_fns++] = libs[l];
+        // named by its folder and file (blis-pthread/libblis.so.4)
+        const char *name = libs[l] + strlen(libs[l]);
+        for (int slashes = 0; name > libs[l] && slashes < 2; name--)
+            if (name[-1] == '/' && ++slashes == 2) break;
+        fns[n_fns] = f, names[n_fns++] = name;
     }
     for (size_t s = 0; s < sizeof SHAPES / sizeof *SHAPES; s++)
         for (int l = 0; l < n_fns; l++) {

@@ -570,6 +570,29 @@ START_TEST(test_ablate_exits_nonzero_when_a_run_failed) {
 }
 END_TEST
 
+// A message longer than the buffer keeps its start and its end (the reason),
+// cut between whole UTF-8 characters.
+START_TEST(test_a_long_error_message_keeps_its_end) {
+    static char path[6002] = "/"; // odd lengths: both cuts fall inside a character
+    for (int i = 0; i < 3000; i++)
+        memcpy(path + 1 + 2 * i, "\xc3\xa9", 2);
+    ck_assert_int_eq(moe_fail(MOE_EINVAL, "%s: the reasons", path), MOE_EINVAL);
+    const char *e = moe_last_error();
+    ck_assert_uint_lt(strlen(e), 512);
+    ck_assert_msg(!strncmp(e, "/\xc3\xa9\xc3\xa9", 5), "%s", e);
+    ck_assert_msg(strstr(e, "\xc3\xa9...\xc3\xa9"), "%s", e);
+    const char *end = ": the reasons";
+    ck_assert_str_eq(e + strlen(e) - strlen(end), end);
+    for (const unsigned char *b = (const unsigned char *)e; *b; b++) {
+        if (*b == 0xc3) ck_assert_uint_eq(b[1], 0xa9);
+        if (*b == 0xa9) ck_assert_uint_eq(b[-1], 0xc3);
+    }
+    // an argument of its own message still reads as the message before
+    moe_fail(MOE_EIO, "context: %s", moe_last_error());
+    ck_assert_str_eq(moe_last_error() + strlen(moe_last_error()) - strlen(end), end);
+}
+END_TEST
+
 START_TEST(test_version_names_the_project_version) {
     ck_assert_int_eq(run_moe("--version"), 0);
     const char *out = tu_file_text(dir, "out.txt");
@@ -604,6 +627,7 @@ int main(void) {
     tcase_add_test(tc, test_resume_refuses_a_bad_metrics_file_naming_it);
     tcase_add_test(tc, test_resume_of_a_finished_run_adds_no_records);
     tcase_add_test(tc, test_version_names_the_project_version);
+    tcase_add_test(tc, test_a_long_error_message_keeps_its_end);
     suite_add_tcase(s, tc);
     return tu_run(s);
 }

@@ -570,6 +570,37 @@ START_TEST(test_ablate_exits_nonzero_when_a_run_failed) {
 }
 END_TEST
 
+// A run folder whose checkpoint files would pass PATH_MAX is refused before
+// training, not at its first save after it (and the event file's name is not
+// cut short); the message keeps its reason, which the path alone would fill.
+START_TEST(test_a_run_folder_too_long_for_its_checkpoints_is_refused_before_training) {
+    char out[4041]; // with "/checkpoint.tmp/" and its longest file name: past 4095
+    size_t n = 0;
+    for (int i = 0; i < 19; i++) { // 19 folders of 200 characters
+        memset(out + n, 'd', 200);
+        out[n + 200] = '/';
+        n += 201;
+    }
+    memset(out + n, 'r', sizeof out - 1 - n);
+    out[sizeof out - 1] = 0;
+    write_text("out.name", out); // the shell reads it: a command line holds 4 KiB
+    static const char *const cmds[] = {
+        "train tiny.json --steps 3 --quiet --set train.tensorboard=true --out",
+        "ablate tiny.json --steps 3 --grid train.lr=1e-3,2e-3 --out"};
+    for (int c = 0; c < 2; c++) {
+        ck_assert_int_eq(tu_run_moe_in(dir, "%s \"$(cat out.name)\"", cmds[c]), 2);
+        const char *e = err_text();
+        ck_assert_msg(strstr(e, "path too long for a run folder"), "%s", e);
+        ck_assert_msg(strstr(e, "choose a shorter folder"), "%s", e);
+        ck_assert_uint_lt(strlen(e), 600);
+        char p[1000];
+        snprintf(p, sizeof p, "%s/%.200s", dir, out);
+        struct stat st;
+        ck_assert_msg(stat(p, &st) != 0, "%s: the run's folders were made", cmds[c]);
+    }
+}
+END_TEST
+
 // A message longer than the buffer keeps its start and its end (the reason),
 // cut between whole UTF-8 characters.
 START_TEST(test_a_long_error_message_keeps_its_end) {
@@ -627,6 +658,7 @@ int main(void) {
     tcase_add_test(tc, test_resume_refuses_a_bad_metrics_file_naming_it);
     tcase_add_test(tc, test_resume_of_a_finished_run_adds_no_records);
     tcase_add_test(tc, test_version_names_the_project_version);
+    tcase_add_test(tc, test_a_run_folder_too_long_for_its_checkpoints_is_refused_before_training);
     tcase_add_test(tc, test_a_long_error_message_keeps_its_end);
     suite_add_tcase(s, tc);
     return tu_run(s);

@@ -158,6 +158,20 @@ int moe_ckpt_run_folder(const char *run, int keep, long step, char *saved, size_
     return 0;
 }
 
+int moe_run_path_check(const char *run, int keep, long steps) {
+    char ck[PATH_MAX], name[40] = "checkpoint"; // the longest of its checkpoint folders
+    if (keep > 0) snprintf(name, sizeof name, "checkpoint-%ld", steps);
+    int rc = snprintf(ck, sizeof ck, "%s/%s", run, name) < (int)sizeof ck ? 0 : MOE_EINVAL;
+    if (rc == 0) rc = moe_ckpt_path_check(ck);
+    if (rc < 0)
+        return moe_fail(MOE_EINVAL,
+                        "%s: path too long for a run folder: the files of its checkpoints "
+                        "(%s.tmp/...) would pass %d characters, the longest path; choose a "
+                        "shorter folder",
+                        run, name, PATH_MAX - 1);
+    return 0;
+}
+
 int moe_ckpt_save_run(const char *run, int keep, const moe_model *m, const moe_adamw *opt,
                       const moe_train_state *st, moe_parallel *par, char *saved, size_t cap) {
     MOE_TRY(moe_ckpt_run_folder(run, keep, st->step, saved, cap));

@@ -217,6 +217,11 @@ int moe_ckpt_step_name(const char *name, long *step, int *suffix);
 // 1 when folder RUN holds a run: a non-empty metrics.jsonl, a checkpoint, checkpoint-STEP
 // or latest (or the leftovers of a save of one of them), else 0.
 int moe_run_exists(const char *run);
+// MOE_EINVAL, naming RUN, when a run into RUN with train.keep_checkpoints =
+// keep and train.steps = steps would write a path longer than PATH_MAX allows
+// (its longest: a checkpoint's temp files): checked before training, as a save
+// would fail only after it.
+int moe_run_path_check(const char *run, int keep, long steps);
 // Removes what a run wrote into RUN (metrics.jsonl, config.json, checkpoint*,
 // latest*, its TensorBoard event files), for train --overwrite; other files
 // are left alone. A config.json moe train did not write (moe_run_foreign_config)

@@ -375,6 +375,31 @@ START_TEST(test_overwrite_replaces_the_run) {
 }
 END_TEST
 
+// --overwrite removes what a run wrote, and a folder named metrics.jsonl or a
+// file named checkpoint is no run's: it is refused, and what it holds stays.
+START_TEST(test_overwrite_keeps_a_folder_or_file_where_a_run_writes_the_other) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/a", dir);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/a/metrics.jsonl", dir);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    write_text("a/metrics.jsonl/notes.txt", "mine\n");
+    snprintf(p, sizeof p, "%s/b", dir);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    write_text("b/checkpoint", "mine too\n");
+    write_text("b/metrics.jsonl", "");
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --steps 2 --quiet --out %s/a --overwrite", dir, dir), 2);
+    expect_in_err("a/metrics.jsonl: a folder where moe train writes a file");
+    ck_assert_str_eq(tu_file_text(dir, "a/metrics.jsonl/notes.txt"), "mine\n");
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --steps 2 --quiet --out %s/b --overwrite", dir, dir), 2);
+    expect_in_err("b/checkpoint: a file where moe train writes a folder");
+    ck_assert_str_eq(tu_file_text(dir, "b/checkpoint"), "mine too\n");
+    ck_assert_str_eq(tu_file_text(dir, "b/metrics.jsonl"), ""); // nothing went before the check
+}
+END_TEST
+
 START_TEST(test_resume_run_dir_alone_continues_the_run) {
     ck_assert_int_eq(run_moe("train %s/tiny.json --steps 4 --quiet --out %s/r", dir, dir), 0);
     // no CONFIG: the run's config.json and the run folder itself; --steps on top
@@ -643,6 +668,7 @@ int main(void) {
     tcase_add_test(tc, test_dry_run_checks_synthetic_data);
     tcase_add_test(tc, test_resume_from_an_earlier_checkpoint_keeps_one_record_per_step);
     tcase_add_test(tc, test_overwrite_replaces_the_run);
+    tcase_add_test(tc, test_overwrite_keeps_a_folder_or_file_where_a_run_writes_the_other);
     tcase_add_test(tc, test_a_run_failed_before_any_step_does_not_hold_the_folder);
     tcase_add_test(tc, test_resume_run_dir_alone_continues_the_run);
     tcase_add_test(tc, test_sigint_stops_with_a_checkpoint_and_a_working_resume_command);

@@ -317,10 +317,23 @@ int moe_run_clear(const char *run) {
     static const char *const names[] = {"metrics.jsonl",  "config.json",      "latest",
                                         "latest.tmp",     "checkpoint.trash", "checkpoint",
                                         "checkpoint.tmp", "checkpoint.old",   NULL};
+    enum { N_FILES = 4 }; // the names before it are files, the others folders
     char p[PATH_MAX];
+    // A folder where a run writes a file (or a file where it writes a folder)
+    // is not a run's: it could hold anything, and is never removed. All are
+    // checked before any is removed.
     for (int i = 0; names[i]; i++) {
+        struct stat sb;
         if (snprintf(p, sizeof p, "%s/%s", run, names[i]) >= (int)sizeof p)
             return moe_fail(MOE_EINVAL, "%s: path too long", run);
+        if (lstat(p, &sb) == 0 && (i < N_FILES ? S_ISDIR(sb.st_mode) : S_ISREG(sb.st_mode)))
+            return moe_fail(MOE_EINVAL,
+                            "%s: a %s where moe train writes a %s, so no run's; --overwrite "
+                            "removes only a run's files: move it away or choose another --out",
+                            p, i < N_FILES ? "folder" : "file", i < N_FILES ? "file" : "folder");
+    }
+    for (int i = 0; names[i]; i++) {
+        snprintf(p, sizeof p, "%s/%s", run, names[i]);
         MOE_TRY(moe_fs_remove_tree(p));
     }
     // the TensorBoard event files of train.tensorboard (trainer/tensorboard.c

@@ -224,8 +224,9 @@ int moe_run_exists(const char *run);
 int moe_run_path_check(const char *run, int keep, long steps);
 // Removes what a run wrote into RUN (metrics.jsonl, config.json, checkpoint*,
 // latest*, its TensorBoard event files), for train --overwrite; other files
-// are left alone. A config.json moe train did not write (moe_run_foreign_config)
-// is refused (MOE_EINVAL), not removed.
+// are left alone. A config.json moe train did not write (moe_run_foreign_config),
+// a folder where a run writes a file (metrics.jsonl/) or a file where it
+// writes a folder (checkpoint) is refused (MOE_EINVAL) before anything is removed.
 int moe_run_clear(const char *run);
 // 1 when RUN holds a config.json but nothing else moe train writes (no
 // metrics.jsonl, checkpoint or latest): another tool's file (a `moe export --hf`

@@ -236,6 +236,30 @@ START_TEST(test_resolved_config_round_trip) {
 }
 END_TEST
 
+// A string that is not UTF-8 (a file name's bytes through --set) cannot be
+// written to a JSON config: --set refuses it, naming the key and the byte, and
+// the writer fails rather than leave the key out (a run's config.json without
+// its data.path could not be resumed).
+START_TEST(test_a_value_that_is_not_utf8_is_refused_never_dropped) {
+    static const char *const sets[] = {"data.path=d/t\xff.txt", "data.val_path=\xc3(",
+                                       "model.tokenizer=tok\xed\xa0\x80.model",
+                                       "data.tasks=en=a.bin,de=b\xfe.bin", "data.tasks=c\xff,d"};
+    for (int i = 0; i < 5; i++) {
+        moe_config c;
+        moe_config_default(&c);
+        ck_assert_msg(moe_config_set(&c, NULL, sets[i]) == MOE_EINVAL, "accepted %s", sets[i]);
+        ck_assert_msg(strstr(moe_last_error(), "is not UTF-8"), "%s", moe_last_error());
+    }
+    moe_config c;
+    moe_config_default(&c);
+    snprintf(c.data.path, sizeof c.data.path, "t\xff.txt"); // past the checks
+    FILE *f = fopen(write_cfg(""), "w");
+    ck_assert_int_eq(moe_config_write(&c, f), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "data.path"), "%s", moe_last_error());
+    fclose(f);
+}
+END_TEST
+
 static Suite *config_suite(void) {
     Suite *s = suite_create("config");
     TCase *tc = tcase_create("config");
@@ -247,6 +271,7 @@ static Suite *config_suite(void) {
     tcase_add_test(tc, test_set_is_typed_by_key);
     tcase_add_test(tc, test_pair_error_points_at_the_set_that_broke_it);
     tcase_add_test(tc, test_resolved_config_round_trip);
+    tcase_add_test(tc, test_a_value_that_is_not_utf8_is_refused_never_dropped);
     suite_add_tcase(s, tc);
     return s;
 }

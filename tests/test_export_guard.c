@@ -3,13 +3,15 @@
 // previous export's files, is refused with exit 2 naming that file, and
 // nothing in it changes. An existing --hf folder is used only when empty or an
 // earlier export: a user's files (a tokenizer.model, a lone model.safetensors)
-// are refused by name and left as they were.
+// are refused by name and left as they were; a link loop or a dangling link
+// as --hf is refused by name too.
 #include "moe/error.h"
 #include "testutil.h"
 
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static long size_of(const char *dir, const char *name) {
     char p[1200];
@@ -94,6 +96,32 @@ START_TEST(test_export_refusal_names_the_files_that_are_there) {
 }
 END_TEST
 
+// A --hf that is a link loop or a link to nothing is bad input (exit 2,
+// saying so), as a file there is, and a reader given a link loop as the
+// checkpoint says what is wrong instead of "no such folder".
+START_TEST(test_export_and_eval_name_a_link_loop_or_a_dangling_link) {
+    char root[600], ck[700], a[700], b[700], args[2200];
+    saved_checkpoint(root, sizeof root, ck, sizeof ck);
+    snprintf(a, sizeof a, "%s/a", root);
+    snprintf(b, sizeof b, "%s/b", root);
+    ck_assert_int_eq(symlink(b, a), 0);
+    ck_assert_int_eq(symlink(a, b), 0);
+    export_to(root, ck, a, 2);
+    const char *err = tu_file_text(root, "err.txt");
+    ck_assert_msg(strstr(err, "Too many levels of symbolic links"), "%s", err);
+    snprintf(args, sizeof args, "eval %s", a);
+    ck_assert_int_eq(tu_run_moe(root, args), 2);
+    err = tu_file_text(root, "err.txt");
+    ck_assert_msg(strstr(err, "Too many levels of symbolic links"), "%s", err);
+    snprintf(a, sizeof a, "%s/dangling", root);
+    ck_assert_int_eq(symlink("nowhere", a), 0);
+    export_to(root, ck, a, 2);
+    err = tu_file_text(root, "err.txt");
+    ck_assert_msg(strstr(err, "a symbolic link to nothing"), "%s", err);
+    ck_assert_int_eq(size_of(root, "nowhere"), -1);
+}
+END_TEST
+
 // An empty folder is used; a folder an earlier SentencePiece export wrote is
 // replaced by a byte model's export, its tokenizer files removed (they would
 // make AutoTokenizer load a vocabulary the byte model does not have).
@@ -126,6 +154,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_export_refuses_a_folder_of_user_files_and_leaves_them);
     tcase_add_test(tc, test_export_refusal_names_the_files_that_are_there);
     tcase_add_test(tc, test_export_reuses_an_empty_folder_and_replaces_an_earlier_export);
+    tcase_add_test(tc, test_export_and_eval_name_a_link_loop_or_a_dangling_link);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -292,6 +292,32 @@ START_TEST(test_prepare_refuses_an_out_folder_with_old_shards) {
 }
 END_TEST
 
+// An --out too long for its shards' names is refused before anything is
+// read or made, not at the first shard with the name cut short.
+START_TEST(test_prepare_refuses_an_out_too_long_for_its_shards) {
+    char dir[600], f[700], out[4096];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    snprintf(f, sizeof f, "%s/f.txt", dir);
+    write_text(f, "line one\nline two\n");
+    int n = snprintf(out, sizeof out, "%s", dir);
+    while (n < 4080) { // folders of at most 200 characters, 4080 in all
+        int k = 4080 - n - 1 < 200 ? 4080 - n - 1 : 200;
+        out[n++] = '/';
+        memset(out + n, 'o', (size_t)k);
+        n += k;
+    }
+    out[n] = 0;
+    const char *in[] = {f};
+    moe_prepare_result r;
+    ck_assert_int_eq(prepare(out, in, 1, 0, MOE_DOC_LINE, 4, &r), MOE_EINVAL);
+    const char *e = moe_last_error(), *end = "choose a shorter --out";
+    ck_assert_msg(strstr(e, "path too long"), "%s", e);
+    ck_assert_str_eq(e + strlen(e) - strlen(end), end);
+    ck_assert_int_eq(tu_count_entries(dir), 1); // f.txt alone
+    ck_assert_int_eq(moe_fs_remove_tree(dir), 0);
+}
+END_TEST
+
 static volatile sig_atomic_t stop_flag;
 static void stop_after_first_file(void *ctx, const moe_prepare_progress *p) {
     (void)ctx;
@@ -583,6 +609,7 @@ static Suite *prepare_suite(void) {
     tcase_add_test(tc, test_prepare_counts_and_names_skipped_entries);
     tcase_add_test(tc, test_prepare_refuses_a_file_included_twice);
     tcase_add_test(tc, test_prepare_refuses_an_out_folder_with_old_shards);
+    tcase_add_test(tc, test_prepare_refuses_an_out_too_long_for_its_shards);
     tcase_add_test(tc, test_prepare_stopped_leaves_no_shard);
     tcase_add_test(tc, test_prepare_refuses_a_tmp_another_run_is_writing);
     tcase_add_test(tc, test_prepare_never_replaces_or_removes_another_runs_shard);

@@ -375,6 +375,31 @@ START_TEST(test_overwrite_replaces_the_run) {
 }
 END_TEST
 
+// --overwrite removes what a run wrote, and a folder named metrics.jsonl or a
+// file named checkpoint is no run's: it is refused, and what it holds stays.
+START_TEST(test_overwrite_keeps_a_folder_or_file_where_a_run_writes_the_other) {
+    char p[800];
+    snprintf(p, sizeof p, "%s/a", dir);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    snprintf(p, sizeof p, "%s/a/metrics.jsonl", dir);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    write_text("a/metrics.jsonl/notes.txt", "mine\n");
+    snprintf(p, sizeof p, "%s/b", dir);
+    ck_assert_int_eq(mkdir(p, 0755), 0);
+    write_text("b/checkpoint", "mine too\n");
+    write_text("b/metrics.jsonl", "");
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --steps 2 --quiet --out %s/a --overwrite", dir, dir), 2);
+    expect_in_err("a/metrics.jsonl: a folder where moe train writes a file");
+    ck_assert_str_eq(tu_file_text(dir, "a/metrics.jsonl/notes.txt"), "mine\n");
+    ck_assert_int_eq(
+        run_moe("train %s/tiny.json --steps 2 --quiet --out %s/b --overwrite", dir, dir), 2);
+    expect_in_err("b/checkpoint: a file where moe train writes a folder");
+    ck_assert_str_eq(tu_file_text(dir, "b/checkpoint"), "mine too\n");
+    ck_assert_str_eq(tu_file_text(dir, "b/metrics.jsonl"), ""); // nothing went before the check
+}
+END_TEST
+
 START_TEST(test_resume_run_dir_alone_continues_the_run) {
     ck_assert_int_eq(run_moe("train %s/tiny.json --steps 4 --quiet --out %s/r", dir, dir), 0);
     // no CONFIG: the run's config.json and the run folder itself; --steps on top
@@ -570,6 +595,60 @@ START_TEST(test_ablate_exits_nonzero_when_a_run_failed) {
 }
 END_TEST
 
+// A run folder whose checkpoint files would pass PATH_MAX is refused before
+// training, not at its first save after it (and the event file's name is not
+// cut short); the message keeps its reason, which the path alone would fill.
+START_TEST(test_a_run_folder_too_long_for_its_checkpoints_is_refused_before_training) {
+    char out[4041]; // with "/checkpoint.tmp/" and its longest file name: past 4095
+    size_t n = 0;
+    for (int i = 0; i < 19; i++) { // 19 folders of 200 characters
+        memset(out + n, 'd', 200);
+        out[n + 200] = '/';
+        n += 201;
+    }
+    memset(out + n, 'r', sizeof out - 1 - n);
+    out[sizeof out - 1] = 0;
+    write_text("out.name", out); // the shell reads it: a command line holds 4 KiB
+    static const char *const cmds[] = {
+        "train tiny.json --steps 3 --quiet --set train.tensorboard=true --out",
+        "ablate tiny.json --steps 3 --grid train.lr=1e-3,2e-3 --out"};
+    for (int c = 0; c < 2; c++) {
+        ck_assert_int_eq(tu_run_moe_in(dir, "%s \"$(cat out.name)\"", cmds[c]), 2);
+        const char *e = err_text();
+        ck_assert_msg(strstr(e, "path too long for a run folder"), "%s", e);
+        ck_assert_msg(strstr(e, "choose a shorter folder"), "%s", e);
+        ck_assert_uint_lt(strlen(e), 600);
+        char p[1000];
+        snprintf(p, sizeof p, "%s/%.200s", dir, out);
+        struct stat st;
+        ck_assert_msg(stat(p, &st) != 0, "%s: the run's folders were made", cmds[c]);
+    }
+}
+END_TEST
+
+// A message longer than the buffer keeps its start and its end (the reason),
+// cut between whole UTF-8 characters.
+START_TEST(test_a_long_error_message_keeps_its_end) {
+    static char path[6002] = "/"; // odd lengths: both cuts fall inside a character
+    for (int i = 0; i < 3000; i++)
+        memcpy(path + 1 + 2 * i, "\xc3\xa9", 2);
+    ck_assert_int_eq(moe_fail(MOE_EINVAL, "%s: the reasons", path), MOE_EINVAL);
+    const char *e = moe_last_error();
+    ck_assert_uint_lt(strlen(e), 512);
+    ck_assert_msg(!strncmp(e, "/\xc3\xa9\xc3\xa9", 5), "%s", e);
+    ck_assert_msg(strstr(e, "\xc3\xa9...\xc3\xa9"), "%s", e);
+    const char *end = ": the reasons";
+    ck_assert_str_eq(e + strlen(e) - strlen(end), end);
+    for (const unsigned char *b = (const unsigned char *)e; *b; b++) {
+        if (*b == 0xc3) ck_assert_uint_eq(b[1], 0xa9);
+        if (*b == 0xa9) ck_assert_uint_eq(b[-1], 0xc3);
+    }
+    // an argument of its own message still reads as the message before
+    moe_fail(MOE_EIO, "context: %s", moe_last_error());
+    ck_assert_str_eq(moe_last_error() + strlen(moe_last_error()) - strlen(end), end);
+}
+END_TEST
+
 START_TEST(test_version_names_the_project_version) {
     ck_assert_int_eq(run_moe("--version"), 0);
     const char *out = tu_file_text(dir, "out.txt");
@@ -589,6 +668,7 @@ int main(void) {
     tcase_add_test(tc, test_dry_run_checks_synthetic_data);
     tcase_add_test(tc, test_resume_from_an_earlier_checkpoint_keeps_one_record_per_step);
     tcase_add_test(tc, test_overwrite_replaces_the_run);
+    tcase_add_test(tc, test_overwrite_keeps_a_folder_or_file_where_a_run_writes_the_other);
     tcase_add_test(tc, test_a_run_failed_before_any_step_does_not_hold_the_folder);
     tcase_add_test(tc, test_resume_run_dir_alone_continues_the_run);
     tcase_add_test(tc, test_sigint_stops_with_a_checkpoint_and_a_working_resume_command);
@@ -604,6 +684,8 @@ int main(void) {
     tcase_add_test(tc, test_resume_refuses_a_bad_metrics_file_naming_it);
     tcase_add_test(tc, test_resume_of_a_finished_run_adds_no_records);
     tcase_add_test(tc, test_version_names_the_project_version);
+    tcase_add_test(tc, test_a_run_folder_too_long_for_its_checkpoints_is_refused_before_training);
+    tcase_add_test(tc, test_a_long_error_message_keeps_its_end);
     suite_add_tcase(s, tc);
     return tu_run(s);
 }

@@ -274,6 +274,10 @@ static int check_grid(const moe_config *base, const moe_grid_axis *axes, int n_a
         cell_of(i, axes, n_axes, rows[i].idx);
         moe_config c;
         int rc = check_cell(&c, base, axes, n_axes, rows[i].idx, o);
+        char run[PATH_MAX];
+        if (rc == 0 && snprintf(run, sizeof run, "%s/run_%03d", o->out, i) >= (int)sizeof run)
+            rc = moe_fail(MOE_EINVAL, "--out %s: path too long", o->out);
+        if (rc == 0) rc = moe_run_path_check(run, c.train.keep_checkpoints, (long)c.train.steps);
         if (rc < 0) {
             char label[MOE_GRID_MAX_AXES * 200];
             cell_label(label, sizeof label, axes, n_axes, rows[i].idx);

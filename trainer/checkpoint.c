@@ -39,6 +39,19 @@ static int join(char *out, const char *dir, const char *suffix) {
     return 0;
 }
 
+// The longest path a save of dir writes: the temp name of the sharded
+// layout's longest file in dir.tmp (dir.trash holds no temp names). It fits:
+// all fit.
+#define CKPT_LONGEST_FILE ".tmp/optimizer-00000-of-00000.safetensors.index.json.tmp.XXXXXX"
+
+int moe_ckpt_path_check(const char *dir) {
+    if (strlen(dir) + strlen(CKPT_LONGEST_FILE) < PATH_MAX) return 0;
+    return moe_fail(MOE_EINVAL,
+                    "%s: path too long for a checkpoint: a save writes paths up to %zu "
+                    "characters longer inside it, and a path holds at most %d",
+                    dir, strlen(CKPT_LONGEST_FILE), PATH_MAX - 1);
+}
+
 // The tensor file of shard k (0-based) of n: BASE.safetensors when n = 1
 // (one process, or no expert parallelism: the single-file layout), else
 // BASE-0000{k+1}-of-0000{n}.safetensors (the Hugging Face shard names).
@@ -433,13 +446,11 @@ static int render_small(save_job *j, const moe_model *m, const moe_adamw *opt,
 static int job_start(save_job *j, const char *dir, const moe_model *m, const moe_adamw *opt,
                      const moe_train_state *st, moe_parallel *par, const save_src *src,
                      bool agree) {
-    char p[PATH_MAX];
+    MOE_TRY(moe_ckpt_path_check(dir));
     MOE_TRY(join(j->dir, dir, ""));
     MOE_TRY(join(j->tmp, dir, ".tmp"));
     MOE_TRY(join(j->old, dir, ".old"));
     MOE_TRY(join(j->trash, dir, ".trash"));
-    // The longest name fits: all fit.
-    MOE_TRY(join(p, j->tmp, "/optimizer-00000-of-00000.safetensors.index.json.tmp.XXXXXX"));
     if (par && par->ep_size > 99999)
         return moe_fail(MOE_EINVAL, "checkpoint: %d shards: at most 99999", par->ep_size);
     j->sharded = par && par->ep_size > 1;

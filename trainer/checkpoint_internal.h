@@ -27,6 +27,9 @@ void moe_ckpt_trash_free(moe_ckpt_trash *t);
 // The folder a save of step into run writes (RUN/checkpoint-STEP with keep >
 // 0, else RUN/checkpoint), into saved (cap bytes).
 int moe_ckpt_run_folder(const char *run, int keep, long step, char *saved, size_t cap);
+// MOE_EINVAL when a save of checkpoint folder dir would write a path longer
+// than PATH_MAX allows (checked again by every save).
+int moe_ckpt_path_check(const char *dir);
 // Rank 0, once the folder of step is in place: `latest` and the rotation
 // (steps 2-3 of the save with rotation in moe/checkpoint.h). later NULL: the
 // pruned folders are removed now; else they are only renamed to their trash

@@ -7,6 +7,7 @@
 #include "moe/file.h"
 #include "moe/json_error.h"
 #include "moe/parse.h"
+#include "moe/shards.h"
 #include "trainer/config_internal.h"
 #include "trainer/json_pos.h"
 
@@ -365,6 +366,20 @@ static int list_max(const key_def *k) {
 
 // The one range check of every key, for set values and whole configs alike:
 // the value(s) stored for k are inside k's range (lists: every item).
+// A config is JSON, whose strings are UTF-8: a value that is not (a file
+// name's bytes through --set) could not be written to the run's config.json,
+// and the run could not be resumed or read.
+static int check_utf8(const char *key, int item, const char *s) {
+    long bad = moe_utf8_bad((const unsigned char *)s, (long)strlen(s));
+    if (bad < 0) return 0;
+    char it[32] = "";
+    if (item >= 0) snprintf(it, sizeof it, " item %d", item);
+    return moe_fail(MOE_EINVAL,
+                    "%s%s: byte %ld is not UTF-8, and a config (JSON) holds UTF-8 text only: "
+                    "rename the file, or name it by a glob",
+                    key, it, bad);
+}
+
 static int check_key(const moe_config *cfg, const key_def *k) {
     const char *base = (const char *)cfg;
     switch (k->kind) {
@@ -388,7 +403,7 @@ static int check_key(const moe_config *cfg, const key_def *k) {
                             str_cap(k) - 1);
         if (k->values && !in_values(k->values, s))
             return moe_fail(MOE_EINVAL, "%s = '%.64s': expected one of %s", k->key, s, k->values);
-        return 0;
+        return check_utf8(k->key, -1, s);
     }
     case K_INTS:
     case K_DBLS:
@@ -411,6 +426,9 @@ static int check_key(const moe_config *cfg, const key_def *k) {
                 !memchr(cfg->data.task_paths[i], 0, MOE_PATH_MAX))
                 return moe_fail(MOE_EINVAL, "%s item %d: file longer than %d characters", k->key, i,
                                 MOE_PATH_MAX - 1);
+            if (k->kind == K_STRS) MOE_TRY(check_utf8(k->key, i, s));
+            if (k->kind == K_STRS && is_tasks_key(k))
+                MOE_TRY(check_utf8(k->key, i, cfg->data.task_paths[i]));
         }
         return 0;
     }
@@ -924,18 +942,18 @@ static json_t *value_json(const moe_config *cfg, const key_def *k) {
     int n = *(const int *)(base + k->count_off);
     if (is_tasks_key(k) && n > 0 && cfg->data.task_paths[0][0]) { // file tasks: the map
         json_t *o = json_object();
-        for (int i = 0; i < n; i++)
-            json_object_set_new(o, cfg->data.tasks[i], json_string(cfg->data.task_paths[i]));
+        for (int i = 0; o && i < n; i++)
+            if (json_object_set_new(o, cfg->data.tasks[i], json_string(cfg->data.task_paths[i])))
+                json_decref(o), o = NULL;
         return o;
     }
     json_t *a = json_array();
-    for (int i = 0; i < n; i++) {
-        if (k->kind == K_INTS)
-            json_array_append_new(a, json_integer(((const int *)(base + k->off))[i]));
-        if (k->kind == K_DBLS)
-            json_array_append_new(a, json_real(((const double *)(base + k->off))[i]));
-        if (k->kind == K_STRS)
-            json_array_append_new(a, json_string(base + k->off + (size_t)i * MOE_NAME_MAX));
+    for (int i = 0; a && i < n; i++) {
+        json_t *v = NULL;
+        if (k->kind == K_INTS) v = json_integer(((const int *)(base + k->off))[i]);
+        if (k->kind == K_DBLS) v = json_real(((const double *)(base + k->off))[i]);
+        if (k->kind == K_STRS) v = json_string(base + k->off + (size_t)i * MOE_NAME_MAX);
+        if (json_array_append_new(a, v)) json_decref(a), a = NULL;
     }
     return a;
 }
@@ -948,7 +966,12 @@ int moe_config_write(const moe_config *cfg, FILE *f) {
         snprintf(section, sizeof section, "%.*s", (int)(dot - keys[i].key), keys[i].key);
         json_t *obj = json_object_get(root, section);
         if (!obj) json_object_set_new(root, section, obj = json_object());
-        json_object_set_new(obj, dot + 1, value_json(cfg, &keys[i]));
+        // a value jansson refuses (not UTF-8) fails the write, never drops the key
+        if (json_object_set_new(obj, dot + 1, value_json(cfg, &keys[i])) < 0) {
+            json_decref(root);
+            return moe_fail(MOE_EINVAL, "writing the config: %s: no JSON value (not UTF-8?)",
+                            keys[i].key);
+        }
     }
     int rc = json_dumpf(root, f, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
     json_decref(root);

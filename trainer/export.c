@@ -424,6 +424,10 @@ static int list_entries(const char *dir, char *buf, size_t cap) {
 static int check_out_dir(const char *ckpt, const char *out) {
     struct stat sb;
     bool exists = stat(out, &sb) == 0;
+    if (!exists && errno != ENOENT) // a link loop: mkdir would find it there
+        return moe_fail(MOE_EINVAL, "%s: cannot use: %s", out, strerror(errno));
+    if (!exists && lstat(out, &sb) == 0)
+        return moe_fail(MOE_EINVAL, "%s: a symbolic link to nothing: export to a folder", out);
     if (exists && !S_ISDIR(sb.st_mode))
         return moe_fail(MOE_EINVAL, "%s: exists and is not a folder", out);
     int within = moe_path_within(out, ckpt);

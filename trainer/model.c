@@ -295,9 +295,10 @@ int moe_model_init_ep(moe_model *m, const moe_config *cfg, int B, int T, int n_t
     if (!m->params || !m->grads || !acts || !m->task_tok || !m->cap_all || !m->load || !m->bias) {
         moe_mfree(acts);
         rc = moe_fail(MOE_ENOMEM,
-                      "model with %zu parameters and %zu activation floats: out of "
-                      "memory (reduce train.batch_size or model.seq_len)",
-                      n, n_acts);
+                      "model with %zu parameters and %zu activation floats (%.0f MiB with the "
+                      "gradients): out of memory (in training, a smaller train.batch_size or "
+                      "model.seq_len needs less)",
+                      n, n_acts, (2.0 * n + n_acts) * sizeof(float) / 1048576.0);
         goto fail;
     }
     layout_acts(m, acts);

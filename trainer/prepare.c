@@ -559,6 +559,13 @@ int moe_prepare(const moe_prepare_opts *o, moe_prepare_result *r) {
         return moe_fail(MOE_EINVAL, "--shard-tokens %ld: expected 1..%d", o->shard_tokens,
                         INT32_MAX);
     if (o->n_inputs < 1) return moe_fail(MOE_EINVAL, "no input files or folders");
+    // The longest name written: a shard's temp file. Found out only at the
+    // first shard, it would fail after the inputs' checks, with its name cut.
+    if (strlen(o->out_dir) + sizeof "/train_000000.bin.tmp" > PATH_MAX)
+        return moe_fail(MOE_EINVAL,
+                        "%s: path too long: its shards (train_000000.bin.tmp) would pass %d "
+                        "characters, the longest path; choose a shorter --out",
+                        o->out_dir, PATH_MAX - 1);
     const moe_prepare_tokenizer *tk = o->tokenizer;
     r->version = tk->vocab_size <= 65536 ? 1 : 2;
     input_list inl = {0};

@@ -158,6 +158,20 @@ int moe_ckpt_run_folder(const char *run, int keep, long step, char *saved, size_
     return 0;
 }
 
+int moe_run_path_check(const char *run, int keep, long steps) {
+    char ck[PATH_MAX], name[40] = "checkpoint"; // the longest of its checkpoint folders
+    if (keep > 0) snprintf(name, sizeof name, "checkpoint-%ld", steps);
+    int rc = snprintf(ck, sizeof ck, "%s/%s", run, name) < (int)sizeof ck ? 0 : MOE_EINVAL;
+    if (rc == 0) rc = moe_ckpt_path_check(ck);
+    if (rc < 0)
+        return moe_fail(MOE_EINVAL,
+                        "%s: path too long for a run folder: the files of its checkpoints "
+                        "(%s.tmp/...) would pass %d characters, the longest path; choose a "
+                        "shorter folder",
+                        run, name, PATH_MAX - 1);
+    return 0;
+}
+
 int moe_ckpt_save_run(const char *run, int keep, const moe_model *m, const moe_adamw *opt,
                       const moe_train_state *st, moe_parallel *par, char *saved, size_t cap) {
     MOE_TRY(moe_ckpt_run_folder(run, keep, st->step, saved, cap));
@@ -303,10 +317,23 @@ int moe_run_clear(const char *run) {
     static const char *const names[] = {"metrics.jsonl",  "config.json",      "latest",
                                         "latest.tmp",     "checkpoint.trash", "checkpoint",
                                         "checkpoint.tmp", "checkpoint.old",   NULL};
+    enum { N_FILES = 4 }; // the names before it are files, the others folders
     char p[PATH_MAX];
+    // A folder where a run writes a file (or a file where it writes a folder)
+    // is not a run's: it could hold anything, and is never removed. All are
+    // checked before any is removed.
     for (int i = 0; names[i]; i++) {
+        struct stat sb;
         if (snprintf(p, sizeof p, "%s/%s", run, names[i]) >= (int)sizeof p)
             return moe_fail(MOE_EINVAL, "%s: path too long", run);
+        if (lstat(p, &sb) == 0 && (i < N_FILES ? S_ISDIR(sb.st_mode) : S_ISREG(sb.st_mode)))
+            return moe_fail(MOE_EINVAL,
+                            "%s: a %s where moe train writes a %s, so no run's; --overwrite "
+                            "removes only a run's files: move it away or choose another --out",
+                            p, i < N_FILES ? "folder" : "file", i < N_FILES ? "file" : "folder");
+    }
+    for (int i = 0; names[i]; i++) {
+        snprintf(p, sizeof p, "%s/%s", run, names[i]);
         MOE_TRY(moe_fs_remove_tree(p));
     }
     // the TensorBoard event files of train.tensorboard (trainer/tensorboard.c

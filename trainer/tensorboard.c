@@ -137,8 +137,9 @@ int moe_tb_open(moe_tb_writer *w, const char *dir, long purge_step) {
     long long secs = ts.tv_sec;
     const long long latest = latest_seconds(dir);
     if (secs <= latest) secs = latest + 1;
-    snprintf(w->path, sizeof w->path, "%s/events.out.tfevents.%lld.moe.%ld", dir, secs,
-             (long)getpid());
+    if (snprintf(w->path, sizeof w->path, "%s/events.out.tfevents.%lld.moe.%ld", dir, secs,
+                 (long)getpid()) >= (int)sizeof w->path)
+        return moe_fail(MOE_EINVAL, "%s: path too long for its event file", dir);
     if (!(w->f = fopen(w->path, "wb")))
         return moe_fail(MOE_EIO, "%s: cannot create: %s", w->path, strerror(errno));
     const double now = ts.tv_sec + 1e-9 * ts.tv_nsec;

@@ -657,6 +657,10 @@ int moe_train(const moe_config *cfg_in, const moe_train_opts *o, moe_train_resul
         goto fail;
     }
     rc = moe_config_check(cfg, NULL);
+    // A run folder whose checkpoint paths are too long would fail its first
+    // save, after the training it was to keep.
+    if (rc == 0)
+        rc = moe_run_path_check(o->out_dir, cfg->train.keep_checkpoints, (long)cfg->train.steps);
     if (rc == 0) rc = open_run_tokenizer(cfg, o->resume_dir, &tok);
     if (rc == 0) rc = moe_device_check(cfg->train.device);
     if (rc == 0) rc = moe_parallel_init(&par, world, cfg);

@@ -180,6 +180,9 @@ int moe_ckpt_resolve(const char *dir_in, char *out, size_t out_size, moe_ckpt_la
     } else if (is_dir(old)) {
         pick = old;
     } else {
+        struct stat st; // a link loop or a folder it may not read is not a missing one
+        if (stat(dir, &st) != 0 && (errno == ELOOP || errno == EACCES))
+            return moe_fail(MOE_ENOTFOUND, "%s: no checkpoint here: %s", dir, strerror(errno));
         return moe_fail(MOE_ENOTFOUND, "%s: no checkpoint here (no such folder, nor %s.old%s)", dir,
                         dir, is_dir(tmp) ? "; its .tmp is incomplete: a save was cut off" : "");
     }

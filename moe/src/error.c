@@ -9,14 +9,35 @@
 
 static _Thread_local char last_error[512];
 
+// A message longer than the buffer (a path near PATH_MAX, or two of them)
+// keeps its start and its end, where the reason is, with "..." between:
+// cut at the end alone it would be the path and nothing else.
+static void elide(char *out, size_t cap, const char *s, size_t n) {
+    size_t head = cap / 3, tail = cap - 1 - head - 3;
+    while (head > 0 && ((unsigned char)s[head] & 0xC0) == 0x80) // whole UTF-8 characters
+        head--;
+    const char *t = s + n - tail;
+    while (*t && ((unsigned char)*t & 0xC0) == 0x80)
+        t++;
+    snprintf(out, cap, "%.*s...%s", (int)head, s, t);
+}
+
 int moe_fail(int code, const char *fmt, ...) {
     // Format into a copy: callers may pass moe_last_error() as an argument to
     // add context to the message already recorded.
     char buf[sizeof last_error];
-    va_list ap;
+    va_list ap, again;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_copy(again, ap);
+    const int n = vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    char *whole = n >= (int)sizeof buf ? malloc((size_t)n + 1) : NULL;
+    if (whole) { // (without memory the cut message stays)
+        vsnprintf(whole, (size_t)n + 1, fmt, again);
+        elide(buf, sizeof buf, whole, (size_t)n);
+        free(whole);
+    }
+    va_end(again);
     memcpy(last_error, buf, sizeof buf);
     return code;
 }

@@ -217,10 +217,16 @@ int moe_ckpt_step_name(const char *name, long *step, int *suffix);
 // 1 when folder RUN holds a run: a non-empty metrics.jsonl, a checkpoint, checkpoint-STEP
 // or latest (or the leftovers of a save of one of them), else 0.
 int moe_run_exists(const char *run);
+// MOE_EINVAL, naming RUN, when a run into RUN with train.keep_checkpoints =
+// keep and train.steps = steps would write a path longer than PATH_MAX allows
+// (its longest: a checkpoint's temp files): checked before training, as a save
+// would fail only after it.
+int moe_run_path_check(const char *run, int keep, long steps);
 // Removes what a run wrote into RUN (metrics.jsonl, config.json, checkpoint*,
 // latest*, its TensorBoard event files), for train --overwrite; other files
-// are left alone. A config.json moe train did not write (moe_run_foreign_config)
-// is refused (MOE_EINVAL), not removed.
+// are left alone. A config.json moe train did not write (moe_run_foreign_config),
+// a folder where a run writes a file (metrics.jsonl/) or a file where it
+// writes a folder (checkpoint) is refused (MOE_EINVAL) before anything is removed.
 int moe_run_clear(const char *run);
 // 1 when RUN holds a config.json but nothing else moe train writes (no
 // metrics.jsonl, checkpoint or latest): another tool's file (a `moe export --hf`

@@ -1249,6 +1249,37 @@ START_TEST(test_tick_labels_never_put_a_suffix_on_an_exponent) {
 }
 END_TEST
 
+// A run folder named in another encoding: its bytes reached the page as they
+// were, and the page says it is UTF-8. Each maximal ill-formed part is one
+// U+FFFD (a cut sequence is one), well-formed characters pass, markup and
+// control characters are escaped as before.
+START_TEST(test_svg_esc_writes_valid_utf8) {
+    const struct {
+        const char *in, *want;
+    } cases[] = {
+        {"run\xff", "run\xEF\xBF\xBD"},
+        {"a\xe2\x82\xac<b>", "a\xe2\x82\xac&lt;b&gt;"},             // a euro sign kept
+        {"cut\xe2\x82", "cut\xEF\xBF\xBD"},                          // one for the cut sequence
+        {"\xe2\x82x", "\xEF\xBF\xBDx"},                              // cut before an ASCII byte
+        {"\xc0\xaf", "\xEF\xBF\xBD\xEF\xBF\xBD"},                  // overlong: two
+        {"\xed\xa0\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"}, // a surrogate
+        {"\xf0\x9f\x98\x80 & '\x01'", "\xf0\x9f\x98\x80 &amp; &#39;?&#39;"},
+        {"\x80\xbf", "\xEF\xBF\xBD\xEF\xBF\xBD"}, // lone continuation bytes
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char *out = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&out, &len);
+        ck_assert_ptr_nonnull(f);
+        svg_esc(f, cases[i].in);
+        fclose(f);
+        ck_assert_msg(!strcmp(out, cases[i].want), "case %zu: got '%s'", i, out);
+        ck_assert_int_eq(moe_utf8_bad((const unsigned char *)out, (long)len), -1);
+        free(out);
+    }
+}
+END_TEST
+
 // A run resumed from its step-8 checkpoint after reaching step 12: the new
 // event file opens with a session_log START at step 9, and TensorBoard's
 // purge (every earlier point at that step or later dropped when the START
@@ -1352,6 +1383,7 @@ int main(void) {
     tcase_add_test(tc, test_tensorboard_events_verify_and_match_the_metrics);
     tcase_add_test(tc, test_tensorboard_resume_purges_the_redone_steps);
     tcase_add_test(tc, test_tick_labels_never_put_a_suffix_on_an_exponent);
+    tcase_add_test(tc, test_svg_esc_writes_valid_utf8);
     suite_add_tcase(s, tc);
     return tu_run(s);
 }

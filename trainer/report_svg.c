@@ -4,6 +4,7 @@
 // long run's page stays small.
 #include "trainer/report_svg.h"
 #include "moe/report.h"
+#include "moe/shards.h"
 
 #include <float.h>
 #include <math.h>
@@ -18,9 +19,22 @@ enum { W = 640, H = 250, ML = 64, MR = 140, MT = 30, MB = 42 };
 static const char *palette[10] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
                                   "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"};
 
+// Bytes that are not well-formed UTF-8 (a run folder named in another
+// encoding) become U+FFFD, one for each maximal ill-formed part as Unicode
+// recommends (a sequence cut short is one), so the page stays valid UTF-8.
 void svg_esc(FILE *f, const char *s) {
-    for (; *s; s++) {
-        switch (*s) {
+    while (*s) {
+        const unsigned char c = (unsigned char)*s;
+        if (c >= 0x80) {
+            const long len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : 2;
+            const long bad = moe_utf8_bad((const unsigned char *)s, len); // stops at the NUL
+            if (bad < 0)
+                fwrite(s, 1, (size_t)len, f), s += len;
+            else
+                fputs("\xEF\xBF\xBD", f), s += bad > 0 ? bad : 1;
+            continue;
+        }
+        switch (c) {
         case '&':
             fputs("&amp;", f);
             break;
@@ -38,11 +52,9 @@ void svg_esc(FILE *f, const char *s) {
             break;
         default:
             // control characters are not allowed in XML 1.0 text
-            if ((unsigned char)*s < 0x20 && *s != '\t' && *s != '\n')
-                fputc('?', f);
-            else
-                fputc(*s, f);
+            fputc(c < 0x20 && c != '\t' && c != '\n' ? '?' : c, f);
         }
+        s++;
     }
 }
 

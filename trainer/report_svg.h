@@ -8,7 +8,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
-// Writes s with & < > " ' escaped (text and attribute values alike).
+// Writes s with & < > " ' escaped (text and attribute values alike), control
+// characters as '?' and bytes that are not well-formed UTF-8 as U+FFFD.
 void svg_esc(FILE *f, const char *s);
 
 // A short axis label for v into buf [cap]: 0, 0.0012, 1500, 12.3k, 2.5M, 1G,

@@ -203,6 +203,39 @@ START_TEST(test_model_forward_deterministic_and_checked) {
 }
 END_TEST
 
+// The table-only model (checkpoint checks) lists the training model's views,
+// with the same kinds of layers, and allocates nothing; expert-parallel keys
+// are taken as one process, as by moe_model_init.
+START_TEST(test_model_init_table_matches) {
+    moe_config c = tiny();
+    c.moe.shared_experts = 1;
+    moe_model full, t;
+    ck_assert_int_eq(moe_model_init(&full, &c, B, T, 3), 0);
+    c.parallel.ep = 2;
+    c.comm.overlap_degree = 2;
+    ck_assert_msg(moe_model_init_table(&t, &c, 3) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(t.table.count, full.table.count);
+    ck_assert_uint_eq(t.table.numel, full.table.numel);
+    for (int i = 0; i < t.table.count; i++) {
+        const moe_param_view *a = &t.table.views[i], *b = &full.table.views[i];
+        ck_assert_str_eq(a->name, b->name);
+        ck_assert_int_eq(a->ndim, b->ndim);
+        for (int d = 0; d < a->ndim; d++)
+            ck_assert_int_eq(a->shape[d], b->shape[d]);
+        ck_assert_uint_eq(a->offset, b->offset);
+    }
+    ck_assert_int_eq(t.L, full.L);
+    for (int l = 0; l < t.L; l++)
+        ck_assert_int_eq(t.is_moe[l], full.is_moe[l]);
+    ck_assert_ptr_null(t.params);
+    ck_assert_ptr_null(t.grads);
+    moe_model_free(&t);
+    moe_model_free(&full);
+    c.model.n_kv_heads = 3; // checked like the full model
+    ck_assert_int_eq(moe_model_init_table(&t, &c, 3), MOE_EINVAL);
+}
+END_TEST
+
 static Suite *model_suite(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("model");
@@ -213,6 +246,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_model_gradients_cce);
     tcase_add_test(tc, test_model_cce_equals_plain);
     tcase_add_test(tc, test_model_forward_deterministic_and_checked);
+    tcase_add_test(tc, test_model_init_table_matches);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -288,15 +288,15 @@ static int write_config(const char *path, const moe_config *c, const moe_tokeniz
 // folder eval refuses, or a config.json edited to fewer layers than the
 // weights hold, is not exported as a different model.
 static int check_tensors(const char *ckpt, const moe_config *c, const moe_st_set *s) {
-    // A one-token model lists the views: training's memory savings
+    // The model's parameter table lists the views: training's memory savings
     // (memory.mini_seq chunks, memory.recompute) change no weight, and chunks
     // need at least as many tokens as chunks, so they are off here, as
-    // moe_model_init turns the parallel settings off.
+    // moe_model_init_table turns the parallel settings off.
     moe_config one = *c;
     one.memory.mini_seq = 1;
     snprintf(one.memory.recompute, sizeof one.memory.recompute, "none");
     moe_model m;
-    MOE_TRY(moe_model_init(&m, &one, 1, 1, c->data.n_tasks));
+    MOE_TRY(moe_model_init_table(&m, &one, c->data.n_tasks));
     int rc = 0;
     char have[160], want[160];
     for (int i = 0; i < m.table.count; i++) {

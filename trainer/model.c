@@ -162,17 +162,22 @@ static size_t layout_acts(moe_model *m, float *base) {
     return used;
 }
 
-int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks) {
-    // One process holds every expert, whatever layout wrote the checkpoint
-    // (rank 0 saves the full expert set, each under its own name): eval and
-    // export read it as ep = 1, without the keys that only shape how ranks
-    // trade tokens (the placement table, the overlapped exchange), which the
-    // config check refuses at ep = 1.
+// One process holds every expert, whatever layout wrote the checkpoint
+// (rank 0 saves the full expert set, each under its own name): eval and
+// export read it as ep = 1, without the keys that only shape how ranks
+// trade tokens (the placement table, the overlapped exchange), which the
+// config check refuses at ep = 1.
+static moe_config one_process(const moe_config *cfg) {
     moe_config one = *cfg;
     one.parallel.ep = 1;
     snprintf(one.placement.mode, sizeof one.placement.mode, "static");
     one.placement.slots_per_rank = 0;
     one.comm.overlap_degree = 1;
+    return one;
+}
+
+int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks) {
+    moe_config one = one_process(cfg);
     return moe_model_init_ep(m, &one, B, T, n_tasks, NULL);
 }
 
@@ -253,6 +258,12 @@ static int model_setup(moe_model *m, const moe_config *cfg, int B, int T, int n_
 fail:
     moe_param_table_free(&m->table);
     return rc;
+}
+
+int moe_model_init_table(moe_model *m, const moe_config *cfg, int n_tasks) {
+    moe_config one = one_process(cfg);
+    size_t moe_off[MOE_MAX_LAYERS];
+    return model_setup(m, &one, 1, 1, n_tasks, NULL, moe_off);
 }
 
 int moe_model_memory(const moe_config *cfg, int B, int T, int n_tasks, int ep_size, int ep_rank,

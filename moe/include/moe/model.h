@@ -114,6 +114,10 @@ int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_task
 // (which must outlive the model). ep NULL: a single process, parallel.ep 1.
 int moe_model_init_ep(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks,
                       const moe_ep_group *ep);
+// Only the parameter table, sizes and layer kinds of moe_model_init's model
+// (one sequence of one token): no buffers, nothing initialised. For readers
+// that check a checkpoint's tensor names and shapes; moe_model_free frees it.
+int moe_model_init_table(moe_model *m, const moe_config *cfg, int n_tasks);
 void moe_model_free(moe_model *m);
 
 // Forward on inputs [B, T] (B <= allocated B, T <= allocated T). targets may

@@ -236,6 +236,44 @@ START_TEST(test_model_init_table_matches) {
 }
 END_TEST
 
+// The evaluation model (no gradients, no backward buffers) computes the
+// training model's forward bit for bit, with plain and cut cross-entropy and
+// mini-sequence chunks with recompute, and refuses a backward.
+START_TEST(test_model_init_eval_forward_equal) {
+    const char *impl[] = {"plain", "cce", "plain"};
+    const int chunks[] = {1, 1, 2};
+    for (int v = 0; v < 3; v++) {
+        moe_config c = tiny();
+        c.model.tie_embeddings = v == 1;
+        snprintf(c.loss.impl, sizeof c.loss.impl, "%s", impl[v]);
+        c.memory.mini_seq = chunks[v];
+        if (chunks[v] > 1) snprintf(c.memory.recompute, sizeof c.memory.recompute, "all");
+        moe_model a, e;
+        ck_assert_int_eq(moe_model_init(&a, &c, B, T, 1), 0);
+        ck_assert_msg(moe_model_init_eval(&e, &c, B, T, 1) == 0, "%s", moe_last_error());
+        ck_assert_ptr_null(e.grads);
+        ck_assert_ptr_null(e.dres);
+        const size_t n = moe_model_numel(&a);
+        for (size_t i = 0; i < n; i++) // zero until loaded
+            ck_assert(e.params[i] == 0.0f);
+        memcpy(e.params, a.params, n * sizeof(float));
+        int32_t in[B * T], tg[B * T];
+        for (int i = 0; i < B * T; i++)
+            in[i] = (i * 7) % V, tg[i] = i % 5 == 2 ? -1 : (i * 5 + 3) % V;
+        ck_assert_int_eq(moe_model_forward(&a, in, tg, NULL, B, T, false, 0), 0);
+        ck_assert_int_eq(moe_model_forward(&e, in, tg, NULL, B, T, false, 0), 0);
+        ck_assert_msg(a.loss == e.loss, "%s: loss %.9g vs %.9g", impl[v], a.loss, e.loss);
+        ck_assert_int_eq(moe_model_forward(&a, in, NULL, NULL, 1, T, false, 0), 0);
+        ck_assert_int_eq(moe_model_forward(&e, in, NULL, NULL, 1, T, false, 0), 0);
+        ck_assert_mem_eq(a.logits, e.logits, sizeof(float) * T * V);
+        ck_assert_int_eq(moe_model_forward(&e, in, tg, NULL, B, T, false, 0), 0);
+        ck_assert_int_eq(moe_model_backward(&e, in, tg, NULL), MOE_EINVAL);
+        moe_model_free(&a);
+        moe_model_free(&e);
+    }
+}
+END_TEST
+
 static Suite *model_suite(void) {
     Suite *s = suite_create("model");
     TCase *tc = tcase_create("model");
@@ -247,6 +285,7 @@ static Suite *model_suite(void) {
     tcase_add_test(tc, test_model_cce_equals_plain);
     tcase_add_test(tc, test_model_forward_deterministic_and_checked);
     tcase_add_test(tc, test_model_init_table_matches);
+    tcase_add_test(tc, test_model_init_eval_forward_equal);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -144,6 +144,11 @@ static size_t layout_acts(moe_model *m, float *base) {
     TAKE(m->lse, cce ? N : 0);
     TAKE(m->cce_scratch, cce ? cce_scratch_floats(m, N) : 0);
     TAKE(m->losses, N);
+    // the attention forward's scratch too
+    const size_t n_datt = m->ops->attention_scratch_floats(m->B, m->T, m->Hq, m->Hkv, m->hd);
+    TAKE(m->datt, n_datt);
+    if (base && !n_datt) m->datt = NULL; // the backend keeps none: point at nothing
+    if (m->forward_only) return used;    // the rest is backward's (NULL here)
     TAKE(m->dres, N * D);
     TAKE(m->dln, N * D);
     TAKE(m->dq, N * QD);
@@ -152,9 +157,6 @@ static size_t layout_acts(moe_model *m, float *base) {
     TAKE(m->dqr, N * QD);
     TAKE(m->dkr, N * KD);
     TAKE(m->datty, N * QD);
-    const size_t n_datt = m->ops->attention_scratch_floats(m->B, m->T, m->Hq, m->Hkv, m->hd);
-    TAKE(m->datt, n_datt);
-    if (base && !n_datt) m->datt = NULL; // the backend keeps none: point at nothing
     TAKE(m->dab, Nc * 2 * m->F);
     TAKE(m->dh, Nc * m->F);
     TAKE(m->dlogits, cce ? 0 : Nc * m->V);
@@ -290,38 +292,50 @@ int moe_model_memory(const moe_config *cfg, int B, int T, int n_tasks, int ep_si
     return 0;
 }
 
-int moe_model_init_ep(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks,
-                      const moe_ep_group *ep) {
+// The model's buffers after model_setup; forward_only: no gradients, no
+// backward buffers and parameters left zero (moe_model_init_eval).
+static int model_alloc(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks,
+                       const moe_ep_group *ep, bool forward_only) {
     size_t moe_off[MOE_MAX_LAYERS] = {0};
     MOE_TRY(model_setup(m, cfg, B, T, n_tasks, ep, moe_off));
+    m->forward_only = forward_only;
     int rc = 0;
     size_t n = m->table.numel, n_acts = layout_acts(m, NULL);
     m->params = moe_calloc(n, sizeof(float));
-    m->grads = moe_calloc(n, sizeof(float));
+    m->grads = forward_only ? NULL : moe_calloc(n, sizeof(float));
     float *acts = moe_calloc(n_acts, sizeof(float));
     m->task_tok = moe_calloc((size_t)B * T, sizeof(int32_t));
     m->cap_all = moe_calloc((size_t)m->usage_E + 1, sizeof(int));
     m->load = moe_calloc(moe_model_load_len(m) + 1, sizeof(double));
     m->bias = moe_calloc(moe_model_load_len(m) + 1, sizeof(float));
-    if (!m->params || !m->grads || !acts || !m->task_tok || !m->cap_all || !m->load || !m->bias) {
+    if (!m->params || (!forward_only && !m->grads) || !acts || !m->task_tok || !m->cap_all ||
+        !m->load || !m->bias) {
         moe_mfree(acts);
-        rc = moe_fail(MOE_ENOMEM,
-                      "model with %zu parameters and %zu activation floats (%.0f MiB with the "
-                      "gradients): out of memory (in training, a smaller train.batch_size or "
-                      "model.seq_len needs less)",
-                      n, n_acts, (2.0 * n + n_acts) * sizeof(float) / 1048576.0);
+        if (forward_only)
+            rc = moe_fail(MOE_ENOMEM,
+                          "model with %zu parameters and %zu activation floats (%.0f MiB): out "
+                          "of memory",
+                          n, n_acts, ((double)n + n_acts) * sizeof(float) / 1048576.0);
+        else
+            rc = moe_fail(MOE_ENOMEM,
+                          "model with %zu parameters and %zu activation floats (%.0f MiB with "
+                          "the gradients): out of memory (in training, a smaller "
+                          "train.batch_size or model.seq_len needs less)",
+                          n, n_acts, (2.0 * n + n_acts) * sizeof(float) / 1048576.0);
         goto fail;
     }
     layout_acts(m, acts);
     m->embed = m->params + moe_param_table_find(&m->table, "model.embed_tokens.weight")->offset;
-    m->d_embed = m->grads + (m->embed - m->params);
     m->norm = view(m, m->params, "model.norm.weight", 0);
-    m->d_norm = view(m, m->grads, "model.norm.weight", 0);
     m->lm_head = cfg->model.tie_embeddings ? m->embed : view(m, m->params, "lm_head.weight", 0);
-    m->d_lm_head = m->grads + (m->lm_head - m->params);
+    if (m->grads) {
+        m->d_embed = m->grads + (m->embed - m->params);
+        m->d_norm = view(m, m->grads, "model.norm.weight", 0);
+        m->d_lm_head = m->grads + (m->lm_head - m->params);
+    }
     for (int l = 0; l < m->L; l++) {
         bind_block(m, &m->p[l], m->params, l, moe_off[l]);
-        bind_block(m, &m->g[l], m->grads, l, moe_off[l]);
+        if (m->grads) bind_block(m, &m->g[l], m->grads, l, moe_off[l]);
         if (!m->is_moe[l]) continue;
         MOE_TRY_GOTO(moe_layer_acts_alloc(&m->a[l].moe, &m->moe_cfg[l], m->ops), rc);
         m->a[l].moe.ep = ep;
@@ -330,11 +344,21 @@ int moe_model_init_ep(moe_model *m, const moe_config *cfg, int B, int T, int n_t
                          rc);
     }
     if (cfg->router.bias_update_rate > 0) moe_model_bias_attach(m);
-    init_params(m);
+    if (!forward_only) init_params(m);
     return 0;
 fail:
     moe_model_free(m);
     return rc;
+}
+
+int moe_model_init_ep(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks,
+                      const moe_ep_group *ep) {
+    return model_alloc(m, cfg, B, T, n_tasks, ep, false);
+}
+
+int moe_model_init_eval(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks) {
+    moe_config one = one_process(cfg);
+    return model_alloc(m, &one, B, T, n_tasks, NULL, true);
 }
 
 void moe_model_free(moe_model *m) {
@@ -849,6 +873,9 @@ int moe_model_forward(moe_model *m, const int32_t *inputs, const int32_t *target
 
 int moe_model_backward(moe_model *m, const int32_t *inputs, const int32_t *targets,
                        const int32_t *task) {
+    if (m->forward_only)
+        return moe_fail(MOE_EINVAL, "model backward: this model was built for evaluation (no "
+                                    "gradients)");
     const moe_ops *ops = m->ops;
     const int B = m->cur_B, T = m->cur_T, N = B * T, D = m->D, QD = m->Hq * m->hd,
               KD = m->Hkv * m->hd;

@@ -722,7 +722,7 @@ int moe_cli_eval(int argc, char **argv) {
     }
     // Reading the checkpoint is input (exit 2 when unusable); evaluating is not.
     bool loaded = false;
-    if ((rc = moe_model_init(&m, &cfg, d.B, d.T, d.n_tasks)) == 0 &&
+    if ((rc = moe_model_init_eval(&m, &cfg, d.B, d.T, d.n_tasks)) == 0 &&
         (rc = moe_ckpt_load(dir, &m, NULL, NULL)) == 0 && (loaded = true) &&
         (rc = moe_eval(&m, &d, (int)batches, (int)samples, &r)) == 0) {
         moe_eval_print(&r, stdout);

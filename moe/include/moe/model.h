@@ -85,6 +85,9 @@ typedef struct {
     // inference: route without capacity limits (Mixtral-style dropless
     // decoding); capacity limits are a training-time load-balancing device
     bool dropless;
+    // built by moe_model_init_eval: no gradients (grads and the d* buffers
+    // NULL), moe_model_backward refuses it
+    bool forward_only;
     int *cap_all;             // [max E] scratch capacities for dropless calls
     moe_model_timing *timing; // optional, set by the caller
     // eval: expert-usage counts [layer][task][expert] of first choices when set
@@ -114,6 +117,10 @@ int moe_model_init(moe_model *m, const moe_config *cfg, int B, int T, int n_task
 // (which must outlive the model). ep NULL: a single process, parallel.ep 1.
 int moe_model_init_ep(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks,
                       const moe_ep_group *ep);
+// The same model for evaluation (moe eval): forward only, without the
+// gradients and the backward's buffers, and its parameters zero, to be read
+// from a checkpoint (moe_ckpt_load, which demands every tensor).
+int moe_model_init_eval(moe_model *m, const moe_config *cfg, int B, int T, int n_tasks);
 // Only the parameter table, sizes and layer kinds of moe_model_init's model
 // (one sequence of one token): no buffers, nothing initialised. For readers
 // that check a checkpoint's tensor names and shapes; moe_model_free frees it.

@@ -75,11 +75,9 @@ extern "C" int moe_cuda_crossentropy_forward(float *losses, double *mean, const 
         goto fail;
     }
     MOE_TRY_GOTO(moe_cuda_check_targets(target, N, V, &n_valid, tgt), rc);
-    if (cudaMallocAsync((void **)&dl, N * sizeof(double), c.stream) != cudaSuccess) {
-        dl = NULL;
-        rc = moe_fail(MOE_EDEVICE, "crossentropy: cudaMallocAsync of %d doubles failed", N);
-        goto fail;
-    }
+    // (moe_cuda_scratch clears the failed call's error, which the next launch
+    // check would otherwise report as its own, and says MOE_ENOMEM)
+    MOE_TRY_GOTO(moe_cuda_scratch((void **)&dl, N * sizeof(double), c.stream, "crossentropy"), rc);
     ce_fwd_kernel<<<moe_cuda_row_blocks(N), 256, 0, c.stream>>>(losses, dl, logits, target, N, V);
     {
         // keep the first error: cudaGetLastError clears it, so asking again says "no error"

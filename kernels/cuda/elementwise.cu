@@ -114,7 +114,7 @@ extern "C" int moe_cuda_sumsq(double *sumsq, const float *x, size_t n) {
     unsigned blocks = moe_cuda_blocks(n, THREADS);
     if (blocks > BLOCKS) blocks = BLOCKS;
     double *partial = NULL;
-    CUDA_TRY(cudaMallocAsync((void **)&partial, blocks * sizeof(double), c.stream));
+    MOE_TRY(moe_cuda_scratch((void **)&partial, blocks * sizeof(double), c.stream, "sumsq"));
     sumsq_kernel<<<blocks, THREADS, 0, c.stream>>>(partial, x, n);
     cudaError_t launch = cudaGetLastError();
     double host[BLOCKS];

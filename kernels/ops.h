@@ -130,7 +130,7 @@ typedef struct moe_ops {
     // moe plan's memory model) allocate no more than it needs and the backend
     // allocates nothing. CPU: att [B, Hq, T], scratch one slot per pool thread
     // (tiles, per-head copies: O(T hd)) and with GQA per-head dK, dV partials
-    // [2, B, Hq, T, hd]; CUDA: att [B, Hq, T, T], datt [T, T], forward none.
+    // [2, B, Hq, T, hd]; CUDA: att [B, Hq, T, T], datt [B, T, T], forward none.
     size_t (*attention_state_floats)(int B, int T, int Hq);
     size_t (*attention_scratch_floats)(int B, int T, int Hq, int Hkv, int hd);
     // tok/target are backend memory; an id outside the vocabulary fails with

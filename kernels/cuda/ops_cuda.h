@@ -66,7 +66,7 @@ int moe_cuda_attention_forward(float *out, float *att, float *scratch, const flo
 int moe_cuda_attention_backward(float *dq, float *dk, float *dv, float *datt, const float *dout,
                                 const float *out, const float *att, const float *q, const float *k,
                                 const float *v, int B, int T, int Hq, int Hkv, int hd);
-// att: the probabilities [B, Hq, T, T]; datt: one (b, h) at a time [T, T]
+// att: the probabilities [B, Hq, T, T]; datt: one head h at a time [B, T, T]
 // (their sizes: moe/cuda_sizes.h).
 int moe_cuda_embedding_forward(float *out, const int32_t *tok, const float *table, int N, int C,
                                int V);

@@ -1030,6 +1030,18 @@ START_TEST(test_moe_layer_refuses_unsupported_configs) {
     moe_layer_cuda_acts ad;
     ck_assert_int_eq(moe_layer_cuda_acts_alloc(&ad, &cfg, GPU), MOE_EINVAL);
     ck_assert_msg(strstr(moe_last_error(), "router.score = sigmoid"), "%s", moe_last_error());
+    // The router itself refuses expert choice rather than routing token choice.
+    moe_router_config rc;
+    moe_router_config_default(&rc);
+    rc.type = MOE_ROUTER_EXPERT_CHOICE;
+    moe_cuda_plan gpu;
+    ck_assert_int_eq(moe_cuda_plan_alloc(&gpu, 8, 4, rc.top_k), 0);
+    float *d = GPU->alloc(sizeof(float) * 8 * 4);
+    ck_assert_int_eq(GPU->zero(d, 8 * 4), 0);
+    ck_assert_int_eq(moe_cuda_router_forward(&gpu, d, NULL, NULL, 8, 4, &rc, false, 0), MOE_EINVAL);
+    ck_assert_msg(strstr(moe_last_error(), "expert_choice"), "%s", moe_last_error());
+    GPU->free(d);
+    moe_cuda_plan_free(&gpu);
 }
 END_TEST
 

@@ -408,6 +408,13 @@ static void task_ranks(int *rank, const moe_router_config *cfg) {
     }
 }
 
+// The kernels route token choice only: an expert-choice config (plan k = E,
+// experts pick tokens) would get token-choice plans without a word.
+static int expert_choice_refused(void) {
+    return moe_fail(MOE_EINVAL, "cuda router: router.type = expert_choice is not supported on "
+                                "the GPU (CPU router only)");
+}
+
 __global__ static void reset_flags_kernel(int *flags) {
     flags[0] = flags[1] = INT32_MAX; // no non-finite logit, no bad task id yet
 }
@@ -422,6 +429,7 @@ extern "C" int moe_cuda_router_forward(moe_cuda_plan *p, const float *logits, co
             "cuda router: call sizes T=%d E=%d k=%d do not fit the plan (T_max=%d E=%d k=%d)", T, E,
             k, p->T_max, p->E, p->k);
     MOE_TRY(moe_router_config_check(cfg, E));
+    if (cfg->type != MOE_ROUTER_TOKEN_CHOICE) return expert_choice_refused();
     if (cfg->score != MOE_SCORE_SOFTMAX || cfg->route_scale != 1.0)
         return moe_fail(MOE_EINVAL, "cuda router: router.score = sigmoid and router.route_scale "
                                     "!= 1 are not supported on the GPU (CPU router only)");
@@ -587,6 +595,7 @@ extern "C" int moe_cuda_router_backward(float *dlogits, const float *dweight,
                                         const moe_cuda_plan *p, const moe_router_config *cfg,
                                         float aux_scale, float z_scale) {
     int T = p->T, E = p->E, k = p->k;
+    if (cfg->type != MOE_ROUTER_TOKEN_CHOICE) return expert_choice_refused();
     if (cfg->score != MOE_SCORE_SOFTMAX || cfg->route_scale != 1.0)
         return moe_fail(MOE_EINVAL, "cuda router: router.score = sigmoid and router.route_scale "
                                     "!= 1 are not supported on the GPU (CPU router only)");

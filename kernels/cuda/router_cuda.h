@@ -3,8 +3,9 @@
 // expert), capacity, slot order (position, or Batch Prioritized Routing by a
 // stable radix sort), slots by per-expert prefix sums, combine weights, aux
 // and z losses, all in device memory with no host round trip per token: the
-// host sends the capacity vector when one is given and reads back one error
-// flag and the two loss scalars per call.
+// host sends the capacity vector when one is given and, once per forward,
+// reads back O(E) values: error flags, the loss sums, and per expert the
+// counts, kept entries, capacities and row offsets the layer and trainer use.
 #ifndef MOE_KERNELS_ROUTER_CUDA_H
 #define MOE_KERNELS_ROUTER_CUDA_H
 

@@ -76,6 +76,9 @@ START_TEST(test_priority_task_priority_first) {
     const int bad[] = {0, 1, 2, 0};
     ck_assert_int_eq(moe_router_forward(&pl, logits, bad, NULL, 4, 2, &c, false, 0), MOE_EINVAL);
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "task id 2"));
+    // priorities set but no task ids: an error, not a read through NULL
+    ck_assert_int_eq(moe_router_forward(&pl, logits, NULL, NULL, 4, 2, &c, false, 0), MOE_EINVAL);
+    ck_assert_ptr_nonnull(strstr(moe_last_error(), "no task ids"));
     moe_plan_free(&pl);
 }
 END_TEST
@@ -124,7 +127,11 @@ START_TEST(test_capacity_formula) {
     c.min_capacity = 8;
     ck_assert_int_eq(moe_capacity_static(&c, 10, 4), 8); // min_capacity wins
     c = cfg_k(1, 1.1, 0);
-    ck_assert_int_eq(moe_capacity_static(&c, 20, 2), 11); // 11.000000000000002 -> 11
+    ck_assert_int_eq(moe_capacity_static(&c, 20, 2), 11);
+    // k*T*cf/E = 2*25*1.1/5 is 11.000000000000002 in double: the ceiling
+    // ignores the representation error (a plain ceil gives 12)
+    c = cfg_k(2, 1.1, 0);
+    ck_assert_int_eq(moe_capacity_static(&c, 25, 5), 11);
     c = cfg_k(2, 1.0, 4);
     ck_assert_int_eq(moe_capacity_static(&c, 2, 8), 4); // T < min_capacity
     c = cfg_k(2, 0.0, 4);
@@ -208,6 +215,135 @@ START_TEST(test_aux_and_z_loss_values) {
     ck_assert_int_eq(moe_router_forward(&pl, logits, NULL, NULL, 2, 2, &c, false, 0), 0);
     ck_assert_float_eq_tol(pl.aux_loss, 1.25f, 1e-6);
     moe_plan_free(&pl);
+}
+END_TEST
+
+// f_e counts choices before dropping (DESIGN "Router semantics"). Four tokens
+// with p = (3/4, 1/4) all pick expert 0, C = 2 keeps two: f = (1, 0) and
+// aux = 2 * (1 * 3/4 + 0 * 1/4) = 1.5. Counting the kept choices instead
+// (f = (1/2, 0)) would give 0.75.
+START_TEST(test_aux_loss_counts_choices_before_dropping) {
+    const float l3 = (float)log(3.0);
+    const float logits[] = {l3, 0, l3, 0, l3, 0, l3, 0};
+    moe_router_config c = cfg_k(1, 1.0, 0);
+    moe_plan pl;
+    route(&pl, logits, NULL, 4, 2, &c);
+    ck_assert_int_eq(pl.counts[0], 4);
+    ck_assert_int_eq(pl.kept[0], 2);
+    ck_assert_float_eq_tol(pl.aux_loss, 1.5f, 1e-6);
+    // all-k: the dropped second choices (expert 1) count too: f = (1, 1), aux = 2
+    c = cfg_k(2, 0.5, 0); // C = ceil(2*4/2 * 0.5) = 2 for both experts
+    c.aux_counts_all_k = true;
+    moe_plan_free(&pl);
+    route(&pl, logits, NULL, 4, 2, &c);
+    ck_assert_int_eq(pl.kept[0] + pl.kept[1], 4);
+    ck_assert_float_eq_tol(pl.aux_loss, 2.0f, 1e-6);
+    moe_plan_free(&pl);
+}
+END_TEST
+
+// Priority order with two tokens (the smallest batch with an order to sort):
+// both pick expert 0, C = ceil(1*2/2 * 0.5) = 1; the more confident t1 keeps it.
+START_TEST(test_priority_order_with_two_tokens) {
+    const float logits[] = {0.1f, 0, 3.0f, 0};
+    moe_router_config c = cfg_k(1, 0.5, 0);
+    c.slot_order = MOE_SLOT_PRIORITY;
+    moe_plan pl;
+    route(&pl, logits, NULL, 2, 2, &c);
+    ck_assert_int_eq(pl.capacity[0], 1);
+    ck_assert_int_eq(pl.expert[0], -1);
+    ck_assert_int_eq(pl.expert[1], 0);
+    ck_assert_int_eq(pl.slot[1], 0);
+    moe_plan_free(&pl);
+}
+END_TEST
+
+// Load statistics of the top-2 plan of test_top2_first_choices_before_second
+// (position order): counts (3, 2, 1), kept (2, 2, 1), C = 2 each. Drop rate
+// is over the assigned choices, padding over the capacity:
+// dropped 1 of 6 assigned, 1 empty slot of 6.
+START_TEST(test_plan_stats_by_hand) {
+    const float logits[] = {3, 2, 0, 3, 0, 2, 4, 2, 0};
+    moe_router_config c = cfg_k(2, 1.0, 0);
+    moe_plan pl;
+    route(&pl, logits, NULL, 3, 3, &c);
+    moe_load_stats st;
+    moe_plan_stats(&pl, &st);
+    ck_assert_int_eq(st.assigned, 6);
+    ck_assert_int_eq(st.kept, 5);
+    ck_assert_int_eq(st.dropped, 1);
+    ck_assert_int_eq(st.capacity, 6);
+    ck_assert_int_eq(st.max_count, 3);
+    ck_assert_int_eq(st.min_count, 1);
+    ck_assert_double_eq_tol(st.drop_rate, 1.0 / 6, 1e-12);
+    ck_assert_double_eq_tol(st.padding, 1.0 / 6, 1e-12);
+    // min_capacity 4: C = 4, nothing dropped, 12 - 6 = 6 of 12 slots empty
+    c.min_capacity = 4;
+    ck_assert_int_eq(moe_router_forward(&pl, logits, NULL, NULL, 3, 3, &c, false, 0), 0);
+    moe_plan_stats(&pl, &st);
+    ck_assert_int_eq(st.dropped, 0);
+    ck_assert_double_eq_tol(st.drop_rate, 0.0, 1e-12);
+    ck_assert_double_eq_tol(st.padding, 0.5, 1e-12);
+    moe_plan_free(&pl);
+}
+END_TEST
+
+// plan.usable (inference under an expert budget): a left-out expert is never
+// chosen, with or without Gumbel noise. Logits (0, 3, 1, 2) with expert 1 left
+// out: choices 3, 2 and weights e^2 / (e^2 + e) and e / (e^2 + e).
+START_TEST(test_usable_experts_only_are_chosen) {
+    enum { T = 32, E = 4 };
+    float logits[T * E];
+    for (int t = 0; t < T; t++) {
+        logits[t * E] = 0, logits[t * E + 1] = 3, logits[t * E + 2] = 1, logits[t * E + 3] = 2;
+    }
+    const bool usable[E] = {true, false, true, true};
+    moe_router_config c = cfg_k(2, 0.0, 0);
+    moe_plan pl;
+    ck_assert_int_eq(moe_plan_alloc(&pl, T, E, 2), 0);
+    pl.usable = usable;
+    ck_assert_int_eq(moe_router_forward(&pl, logits, NULL, NULL, T, E, &c, false, 0), 0);
+    ck_assert_int_eq(pl.choice[0], 3);
+    ck_assert_int_eq(pl.choice[1], 2);
+    double e1 = exp(1.0), e2 = exp(2.0);
+    ck_assert_float_eq_tol(pl.weight[0], (float)(e2 / (e2 + e1)), 1e-6);
+    ck_assert_float_eq_tol(pl.weight[1], (float)(e1 / (e2 + e1)), 1e-6);
+    // Gumbel second choices: over the usable experts other than the first
+    c.noise = MOE_NOISE_GUMBEL;
+    for (uint64_t step = 0; step < 4; step++) {
+        ck_assert_int_eq(moe_router_forward(&pl, logits, NULL, NULL, T, E, &c, true, step), 0);
+        for (int a = 0; a < T * 2; a++)
+            ck_assert_int_ne(pl.choice[a], 1);
+    }
+    moe_plan_free(&pl);
+}
+END_TEST
+
+// The defaults DESIGN "Router config keys" documents, key by key.
+START_TEST(test_config_defaults_as_documented) {
+    moe_router_config c;
+    moe_router_config_default(&c);
+    ck_assert_int_eq(c.top_k, 2);
+    ck_assert(c.capacity_factor == 1.25);
+    ck_assert_int_eq(c.min_capacity, 4);
+    ck_assert_int_eq(c.slot_order, MOE_SLOT_POSITION);
+    ck_assert(c.normalize_topk);
+    ck_assert_int_eq(c.noise, MOE_NOISE_NONE);
+    ck_assert(c.noise_eps == 0.01);
+    ck_assert(c.aux_loss_coef == 0.01);
+    ck_assert(c.z_loss_coef == 0.001);
+    ck_assert(!c.aux_counts_all_k);
+    ck_assert_int_eq(c.n_task_priority, 0);
+    ck_assert(c.seed == 0);
+    ck_assert_int_eq(c.capacity_mode, MOE_CAPACITY_STATIC);
+    ck_assert(c.ema == 0.9);
+    ck_assert(c.headroom == 0.1);
+    ck_assert_int_eq(c.update_every, 1);
+    ck_assert(c.capacity_factor_max == 2.0);
+    ck_assert_int_eq(c.score, MOE_SCORE_SOFTMAX);
+    ck_assert(c.route_scale == 1.0);
+    ck_assert_int_eq(c.type, MOE_ROUTER_TOKEN_CHOICE);
+    ck_assert_int_eq(moe_router_config_check(&c, 8), 0);
 }
 END_TEST
 
@@ -588,6 +724,11 @@ static Suite *router_suite(void) {
     tcase_add_test(tc, test_top1_raw_probability);
     tcase_add_test(tc, test_ties_go_to_lower_expert);
     tcase_add_test(tc, test_aux_and_z_loss_values);
+    tcase_add_test(tc, test_aux_loss_counts_choices_before_dropping);
+    tcase_add_test(tc, test_priority_order_with_two_tokens);
+    tcase_add_test(tc, test_plan_stats_by_hand);
+    tcase_add_test(tc, test_usable_experts_only_are_chosen);
+    tcase_add_test(tc, test_config_defaults_as_documented);
     tcase_add_test(tc, test_nan_logit_rejected);
     tcase_add_test(tc, test_config_set_and_check);
     tcase_add_test(tc, test_invariants_random);

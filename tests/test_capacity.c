@@ -117,12 +117,73 @@ START_TEST(test_capacity_clamps_and_update_period) {
 }
 END_TEST
 
+// The controller's arithmetic by hand. k = 2, T = 40, E = 4: hi =
+// ceil(2*40/4 * 4) = 80. headroom 0.25, ema 0.75.
+// Step 1, loads (30, 10, 25, 15), seed m = the loads:
+//   C = ceil(m * 1.25) = ceil(37.5, 12.5, 31.25, 18.75) = (38, 13, 32, 19)
+//   (from the uniform guess 20 instead, m_0 = 22.5 and C_0 = 29; without the
+//   headroom C = m; with floor instead of ceil C = (37, 12, 31, 18)).
+// Step 2, loads (10, 30, 25, 15): m = .75 m + .25 load = (25, 15, 25, 15),
+//   C = (32, 19, 32, 19) (the weights swapped give m_0 = 15).
+START_TEST(test_dynamic_capacity_by_hand) {
+    moe_router_config c;
+    moe_router_config_default(&c);
+    c.top_k = 2;
+    c.capacity_factor = 1.0;
+    c.capacity_mode = MOE_CAPACITY_DYNAMIC;
+    c.min_capacity = 1;
+    c.capacity_factor_max = 4.0;
+    c.headroom = 0.25;
+    c.ema = 0.75;
+    moe_capacity_ctl ctl;
+    ck_assert_int_eq(moe_capacity_ctl_init(&ctl, &c, 40, 4), 0);
+    const int l1[4] = {30, 10, 25, 15}, c1[4] = {38, 13, 32, 19};
+    moe_capacity_ctl_update(&ctl, &c, l1, 40);
+    for (int e = 0; e < 4; e++) {
+        ck_assert(ctl.ema[e] == l1[e]);
+        ck_assert_int_eq(ctl.capacity[e], c1[e]);
+    }
+    const int l2[4] = {10, 30, 25, 15}, c2[4] = {32, 19, 32, 19};
+    const double m2[4] = {25, 15, 25, 15};
+    moe_capacity_ctl_update(&ctl, &c, l2, 40);
+    for (int e = 0; e < 4; e++) {
+        ck_assert(fabs(ctl.ema[e] - m2[e]) < 1e-12);
+        ck_assert_int_eq(ctl.capacity[e], c2[e]);
+    }
+    moe_capacity_ctl_free(&ctl);
+}
+END_TEST
+
+// min_capacity above the cf_max bound (hi = ceil(2*40/4 * 1) = 20 < 50): C_e
+// never goes below min_capacity, as the static C = max(min_capacity, ...) does;
+// a hot expert gets min_capacity too, not the lower bound 20.
+START_TEST(test_dynamic_capacity_min_capacity_above_upper_bound) {
+    moe_router_config c;
+    moe_router_config_default(&c);
+    c.top_k = 2;
+    c.capacity_factor = 1.0;
+    c.capacity_mode = MOE_CAPACITY_DYNAMIC;
+    c.min_capacity = 50;
+    c.capacity_factor_max = 1.0;
+    c.headroom = 0.0;
+    moe_capacity_ctl ctl;
+    ck_assert_int_eq(moe_capacity_ctl_init(&ctl, &c, 40, 4), 0);
+    const int counts[4] = {60, 20, 0, 0};
+    moe_capacity_ctl_update(&ctl, &c, counts, 40);
+    for (int e = 0; e < 4; e++)
+        ck_assert_int_eq(ctl.capacity[e], 50);
+    moe_capacity_ctl_free(&ctl);
+}
+END_TEST
+
 static Suite *capacity_suite(void) {
     Suite *s = suite_create("capacity");
     TCase *tc = tcase_create("dynamic");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_dynamic_capacity_tracks_load_and_cuts_drops);
     tcase_add_test(tc, test_capacity_clamps_and_update_period);
+    tcase_add_test(tc, test_dynamic_capacity_by_hand);
+    tcase_add_test(tc, test_dynamic_capacity_min_capacity_above_upper_bound);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -108,6 +108,34 @@ START_TEST(test_bias_with_sigmoid_scores_hand_case) {
 }
 END_TEST
 
+// The biased score is (double)p + (double)b (README "Router semantics"): tiny
+// scores that would tie in F32 still order. Logits [-20, -10, 10], bias
+// [.5, .5, 0]: p = (e^-30, e^-20, 1) roughly, and .5 + e^-20 rounds to .5 in
+// F32, so an F32 sum would tie experts 0 and 1 and choose [2, 0]; the double
+// sum chooses [2, 1].
+// Group scores too: 2 groups of 2, one kept, bias .5 everywhere, logits
+// [10, -30, 10, -20]: the groups tie on their best expert (p0 = p2) and differ
+// only in e^-40 vs e^-30 below .5, so group 1 wins (expert 2); an F32 sum ties
+// them and gives group 0 (expert 0).
+START_TEST(test_biased_scores_are_summed_in_double) {
+    const float x[3] = {-20, -10, 10}, b[3] = {0.5f, 0.5f, 0};
+    moe_router_config c = cfg_k(2, true, MOE_SCORE_SOFTMAX);
+    moe_plan pl;
+    route(&pl, x, b, 1, 3, &c);
+    ck_assert_int_eq(pl.choice[0], 2);
+    ck_assert_int_eq(pl.choice[1], 1);
+    moe_plan_free(&pl);
+
+    const float xg[4] = {10, -30, 10, -20}, bg[4] = {0.5f, 0.5f, 0.5f, 0.5f};
+    c = cfg_k(1, true, MOE_SCORE_SOFTMAX);
+    c.n_groups = 2;
+    c.topk_groups = 1;
+    route(&pl, xg, bg, 1, 4, &c);
+    ck_assert_int_eq(pl.choice[0], 2);
+    moe_plan_free(&pl);
+}
+END_TEST
+
 // A zero bias routes exactly as no bias: the same plan, bit for bit.
 START_TEST(test_zero_bias_equals_no_bias) {
     enum { T = 64, E = 8 };
@@ -550,6 +578,7 @@ static Suite *bias_suite(void) {
     TCase *tc = tcase_create("rule");
     tcase_add_test(tc, test_bias_flips_choice_weights_stay_unbiased);
     tcase_add_test(tc, test_bias_with_sigmoid_scores_hand_case);
+    tcase_add_test(tc, test_biased_scores_are_summed_in_double);
     tcase_add_test(tc, test_zero_bias_equals_no_bias);
     tcase_add_test(tc, test_bias_update_direction_and_sum);
     tcase_add_test(tc, test_max_vio_by_hand);

@@ -86,6 +86,26 @@ START_TEST(test_sigmoid_unnormalised_weight_is_the_score) {
 }
 END_TEST
 
+// Aux loss on sigmoid scores: P_e = mean_t s_te / sum_e' s_te'. Logits
+// (1, 0) and (2, 0): both tokens choose expert 0, so top-1 counts give
+// f = (1, 0) and aux = 2 * P_0; with all k = 2 choices f = (1, 1) (sum k, as
+// for softmax) and aux = 2 * (P_0 + P_1) = 2.
+START_TEST(test_sigmoid_aux_loss_by_hand) {
+    const float x[4] = {1, 0, 2, 0};
+    double P0 = (sigmoid(1) / (sigmoid(1) + 0.5) + sigmoid(2) / (sigmoid(2) + 0.5)) / 2;
+    moe_router_config c = sig_cfg(1, 0.0, true, 1.0);
+    moe_plan pl;
+    route(&pl, x, 2, 2, &c);
+    ck_assert_double_eq_tol(pl.aux_loss, 2 * P0, 1e-6);
+    moe_plan_free(&pl);
+    c = sig_cfg(2, 0.0, true, 1.0);
+    c.aux_counts_all_k = true;
+    route(&pl, x, 2, 2, &c);
+    ck_assert_double_eq_tol(pl.aux_loss, 2.0, 1e-6);
+    moe_plan_free(&pl);
+}
+END_TEST
+
 // Random inputs, with and without drops: k distinct experts, the choices are
 // the k highest scores, each weight is the unbiased score (over the kept sum
 // when normalised) times route_scale, and without drops normalised weights
@@ -217,7 +237,8 @@ static double router_loss(moe_plan *pl, const float *logits, const float *r, int
 
 // Central differences against moe_router_backward; the relative error of the
 // whole gradient vector must stay below 1e-3.
-static void check_grad(moe_router_config c, int T, int E, uint64_t seed) {
+// Logits N(shift, 1.5^2), z-loss weight b.
+static void check_grad_at(moe_router_config c, int T, int E, uint64_t seed, float shift, double b) {
     int k = c.top_k;
     tu_rng rng;
     tu_seed(&rng, seed);
@@ -225,8 +246,10 @@ static void check_grad(moe_router_config c, int T, int E, uint64_t seed) {
     float *dl = calloc((size_t)T * E, sizeof(float));
     int *expert = malloc(sizeof(int) * T * k);
     tu_fill_normal(&rng, x, (size_t)T * E, 1.5f);
+    for (int i = 0; i < T * E; i++)
+        x[i] += shift;
     tu_fill_normal(&rng, r, (size_t)T * k, 1.0f);
-    const double a = 0.7, b = 0.3;
+    const double a = 0.7;
     moe_plan pl;
     ck_assert_int_eq(moe_plan_alloc(&pl, T, E, k), 0);
     router_loss(&pl, x, r, T, E, &c, a, b, NULL);
@@ -255,6 +278,10 @@ static void check_grad(moe_router_config c, int T, int E, uint64_t seed) {
     moe_plan_free(&pl);
 }
 
+static void check_grad(moe_router_config c, int T, int E, uint64_t seed) {
+    check_grad_at(c, T, E, seed, 0.0f, 0.3);
+}
+
 START_TEST(test_sigmoid_backward_finite_differences) {
     check_grad(sig_cfg(2, 1.25, true, 1.0), 12, 4, 1); // normalised, some drops
     check_grad(sig_cfg(2, 0.5, true, 2.5), 12, 4, 2);  // heavy drops, scaled
@@ -264,6 +291,16 @@ START_TEST(test_sigmoid_backward_finite_differences) {
     moe_router_config c = sig_cfg(2, 1.0, true, 2.5);  // all-k aux counts
     c.aux_counts_all_k = true;
     check_grad(c, 12, 6, 6);
+}
+END_TEST
+
+// Logits near -46: scores of 1e-22 to 1e-18, as small as the 1e-20 the
+// normalised weights add to the kept sum, so w = s / (S + 1e-20) is far from
+// s / S and the backward must divide by the same S + 1e-20. No z-loss here:
+// with lse near -45 its F32 value (about 2000) would drown the differences.
+START_TEST(test_sigmoid_backward_tiny_scores) {
+    check_grad_at(sig_cfg(2, 0.0, true, 1.0), 8, 4, 9, -46.0f, 0.0);
+    check_grad_at(sig_cfg(3, 1.0, true, 2.5), 8, 5, 10, -46.0f, 0.0);
 }
 END_TEST
 
@@ -371,10 +408,12 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_sigmoid_hand_case_normalised_scaled);
     tcase_add_test(tc, test_sigmoid_hand_case_raw_scaled);
     tcase_add_test(tc, test_sigmoid_unnormalised_weight_is_the_score);
+    tcase_add_test(tc, test_sigmoid_aux_loss_by_hand);
     tcase_add_test(tc, test_sigmoid_invariants_random);
     tcase_add_test(tc, test_softmax_route_scale_one_is_unchanged);
     tcase_add_test(tc, test_sigmoid_priority_keeps_confident_tokens);
     tcase_add_test(tc, test_sigmoid_backward_finite_differences);
+    tcase_add_test(tc, test_sigmoid_backward_tiny_scores);
     tcase_add_test(tc, test_softmax_route_scale_backward_finite_differences);
     tcase_add_test(tc, test_config_keys_and_bad_values);
     tcase_add_test(tc, test_cli_train_sigmoid_and_bad_values);

@@ -14,7 +14,8 @@ double moe_noise_uniform(uint64_t seed, uint64_t step, uint64_t stream, uint64_t
 double moe_noise_gumbel(uint64_t seed, uint64_t step, uint64_t i);
 
 // ceil(x) that ignores representation error below 1e-9 relative, so that
-// k*T/E * 1.1 = 11.000000000000002 gives 11, not 12. Saturates at INT_MAX.
+// k*T*1.1/E = 2*25*1.1/5 = 11.000000000000002 gives 11, not 12. Saturates
+// at INT_MAX.
 int moe_ceil_tol(double x);
 
 // Fills order[T] with the slot-assignment order of the tokens (README

@@ -198,7 +198,7 @@ START_TEST(test_shuffled_epoch_visits_every_window_once) {
     ck_assert_int_eq(moe_data_open(&d, &c), 0);
     long W = d.part[0][MOE_SPLIT_TRAIN].n_windows; // (1440 - 1) / 16 = 89
     ck_assert_int_eq(W, 89);
-    int seen[2][89] = {{0}}, in_order = 0;
+    int seen[2][89] = {{0}}, order[2][89], in_order = 0, same = 0;
     for (int e = 0; e < 2; e++)
         for (long r = 0; r < W; r++) {
             int32_t first, task;
@@ -207,12 +207,16 @@ START_TEST(test_shuffled_epoch_visits_every_window_once) {
             ck_assert_int_eq(first % 16, 0);
             ck_assert_int_lt(first / 16, W);
             seen[e][first / 16]++;
+            order[e][r] = first / 16;
             in_order += first / 16 == r;
         }
     for (int e = 0; e < 2; e++)
         for (long w = 0; w < W; w++)
             ck_assert_int_eq(seen[e][w], 1);
     ck_assert_int_lt(in_order, 20); // a permutation, not the file order
+    for (long r = 0; r < W; r++)    // README: a new permutation each epoch
+        same += order[0][r] == order[1][r];
+    ck_assert_int_lt(same, 20);
     moe_data_close(&d);
 }
 END_TEST

@@ -93,6 +93,83 @@ START_TEST(test_resume_is_bit_exact) {
 }
 END_TEST
 
+// Per step of metrics.jsonl (steps 1..n): lr and grad_norm.
+static void read_step_metrics(const char *run, int n, double *lr, double *gnorm) {
+    char p[800], line[1 << 16];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", run);
+    FILE *f = fopen(p, "r");
+    ck_assert_msg(f != NULL, "%s missing", p);
+    int seen = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_t *doc = json_loads(line, 0, NULL);
+        ck_assert_msg(doc != NULL, "%s: not JSON: %s", p, line);
+        const json_t *step = json_object_get(doc, "step");
+        if (step) {
+            const int k = (int)json_integer_value(step);
+            ck_assert(k >= 1 && k <= n);
+            lr[k - 1] = json_number_value(json_object_get(doc, "lr"));
+            gnorm[k - 1] = json_number_value(json_object_get(doc, "grad_norm"));
+            seen++;
+        }
+        json_decref(doc);
+    }
+    fclose(f);
+    ck_assert_int_eq(seen, n);
+}
+
+// Gradient accumulation is a larger batch: 2 micro-batches of 2 rows make the
+// step that one batch of the same 4 rows makes. Text data scores every token
+// and no expert drops or balancing loss couples the rows, so the mean of the
+// two micro-batch means is the 4-row mean: the same losses, step by step (the
+// loss divided by grad_accum, every micro-batch's gradient in the sum, the
+// cursor past both), the same gradient norm (the sum divided by grad_accum),
+// and the warmup's lr of steps 1-3 (lr * step / warmup_steps).
+START_TEST(test_grad_accum_equals_the_larger_batch) {
+    char text[6000], p[700];
+    tu_rng g;
+    tu_seed(&g, 41);
+    for (size_t i = 0; i < sizeof text; i++)
+        text[i] = (char)('a' + (int)(tu_uniform(&g) * 26));
+    snprintf(p, sizeof p, "%s/corpus.txt", tu_tmpdir());
+    FILE *f = fopen(p, "wb");
+    ck_assert_uint_eq(fwrite(text, 1, sizeof text, f), sizeof text);
+    fclose(f);
+    moe_config c = small();
+    snprintf(c.data.kind, sizeof c.data.kind, "text");
+    snprintf(c.data.path, sizeof c.data.path, "%.500s", p);
+    c.train.steps = 3;
+    c.train.warmup_steps = 5;
+    c.router.capacity_factor = 4.0; // C = T * top_k: no expert can drop
+    c.router.aux_loss_coef = 0.0;   // a balancing loss per micro-batch is no 4-row mean
+    c.router.z_loss_coef = 0.0;
+    double loss[2][3], lr[2][3], gnorm[2][3];
+    for (int k = 0; k < 2; k++) {
+        c.train.batch_size = k ? 2 : 4;
+        c.train.grad_accum = k ? 2 : 1;
+        char out[600];
+        snprintf(out, sizeof out, "%s/accum%d", tu_tmpdir(), c.train.grad_accum);
+        moe_train_opts o = {.out_dir = out, .quiet = true, .losses = loss[k]};
+        moe_train_result r;
+        ck_assert_msg(moe_train(&c, &o, &r) == 0, "%s", moe_last_error());
+        moe_eval_result_free(&r.eval);
+        ck_assert_double_eq(r.drop_rate, 0.0);
+        read_step_metrics(out, 3, lr[k], gnorm[k]);
+    }
+    for (int s = 0; s < 3; s++) {
+        ck_assert_msg(fabs(loss[1][s] - loss[0][s]) <= 1e-5 * loss[0][s],
+                      "step %d: loss %.9g with grad_accum 2, %.9g in one batch", s + 1, loss[1][s],
+                      loss[0][s]);
+        ck_assert_msg(fabs(gnorm[1][s] - gnorm[0][s]) <= 1e-3 * gnorm[0][s] + 2e-6,
+                      "step %d: grad_norm %.9g with grad_accum 2, %.9g in one batch", s + 1,
+                      gnorm[1][s], gnorm[0][s]);
+        for (int k = 0; k < 2; k++)
+            ck_assert_msg(fabs(lr[k][s] - 1e-2 * (s + 1) / 5) <= 1e-9, "step %d: lr %g", s + 1,
+                          lr[k][s]);
+    }
+    ck_assert(loss[0][0] > 5.0); // near ln(256) at the start
+}
+END_TEST
+
 START_TEST(test_nonfinite_loss_stops_and_keeps_checkpoint) {
     moe_config c = small();
     c.train.steps = 2;
@@ -406,6 +483,7 @@ static Suite *train_suite(void) {
     tcase_add_test(tc, test_device_training_path_with_tasks_and_noise_matches_host);
     tcase_add_test(tc, test_device_training_path_with_mini_seq_matches_host);
     tcase_add_test(tc, test_resume_is_bit_exact);
+    tcase_add_test(tc, test_grad_accum_equals_the_larger_batch);
     tcase_add_test(tc, test_nonfinite_loss_stops_and_keeps_checkpoint);
     tcase_add_test(tc, test_nonfinite_dense_run_writes_no_checkpoint);
     tcase_add_test(tc, test_resume_drops_cut_record_and_needs_steps);

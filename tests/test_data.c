@@ -117,6 +117,17 @@ START_TEST(test_synthetic_split_disjoint_and_deterministic) {
         }
         ck_assert_int_gt(scored, 5);
     }
+    // exactly the answers are scored: the target after '=' (the answer's
+    // first token) through the '\n' ending it; not the next sample's prompt
+    for (int r = 0; r < 4; r++) {
+        int answer = 0; // a row starts with a sample's task marker
+        for (int p = 0; p + 1 < 48; p++) {
+            if (in1[r * 48 + p] == '=') answer = 1;
+            if (in1[r * 48 + p] == '\n') answer = 0;
+            ck_assert_msg((tg1[r * 48 + p] >= 0) == answer, "row %d position %d: target %d", r, p,
+                          tg1[r * 48 + p]);
+        }
+    }
     moe_data_close(&d);
 }
 END_TEST

@@ -53,6 +53,10 @@ START_TEST(test_rmsnorm_values) {
     float r = 1.0f / sqrtf(12.5f);
     ck_assert_float_eq_tol(out[0], 3 * r, 1e-6);
     ck_assert_float_eq_tol(out[1], 8 * r, 1e-6);
+    // eps sits inside the square root: rsqrt(mean(x^2) + eps) = 1 / sqrt(13)
+    ck_assert_int_eq(moe_cpu_rmsnorm_forward(out, rstd, x, w, 1, 2, 0.5f), 0);
+    ck_assert_float_eq_tol(rstd[0], 1.0f / sqrtf(13.0f), 1e-7);
+    ck_assert_float_eq_tol(out[1], 8.0f / sqrtf(13.0f), 1e-6);
 }
 END_TEST
 

@@ -9,6 +9,7 @@
 #include "moe/bf16.h"
 #include "moe/config.h"
 #include "moe/error.h"
+#include "moe/model.h"
 #include "moe/optim.h"
 #include "testutil.h"
 
@@ -320,6 +321,88 @@ START_TEST(test_bf16_step_matches_double_reference) {
 }
 END_TEST
 
+// The moments an update stores as bf16 round ties to nearest even in every
+// lane: the 8-wide conversion (two vectors here) as well as the scalar tail.
+// beta1 = 1/2 and m = 0 make the new first moment g / 2 exactly, so g = 2x
+// with x halfway between two bf16 values lands the rounding on that tie.
+START_TEST(test_bf16_moments_round_ties_to_even_in_every_lane) {
+    enum { N = 19 }; // 2 vectors of 8 + a tail of 3
+    const int64_t shape[1] = {N};
+    moe_param_table t;
+    moe_param_table_init(&t);
+    ck_assert_int_eq(moe_param_table_add(&t, "model.layers.0.", "mlp.weight", 1, shape), 0);
+    moe_adamw opt;
+    ck_assert_int_eq(moe_adamw_init_state(&opt, &t, false, MOE_ADAMW_BF16), 0);
+    // ties whose kept bit is even (round down) and odd (round up), both signs
+    static const uint32_t tie[4] = {0x3f808000u, 0x3f818000u, 0xbf808000u, 0xbf818000u};
+    static const uint16_t want[4] = {0x3f80, 0x3f82, 0xbf80, 0xbf82};
+    float p[N], g[N];
+    for (int i = 0; i < N; i++)
+        p[i] = 1.0f, g[i] = 2.0f * from_bits(tie[i % 4]);
+    moe_adamw_update(&opt, p, g, 1e-3f, 0.5f, 0.5f, 1e-8f, 0.0f);
+    for (int i = 0; i < N; i++)
+        ck_assert_msg(opt.m16[i] == want[i % 4], "m[%d] = 0x%04x, expected 0x%04x", i, opt.m16[i],
+                      want[i % 4]);
+    moe_adamw_free(&opt);
+    moe_param_table_free(&t);
+}
+END_TEST
+
+// Which tensors of a real model decay (README "Training": no decay on norm
+// weights and embeddings): the token embedding, every RMSNorm weight and the
+// task-routing embedding are left out; everything else, the untied LM head,
+// the router gate and the experts included, decays.
+START_TEST(test_decay_mask_over_a_model_table) {
+    moe_config c;
+    moe_config_default(&c);
+    c.model.vocab_size = 40;
+    c.model.d_model = 16;
+    c.model.n_layers = 2;
+    c.model.n_heads = 4;
+    c.model.n_kv_heads = 2;
+    c.model.d_ff = 12;
+    c.model.tie_embeddings = false;
+    c.moe.num_experts[0] = 4;
+    c.moe.d_expert = 8;
+    c.moe.n_task_layers = 1;
+    c.moe.task_layers[0] = 0;
+    moe_model m;
+    ck_assert_msg(moe_model_init_table(&m, &c, 3) == 0, "%s", moe_last_error());
+    static const char *const kept[] = {
+        "model.embed_tokens.weight",
+        "model.norm.weight",
+        "model.layers.0.input_layernorm.weight",
+        "model.layers.0.post_attention_layernorm.weight",
+        "model.layers.1.input_layernorm.weight",
+        "model.layers.1.post_attention_layernorm.weight",
+        "model.layers.0.block_sparse_moe.task_embedding.weight",
+    };
+    enum { N_KEPT = sizeof kept / sizeof kept[0] };
+    for (int k = 0; k < N_KEPT; k++)
+        ck_assert_msg(moe_param_table_find(&m.table, kept[k]), "no tensor %s", kept[k]);
+    ck_assert_ptr_nonnull(moe_param_table_find(&m.table, "lm_head.weight"));
+    moe_adamw opt;
+    ck_assert_int_eq(moe_adamw_init(&opt, &m.table, false), 0);
+    unsigned char *mask = malloc(m.table.numel);
+    moe_adamw_decay_mask(&opt, mask);
+    int n_kept = 0;
+    for (int i = 0; i < m.table.count; i++) {
+        const moe_param_view *v = &m.table.views[i];
+        bool decays = true;
+        for (int k = 0; k < N_KEPT; k++)
+            decays &= strcmp(v->name, kept[k]) != 0;
+        n_kept += !decays;
+        for (size_t j = 0; j < v->numel; j++)
+            ck_assert_msg(mask[v->offset + j] == decays, "%s: element %zu decay %d, expected %d",
+                          v->name, j, mask[v->offset + j], decays);
+    }
+    ck_assert_int_eq(n_kept, N_KEPT);
+    free(mask);
+    moe_adamw_free(&opt);
+    moe_model_free(&m);
+}
+END_TEST
+
 // The decayed ranges reproduce the byte mask bit for bit (params and both
 // moments) over tensors that straddle the kernel's chunks, decayed and not,
 // with adjacent decayed tensors merged into one range.
@@ -410,6 +493,8 @@ static Suite *optim_suite(void) {
     tcase_add_test(tc, test_bf16_round_to_nearest_even);
     tcase_add_test(tc, test_bf16_step_matches_double_reference);
     tcase_add_test(tc, test_decay_ranges_equal_byte_mask_bitwise);
+    tcase_add_test(tc, test_bf16_moments_round_ties_to_even_in_every_lane);
+    tcase_add_test(tc, test_decay_mask_over_a_model_table);
     tcase_add_test(tc, test_bf16_state_halves_optimizer_memory);
     suite_add_tcase(s, tc);
     return s;

@@ -198,7 +198,7 @@ START_TEST(test_shuffled_epoch_visits_every_window_once) {
     ck_assert_int_eq(moe_data_open(&d, &c), 0);
     long W = d.part[0][MOE_SPLIT_TRAIN].n_windows; // (1440 - 1) / 16 = 89
     ck_assert_int_eq(W, 89);
-    int seen[2][89] = {{0}}, in_order = 0;
+    int seen[2][89] = {{0}}, order[2][89], in_order = 0, same = 0;
     for (int e = 0; e < 2; e++)
         for (long r = 0; r < W; r++) {
             int32_t first, task;
@@ -207,12 +207,16 @@ START_TEST(test_shuffled_epoch_visits_every_window_once) {
             ck_assert_int_eq(first % 16, 0);
             ck_assert_int_lt(first / 16, W);
             seen[e][first / 16]++;
+            order[e][r] = first / 16;
             in_order += first / 16 == r;
         }
     for (int e = 0; e < 2; e++)
         for (long w = 0; w < W; w++)
             ck_assert_int_eq(seen[e][w], 1);
     ck_assert_int_lt(in_order, 20); // a permutation, not the file order
+    for (long r = 0; r < W; r++)    // README: a new permutation each epoch
+        same += order[0][r] == order[1][r];
+    ck_assert_int_lt(same, 20);
     moe_data_close(&d);
 }
 END_TEST
@@ -301,6 +305,36 @@ static void check_frequencies(const char *sampling, double temp, const double *n
         ck_assert_int_eq(tk[r], r % 3);
     moe_data_close(&d);
 }
+
+// Validation rows of file tasks take the tasks in turn, each task its own
+// windows in order: row r is window r / n_tasks of task r % n_tasks. Two
+// files of 321 tokens: [288, 321) validates, 2 windows of 17 at stride 16.
+START_TEST(test_val_rows_of_file_tasks_take_their_windows_in_turn) {
+    moe_config c = file_cfg("llmc", "", 4096);
+    c.data.path[0] = 0;
+    c.data.shuffle = false;
+    ck_assert_int_eq(moe_config_set(&c, NULL, "data.tasks=a=x,b=y"), 0);
+    const char *names[2] = {"va.bin", "vb.bin"};
+    for (int t = 0; t < 2; t++)
+        snprintf(c.data.task_paths[t], MOE_PATH_MAX, "%s",
+                 write_llmc(names[t], MOE_LLMC_MAGIC, 1, 321, 321, tok_pos));
+    moe_data d;
+    ck_assert_int_eq(moe_data_open(&d, &c), 0);
+    ck_assert_int_eq(d.part[0][MOE_SPLIT_VAL].n_windows, 2);
+    ck_assert_int_eq(moe_data_val_distinct_batches(&d), 1); // row 4 is task 0's window 0 again
+    int32_t in[4 * 16], tg[4 * 16], tk[4];
+    static const int32_t first[4] = {288, 288, 304, 304}; // batch 1: every window again
+    for (int b = 0; b < 2; b++) {
+        ck_assert_int_eq(moe_data_batch(&d, MOE_SPLIT_VAL, (uint64_t)b, in, tg, tk), 0);
+        for (int r = 0; r < 4; r++) {
+            ck_assert_int_eq(tk[r], r % 2);
+            ck_assert_msg(in[r * 16] == first[r], "batch %d row %d starts at %d, expected %d", b, r,
+                          in[r * 16], first[r]);
+        }
+    }
+    moe_data_close(&d);
+}
+END_TEST
 
 START_TEST(test_task_sampling_frequencies) {
     // training windows: (0.9 * len - 1) / 16 per file
@@ -597,6 +631,7 @@ static Suite *shards_suite(void) {
     tcase_add_test(tc, test_shuffled_epoch_visits_every_window_once);
     tcase_add_test(tc, test_resume_mid_epoch_is_bit_exact);
     tcase_add_test(tc, test_task_sampling_frequencies);
+    tcase_add_test(tc, test_val_rows_of_file_tasks_take_their_windows_in_turn);
     tcase_add_test(tc, test_task_temperature_tiny_gives_the_largest_task);
     tcase_add_test(tc, test_file_tasks_config_round_trip);
     tcase_add_test(tc, test_bad_files_are_refused);

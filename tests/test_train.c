@@ -1,8 +1,10 @@
 // Training: loss falls on the synthetic tasks; N straight steps equal N/2 +
 // resume + N/2 bit for bit (losses, weights, optimizer); a non-finite loss
 // stops the run naming the step and layer and keeps the last good checkpoint;
-// mismatched or corrupt checkpoints are refused.
+// mismatched or corrupt checkpoints are refused; gradient accumulation trains
+// as the larger batch; evaluation's loss and accuracy match a hand computation.
 #include "moe/checkpoint.h"
+#include "moe/data.h"
 #include "moe/error.h"
 #include "moe/train.h"
 #include "testutil.h"
@@ -90,6 +92,83 @@ START_TEST(test_resume_is_bit_exact) {
     snprintf(pa, sizeof pa, "%s/checkpoint", a);
     snprintf(pb, sizeof pb, "%s/checkpoint", b);
     tu_assert_same_checkpoint(pa, pb);
+}
+END_TEST
+
+// Per step of metrics.jsonl (steps 1..n): lr and grad_norm.
+static void read_step_metrics(const char *run, int n, double *lr, double *gnorm) {
+    char p[800], line[1 << 16];
+    snprintf(p, sizeof p, "%s/metrics.jsonl", run);
+    FILE *f = fopen(p, "r");
+    ck_assert_msg(f != NULL, "%s missing", p);
+    int seen = 0;
+    while (fgets(line, sizeof line, f)) {
+        json_t *doc = json_loads(line, 0, NULL);
+        ck_assert_msg(doc != NULL, "%s: not JSON: %s", p, line);
+        const json_t *step = json_object_get(doc, "step");
+        if (step) {
+            const int k = (int)json_integer_value(step);
+            ck_assert(k >= 1 && k <= n);
+            lr[k - 1] = json_number_value(json_object_get(doc, "lr"));
+            gnorm[k - 1] = json_number_value(json_object_get(doc, "grad_norm"));
+            seen++;
+        }
+        json_decref(doc);
+    }
+    fclose(f);
+    ck_assert_int_eq(seen, n);
+}
+
+// Gradient accumulation is a larger batch: 2 micro-batches of 2 rows make the
+// step that one batch of the same 4 rows makes. Text data scores every token
+// and no expert drops or balancing loss couples the rows, so the mean of the
+// two micro-batch means is the 4-row mean: the same losses, step by step (the
+// loss divided by grad_accum, every micro-batch's gradient in the sum, the
+// cursor past both), the same gradient norm (the sum divided by grad_accum),
+// and the warmup's lr of steps 1-3 (lr * step / warmup_steps).
+START_TEST(test_grad_accum_equals_the_larger_batch) {
+    char text[6000], p[700];
+    tu_rng g;
+    tu_seed(&g, 41);
+    for (size_t i = 0; i < sizeof text; i++)
+        text[i] = (char)('a' + (int)(tu_uniform(&g) * 26));
+    snprintf(p, sizeof p, "%s/corpus.txt", tu_tmpdir());
+    FILE *f = fopen(p, "wb");
+    ck_assert_uint_eq(fwrite(text, 1, sizeof text, f), sizeof text);
+    fclose(f);
+    moe_config c = small();
+    snprintf(c.data.kind, sizeof c.data.kind, "text");
+    snprintf(c.data.path, sizeof c.data.path, "%.500s", p);
+    c.train.steps = 3;
+    c.train.warmup_steps = 5;
+    c.router.capacity_factor = 4.0; // C = T * top_k: no expert can drop
+    c.router.aux_loss_coef = 0.0;   // a balancing loss per micro-batch is no 4-row mean
+    c.router.z_loss_coef = 0.0;
+    double loss[2][3], lr[2][3], gnorm[2][3];
+    for (int k = 0; k < 2; k++) {
+        c.train.batch_size = k ? 2 : 4;
+        c.train.grad_accum = k ? 2 : 1;
+        char out[600];
+        snprintf(out, sizeof out, "%s/accum%d", tu_tmpdir(), c.train.grad_accum);
+        moe_train_opts o = {.out_dir = out, .quiet = true, .losses = loss[k]};
+        moe_train_result r;
+        ck_assert_msg(moe_train(&c, &o, &r) == 0, "%s", moe_last_error());
+        moe_eval_result_free(&r.eval);
+        ck_assert_double_eq(r.drop_rate, 0.0);
+        read_step_metrics(out, 3, lr[k], gnorm[k]);
+    }
+    for (int s = 0; s < 3; s++) {
+        ck_assert_msg(fabs(loss[1][s] - loss[0][s]) <= 1e-5 * loss[0][s],
+                      "step %d: loss %.9g with grad_accum 2, %.9g in one batch", s + 1, loss[1][s],
+                      loss[0][s]);
+        ck_assert_msg(fabs(gnorm[1][s] - gnorm[0][s]) <= 1e-3 * gnorm[0][s] + 2e-6,
+                      "step %d: grad_norm %.9g with grad_accum 2, %.9g in one batch", s + 1,
+                      gnorm[1][s], gnorm[0][s]);
+        for (int k = 0; k < 2; k++)
+            ck_assert_msg(fabs(lr[k][s] - 1e-2 * (s + 1) / 5) <= 1e-9, "step %d: lr %g", s + 1,
+                          lr[k][s]);
+    }
+    ck_assert(loss[0][0] > 5.0); // near ln(256) at the start
 }
 END_TEST
 
@@ -374,6 +453,112 @@ START_TEST(test_device_training_path_with_mini_seq_matches_host) {
 }
 END_TEST
 
+// moe_eval against the same numbers computed here. The validation loss is
+// the mean of -log softmax(logits)[target] over the scored targets only
+// (target -1 is no token), overall and per task (each row's task). Accuracy
+// is exact-match greedy decoding: a model whose blocks are all zero predicts
+// from the current token alone, through one-hot embeddings and an untied LM
+// head wired as a chain '=' -> answer[0] -> ... -> '\n' for one validation
+// sample; every sample of a task whose answer that chain spells is right.
+START_TEST(test_eval_loss_and_accuracy_by_hand) {
+    moe_config c = small();
+    c.model.tie_embeddings = false;
+    moe_data d;
+    ck_assert_int_eq(moe_data_open(&d, &c), 0);
+    moe_model m;
+    ck_assert_int_eq(moe_model_init(&m, &c, d.B, d.T, d.n_tasks), 0);
+    enum { NB = 2, NS = 20 };
+    const int N = d.B * d.T, V = m.V;
+    moe_eval_result r;
+    ck_assert_msg(moe_eval(&m, &d, NB, 0, &r) == 0, "%s", moe_last_error());
+    double sum[MOE_MAX_TASKS] = {0}, all = 0;
+    long cnt[MOE_MAX_TASKS] = {0}, n_all = 0, ignored = 0;
+    int32_t *in = malloc(sizeof(int32_t) * N), *tg = malloc(sizeof(int32_t) * N), task[16];
+    for (int b = 0; b < NB; b++) {
+        ck_assert_int_eq(moe_data_batch(&d, MOE_SPLIT_VAL, (uint64_t)b, in, tg, task), 0);
+        ck_assert_int_eq(moe_model_forward(&m, in, tg, task, d.B, d.T, false, 0), 0);
+        for (int i = 0; i < N; i++) {
+            if (tg[i] < 0) {
+                ignored++;
+                continue;
+            }
+            const float *row = m.logits + (size_t)i * V;
+            double mx = row[0], z = 0;
+            for (int v = 1; v < V; v++)
+                mx = fmax(mx, row[v]);
+            for (int v = 0; v < V; v++)
+                z += exp(row[v] - mx);
+            const double l = mx + log(z) - row[tg[i]];
+            sum[task[i / d.T]] += l, cnt[task[i / d.T]]++, all += l, n_all++;
+        }
+    }
+    ck_assert_int_gt(ignored, 0); // prompts are not scored
+    ck_assert_msg(fabs(r.val_loss - all / n_all) <= 1e-5 * all / n_all, "val loss %.9g vs %.9g",
+                  r.val_loss, all / n_all);
+    int seen = 0;
+    for (int t = 0; t < d.n_tasks; t++) {
+        ck_assert_double_eq(r.accuracy[t], -1); // no samples asked for
+        if (!cnt[t]) {
+            ck_assert(isnan(r.task_loss[t]));
+            continue;
+        }
+        seen++;
+        const double want = sum[t] / cnt[t];
+        ck_assert_msg(fabs(r.task_loss[t] - want) <= 1e-5 * want, "task %d: loss %.9g vs %.9g", t,
+                      r.task_loss[t], want);
+    }
+    ck_assert_int_ge(seen, 2);
+    moe_eval_result_free(&r);
+
+    // The chain of copy's first validation sample whose answer repeats no token.
+    int32_t next[256]; // the predicted successor; -1: none (all-zero logits: token 0)
+    moe_sample s;
+    for (int i = 0;; i++) {
+        ck_assert_int_lt(i, NS);
+        moe_synth_sample(&d, MOE_SPLIT_VAL, 0, (uint64_t)i, &s);
+        int distinct = 1;
+        for (int a = s.n_prompt - 1; a < s.n_prompt + s.n_answer - 1; a++)
+            for (int b = a + 1; b < s.n_prompt + s.n_answer - 1; b++)
+                distinct &= s.tok[a] != s.tok[b];
+        if (distinct) break;
+    }
+    ck_assert_int_le(s.n_prompt - 1 + s.n_answer, m.D); // one dimension per chain token
+    memset(m.params, 0, sizeof(float) * moe_model_numel(&m));
+    for (int v = 0; v < V; v++)
+        next[v] = -1;
+    float *embed = m.params + moe_param_table_find(&m.table, "model.embed_tokens.weight")->offset;
+    float *head = m.params + moe_param_table_find(&m.table, "lm_head.weight")->offset;
+    float *norm = m.params + moe_param_table_find(&m.table, "model.norm.weight")->offset;
+    for (int k = 0; k < m.D; k++)
+        norm[k] = 1.0f;
+    for (int k = 0; k < s.n_answer; k++) {
+        const int32_t x = s.tok[s.n_prompt - 1 + k], y = s.tok[s.n_prompt + k];
+        embed[(size_t)x * m.D + k] = 1.0f; // x -> dimension k -> logit of y
+        head[(size_t)y * m.D + k] = 1.0f;
+        next[x] = y;
+    }
+    ck_assert_msg(moe_eval(&m, &d, 1, NS, &r) == 0, "%s", moe_last_error());
+    for (int t = 0; t < d.n_tasks; t++) {
+        int right = 0;
+        for (int i = 0; i < NS; i++) {
+            moe_sample u;
+            moe_synth_sample(&d, MOE_SPLIT_VAL, t, (uint64_t)i, &u);
+            int ok = 1;
+            for (int n = u.n_prompt; n < u.n_prompt + u.n_answer; n++)
+                ok &= next[u.tok[n - 1]] == u.tok[n];
+            right += ok;
+        }
+        if (t == 0) ck_assert_int_ge(right, 1); // the wired sample at least
+        ck_assert_msg(fabs(r.accuracy[t] - (double)right / NS) < 1e-12,
+                      "task %d: accuracy %g, expected %d of %d", t, r.accuracy[t], right, NS);
+    }
+    moe_eval_result_free(&r);
+    free(in), free(tg);
+    moe_model_free(&m);
+    moe_data_close(&d);
+}
+END_TEST
+
 // A task no validation row held (batch_size below the task count) prints as
 // "-" with a note saying the loss covers the others, not as nan.
 START_TEST(test_eval_table_marks_tasks_without_validation_rows) {
@@ -401,11 +586,13 @@ static Suite *train_suite(void) {
     tcase_set_timeout(tc, 600);
     tcase_add_test(tc, test_loss_falls_below_baseline);
     tcase_add_test(tc, test_eval_table_marks_tasks_without_validation_rows);
+    tcase_add_test(tc, test_eval_loss_and_accuracy_by_hand);
     tcase_add_test(tc, test_device_training_path_on_cpu_matches_host);
     tcase_add_test(tc, test_device_training_path_with_cce_matches_host);
     tcase_add_test(tc, test_device_training_path_with_tasks_and_noise_matches_host);
     tcase_add_test(tc, test_device_training_path_with_mini_seq_matches_host);
     tcase_add_test(tc, test_resume_is_bit_exact);
+    tcase_add_test(tc, test_grad_accum_equals_the_larger_batch);
     tcase_add_test(tc, test_nonfinite_loss_stops_and_keeps_checkpoint);
     tcase_add_test(tc, test_nonfinite_dense_run_writes_no_checkpoint);
     tcase_add_test(tc, test_resume_drops_cut_record_and_needs_steps);

@@ -5,6 +5,10 @@
 // the traffic counters equal moe_comm_a2a_predict / moe_comm_allreduce_predict;
 // errors are agreed by every rank. Every rank regenerates what every other
 // rank sends from a seed, so each knows exactly what it must receive.
+// Under `mpirun -np 6` (ctest mpi_comm_np6) the hierarchical all-to-all and
+// the all-reduce run on nodes of 2 and of 3 ranks: N != G, which 4 ranks
+// (N = G = 2) cannot tell from a transpose with the two swapped, and slices
+// of the reduce-scatter that do not divide evenly.
 #include "moe/comm.h"
 #include "moe/error.h"
 #include "testutil.h"
@@ -15,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-enum { W = 4 };
+enum { W = 4, W6 = 6, WMAX = 6 };
 static int wrank;
 
 #define CHECK(cond, ...) TU_MPI_CHECK(wrank, cond, __VA_ARGS__)
@@ -154,8 +158,8 @@ static void test_alltoall(moe_comm *c, const char *name, uint64_t seed) {
 // every rank returns MOE_EINVAL with one message, and the communicator works on.
 static void test_alltoall_errors(moe_comm *c, const char *name) {
     const int P = moe_comm_size(c), me = moe_comm_rank(c);
-    int counts[W], rc_counts[W];
-    float send[W * 3], recv[W * 3];
+    int counts[WMAX], rc_counts[WMAX];
+    float send[WMAX * 3], recv[WMAX * 3];
     for (int d = 0; d < P; d++)
         counts[d] = 3;
     for (int i = 0; i < P * 3; i++)
@@ -269,12 +273,12 @@ static void test_bcast_allgather(moe_comm *c, const char *name) {
     snprintf(want, sizeof want, "from %d", root);
     CHECK(strcmp(msg, want) == 0, "%s: bcast got \"%s\"", name, msg);
     CHECK(moe_comm_bcast(c, msg, 1, P) == MOE_EINVAL, "%s: bcast from rank %d", name, P);
-    int mine[2] = {me, 10 * me}, all[2 * W];
+    int mine[2] = {me, 10 * me}, all[2 * WMAX];
     CHECK(moe_comm_allgather(c, mine, all, sizeof mine) == 0, "%s: allgather", name);
     int ok = 1;
     for (int r = 0; r < P; r++)
         ok &= all[2 * r] == r && all[2 * r + 1] == 10 * r;
-    int inplace[2 * W] = {0};
+    int inplace[2 * WMAX] = {0};
     inplace[2 * me] = me, inplace[2 * me + 1] = 10 * me;
     CHECK(moe_comm_allgather(c, inplace + 2 * me, inplace, 2 * sizeof(int)) == 0, "%s", name);
     ok &= memcmp(inplace, all, (size_t)P * 2 * sizeof(int)) == 0;
@@ -318,16 +322,8 @@ static void test_split(moe_comm *world) {
     moe_comm_free(bad);
 }
 
-int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
-    int size;
-    MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (size != W) {
-        if (wrank == 0) fprintf(stderr, "mpi_comm: run with mpirun -np %d\n", W);
-        MPI_Finalize();
-        return 2;
-    }
+// The world of 4 ranks: ranks_per_node 0, 1, 2, 4, sub-communicators.
+static void four_ranks(void) {
     moe_comm *bad = NULL;
     CHECK(moe_comm_mpi_world(&bad, 3) == MOE_EINVAL && !bad, "ranks_per_node 3 of 4 accepted");
     CHECK(strstr(moe_last_error(), "does not divide") != NULL, "message \"%s\"", moe_last_error());
@@ -362,6 +358,44 @@ int main(int argc, char **argv) {
         }
         moe_comm_free(world);
     }
+}
+
+// The world of 6 ranks (ctest mpi_comm_np6).
+static void six_ranks(void) {
+    // Nodes of 2 (N = 3) and of 3 (N = 2): step 1 and step 2 of the
+    // hierarchical exchange have different widths, so a block transpose or
+    // a run sum with N and G swapped delivers rows to the wrong ranks.
+    const int rpns6[] = {2, 3};
+    for (int i = 0; i < 2; i++) {
+        moe_comm *world;
+        int rc = moe_comm_mpi_world(&world, rpns6[i]);
+        CHECK(rc == 0, "6 ranks, rpn %d: %s", rpns6[i], moe_last_error());
+        if (rc) continue;
+        char name[64];
+        snprintf(name, sizeof name, "6 ranks rpn %d", rpns6[i]);
+        CHECK(moe_comm_ranks_per_node(world) == rpns6[i], "%s: G %d", name,
+              moe_comm_ranks_per_node(world));
+        test_alltoall(world, name, 200 + (uint64_t)i);
+        test_alltoall_errors(world, name);
+        if (i == 0) test_allreduce(world, name);
+        moe_comm_free(world);
+    }
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != W && size != W6) {
+        if (wrank == 0) fprintf(stderr, "mpi_comm: run with mpirun -np %d or %d\n", W, W6);
+        MPI_Finalize();
+        return 2;
+    }
+    if (size == W)
+        four_ranks();
+    else
+        six_ranks();
 
     int total[2] = {tu_failures, tu_checks};
     MPI_Allreduce(MPI_IN_PLACE, total, 2, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

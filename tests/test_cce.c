@@ -87,6 +87,63 @@ START_TEST(test_cce_filtering_skips_tiles) {
 }
 END_TEST
 
+// One position, D = 1, h = 1, so the logits are W itself, over two tiles of
+// the vocabulary (MOE_CCE_VB each); returns the tiles the backward skipped
+// and leaves dW (the logits' gradient, dloss = 1).
+static long one_position(const float *W, int V, int32_t target, float filter, float *dW) {
+    const float h = 1.0f;
+    float loss, lse, dh = 0;
+    double mean;
+    float *scratch = malloc(sizeof(float) * moe_cpu_cce_scratch_floats());
+    ck_assert_int_eq(moe_cpu_cce_forward(&loss, &lse, &mean, &h, W, &target, 1, 1, V, scratch), 0);
+    memset(dW, 0, sizeof(float) * (size_t)V);
+    long skipped = 0;
+    ck_assert_int_eq(moe_cpu_cce_backward(&dh, dW, &h, W, &target, &lse, 1, 1, V, 1.0f, filter,
+                                          scratch, &skipped),
+                     0);
+    free(scratch);
+    return skipped;
+}
+
+// A tile that holds the target is never skipped, however improbable its
+// entries (CCE sec 4.3: only tiles with no target may go): the target is a
+// rare word in the second tile, every probability there about e^-30 / VB,
+// and its gradient p - 1 ~ -1 must arrive.
+START_TEST(test_cce_filtering_keeps_the_target_tile) {
+    enum { V2 = 2 * MOE_CCE_VB };
+    float *W = calloc(V2, sizeof(float)), *dW = malloc(sizeof(float) * V2);
+    for (int v = MOE_CCE_VB; v < V2; v++)
+        W[v] = -30.0f;
+    const int32_t t = MOE_CCE_VB + 100;
+    ck_assert_int_eq(one_position(W, V2, t, FLT_EPSILON, dW), 0);
+    ck_assert_float_eq_tol(dW[t], -1.0f, 1e-6);
+    ck_assert_float_eq_tol(dW[0], 1.0f / MOE_CCE_VB, 1e-6); // p of the first tile
+    free(W), free(dW);
+}
+END_TEST
+
+// The filter skips a tile only when every probability in it is below
+// filter_eps: one entry of the second tile at p = 1.5e-3 keeps the tile with
+// filter_eps = 1e-3 (its gradient p arrives) and lets it go with 2e-3.
+START_TEST(test_cce_filter_threshold_is_filter_eps) {
+    enum { V2 = 2 * MOE_CCE_VB };
+    float *W = calloc(V2, sizeof(float)), *dW = malloc(sizeof(float) * V2);
+    for (int v = MOE_CCE_VB; v < V2; v++)
+        W[v] = -100.0f; // p = 0 in float
+    // p = e^l / (VB + e^l) = 1.5e-3
+    const double el = 1.5e-3 * MOE_CCE_VB / (1 - 1.5e-3);
+    const int hot = MOE_CCE_VB + 7;
+    W[hot] = (float)log(el);
+    const double p = exp((double)W[hot]) / (MOE_CCE_VB + exp((double)W[hot]));
+    ck_assert(p > 1.4e-3 && p < 1.6e-3);
+    ck_assert_int_eq(one_position(W, V2, 0, 1e-3f, dW), 0);
+    ck_assert_float_eq_tol(dW[hot], p, 1e-7);
+    ck_assert_int_eq(one_position(W, V2, 0, 2e-3f, dW), 1);
+    ck_assert_float_eq(dW[hot], 0.0f);
+    free(W), free(dW);
+}
+END_TEST
+
 START_TEST(test_cce_rejects_bad_targets) {
     float h[4] = {0}, W[8] = {0}, losses[2], lse[2], scratch[MOE_CCE_NB * MOE_CCE_VB];
     int32_t bad[2] = {0, 4};
@@ -101,6 +158,8 @@ static Suite *cce_suite(void) {
     tcase_add_test(tc, test_cce_matches_plain_without_filtering);
     tcase_add_test(tc, test_cce_matches_plain_with_filtering);
     tcase_add_test(tc, test_cce_filtering_skips_tiles);
+    tcase_add_test(tc, test_cce_filtering_keeps_the_target_tile);
+    tcase_add_test(tc, test_cce_filter_threshold_is_filter_eps);
     tcase_add_test(tc, test_cce_rejects_bad_targets);
     suite_add_tcase(s, tc);
     return s;

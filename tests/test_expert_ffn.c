@@ -186,6 +186,13 @@ START_TEST(test_expert_ffn_refuses_blocks_not_a_multiple_of_experts) {
     ck_assert_int_eq(moe_cpu_expert_ffn_forward(o.y, o.ab, o.h, p.x, p.w, p.stride, p.w2off, p.off,
                                                 bad, 2 * E, E, D, H),
                      MOE_EINVAL);
+    // a negative block offset would address rows before x: refused, not read
+    int bad_off[2 * E];
+    memcpy(bad_off, p.off, sizeof bad_off);
+    bad_off[3] = -1;
+    ck_assert_int_eq(moe_cpu_expert_ffn_forward(o.y, o.ab, o.h, p.x, p.w, p.stride, p.w2off,
+                                                bad_off, p.n, 2 * E, E, D, H),
+                     MOE_EINVAL);
     result_free(&o);
     teardown(&p);
 }

@@ -60,6 +60,20 @@ START_TEST(test_rmsnorm_values) {
 }
 END_TEST
 
+// eps sits inside the square root, added to the mean of squares (DESIGN
+// "Model": x * rsqrt(mean(x^2) + eps) * w): x = (3, 4), eps = 0.5 gives
+// rstd = 1 / sqrt(12.5 + 0.5) = 1 / sqrt(13), not 1 / sqrt((25 + 0.5) / 2).
+START_TEST(test_rmsnorm_eps_is_added_to_the_mean) {
+    const float x[] = {3, 4}, w[] = {1, 2};
+    float out[2], rstd[1];
+    ck_assert_int_eq(moe_cpu_rmsnorm_forward(out, rstd, x, w, 1, 2, 0.5f), 0);
+    const float r = 1.0f / sqrtf(13.0f);
+    ck_assert_float_eq_tol(rstd[0], r, 1e-7);
+    ck_assert_float_eq_tol(out[0], 3 * r, 1e-6);
+    ck_assert_float_eq_tol(out[1], 8 * r, 1e-6);
+}
+END_TEST
+
 typedef struct {
     float *out, *rstd, *x, *w, *r;
     int N, C;
@@ -117,6 +131,25 @@ static double rope_loss(void *p) {
     moe_cpu_rope_forward(c->out, c->x, c->B, c->T, c->H, c->hd, 100.0f);
     return dot(c->out, c->r, (size_t)c->B * c->T * c->H * c->hd);
 }
+
+// The backward ADDS into dx (kernels/cpu/nn.h), the rotation by minus the
+// angle: dx starts at 1; the token at position 1 with dout (1, 1, 0, 2) gets
+// pair (0,2) rotated by -1 rad, (cos 1, -sin 1), and pair (1,3) by -1e-2 rad,
+// (cos .01 + 2 sin .01, 2 cos .01 - sin .01); position 0 passes dout through.
+START_TEST(test_rope_backward_adds_the_inverse_rotation) {
+    const float dout[8] = {9, 9, 9, 9, 1, 1, 0, 2};
+    float dx[8];
+    for (int i = 0; i < 8; i++)
+        dx[i] = 1.0f;
+    ck_assert_int_eq(moe_cpu_rope_backward(dx, dout, 1, 2, 1, 4, 10000.0f), 0);
+    for (int i = 0; i < 4; i++)
+        ck_assert_float_eq(dx[i], 10.0f);
+    ck_assert_float_eq_tol(dx[4], 1 + cosf(1.0f), 1e-6);
+    ck_assert_float_eq_tol(dx[6], 1 - sinf(1.0f), 1e-6);
+    ck_assert_float_eq_tol(dx[5], 1 + cosf(0.01f) + 2 * sinf(0.01f), 1e-6);
+    ck_assert_float_eq_tol(dx[7], 1 + 2 * cosf(0.01f) - sinf(0.01f), 1e-6);
+}
+END_TEST
 
 START_TEST(test_rope_gradients) {
     tu_rng g;
@@ -437,14 +470,35 @@ START_TEST(test_crossentropy) {
 }
 END_TEST
 
+// The backward ADDS dloss * (softmax - onehot) / n_valid into dlogits: with
+// uniform logits over V = 4, target 3 and one ignored row (n_valid = 1),
+// dlogits starting at 0.5 become 0.5 + 0.25 and 0.5 + 0.25 - 1; the ignored
+// row keeps its 0.5.
+START_TEST(test_crossentropy_backward_adds) {
+    const float logits[8] = {0};
+    const int32_t target[2] = {3, -1};
+    float d[8];
+    for (int i = 0; i < 8; i++)
+        d[i] = 0.5f;
+    ck_assert_int_eq(moe_cpu_crossentropy_backward(d, logits, target, 2, 4, 1.0f), 0);
+    for (int v = 0; v < 3; v++)
+        ck_assert_float_eq_tol(d[v], 0.75f, 1e-7);
+    ck_assert_float_eq_tol(d[3], -0.25f, 1e-7);
+    for (int v = 4; v < 8; v++)
+        ck_assert_float_eq(d[v], 0.5f);
+}
+END_TEST
+
 static Suite *nn_suite(void) {
     Suite *s = suite_create("nn_ops");
     TCase *tc = tcase_create("cpu");
     tcase_set_timeout(tc, 120);
     tcase_add_test(tc, test_rmsnorm_values);
     tcase_add_test(tc, test_rmsnorm_gradients);
+    tcase_add_test(tc, test_rmsnorm_eps_is_added_to_the_mean);
     tcase_add_test(tc, test_rope_values);
     tcase_add_test(tc, test_rope_gradients);
+    tcase_add_test(tc, test_rope_backward_adds_the_inverse_rotation);
     tcase_add_test(tc, test_attention_causal_first_token);
     tcase_add_test(tc, test_attention_gradients);
     tcase_add_loop_test(tc, test_attention_matches_double_reference, 0,
@@ -454,6 +508,7 @@ static Suite *nn_suite(void) {
     tcase_add_test(tc, test_attention_exp_within_two_ulp);
     tcase_add_test(tc, test_embedding_forward_backward);
     tcase_add_test(tc, test_crossentropy);
+    tcase_add_test(tc, test_crossentropy_backward_adds);
     suite_add_tcase(s, tc);
     return s;
 }

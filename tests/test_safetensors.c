@@ -354,6 +354,66 @@ START_TEST(test_bytes_outside_every_tensor_are_refused) {
 }
 END_TEST
 
+// Element sizes of every dtype (safetensors format): a [3] tensor of each
+// spans exactly 3 * size bytes and opens, and the reader names its size; a
+// reader with one size wrong would refuse these files or read past a tensor.
+START_TEST(test_dtype_sizes_match_the_format) {
+    static const struct {
+        const char *name;
+        moe_st_dtype dt;
+        size_t size;
+    } want[] = {{"F64", MOE_ST_F64, 8},   {"F32", MOE_ST_F32, 4}, {"F16", MOE_ST_F16, 2},
+                {"BF16", MOE_ST_BF16, 2}, {"I64", MOE_ST_I64, 8}, {"I32", MOE_ST_I32, 4},
+                {"I16", MOE_ST_I16, 2},   {"I8", MOE_ST_I8, 1},   {"U64", MOE_ST_U64, 8},
+                {"U32", MOE_ST_U32, 4},   {"U16", MOE_ST_U16, 2}, {"U8", MOE_ST_U8, 1},
+                {"BOOL", MOE_ST_BOOL, 1}};
+    ck_assert_int_eq(sizeof want / sizeof *want, MOE_ST_NDTYPES);
+    const char *p = tu_in_dir("dt.safetensors");
+    for (size_t i = 0; i < sizeof want / sizeof *want; i++) {
+        ck_assert_uint_eq(moe_st_dtype_size(want[i].dt), want[i].size);
+        ck_assert_str_eq(moe_st_dtype_name(want[i].dt), want[i].name);
+        char json[128];
+        snprintf(json, sizeof json,
+                 "{\"x\": {\"dtype\":\"%s\",\"shape\":[3],\"data_offsets\":[0,%zu]}}", want[i].name,
+                 3 * want[i].size);
+        write_raw(p, json, ~0ull, 3 * want[i].size);
+        moe_st_file *f;
+        ck_assert_msg(moe_st_open(p, &f) == 0, "%s: %s", want[i].name, moe_last_error());
+        const moe_st_tensor *t = moe_st_find(f, "x");
+        ck_assert(t && t->dtype == want[i].dt && t->nbytes == 3 * want[i].size && t->numel == 3);
+        moe_st_close(f);
+        // one element's bytes short: refused
+        snprintf(json, sizeof json,
+                 "{\"x\": {\"dtype\":\"%s\",\"shape\":[3],\"data_offsets\":[0,%zu]}}", want[i].name,
+                 2 * want[i].size);
+        expect_raw_fails(json, 2 * want[i].size, "size mismatch");
+    }
+}
+END_TEST
+
+// The smallest hole, one byte between two tensors, is refused like a large one.
+START_TEST(test_one_byte_hole_is_refused) {
+    expect_raw_fails("{\"a\": {\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[0,4]},"
+                     "\"b\": {\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[5,9]}}",
+                     9, "data bytes [4, 5) before tensor 'b' belong to no tensor");
+}
+END_TEST
+
+// MOE_ST_MAX_DIMS (8) dims open; 9 are refused at open, not written past shape[8].
+START_TEST(test_rank_limit_is_max_dims) {
+    const char *p = tu_in_dir("dims.safetensors");
+    write_raw(p, "{\"x\": {\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,2],\"data_offsets\":[0,2]}}",
+              ~0ull, 2);
+    moe_st_file *f;
+    ck_assert_msg(moe_st_open(p, &f) == 0, "%s", moe_last_error());
+    ck_assert_int_eq(moe_st_find(f, "x")->ndim, MOE_ST_MAX_DIMS);
+    moe_st_close(f);
+    expect_raw_fails("{\"x\": {\"dtype\":\"U8\",\"shape\":[1,1,1,1,1,1,1,1,2],"
+                     "\"data_offsets\":[0,2]}}",
+                     2, "has 9 dims, at most 8 supported");
+}
+END_TEST
+
 START_TEST(test_missing_file_or_folder_is_refused_with_reason) {
     expect_open_fails(tu_in_dir("nope.safetensors"), MOE_ENOTFOUND, "No such file");
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "nope.safetensors"));
@@ -543,6 +603,33 @@ START_TEST(test_shard_of_a_size_other_than_the_manifest_lists_is_refused) {
 }
 END_TEST
 
+// An index may name only plain .safetensors files in its own folder: a shard
+// in a subfolder (or, through "..", anywhere) and a file of another kind are
+// refused, whether or not the file is there and holds the tensor.
+START_TEST(test_shard_names_outside_the_folder_or_not_safetensors_are_refused) {
+    float a[2] = {1, 2};
+    moe_st_entry one[1] = {{"x", MOE_ST_F32, 1, {2}, a}};
+    ck_assert_int_eq(mkdir(tu_in_dir("sub"), 0755), 0);
+    ck_assert_int_eq(moe_st_write(tu_in_dir("sub/s1.safetensors"), one, 1, NULL), 0);
+    ck_assert_int_eq(moe_st_write(tu_in_dir("model-00001.bin"), one, 1, NULL), 0);
+    const char *maps[] = {"sub/s1.safetensors", "model-00001.bin", "../s1.safetensors"};
+    for (int i = 0; i < 3; i++) {
+        FILE *f = fopen(tu_in_dir("model.safetensors.index.json"), "w");
+        fprintf(f, "{\"weight_map\": {\"x\": \"%s\"}}", maps[i]);
+        fclose(f);
+        moe_st_set *s = (moe_st_set *)1;
+        ck_assert_int_eq(moe_st_set_open_index(tu_dir, "model.safetensors.index.json", &s),
+                         MOE_EFORMAT);
+        ck_assert_ptr_null(s);
+        ck_assert_msg(
+            strstr(moe_last_error(), "expected a .safetensors file name in the same folder"),
+            "%s: %s", maps[i], moe_last_error());
+    }
+    unlink(tu_in_dir("sub/s1.safetensors"));
+    rmdir(tu_in_dir("sub"));
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("safetensors");
     TCase *tc = tcase_create("core");
@@ -558,12 +645,16 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_header_lying_about_sizes);
     tcase_add_test(tc, test_overlapping_tensors_are_refused);
     tcase_add_test(tc, test_bytes_outside_every_tensor_are_refused);
+    tcase_add_test(tc, test_one_byte_hole_is_refused);
+    tcase_add_test(tc, test_dtype_sizes_match_the_format);
+    tcase_add_test(tc, test_rank_limit_is_max_dims);
     tcase_add_test(tc, test_missing_file_or_folder_is_refused_with_reason);
     tcase_add_test(tc, test_writer_into_missing_dir_leaves_nothing);
     tcase_add_test(tc, test_writer_rejects_bad_entries_and_keeps_old_file);
     tcase_add_test(tc, test_shard_set_refuses_duplicates_and_missing_shards);
     tcase_add_test(tc, test_shard_set_names_a_missing_shard_and_a_missing_tensor);
     tcase_add_test(tc, test_shard_of_a_size_other_than_the_manifest_lists_is_refused);
+    tcase_add_test(tc, test_shard_names_outside_the_folder_or_not_safetensors_are_refused);
     tcase_add_test(tc, test_failed_write_midway_leaves_old_file);
     suite_add_tcase(s, tc);
     return s;

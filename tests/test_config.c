@@ -50,6 +50,19 @@ START_TEST(test_defaults_are_valid) {
     ck_assert_str_eq(c.data.tasks[4], "caesar");
     ck_assert_str_eq(c.comm.all_to_all, "flat");
     ck_assert_int_eq(c.router.capacity_mode, MOE_CAPACITY_STATIC);
+    // the rest of the router defaults DESIGN.md documents
+    ck_assert_int_eq(c.router.min_capacity, 4);
+    ck_assert_int_eq(c.router.slot_order, MOE_SLOT_POSITION);
+    ck_assert(c.router.normalize_topk);
+    ck_assert(c.router.noise_eps == 0.01);
+    ck_assert(c.router.aux_loss_coef == 0.01);
+    ck_assert(c.router.z_loss_coef == 0.001);
+    ck_assert(!c.router.aux_counts_all_k);
+    ck_assert_int_eq(c.router.n_task_priority, 0);
+    ck_assert(c.router.ema == 0.9);
+    ck_assert(c.router.headroom == 0.1);
+    ck_assert_int_eq(c.router.update_every, 1);
+    ck_assert(c.router.capacity_factor_max == 2.0);
 }
 END_TEST
 
@@ -172,6 +185,12 @@ START_TEST(test_set_is_typed_by_key) {
     ck_assert_ptr_nonnull(strstr(moe_last_error(), "unknown key 'nokey'"));
     ck_assert_int_eq(moe_config_set(&c, src, "router.top_k"), MOE_EINVAL);
     ck_assert_int_eq(moe_config_set(&c, src, "loss.impl=fancy"), MOE_EINVAL);
+    // a bool takes true or false only: "yes" is no silent false
+    ck_assert_int_eq(moe_config_set(&c, src, "model.tie_embeddings=yes"), MOE_EINVAL);
+    ck_assert_int_eq(moe_config_set(&c, src, "train.decay_all=True"), MOE_EINVAL);
+    ck_assert(c.model.tie_embeddings && !c.train.decay_all);
+    ck_assert_int_eq(moe_config_set(&c, src, "model.tie_embeddings=false"), 0);
+    ck_assert(!c.model.tie_embeddings);
     // the --set that broke a file's priority order is where the error is
     ck_assert_int_eq(moe_config_set(&c, src, "router.task_priority=1,2"), 0); // copy, sort
     ck_assert_int_eq(moe_config_check(&c, src), MOE_EINVAL);
@@ -260,6 +279,33 @@ START_TEST(test_a_value_that_is_not_utf8_is_refused_never_dropped) {
 }
 END_TEST
 
+// The inclusive ends of the checks of key pairs: each bound itself is valid,
+// one past it is refused (defaults: 8 experts, seq_len 64).
+START_TEST(test_pair_bounds_are_inclusive) {
+    moe_config c;
+    // placement.slots_per_rank may reach moe.num_experts (every expert on every rank)
+    ck_assert_int_eq(load(&c, "{\"parallel\": {\"ep\": 2}, \"placement\": "
+                              "{\"mode\": \"replicate\", \"slots_per_rank\": 8}}"),
+                     0);
+    assert_error("{\"parallel\": {\"ep\": 2}, \"placement\": {\"slots_per_rank\": 9}}",
+                 ":1:", "must be between E/parallel.ep = 4 and moe.num_experts = 8");
+    // and E/ep is the least: exactly the home experts, valid for static placement,
+    // but replicate has no spare slot there
+    ck_assert_int_eq(
+        load(&c, "{\"parallel\": {\"ep\": 4}, \"placement\": {\"slots_per_rank\": 2}}"), 0);
+    assert_error("{\"parallel\": {\"ep\": 4}, \"placement\": "
+                 "{\"mode\": \"replicate\", \"slots_per_rank\": 2}}",
+                 ":1:", "needs spare slots");
+    // memory.mini_seq may split a sequence into single tokens, not more chunks
+    ck_assert_int_eq(load(&c, "{\"memory\": {\"mini_seq\": 64, \"recompute\": \"moe\"}}"), 0);
+    assert_error("{\"memory\": {\"mini_seq\": 65, \"recompute\": \"moe\"}}",
+                 ":1:", "needs at most model.seq_len (64) chunks");
+    // router.top_k may equal the smallest expert count
+    ck_assert_int_eq(load(&c, "{\"router\": {\"top_k\": 8}}"), 0);
+    assert_error("{\"router\": {\"top_k\": 9}}", ":1:", "exceeds moe.num_experts = 8");
+}
+END_TEST
+
 static Suite *config_suite(void) {
     Suite *s = suite_create("config");
     TCase *tc = tcase_create("config");
@@ -272,6 +318,7 @@ static Suite *config_suite(void) {
     tcase_add_test(tc, test_pair_error_points_at_the_set_that_broke_it);
     tcase_add_test(tc, test_resolved_config_round_trip);
     tcase_add_test(tc, test_a_value_that_is_not_utf8_is_refused_never_dropped);
+    tcase_add_test(tc, test_pair_bounds_are_inclusive);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -363,6 +363,38 @@ START_TEST(test_nul_in_a_json_string_is_refused) {
 }
 END_TEST
 
+// A list may hold exactly its maximum of items (MOE_MAX_LAYERS for moe.*
+// lists), from a file as from --set; one more is refused by both.
+START_TEST(test_a_list_of_exactly_its_maximum_is_taken) {
+    char json[1024], set[1024];
+    for (int extra = 0; extra < 2; extra++) {
+        const int n = MOE_MAX_LAYERS + extra;
+        int jl = snprintf(json, sizeof json, "{\"moe\": {\"task_layers\": [");
+        int sl = snprintf(set, sizeof set, "moe.task_layers=[");
+        for (int i = 0; i < n; i++) {
+            jl += snprintf(json + jl, sizeof json - jl, "%s%d", i ? ", " : "", i % MOE_MAX_LAYERS);
+            sl += snprintf(set + sl, sizeof set - sl, "%s%d", i ? "," : "", i % MOE_MAX_LAYERS);
+        }
+        snprintf(json + jl, sizeof json - jl, "]}}");
+        snprintf(set + sl, sizeof set - sl, "]");
+        const char *p = tu_in_dir("cfg.json");
+        FILE *f = fopen(p, "w");
+        ck_assert_ptr_nonnull(f);
+        fputs(json, f);
+        fclose(f);
+        moe_config c;
+        moe_config_default(&c); // loaded, not checked: no model has 64 task layers
+        int rc = moe_config_load(&c, NULL, p);
+        ck_assert_msg(rc == (extra ? MOE_EINVAL : 0), "%d items: %s", n, moe_last_error());
+        if (!extra) ck_assert_int_eq(c.moe.n_task_layers, MOE_MAX_LAYERS);
+        if (!extra) ck_assert_int_eq(c.moe.task_layers[MOE_MAX_LAYERS - 1], MOE_MAX_LAYERS - 1);
+        moe_config_default(&c);
+        ck_assert_int_eq(moe_config_set(&c, NULL, set), extra ? MOE_EINVAL : 0);
+        if (!extra) ck_assert_int_eq(c.moe.n_task_layers, MOE_MAX_LAYERS);
+    }
+}
+END_TEST
+
 START_TEST(test_empty_list_items_are_errors) {
     const char *cases[][3] = {
         {"data.tasks", "[copy,,sort]", "item 1 is empty"},
@@ -560,6 +592,7 @@ static Suite *limits_suite(void) {
     tcase_add_test(tc, test_overflowing_product_names_the_last_set_factor);
     tcase_add_test(tc, test_checkpoint_config_is_range_and_size_checked);
     tcase_add_test(tc, test_random_text_for_every_key_is_taken_or_refused);
+    tcase_add_test(tc, test_a_list_of_exactly_its_maximum_is_taken);
     suite_add_tcase(s, tc);
     return s;
 }

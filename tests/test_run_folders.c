@@ -358,6 +358,7 @@ START_TEST(test_overwrite_replaces_the_run) {
                      0);
     ck_assert_int_eq(count_events(), 1);
     write_text("r/notes.txt", "mine\n");
+    write_text("r/latest.tmp", "checkpoint-5\n"); // a save stopped before its rename: a file
     ck_assert_int_eq(run_moe("train %s/tiny.json --steps 2 --quiet --out %s/r --overwrite "
                              "--set train.tensorboard=true",
                              dir, dir),
@@ -370,6 +371,8 @@ START_TEST(test_overwrite_replaces_the_run) {
     snprintf(p, sizeof p, "%s/r/checkpoint-5", dir); // the old run's checkpoints are gone
     ck_assert_int_ne(stat(p, &st), 0);
     snprintf(p, sizeof p, "%s/r/latest", dir);
+    ck_assert_int_ne(stat(p, &st), 0);
+    snprintf(p, sizeof p, "%s/r/latest.tmp", dir);
     ck_assert_int_ne(stat(p, &st), 0);
     ck_assert_int_eq(run_moe("eval %s/r --batches 1 --samples 0", dir), 0);
 }

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 static moe_config cfg(bool async) {
     moe_config c = tu_small_config();
@@ -355,6 +356,25 @@ START_TEST(test_deferred_prune_renames_to_trash_and_resolves_the_new) {
 }
 END_TEST
 
+// Without a latest file a reader takes the highest checkpoint-STEP, never a
+// folder being pruned: checkpoint-6.trash does not make -6 the newest.
+START_TEST(test_resolve_without_latest_skips_trash) {
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    moe_config c = cfg(false); // checkpoint-2, -4, -6
+    tu_train(&c, tu_path(dir, "run", ""), NULL, NULL, 0);
+    char run[1200], from[1200], to[1200];
+    snprintf(run, sizeof run, "%s", tu_path(dir, "run", ""));
+    snprintf(from, sizeof from, "%s", tu_path(dir, "run", "checkpoint-6"));
+    snprintf(to, sizeof to, "%s", tu_path(dir, "run", "checkpoint-6.trash"));
+    ck_assert_int_eq(rename(from, to), 0);
+    unlink(tu_path(dir, "run", "latest"));
+    char got[1200];
+    ck_assert_msg(moe_ckpt_resolve(run, got, sizeof got, NULL) == 0, "%s", moe_last_error());
+    ck_assert_str_eq(got, tu_path(dir, "run", "checkpoint-4"));
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("ckpt_async");
     TCase *tc = tcase_create("async");
@@ -371,6 +391,7 @@ static Suite *suite(void) {
     tcase_add_test(tc, test_last_step_off_the_period_is_saved_at_the_end);
     tcase_add_test(tc, test_async_saves_into_one_folder_leave_no_trash);
     tcase_add_test(tc, test_deferred_prune_renames_to_trash_and_resolves_the_new);
+    tcase_add_test(tc, test_resolve_without_latest_skips_trash);
     suite_add_tcase(s, tc);
     return s;
 }

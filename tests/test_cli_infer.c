@@ -114,6 +114,21 @@ START_TEST(test_sample_token_never_picks_ids_past_the_tokenizer) {
 }
 END_TEST
 
+// Greedy takes the lowest id among equal logits (README "Generation"), also
+// when the tie is at the vocabulary cut; sampling at a tiny temperature draws
+// that same id.
+START_TEST(test_greedy_ties_go_to_the_lowest_id) {
+    const float logits[6] = {1.0f, 3.0f, 2.0f, 3.0f, 3.0f, 9.0f};
+    int idx[6];
+    moe_gen_opts o = {0};
+    ck_assert_int_eq(moe_sample_token(logits, 5, &o, 0, 0, idx), 1);
+    o.n_vocab = 5; // id 5 (the largest) is past the tokenizer
+    ck_assert_int_eq(moe_sample_token(logits, 6, &o, 0, 0, idx), 1);
+    const float two[2] = {-0.5f, -0.5f};
+    ck_assert_int_eq(moe_sample_token(two, 2, &o, 0, 0, idx), 0);
+}
+END_TEST
+
 // The sampler before its top-k became a heap: k passes of selection over
 // (logit desc, id asc), O(k V). Kept as the reference the heap must match.
 static int sample_by_selection(const float *logits, int V, const moe_gen_opts *o, uint64_t b,
@@ -710,6 +725,7 @@ int main(void) {
     tcase_add_unchecked_fixture(tc, setup, teardown);
     tcase_set_timeout(tc, 300);
     tcase_add_test(tc, test_sample_token_never_picks_ids_past_the_tokenizer);
+    tcase_add_test(tc, test_greedy_ties_go_to_the_lowest_id);
     tcase_add_test(tc, test_top_k_sampling_draws_what_selection_drew);
     tcase_add_test(tc, test_byte_model_with_a_larger_vocabulary_prints_only_bytes);
     tcase_add_test(tc, test_sampling_is_keyed_by_the_input_line_not_the_batch_row);

@@ -851,6 +851,164 @@ START_TEST(test_expert_budget_on_expert_choice_model_routes_to_loaded_experts) {
 }
 END_TEST
 
+// moe_generate equals a hand-driven loop over one sequence at a time: each
+// prompt prefilled into its own engine, the first token drawn from the
+// prompt's last row with draw index 0, then token i fed at position
+// n_prompt + i - 1 and drawn with index i. Decode steps of at most 4 rows are
+// GEMVs, so the batched logits are those of a single row, bit for bit: a
+// shared cache row, a position off by one, the wrong prefill row or draw
+// index changes the tokens.
+START_TEST(test_generate_equals_one_sequence_at_a_time) {
+    int32_t p0[] = {129, 'a', 'b', 'c', 'd', '='}, p1[] = {129, 'q', '='},
+            p2[] = {129, 'x', 'y', 'z', 'w', 'v', 'u', '='};
+    const int32_t *pr[3] = {p0, p1, p2};
+    int np[3] = {6, 3, 8};
+    enum { MAX_NEW = 10 };
+    for (int sampled = 0; sampled < 2; sampled++) {
+        moe_gen_opts g = {.max_new = MAX_NEW, .stop = -1, .first = 5};
+        if (sampled) g.temperature = 1.5, g.top_k = 40, g.seed = 9;
+        moe_infer m;
+        moe_infer_opts o = {.task = "reverse", .max_batch = 3};
+        ck_assert_int_eq(moe_infer_open(&m, ckpt, &o), 0);
+        int32_t out[3 * MAX_NEW];
+        int n_out[3];
+        moe_gen_stats st;
+        ck_assert_int_eq(moe_generate(&m, 3, pr, np, &g, out, n_out, &st), 0);
+        moe_infer_free(&m);
+        int *idx = malloc(sizeof(int) * 256);
+        for (int b = 0; b < 3; b++) {
+            moe_infer one;
+            o.max_batch = 1;
+            ck_assert_int_eq(moe_infer_open(&one, ckpt, &o), 0);
+            int seq[8] = {0}, pos[8];
+            for (int i = 0; i < np[b]; i++)
+                pos[i] = i;
+            ck_assert_int_eq(moe_infer_forward(&one, pr[b], seq, pos, np[b]), 0);
+            int32_t want[MAX_NEW];
+            want[0] = moe_sample_token(one.logits + (size_t)(np[b] - 1) * one.V, one.V, &g,
+                                       g.first + b, 0, idx);
+            for (int i = 1; i < MAX_NEW; i++) {
+                int p = np[b] + i - 1;
+                ck_assert_int_eq(moe_infer_forward(&one, &want[i - 1], seq, &p, 1), 0);
+                want[i] = moe_sample_token(one.logits, one.V, &g, g.first + b, (uint64_t)i, idx);
+            }
+            ck_assert_int_eq(n_out[b], MAX_NEW);
+            for (int i = 0; i < MAX_NEW; i++)
+                ck_assert_msg(out[b * MAX_NEW + i] == want[i],
+                              "sampled %d prompt %d token %d: %d, one at a time %d", sampled, b, i,
+                              out[b * MAX_NEW + i], want[i]);
+            moe_infer_free(&one);
+        }
+        free(idx);
+    }
+}
+END_TEST
+
+// --expert-budget P keeps the experts whose share is >= P (one exactly at P
+// included), and always the task's k most used. Shares of task reverse in
+// every layer: 0.5, 0.01, 0.25, 0.24, 0, 0, 0, 0 (top-2: experts 0 and 2).
+START_TEST(test_expert_budget_keeps_shares_at_p_and_the_k_most_used) {
+    char dir[800], p[900];
+    snprintf(dir, sizeof dir, "%s/budget_edges", root);
+    moe_config c = small();
+    c.moe.n_task_layers = 0; // every layer token-routed: the budget applies to all
+    make_ckpt(&c, dir);
+    snprintf(p, sizeof p, "%s/task_experts.json", dir);
+    json_t *doc = json_load_file(p, 0, NULL);
+    ck_assert_ptr_nonnull(doc);
+    set_lonely_group_shares(doc);
+    ck_assert_int_eq(json_dump_file(doc, p, JSON_INDENT(1)), 0);
+    json_decref(doc);
+    snprintf(p, sizeof p, "%s/manifest.json", dir); // it lists the old size
+    ck_assert_int_eq(unlink(p), 0);
+    static const struct {
+        double budget;
+        bool keep[8];
+    } cases[] = {
+        {0.24, {1, 0, 1, 1, 0, 0, 0, 0}}, // 0.24 == P: kept
+        {0.25, {1, 0, 1, 0, 0, 0, 0, 0}}, // 0.25 == P kept, 0.24 < P not
+        {0.3, {1, 0, 1, 0, 0, 0, 0, 0}},  // only expert 0 >= P: the top-2 add expert 2
+        {0.9, {1, 0, 1, 0, 0, 0, 0, 0}},  // none >= P: the top-2
+        {0.01, {1, 1, 1, 1, 0, 0, 0, 0}}, // 0.01 == P: kept
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        moe_infer m;
+        moe_infer_opts o = {.task = "reverse", .expert_budget = cases[i].budget};
+        ck_assert_msg(moe_infer_open(&m, dir, &o) == 0, "%s", moe_last_error());
+        for (int l = 0; l < m.L; l++) {
+            int n = 0;
+            for (int e = 0; e < 8; e++) {
+                n += cases[i].keep[e];
+                ck_assert_msg(m.layer[l].allowed[e] == cases[i].keep[e] &&
+                                  (m.layer[l].slot[e] >= 0) == cases[i].keep[e],
+                              "budget %g layer %d expert %d: kept %d", cases[i].budget, l, e,
+                              m.layer[l].allowed[e]);
+            }
+            ck_assert_int_eq(m.stats.loaded[l], n);
+        }
+        moe_infer_free(&m);
+    }
+}
+END_TEST
+
+// Rounds every expert row to the int8 grid of its own scale (max |w| / 127).
+static void edit_int8_grid(const char *name, float *w, int64_t numel) {
+    if (!strstr(name, ".experts.")) return;
+    const int64_t cols = strstr(name, ".w2.") ? 48 : 32; // w2 [D, H], w1 and w3 [H, D]
+    for (int64_t r = 0; r < numel / cols; r++) {
+        float *x = w + r * cols, amax = 0;
+        for (int64_t c = 0; c < cols; c++)
+            amax = fmaxf(amax, fabsf(x[c]));
+        const float s = amax / 127;
+        for (int64_t c = 0; c < cols && s > 0; c++)
+            x[c] = rintf(x[c] / s) * s;
+    }
+}
+
+// Expert weights already on the grid of per-row int8 scales quantise without
+// loss: the int8 load (dequantised GEMM rows of a prefill, int8 GEMV rows of a
+// decode step) gives the fp32 logits up to rounding. A scale of another row,
+// another expert's block or a per-tensor scale is off by percents.
+START_TEST(test_int8_of_weights_on_the_int8_grid_gives_the_fp32_logits) {
+    char dir[800];
+    snprintf(dir, sizeof dir, "%s/int8_grid", root);
+    edit_f32 = edit_int8_grid;
+    rewrite_ckpt(dir, NULL, false);
+    edit_f32 = NULL;
+    moe_infer f32, q8;
+    moe_infer_opts o = {.task = "caesar"};
+    ck_assert_int_eq(moe_infer_open(&f32, dir, &o), 0);
+    o.quantize_int8 = true;
+    ck_assert_int_eq(moe_infer_open(&q8, dir, &o), 0);
+    ck_assert_uint_lt(q8.stats.expert_bytes * 3, f32.stats.expert_bytes);
+    int32_t tok[12] = {131, 'k', 'l', 'm', 'n', 'o', 'p', 'q', 'r', 's', 't', '='};
+    int seq[12] = {0}, pos[12];
+    for (int i = 0; i < 12; i++)
+        pos[i] = i;
+    double diff = 0, scale = 0;
+    ck_assert_int_eq(moe_infer_forward(&f32, tok, seq, pos, 12), 0);
+    ck_assert_int_eq(moe_infer_forward(&q8, tok, seq, pos, 12), 0);
+    for (int i = 0; i < 12 * f32.V; i++) {
+        diff = fmax(diff, fabs(f32.logits[i] - q8.logits[i]));
+        scale = fmax(scale, fabs(f32.logits[i]));
+    }
+    for (int t = 0; t < 6; t++) { // decode steps: int8 GEMVs
+        int32_t next = 'a' + t;
+        int p = 12 + t;
+        ck_assert_int_eq(moe_infer_forward(&f32, &next, seq, &p, 1), 0);
+        ck_assert_int_eq(moe_infer_forward(&q8, &next, seq, &p, 1), 0);
+        for (int i = 0; i < f32.V; i++) {
+            diff = fmax(diff, fabs(f32.logits[i] - q8.logits[i]));
+            scale = fmax(scale, fabs(f32.logits[i]));
+        }
+    }
+    ck_assert_msg(diff <= 1e-5 * fmax(scale, 1.0), "int8 logit difference %g (scale %g)", diff,
+                  scale);
+    moe_infer_free(&f32);
+    moe_infer_free(&q8);
+}
+END_TEST
+
 // The moe binary: answers on stdout, what it loaded on stderr, exit 2 on bad input.
 static int run_moe(const char *args) {
     return tu_run_moe(root, args);
@@ -1001,6 +1159,9 @@ int main(void) {
     tcase_add_test(tc, test_task_route_with_task_priorities_equals_position_order);
     tcase_add_test(tc, test_cli_generate);
     tcase_add_test(tc, test_decode_is_the_same_for_any_thread_count);
+    tcase_add_test(tc, test_generate_equals_one_sequence_at_a_time);
+    tcase_add_test(tc, test_expert_budget_keeps_shares_at_p_and_the_k_most_used);
+    tcase_add_test(tc, test_int8_of_weights_on_the_int8_grid_gives_the_fp32_logits);
     suite_add_tcase(s, tc);
     return tu_run(s);
 }

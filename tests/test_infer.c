@@ -683,14 +683,25 @@ START_TEST(test_int8_refuses_non_finite_expert_weights_naming_the_tensor) {
 }
 END_TEST
 
-static void set_lonely_group_shares(json_t *doc) {
+// Rewrites the task_experts.json of checkpoint folder dir: task 1's shares in
+// every layer become 0.5, 0.01, 0.25, 0.24, 0, 0, 0, 0. The manifest, which
+// lists the old size, is removed.
+static void set_lonely_group_shares(const char *dir) {
     static const double sh[8] = {0.5, 0.01, 0.25, 0.24, 0, 0, 0, 0};
+    char p[900];
+    snprintf(p, sizeof p, "%s/task_experts.json", dir);
+    json_t *doc = json_load_file(p, 0, NULL);
+    ck_assert_ptr_nonnull(doc);
     json_t *layers = json_object_get(doc, "layers");
     for (size_t l = 0; l < json_array_size(layers); l++) {
         json_t *row = json_array_get(json_object_get(json_array_get(layers, l), "share"), 1);
         for (int e = 0; e < 8; e++)
             ck_assert_int_eq(json_array_set_new(row, (size_t)e, json_real(sh[e])), 0);
     }
+    ck_assert_int_eq(json_dump_file(doc, p, JSON_INDENT(1)), 0);
+    json_decref(doc);
+    snprintf(p, sizeof p, "%s/manifest.json", dir);
+    ck_assert_int_eq(unlink(p), 0);
 }
 
 // Greedy and sampled answers to the 3 prompts, and the last logits, of a
@@ -718,7 +729,7 @@ static void expect_same_answers(moe_infer *bud, moe_infer *full, const int32_t *
 // experts left out. Shares that keep experts 0, 2, 3 would leave group 0 one
 // expert short of top_k: expert 1 is kept too.
 START_TEST(test_expert_budget_with_group_limited_routing_routes_to_loaded_experts) {
-    char dir[800], p[900];
+    char dir[800];
     snprintf(dir, sizeof dir, "%s/groups", root);
     moe_config c = small();
     c.moe.n_task_layers = 0; // every layer token-routed: the budget applies to all
@@ -732,14 +743,7 @@ START_TEST(test_expert_budget_with_group_limited_routing_routes_to_loaded_expert
             snprintf(dir, sizeof dir, "%s/groups_measured", root);
             make_ckpt(&c, dir);
         } else if (bi == 0) {
-            snprintf(p, sizeof p, "%s/task_experts.json", dir);
-            json_t *doc = json_load_file(p, 0, NULL);
-            ck_assert_ptr_nonnull(doc);
-            set_lonely_group_shares(doc);
-            ck_assert_int_eq(json_dump_file(doc, p, JSON_INDENT(1)), 0);
-            json_decref(doc);
-            snprintf(p, sizeof p, "%s/manifest.json", dir); // it lists the old size
-            ck_assert_int_eq(unlink(p), 0);
+            set_lonely_group_shares(dir);
         }
         moe_infer bud, full;
         moe_infer_opts o = {.task = "reverse", .max_batch = 3, .expert_budget = budgets[bi]};
@@ -908,19 +912,12 @@ END_TEST
 // included), and always the task's k most used. Shares of task reverse in
 // every layer: 0.5, 0.01, 0.25, 0.24, 0, 0, 0, 0 (top-2: experts 0 and 2).
 START_TEST(test_expert_budget_keeps_shares_at_p_and_the_k_most_used) {
-    char dir[800], p[900];
+    char dir[800];
     snprintf(dir, sizeof dir, "%s/budget_edges", root);
     moe_config c = small();
     c.moe.n_task_layers = 0; // every layer token-routed: the budget applies to all
     make_ckpt(&c, dir);
-    snprintf(p, sizeof p, "%s/task_experts.json", dir);
-    json_t *doc = json_load_file(p, 0, NULL);
-    ck_assert_ptr_nonnull(doc);
-    set_lonely_group_shares(doc);
-    ck_assert_int_eq(json_dump_file(doc, p, JSON_INDENT(1)), 0);
-    json_decref(doc);
-    snprintf(p, sizeof p, "%s/manifest.json", dir); // it lists the old size
-    ck_assert_int_eq(unlink(p), 0);
+    set_lonely_group_shares(dir);
     static const struct {
         double budget;
         bool keep[8];
